@@ -1,0 +1,1 @@
+//! librsock.so

@@ -1,0 +1,13 @@
+//! rsock core: everything librsock.so does, minus the exported symbols.
+//!
+//! Rooms:
+//! - [`sys`]: the only FFI — real libc functions resolved with `dlsym(RTLD_NEXT)` and raw syscalls.
+//! - [`fdtable`]: fd-indexed table of sockets the shim owns; a foreign fd costs one atomic load.
+//! - [`config`], [`logger`], [`stats`]: `RSOCK_*` settings, the log file, per-process counters.
+//! - [`socket`] and [`api`]: the socket state machine and the libc-shaped entry points that
+//!   `preload/` forwards to.
+//! - [`proto`]: the sans-IO stream protocol (ring + credits + wire format), no I/O at all.
+//! - [`transport`]: drivers of the protocol (in-memory for tests; RDMA later).
+
+pub mod proto;
+pub mod transport;

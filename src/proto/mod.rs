@@ -1,0 +1,1 @@
+//! The sans-IO stream protocol (owned by issue 3 work).

@@ -1,0 +1,1 @@
+//! Transports that drive the protocol core.
