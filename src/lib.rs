@@ -11,3 +11,13 @@
 
 pub mod proto;
 pub mod transport;
+
+pub mod api;
+pub mod config;
+pub mod fdtable;
+pub mod guard;
+pub mod init;
+pub mod logger;
+pub mod socket;
+pub mod stats;
+pub mod sys;

@@ -1,0 +1,56 @@
+//! Lazy start-up of the shim's machinery, on the first socket it may own.
+//!
+//! Hooks can run before any constructor (another library's constructor may call `connect`),
+//! so nothing here relies on one: config, log and fork handlers are set up on first use, by
+//! the first thread that needs them, inside the reentrancy guard.
+
+use crate::config;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Once, OnceLock};
+
+static INIT: Once = Once::new();
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the shim takes part (RSOCK_ENABLE); initialises everything on first call.
+/// Call only inside the reentrancy guard.
+pub fn enabled() -> bool {
+    INIT.call_once(start);
+    ENABLED.load(Ordering::Acquire)
+}
+
+fn start() {
+    let (cfg, warnings) = config::loaded();
+    if let Some(path) = &cfg.log_path {
+        crate::logger::init(path, cfg.log_level);
+    }
+    for w in warnings {
+        log::warn!("config: {w}");
+    }
+    log::info!(
+        "rsock {} starting in pid {}: enable={} stats={} ({})",
+        env!("CARGO_PKG_VERSION"),
+        crate::sys::raw::getpid(),
+        cfg.enable,
+        cfg.stats,
+        cfg.stats_dir.display()
+    );
+    // SAFETY: registering a plain extern "C" fn; runs in the child of every fork().
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    ENABLED.store(cfg.enable, Ordering::Release);
+}
+
+/// In a forked child: the child gets its own stats region (the parent's mapping is shared).
+/// Only atomic stores: the child of a multi-threaded parent may find locks held.
+extern "C" fn after_fork_child() {
+    crate::stats::after_fork_child();
+}
+
+/// Whether this host has an RDMA device (read once from sysfs, without loading libibverbs).
+pub fn rdma_device_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        let present = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+        log::info!("RDMA device present: {present}");
+        present
+    })
+}

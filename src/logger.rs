@@ -1,0 +1,123 @@
+//! The `log` facade's backend: lines appended to `RSOCK_LOG` with raw syscalls.
+//!
+//! Never std I/O (it would come back into our `write` hook and could land on the host
+//! program's stderr, which may be a socket). Each record is formatted into a stack buffer
+//! and written with one `write(2)` on an `O_APPEND` fd, so concurrent processes and threads
+//! sharing one log file interleave whole lines. Programs that close every fd they did not
+//! open (daemons, `close_range`) may close ours or reuse its number: before each write the
+//! fd is checked against the file's device and inode and reopened if it changed.
+
+use crate::sys::raw;
+use std::fmt::Write as _;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+struct FileLogger {
+    path: Vec<u8>, // NUL-terminated
+    fd: AtomicI32,
+    dev_ino: (AtomicU64, AtomicU64),
+}
+
+static LOGGER: OnceLock<FileLogger> = OnceLock::new();
+
+/// Installs the file logger for `path` at `level`. Later calls are ignored.
+pub fn init(path: &Path, level: log::LevelFilter) {
+    let mut p = path.as_os_str().as_bytes().to_vec();
+    p.push(0);
+    let logger = LOGGER.get_or_init(|| FileLogger {
+        path: p,
+        fd: AtomicI32::new(-1),
+        dev_ino: (AtomicU64::new(0), AtomicU64::new(0)),
+    });
+    if log::set_logger(logger).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+impl FileLogger {
+    /// Returns an fd that still refers to our log file, reopening it if needed.
+    fn fd(&self) -> i32 {
+        let fd = self.fd.load(Ordering::Relaxed);
+        if fd >= 0 && self.still_ours(fd) {
+            return fd;
+        }
+        let new = raw::open(&self.path, libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT, 0o644);
+        if new < 0 {
+            return -1;
+        }
+        if let Some((dev, ino)) = stat(new) {
+            self.dev_ino.0.store(dev, Ordering::Relaxed);
+            self.dev_ino.1.store(ino, Ordering::Relaxed);
+        }
+        // Another thread may have reopened too; keep one and close the other.
+        match self.fd.compare_exchange(fd, new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => new,
+            Err(current) => {
+                raw::close(new);
+                current
+            }
+        }
+    }
+
+    fn still_ours(&self, fd: i32) -> bool {
+        stat(fd) == Some((self.dev_ino.0.load(Ordering::Relaxed), self.dev_ino.1.load(Ordering::Relaxed)))
+    }
+}
+
+fn stat(fd: i32) -> Option<(u64, u64)> {
+    let saved = raw::errno();
+    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    raw::set_errno(saved);
+    ok.then_some((st.st_dev, st.st_ino))
+}
+
+/// A fixed buffer that silently truncates: formatting never allocates or fails.
+struct LineBuf {
+    buf: [u8; 1024],
+    len: usize,
+}
+
+impl std::fmt::Write for LineBuf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = self.buf.len() - 1 - self.len; // keep one byte for '\n'
+        let n = s.len().min(room);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+impl log::Log for FileLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let (s, ns) = raw::realtime();
+        let mut line = LineBuf { buf: [0; 1024], len: 0 };
+        let _ = write!(
+            line,
+            "{s}.{:06} rsock[{}:{}] {:<5} {}",
+            ns / 1000,
+            raw::getpid(),
+            raw::gettid(),
+            record.level(),
+            record.args()
+        );
+        line.buf[line.len] = b'\n';
+        let fd = self.fd();
+        if fd >= 0 {
+            raw::write_all(fd, &line.buf[..=line.len]);
+        }
+    }
+
+    fn flush(&self) {}
+}

@@ -1,0 +1,179 @@
+//! The socket state machine and what the shim remembers about each owned socket.
+//!
+//! States (each change goes through [`Socket::set_state`], which traces `A => B`):
+//!
+//! ```text
+//!   Created --connect--> Connecting --> Tcp (kernel TCP, fallback reason recorded)
+//!      |                     \--------> Rdma (not built yet)
+//!      \--listen--> Listening --accept--> (new socket, Tcp)
+//!   any --last fd closed--> Closed
+//! ```
+//!
+//! A socket is shared by every fd that refers to it (dup, dup2, fork); the connection ends
+//! when the last of them is closed.
+
+use crate::fdtable::TableRefs;
+use crate::stats::{self, Fallback, Path, SlotHandle};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Where a socket is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum State {
+    /// Made by `socket()`, neither connected nor listening.
+    Created = 0,
+    /// `connect()` in progress (the RDMA attempt or the kernel TCP connect).
+    Connecting = 1,
+    /// A kernel TCP listener (and, with RDMA, an rdma_cm listener too).
+    Listening = 2,
+    /// Carried by kernel TCP.
+    Tcp = 3,
+    /// Carried by RDMA.
+    Rdma = 4,
+    /// Every fd referring to it is closed.
+    Closed = 5,
+}
+
+impl State {
+    fn from_u32(v: u32) -> State {
+        match v {
+            0 => State::Created,
+            1 => State::Connecting,
+            2 => State::Listening,
+            3 => State::Tcp,
+            4 => State::Rdma,
+            _ => State::Closed,
+        }
+    }
+}
+
+/// An owned socket. Lives in type-stable memory (see [`crate::fdtable`]).
+pub struct Socket {
+    refs: AtomicUsize,
+    fds: TableRefs,
+    state: AtomicU32,
+    path: AtomicU32,
+    slot: AtomicU64,
+    /// Link in the free stack while recycled.
+    pub(crate) next_free: AtomicPtr<Socket>,
+}
+
+impl Socket {
+    pub(crate) fn empty() -> Socket {
+        Socket {
+            refs: AtomicUsize::new(0),
+            fds: TableRefs::new(),
+            state: AtomicU32::new(State::Closed as u32),
+            path: AtomicU32::new(Path::Passthrough as u32),
+            slot: AtomicU64::new(0),
+            next_free: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    pub(crate) fn reset(&self) {
+        self.fds.reset();
+        self.state.store(State::Created as u32, Relaxed);
+        self.path.store(Path::Passthrough as u32, Relaxed);
+        self.slot.store(0, Relaxed);
+    }
+
+    pub(crate) fn publish(&self) {
+        self.refs.store(1, Release);
+    }
+
+    /// Increment-if-not-zero: fails while the socket is free or being recycled.
+    pub(crate) fn try_acquire(&self) -> bool {
+        let mut r = self.refs.load(Relaxed);
+        loop {
+            if r == 0 {
+                return false;
+            }
+            match self.refs.compare_exchange_weak(r, r + 1, Acquire, Relaxed) {
+                Ok(_) => return true,
+                Err(now) => r = now,
+            }
+        }
+    }
+
+    pub(crate) fn acquire(&self) {
+        self.refs.fetch_add(1, Relaxed);
+    }
+
+    /// Drops one reference; true when it was the last (the caller recycles the memory).
+    pub(crate) fn release(&self) -> bool {
+        self.refs.fetch_sub(1, Release) == 1 && {
+            std::sync::atomic::fence(Acquire);
+            true
+        }
+    }
+
+    pub(crate) fn fds_add(&self) {
+        self.fds.add();
+    }
+
+    /// One fd referring to this socket was closed; ends the connection after the last.
+    pub fn fd_closed(&self) {
+        if self.fds.sub() {
+            self.set_state(State::Closed);
+            stats::close_conn(SlotHandle(self.slot.swap(0, AcqRel)));
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> State {
+        State::from_u32(self.state.load(Acquire))
+    }
+
+    /// Moves to `to`, tracing the change.
+    pub fn set_state(&self, to: State) {
+        let from = State::from_u32(self.state.swap(to as u32, AcqRel));
+        log::trace!("socket {:p}: {from:?} => {to:?}", self);
+    }
+
+    /// Moves from `from` to `to` only if the socket is in `from`; true if it moved.
+    pub fn transition(&self, from: State, to: State) -> bool {
+        let moved = self.state.compare_exchange(from as u32, to as u32, AcqRel, Acquire).is_ok();
+        if moved {
+            log::trace!("socket {:p}: {from:?} => {to:?}", self);
+        }
+        moved
+    }
+
+    /// The transport carrying this socket's bytes.
+    pub fn path(&self) -> Path {
+        match self.path.load(Relaxed) {
+            0 => Path::Rdma,
+            1 => Path::Tcp,
+            _ => Path::Passthrough,
+        }
+    }
+
+    /// Records that the socket is now a connection on `path` (counted once).
+    pub fn established(&self, fd: i32, state: State, path: Path, reason: Option<Fallback>, local: &[u8], peer: &[u8]) {
+        self.path.store(path as u32, Relaxed);
+        self.set_state(state);
+        let h = stats::open_conn(fd, path, reason, local, peer);
+        self.slot.store(h.0, Release);
+    }
+
+    /// Counts bytes sent by a successful call returning `n`.
+    #[inline]
+    pub fn sent(&self, n: isize) {
+        if n > 0 {
+            stats::add_tx(self.path(), SlotHandle(self.slot.load(Relaxed)), n as usize);
+        }
+    }
+
+    /// Counts bytes received by a successful call returning `n`.
+    #[inline]
+    pub fn received(&self, n: isize) {
+        if n > 0 {
+            stats::add_rx(self.path(), SlotHandle(self.slot.load(Relaxed)), n as usize);
+        }
+    }
+
+    /// Tells `rsock stat` the connection now lives at `fd`.
+    pub fn moved_to(&self, fd: i32) {
+        stats::set_fd(SlotHandle(self.slot.load(Relaxed)), fd);
+    }
+}

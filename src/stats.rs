@@ -1,0 +1,379 @@
+//! Per-process counters in a small file-backed shared-memory region.
+//!
+//! Each process that tracks a socket maps `<RSOCK_STATS_DIR>/<pid>.stats` (default dir
+//! `/dev/shm/rsock-<uid>`): a header, process-wide counters and a table of per-connection
+//! slots, all plain atomics. `rsock stat` reads the files of live processes (like `smcss` or
+//! `vma_stats`); the file is removed at exit unless `RSOCK_STATS_KEEP=1`. Updating a counter
+//! is one relaxed atomic add; nothing here locks on the data path.
+//!
+//! After `fork` the child must not count into its parent's region (the mapping is shared):
+//! [`after_fork_child`] drops the mapping and bumps an epoch that invalidates every slot handle
+//! held by inherited sockets; the child creates its own region on its next tracked socket.
+
+use crate::config::Config;
+use crate::sys::raw;
+use std::os::unix::ffi::OsStrExt;
+use std::ptr;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+
+/// File magic; the last byte is the layout version.
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x01";
+
+/// Which transport carries a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Path {
+    /// An rdma_cm RC connection driven by the stream protocol.
+    Rdma = 0,
+    /// Kernel TCP because RDMA could not serve; see [`Fallback`] for why.
+    Tcp = 1,
+    /// Kernel TCP because the shim was told not to try (rules, RSOCK_* settings).
+    Passthrough = 2,
+}
+
+/// Number of [`Path`] values.
+pub const PATHS: usize = 3;
+
+impl Path {
+    /// Lower-case name used by `rsock stat` and the log.
+    pub fn name(self) -> &'static str {
+        ["rdma", "tcp", "passthrough"][self as usize]
+    }
+
+    fn from_u32(v: u32) -> Option<Path> {
+        [Path::Rdma, Path::Tcp, Path::Passthrough].get(v as usize).copied()
+    }
+}
+
+/// Why a connection is on kernel TCP instead of RDMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Fallback {
+    /// No RDMA device on this host.
+    NoDevice = 0,
+    /// A device exists but this build has no RDMA transport yet.
+    NotImplemented = 1,
+    /// Accepted on the kernel TCP listener: the peer came over TCP.
+    PeerTcp = 2,
+    /// The peer has no rsock listener (rdma_cm connect rejected).
+    Rejected = 3,
+    /// Address or route resolution failed, or the peer is unreachable over RDMA.
+    Unreachable = 4,
+    /// The RDMA connection did not complete in time.
+    Timeout = 5,
+    /// The peer answered with a foreign or incompatible handshake.
+    BadHandshake = 6,
+    /// Out of QPs, CQs, registered memory or memlock.
+    Resources = 7,
+    /// Remembered as failing by the negative cache.
+    NegativeCache = 8,
+    /// Socket options or address family the RDMA path does not serve.
+    Unsupported = 9,
+}
+
+/// Number of [`Fallback`] slots in the region (room to grow without a layout change).
+pub const REASONS: usize = 16;
+
+impl Fallback {
+    /// All reasons, in wire order.
+    pub const ALL: [Fallback; 10] = [
+        Fallback::NoDevice,
+        Fallback::NotImplemented,
+        Fallback::PeerTcp,
+        Fallback::Rejected,
+        Fallback::Unreachable,
+        Fallback::Timeout,
+        Fallback::BadHandshake,
+        Fallback::Resources,
+        Fallback::NegativeCache,
+        Fallback::Unsupported,
+    ];
+
+    /// Snake-case name used by `rsock stat` and the log.
+    pub fn name(self) -> &'static str {
+        [
+            "no_device",
+            "not_implemented",
+            "peer_tcp",
+            "rejected",
+            "unreachable",
+            "timeout",
+            "bad_handshake",
+            "resources",
+            "negative_cache",
+            "unsupported",
+        ][self as usize]
+    }
+}
+
+/// Process-wide counters.
+#[repr(C)]
+pub struct Counters {
+    /// Connections established, by [`Path`].
+    pub conns: [AtomicU64; PATHS],
+    /// Bytes sent, by [`Path`].
+    pub tx: [AtomicU64; PATHS],
+    /// Bytes received, by [`Path`].
+    pub rx: [AtomicU64; PATHS],
+    /// Fallbacks to TCP, by [`Fallback`].
+    pub fallback: [AtomicU64; REASONS],
+}
+
+/// Start of the region.
+#[repr(C)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: [u8; 8],
+    /// Process id.
+    pub pid: u32,
+    /// Number of [`ConnSlot`]s after the header.
+    pub nslots: u32,
+    /// Process start, seconds since the epoch (tells a reused pid apart).
+    pub start_sec: u64,
+    /// Program name, NUL-padded.
+    pub comm: [u8; 32],
+    /// Process-wide counters.
+    pub counters: Counters,
+}
+
+/// One live connection. `seq` is 0 when free, odd while being filled, even when valid.
+#[repr(C)]
+pub struct ConnSlot {
+    /// Publication word (see the type doc).
+    pub seq: AtomicU32,
+    /// The program's fd.
+    pub fd: AtomicI32,
+    /// [`Path`] as u32.
+    pub path: AtomicU32,
+    /// [`Fallback`] as u32, or u32::MAX.
+    pub reason: AtomicU32,
+    /// Local address as a raw `sockaddr_in`/`sockaddr_in6` (zero-padded).
+    pub local: [u8; 28],
+    /// Peer address, same encoding.
+    pub peer: [u8; 28],
+    /// Bytes sent.
+    pub tx: AtomicU64,
+    /// Bytes received.
+    pub rx: AtomicU64,
+}
+
+/// Byte length of a region with `nslots` slots.
+pub fn region_len(nslots: u32) -> usize {
+    std::mem::size_of::<Header>() + nslots as usize * std::mem::size_of::<ConnSlot>()
+}
+
+static REGION: AtomicPtr<Header> = AtomicPtr::new(ptr::null_mut());
+static EPOCH: AtomicU32 = AtomicU32::new(1);
+/// Creation state in this epoch: 0 not tried, 1 being created, 2 done (made or given up).
+static CREATE: AtomicU32 = AtomicU32::new(0);
+/// The region's file name (leaked, NUL-terminated), for removal at exit.
+static FILE: AtomicPtr<libc::c_char> = AtomicPtr::new(ptr::null_mut());
+
+/// The region, created on first use if stats are enabled.
+#[inline]
+pub fn region() -> Option<&'static Header> {
+    let p = REGION.load(Acquire);
+    if !p.is_null() {
+        // SAFETY: once published the mapping lives until exit.
+        return Some(unsafe { &*p });
+    }
+    if CREATE.load(Acquire) == 2 {
+        return None;
+    }
+    create()
+}
+
+#[cold]
+fn create() -> Option<&'static Header> {
+    // One thread creates; a connection racing with it simply goes uncounted.
+    if CREATE.compare_exchange(0, 1, AcqRel, Acquire).is_err() {
+        return None;
+    }
+    let cfg = Config::get();
+    let made = if cfg.stats { map_new(cfg) } else { Err(std::io::Error::from_raw_os_error(0)) };
+    let result = match made {
+        Ok((h, path)) => {
+            FILE.store(std::ffi::CString::new(path).map_or(ptr::null_mut(), |c| c.into_raw()), Release);
+            REGION.store(h, Release);
+            if !cfg.stats_keep {
+                static ATEXIT: std::sync::Once = std::sync::Once::new();
+                // SAFETY: registering a plain extern "C" fn.
+                ATEXIT.call_once(|| unsafe {
+                    libc::atexit(remove_file_at_exit);
+                });
+            }
+            // SAFETY: just mapped.
+            Some(unsafe { &*h })
+        }
+        Err(_) if !cfg.stats => None,
+        Err(e) => {
+            log::warn!("stats disabled: cannot create region in {}: {e}", cfg.stats_dir.display());
+            None
+        }
+    };
+    CREATE.store(2, Release);
+    result
+}
+
+fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
+    let pid = raw::getpid();
+    let mut dir = cfg.stats_dir.as_os_str().as_bytes().to_vec();
+    dir.push(0);
+    // SAFETY: NUL-terminated path. EEXIST is fine.
+    unsafe { libc::mkdir(dir.as_ptr().cast(), 0o700) };
+    dir.pop();
+    let mut path = dir;
+    path.extend_from_slice(format!("/{pid}.stats\0").as_bytes());
+    let fd = raw::open(&path, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, 0o600);
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let len = region_len(cfg.stats_slots);
+    // SAFETY: fd is ours; mapping a freshly sized file shared read-write.
+    let mem = unsafe {
+        if libc::ftruncate(fd, len as libc::off_t) != 0 {
+            let e = std::io::Error::last_os_error();
+            raw::close(fd);
+            return Err(e);
+        }
+        libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+    };
+    raw::close(fd);
+    if mem == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let h = mem.cast::<Header>();
+    let mut comm = [0u8; 32];
+    if let Ok(c) = std::fs::read("/proc/self/comm") {
+        let c = c.strip_suffix(b"\n").unwrap_or(&c);
+        let n = c.len().min(comm.len());
+        comm[..n].copy_from_slice(&c[..n]);
+    }
+    // SAFETY: the zero-filled mapping is large enough for the header; counters start at 0.
+    unsafe {
+        ptr::addr_of_mut!((*h).pid).write(pid as u32);
+        ptr::addr_of_mut!((*h).nslots).write(cfg.stats_slots);
+        ptr::addr_of_mut!((*h).start_sec).write(process_start_sec());
+        ptr::addr_of_mut!((*h).comm).write(comm);
+        std::sync::atomic::fence(Release);
+        ptr::addr_of_mut!((*h).magic).write(MAGIC); // last: readers skip half-made files
+    }
+    path.pop(); // CString adds it back
+    Ok((h, path))
+}
+
+fn process_start_sec() -> u64 {
+    raw::realtime().0 as u64
+}
+
+extern "C" fn remove_file_at_exit() {
+    let h = REGION.load(Acquire);
+    let f = FILE.load(Acquire);
+    // SAFETY: h is our live mapping. A forked child exiting must not remove its parent's file.
+    if h.is_null() || f.is_null() || unsafe { (*h).pid } != raw::getpid() as u32 {
+        return;
+    }
+    // SAFETY: f is the NUL-terminated name stored at creation.
+    unsafe { libc::unlink(f) };
+}
+
+/// Forgets the parent's region in a forked child (see the module doc).
+pub fn after_fork_child() {
+    REGION.store(ptr::null_mut(), Release); // the old mapping stays; it is small and harmless
+    FILE.store(ptr::null_mut(), Release);
+    EPOCH.fetch_add(1, AcqRel);
+    CREATE.store(0, Release);
+}
+
+/// A connection's claim on a [`ConnSlot`], valid within one epoch. Packed into a u64 so a
+/// socket can hold it in an atomic: epoch << 32 | index + 1; 0 means no slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotHandle(pub u64);
+
+impl SlotHandle {
+    fn slot(self) -> Option<&'static ConnSlot> {
+        if self.0 == 0 || (self.0 >> 32) as u32 != EPOCH.load(Relaxed) {
+            return None;
+        }
+        let h = region()?;
+        let idx = (self.0 as u32 - 1) as usize;
+        if idx >= h.nslots as usize {
+            return None;
+        }
+        // SAFETY: idx < nslots and slots follow the header in the mapping.
+        Some(unsafe { &*(h as *const Header).add(1).cast::<ConnSlot>().add(idx) })
+    }
+}
+
+/// Counts a new connection on `path` (with `reason` for fallbacks) and claims a slot for it.
+pub fn open_conn(fd: i32, path: Path, reason: Option<Fallback>, local: &[u8], peer: &[u8]) -> SlotHandle {
+    let Some(h) = region() else { return SlotHandle(0) };
+    h.counters.conns[path as usize].fetch_add(1, Relaxed);
+    if let Some(r) = reason {
+        h.counters.fallback[r as usize].fetch_add(1, Relaxed);
+    }
+    // SAFETY: slots follow the header; nslots of them.
+    let slots = unsafe { std::slice::from_raw_parts((h as *const Header).add(1).cast::<ConnSlot>(), h.nslots as usize) };
+    for (i, s) in slots.iter().enumerate() {
+        if s.seq.compare_exchange(0, 1, Acquire, Relaxed).is_ok() {
+            s.fd.store(fd, Relaxed);
+            s.path.store(path as u32, Relaxed);
+            s.reason.store(reason.map_or(u32::MAX, |r| r as u32), Relaxed);
+            s.tx.store(0, Relaxed);
+            s.rx.store(0, Relaxed);
+            // SAFETY: we own the slot while seq is odd; readers retry on odd seq.
+            unsafe {
+                copy_addr(ptr::addr_of!(s.local).cast_mut(), local);
+                copy_addr(ptr::addr_of!(s.peer).cast_mut(), peer);
+            }
+            s.seq.store(2, Release);
+            return SlotHandle(((EPOCH.load(Relaxed) as u64) << 32) | (i as u64 + 1));
+        }
+    }
+    SlotHandle(0)
+}
+
+unsafe fn copy_addr(dst: *mut [u8; 28], src: &[u8]) {
+    let mut a = [0u8; 28];
+    let n = src.len().min(28);
+    a[..n].copy_from_slice(&src[..n]);
+    ptr::write_volatile(dst, a);
+}
+
+/// Updates a slot's fd (after dup2 moved the connection) — cosmetic, for `rsock stat`.
+pub fn set_fd(h: SlotHandle, fd: i32) {
+    if let Some(s) = h.slot() {
+        s.fd.store(fd, Relaxed);
+    }
+}
+
+/// Releases a connection's slot.
+pub fn close_conn(h: SlotHandle) {
+    if let Some(s) = h.slot() {
+        s.seq.store(0, Release);
+    }
+}
+
+/// Counts `n` bytes sent on `path` (and on the connection's slot).
+#[inline]
+pub fn add_tx(path: Path, h: SlotHandle, n: usize) {
+    if let Some(r) = region() {
+        r.counters.tx[path as usize].fetch_add(n as u64, Relaxed);
+    }
+    if let Some(s) = h.slot() {
+        s.tx.fetch_add(n as u64, Relaxed);
+    }
+}
+
+/// Counts `n` bytes received on `path` (and on the connection's slot).
+#[inline]
+pub fn add_rx(path: Path, h: SlotHandle, n: usize) {
+    if let Some(r) = region() {
+        r.counters.rx[path as usize].fetch_add(n as u64, Relaxed);
+    }
+    if let Some(s) = h.slot() {
+        s.rx.fetch_add(n as u64, Relaxed);
+    }
+}
+
+pub mod read;

@@ -1,0 +1,193 @@
+//! Reading stats regions back: what `rsock stat` and the tests use.
+//!
+//! A region is read by copying its file into an aligned buffer; counters are atomics updated
+//! in place, so a copy is a consistent-enough snapshot (each counter is exact; counters are not
+//! mutually atomic). Slots being filled (odd `seq`) are skipped.
+
+use super::{region_len, ConnSlot, Fallback, Header, Path, MAGIC, PATHS, REASONS};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// One process's counters and live connections.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Process id.
+    pub pid: u32,
+    /// Program name.
+    pub comm: String,
+    /// Whether the process is still running.
+    pub alive: bool,
+    /// Connections established, by path.
+    pub conns: [u64; PATHS],
+    /// Bytes sent, by path.
+    pub tx: [u64; PATHS],
+    /// Bytes received, by path.
+    pub rx: [u64; PATHS],
+    /// Fallbacks by reason.
+    pub fallback: [u64; REASONS],
+    /// Live connections with a slot.
+    pub sockets: Vec<ConnSnapshot>,
+}
+
+/// One live connection.
+#[derive(Debug, Clone)]
+pub struct ConnSnapshot {
+    /// The program's fd.
+    pub fd: i32,
+    /// Transport.
+    pub path: Path,
+    /// Why it is on TCP, if it is.
+    pub reason: Option<Fallback>,
+    /// Local address.
+    pub local: Option<SocketAddr>,
+    /// Peer address.
+    pub peer: Option<SocketAddr>,
+    /// Bytes sent.
+    pub tx: u64,
+    /// Bytes received.
+    pub rx: u64,
+}
+
+/// Parses a region file's contents; `None` if it is not a complete region.
+pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
+    let hlen = std::mem::size_of::<Header>();
+    if bytes.len() < hlen {
+        return None;
+    }
+    // Copy into u64s so the atomics inside are aligned.
+    let mut buf = vec![0u64; bytes.len().div_ceil(8)];
+    // SAFETY: buf has at least bytes.len() bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().cast::<u8>(), bytes.len()) };
+    // SAFETY: buf is aligned, large enough, and every bit pattern is valid for Header.
+    let h = unsafe { &*buf.as_ptr().cast::<Header>() };
+    if h.magic != MAGIC || bytes.len() < region_len(h.nslots) {
+        return None;
+    }
+    let load = |a: &[std::sync::atomic::AtomicU64]| -> Vec<u64> { a.iter().map(|x| x.load(Relaxed)).collect() };
+    let mut s = Snapshot {
+        pid: h.pid,
+        comm: String::from_utf8_lossy(h.comm.split(|&b| b == 0).next().unwrap_or(&[])).into_owned(),
+        alive: pid_alive(h.pid),
+        conns: load(&h.counters.conns).try_into().ok()?,
+        tx: load(&h.counters.tx).try_into().ok()?,
+        rx: load(&h.counters.rx).try_into().ok()?,
+        fallback: load(&h.counters.fallback).try_into().ok()?,
+        sockets: Vec::new(),
+    };
+    // SAFETY: the length check above covers nslots slots after the header.
+    let slots = unsafe { std::slice::from_raw_parts((h as *const Header).add(1).cast::<ConnSlot>(), h.nslots as usize) };
+    for c in slots {
+        let seq = c.seq.load(Relaxed);
+        if seq == 0 || seq % 2 == 1 {
+            continue;
+        }
+        let Some(path) = Path::from_u32(c.path.load(Relaxed)) else { continue };
+        s.sockets.push(ConnSnapshot {
+            fd: c.fd.load(Relaxed),
+            path,
+            reason: Fallback::ALL.get(c.reason.load(Relaxed) as usize).copied(),
+            local: decode_addr(&c.local),
+            peer: decode_addr(&c.peer),
+            tx: c.tx.load(Relaxed),
+            rx: c.rx.load(Relaxed),
+        });
+    }
+    Some(s)
+}
+
+/// Decodes a raw `sockaddr_in`/`sockaddr_in6`.
+pub fn decode_addr(a: &[u8; 28]) -> Option<SocketAddr> {
+    let family = u16::from_ne_bytes([a[0], a[1]]) as i32;
+    let port = u16::from_be_bytes([a[2], a[3]]);
+    match family {
+        libc::AF_INET => {
+            let ip = Ipv4Addr::new(a[4], a[5], a[6], a[7]);
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, port)))
+        }
+        libc::AF_INET6 => {
+            let mut ip = [0u8; 16];
+            ip.copy_from_slice(&a[8..24]);
+            let scope = u32::from_ne_bytes([a[24], a[25], a[26], a[27]]);
+            Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, 0, scope)))
+        }
+        _ => None,
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    pid != 0 && (unsafe { libc::kill(pid as i32, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
+/// Reads every region file in `dir`, sorted by pid.
+pub fn read_dir(dir: &std::path::Path) -> std::io::Result<Vec<(std::path::PathBuf, Snapshot)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("stats") {
+            continue;
+        }
+        if let Some(s) = std::fs::read(&p).ok().as_deref().and_then(parse) {
+            out.push((p, s));
+        }
+    }
+    out.sort_by_key(|(_, s)| s.pid);
+    Ok(out)
+}
+
+impl Snapshot {
+    /// The snapshot as one JSON object (hand-written: the core has no serde dependency).
+    pub fn to_json(&self) -> String {
+        let by_path = |v: &[u64; PATHS]| {
+            let f: Vec<String> = [Path::Rdma, Path::Tcp, Path::Passthrough]
+                .iter()
+                .map(|p| format!("\"{}\":{}", p.name(), v[*p as usize]))
+                .collect();
+            format!("{{{}}}", f.join(","))
+        };
+        let reasons: Vec<String> =
+            Fallback::ALL.iter().map(|r| format!("\"{}\":{}", r.name(), self.fallback[*r as usize])).collect();
+        let addr = |a: Option<SocketAddr>| a.map_or("null".to_string(), |a| format!("\"{a}\""));
+        let socks: Vec<String> = self
+            .sockets
+            .iter()
+            .map(|c| {
+                format!(
+                    "{{\"fd\":{},\"path\":\"{}\",\"reason\":{},\"local\":{},\"peer\":{},\"tx\":{},\"rx\":{}}}",
+                    c.fd,
+                    c.path.name(),
+                    c.reason.map_or("null".to_string(), |r| format!("\"{}\"", r.name())),
+                    addr(c.local),
+                    addr(c.peer),
+                    c.tx,
+                    c.rx
+                )
+            })
+            .collect();
+        format!(
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"sockets\":[{}]}}",
+            self.pid,
+            json_escape(&self.comm),
+            self.alive,
+            by_path(&self.conns),
+            by_path(&self.tx),
+            by_path(&self.rx),
+            reasons.join(","),
+            socks.join(",")
+        )
+    }
+}
+
+/// Escapes a string for a JSON string literal.
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}

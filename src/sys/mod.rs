@@ -1,0 +1,4 @@
+//! All FFI of the core: real libc entry points and raw syscalls that no hook can intercept.
+
+pub mod raw;
+pub mod real;

@@ -1,0 +1,118 @@
+//! The real libc functions, found once with `dlsym(RTLD_NEXT)`.
+//!
+//! Each function here calls the next definition of the symbol after librsock.so in the
+//! lookup order (normally glibc's), never our own hook. The pointers are resolved eagerly
+//! by [`resolve_all`] from the shim's constructor, so that a hook first entered from a
+//! signal handler never calls `dlsym`; a hook that runs before the constructor (another
+//! library's constructor can call `connect`) resolves its own pointer on first use.
+//!
+//! Calling through a pointer is one relaxed load plus an indirect call: this is the whole
+//! cost the shim adds to an fd it does not own, besides the fd-table load.
+
+use libc::{c_int, c_uint, c_ulong, c_void, fd_set, iovec, msghdr, nfds_t, off64_t, off_t, pid_t};
+use libc::{epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// Looks `name` (NUL-terminated) up after our own object and caches it in `slot`.
+#[cold]
+fn resolve(slot: &AtomicPtr<c_void>, name: &'static str) -> *mut c_void {
+    // SAFETY: `name` is a NUL-terminated literal produced by the macro below.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+    slot.store(p, Ordering::Relaxed);
+    p
+}
+
+macro_rules! real_functions {
+    ($( fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $(, variadic $var:ty)?; )*) => {
+        #[allow(non_upper_case_globals)]
+        mod slot {
+            use super::*;
+            $( pub(super) static $name: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut()); )*
+        }
+
+        /// Resolves every real function now (called from the shim's constructor).
+        pub fn resolve_all() {
+            $( resolve(&slot::$name, concat!(stringify!($name), "\0")); )*
+        }
+
+        $(
+            /// Calls the real libc function of the same name.
+            ///
+            /// # Safety
+            /// Same contract as the libc function. If libc lacks the symbol, fails with ENOSYS.
+            #[inline(always)]
+            pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                let mut p = slot::$name.load(Ordering::Relaxed);
+                if p.is_null() {
+                    p = resolve(&slot::$name, concat!(stringify!($name), "\0"));
+                    if p.is_null() {
+                        *libc::__errno_location() = libc::ENOSYS;
+                        return -1 as $ret;
+                    }
+                }
+                real_functions!(@call p, ($($arg: $ty),*), $ret $(, $var)?)
+            }
+        )*
+    };
+    (@call $p:ident, ($($arg:ident: $ty:ty),*), $ret:ty) => {{
+        // SAFETY: `$p` is the address of the libc function with exactly this signature.
+        let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute($p);
+        f($($arg),*)
+    }};
+    // C-variadic functions (fcntl, ioctl): on x86_64 SysV the optional argument travels in
+    // a register whether it is an int or a pointer, so forwarding one machine word is exact.
+    (@call $p:ident, ($a:ident: $ta:ty, $b:ident: $tb:ty, $c:ident: $tc:ty), $ret:ty, $var:ty) => {{
+        // SAFETY: as above; the callee is variadic after its first two arguments.
+        let f: unsafe extern "C" fn($ta, $tb, ...) -> $ret = std::mem::transmute($p);
+        f($a, $b, $c)
+    }};
+}
+
+real_functions! {
+    fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
+    fn socketpair(domain: c_int, ty: c_int, protocol: c_int, sv: *mut c_int) -> c_int;
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn listen(fd: c_int, backlog: c_int) -> c_int;
+    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    fn shutdown(fd: c_int, how: c_int) -> c_int;
+    fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    fn close(fd: c_int) -> c_int;
+    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    fn dup(fd: c_int) -> c_int;
+    fn dup2(old: c_int, new: c_int) -> c_int;
+    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int, variadic usize;
+    fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int, variadic usize;
+    fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int, variadic usize;
+    fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
+    fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int;
+    fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int;
+    fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int;
+    fn epoll_create(size: c_int) -> c_int;
+    fn epoll_create1(flags: c_int) -> c_int;
+    fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
+    fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
+    fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+    fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+    fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
+    fn fork() -> pid_t;
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
+    fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
+    fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+}
