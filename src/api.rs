@@ -52,12 +52,11 @@ fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
         && (protocol == 0 || protocol == libc::IPPROTO_TCP)
 }
 
-/// Starts owning `fd`, a fresh TCP socket.
-fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) -> Option<SockRef> {
-    let s = SockRef::new_socket(init);
-    let keep = s.clone();
-    fdtable::insert(fd, s); // an fd beyond the table passes through untracked
-    fdtable::owns(fd).then_some(keep)
+/// Starts owning `fd`, a fresh TCP socket. An fd beyond the table passes through untracked.
+fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) {
+    if (fd as u32 as usize) < fdtable::MAX_FDS {
+        fdtable::insert(fd, SockRef::new_socket(init));
+    }
 }
 
 pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
