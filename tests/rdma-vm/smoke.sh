@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Prove the test bed works. Runs INSIDE the guest:
+#
+#   tests/rdma-vm/run.sh -- tests/rdma-vm/smoke.sh
+#
+# Checks: rxe0 PORT_ACTIVE for verbs; memlock unlimited; rping (rdma_cm + RC SEND/RDMA)
+# both ways; ib_write_bw over rdma_cm; rxe0's packet counters moved; no RC QP left
+# behind; and, in namespace plain: TCP reaches 10.77.0.1, RDMA does not (both with
+# /dev/infiniband hidden and with it visible). Prints PASS/FAIL per check and
+# "N passed, N failed, N skipped"; exits non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=lib.sh
+source tests/rdma-vm/lib.sh
+rdma_vm_require_guest
+T_TIMEOUT=${T_TIMEOUT:-90}
+A=$RDMA_VM_ADDR
+
+echo "== rdma-vm smoke: $(uname -r), topology ${RDMA_VM_TOPOLOGY:-?}, $(nproc) vCPU"
+rxe_counters_snapshot /tmp/smoke-counters.before
+
+check_port_active() {
+  ibv_devinfo -d rxe0 | tee /dev/stderr | grep -q 'state:.*PORT_ACTIVE'
+}
+t_check "ibv_devinfo: rxe0 PORT_ACTIVE" check_port_active
+
+check_memlock() { [[ $(ulimit -l) == unlimited ]]; }
+t_check "RLIMIT_MEMLOCK unlimited" check_memlock
+
+check_rping() {
+  local srv rc=0
+  rping -s -a "$A" -p 7471 -C 10 -v >/tmp/rping-server.log 2>&1 &
+  srv=$!
+  wait_rdma_listen 7471 30 || return 1
+  rping -c -a "$A" -p 7471 -C 10 -v || rc=$?
+  wait "$srv" || { echo "rping server failed:"; cat /tmp/rping-server.log; return 1; }
+  echo "server: $(grep -c 'server ping data' /tmp/rping-server.log) pings"
+  return "$rc"
+}
+t_check "rping -s / rping -c -C 10 -v" check_rping
+
+check_write_bw() {
+  local srv rc=0
+  ib_write_bw -R -d rxe0 -p 18515 -s 65536 -n 400 >/tmp/ibwbw-server.log 2>&1 &
+  srv=$!
+  wait_rdma_listen 18515 30 || return 1
+  ib_write_bw -R -d rxe0 -p 18515 -s 65536 -n 400 "$A" || rc=$?
+  wait "$srv" || { echo "ib_write_bw server failed:"; cat /tmp/ibwbw-server.log; return 1; }
+  ((rc == 0)) || return "$rc"
+  # The result line: bytes, iterations, BW peak, BW average, MsgRate.
+  grep -E '^ *65536 +400 ' /tmp/ibwbw-server.log
+}
+t_check "ib_write_bw -R (server + client)" check_write_bw
+
+check_counters() {
+  rxe_counters_delta /tmp/smoke-counters.before
+  (($(rxe_counter sent_pkts) > 1000 && $(rxe_counter rcvd_pkts) > 1000))
+}
+t_check "rxe0 hw_counters moved (sent/rcvd_pkts)" check_counters
+
+check_no_qp_left() {
+  # QPs are destroyed asynchronously after the programs exit.
+  wait_until 20 test "$(rdma_qp_count RC)" = 0 || { rdma resource show qp; return 1; }
+}
+t_check "no RC QP left behind" check_no_qp_left
+
+if ip netns list 2>/dev/null | grep -q '^plain'; then
+  check_plain_tcp() {
+    local srv
+    nc -l "$A" 7000 >/tmp/plain-tcp.out &
+    srv=$!
+    wait_tcp_listen 7000 30 || return 1
+    echo "hello from plain" | in_plain nc -N "$A" 7000 || return 1
+    wait "$srv"
+    grep -qx "hello from plain" /tmp/plain-tcp.out
+  }
+  t_check "plain: TCP to $A works" check_plain_tcp
+
+  # An rdma_cm client in plain must fail quickly, however it is asked.
+  check_plain_no_rdma() {
+    local srv rc=0 mode
+    rping -s -a "$A" -p 7472 -v >/tmp/rping-plain-server.log 2>&1 &
+    srv=$!
+    wait_rdma_listen 7472 30 || return 1
+    for mode in hidden --rdma-dev; do
+      rc=0
+      if [[ $mode == hidden ]]; then
+        timeout 30 "$RDMA_VM_LIB_DIR/in-plain.sh" rping -c -a "$A" -p 7472 -C 1 -v || rc=$?
+      else
+        timeout 30 "$RDMA_VM_LIB_DIR/in-plain.sh" --rdma-dev rping -c -a "$A" -p 7472 -C 1 -v || rc=$?
+      fi
+      echo "rping from plain ($mode): status $rc"
+      ((rc != 0 && rc != 124)) || { kill "$srv"; return 1; }
+    done
+    # ... while the same server is still reachable over RDMA from the initial namespace.
+    rping -c -a "$A" -p 7472 -C 1 -v || { kill "$srv"; return 1; }
+    kill "$srv" 2>/dev/null
+    wait "$srv" 2>/dev/null
+    return 0
+  }
+  t_check "plain: RDMA to $A fails" check_plain_no_rdma
+
+  check_plain_no_devices() {
+    in_plain ibv_devinfo && return 1
+    return 0
+  }
+  t_check "plain: no RDMA device visible" check_plain_no_devices
+else
+  t_skip "plain namespace checks" "topology ${RDMA_VM_TOPOLOGY:-?} has no namespace plain"
+fi
+
+echo "-- rxe0 counters (delta over the smoke run):"
+rxe_counters_delta /tmp/smoke-counters.before | sed 's/^/   /'
+t_summary
