@@ -1,1 +1,101 @@
-//! The sans-IO stream protocol (owned by issue 3 work).
+//! The sans-IO stream protocol: one TCP-like byte stream per direction, carried as RDMA WRITEs
+//! into the peer's registered receive ring, with credit-based flow control.
+//!
+//! - [`wire`]: the hello/reject carried in rdma_cm private data and the 32-bit immediate.
+//! - [`Config`]: local sizes; [`Conn`]: the state machine a driver feeds and polls.
+//! - `ring`, `credits`: offset arithmetic and the exact credit accounting behind `Conn`.
+//!
+//! What this module does not do: no syscalls, no verbs, no threads, no clock reads, no memory
+//! registration, no timers and no `unsafe`. The driver owns the registered send buffer and
+//! receive ring and lends them as byte slices; every peer-controlled value is checked before
+//! use, so malformed input yields an error, never a panic. `docs/PROTOCOL.md` is the wire
+//! format's source of truth.
+
+#![deny(unsafe_code)]
+
+mod config;
+mod conn;
+pub mod credits;
+mod ring;
+pub mod wire;
+
+use core::fmt;
+
+pub use config::{Config, ConfigError, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH};
+pub use conn::{Conn, Counters, Event, State, Stats, Write, WrId};
+pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason};
+
+/// Why an application write did not copy anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteError {
+    /// The send buffer is full; retry after [`Event::Writable`] (EAGAIN).
+    Blocked,
+    /// Writing was shut down locally (EPIPE).
+    Closed,
+    /// The connection was reset or failed (ECONNRESET).
+    Reset,
+}
+
+/// Why an application read returned no bytes (end of stream is `Ok(0)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadError {
+    /// Nothing readable yet; retry after [`Event::Readable`] (EAGAIN).
+    Blocked,
+    /// The connection was reset or failed (ECONNRESET).
+    Reset,
+}
+
+/// The peer broke the protocol (or the transport failed); the connection is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// The immediate value does not decode.
+    BadImm(ImmError),
+    /// More immediates arrived than receives we granted.
+    TooManyMessages,
+    /// A data immediate claims `len` bytes but only `window` bytes were granted.
+    DataBeyondCredit { len: u32, window: u64 },
+    /// Data after the peer's FIN.
+    DataAfterFin,
+    /// A second FIN.
+    DuplicateFin,
+    /// A credit message returns more than we had outstanding.
+    CreditOverflow { wrs: u32, bytes: u32 },
+    /// A send completed in error (reported through `handle_send_error`).
+    TransportFailed,
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::BadImm(e) => write!(f, "bad immediate: {e}"),
+            ProtocolError::TooManyMessages => f.write_str("peer exceeded its receive credits"),
+            ProtocolError::DataBeyondCredit { len, window } => {
+                write!(f, "peer announced {len} bytes with {window} bytes granted")
+            }
+            ProtocolError::DataAfterFin => f.write_str("data after FIN"),
+            ProtocolError::DuplicateFin => f.write_str("duplicate FIN"),
+            ProtocolError::CreditOverflow { wrs, bytes } => {
+                write!(f, "peer returned {wrs} WRs / {bytes} bytes it was never given")
+            }
+            ProtocolError::TransportFailed => f.write_str("send completed in error"),
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// A completion the core cannot match to a work request it handed out (a driver bug).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompletionError {
+    UnknownWr(WrId),
+}
+
+impl fmt::Display for CompletionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CompletionError::UnknownWr(id) => write!(f, "completion for unknown wr_id {}", id.0),
+        }
+    }
+}
+
+impl std::error::Error for CompletionError {}

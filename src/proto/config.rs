@@ -1,0 +1,95 @@
+//! Per-connection sizes and limits chosen by the local side.
+//!
+//! Nothing here allocates: the driver registers memory of these sizes and hands the slices to
+//! [`Conn`](super::Conn) on every call.
+
+use super::wire::{
+    Hello, HelloKind, MAX_RECV_CREDITS, MAX_RING_SIZE, MIN_RECV_CREDITS, MIN_RING_SIZE,
+};
+use core::fmt;
+
+/// Local connection parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Bytes in the local receive ring the peer writes into. Any size in
+    /// `MIN_RING_SIZE..=MAX_RING_SIZE` (not just powers of two; see PROTOCOL.md §4).
+    pub ring_size: u32,
+    /// Receives the driver keeps posted; each incoming WRITE_WITH_IMM consumes one.
+    pub recv_credits: u32,
+    /// Bytes in the local registered send buffer that app writes are copied into.
+    pub send_buf_size: u32,
+    /// Send queue depth of the QP: the core never has more work requests outstanding.
+    pub send_queue_depth: u32,
+    /// Writes of at most this many bytes are flagged `inline` (0 disables inlining).
+    pub max_inline: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ring_size: 256 * 1024,
+            recv_credits: 128,
+            send_buf_size: 256 * 1024,
+            send_queue_depth: 128,
+            max_inline: 64,
+        }
+    }
+}
+
+/// Smallest send queue: a data burst may need three work requests plus one control message.
+pub const MIN_SEND_QUEUE_DEPTH: u32 = 4;
+/// Largest send buffer (bursts must fit the 31-bit immediate length).
+pub const MAX_SEND_BUF_SIZE: u32 = 1 << 30;
+
+/// A [`Config`] field out of range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigError {
+    RingSize(u32),
+    RecvCredits(u32),
+    SendBufSize(u32),
+    SendQueueDepth(u32),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::RingSize(v) => write!(f, "ring_size {v} out of range"),
+            ConfigError::RecvCredits(v) => write!(f, "recv_credits {v} out of range"),
+            ConfigError::SendBufSize(v) => write!(f, "send_buf_size {v} out of range"),
+            ConfigError::SendQueueDepth(v) => write!(f, "send_queue_depth {v} out of range"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Checks every field against the protocol limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(MIN_RING_SIZE..=MAX_RING_SIZE).contains(&self.ring_size) {
+            return Err(ConfigError::RingSize(self.ring_size));
+        }
+        if !(MIN_RECV_CREDITS..=MAX_RECV_CREDITS).contains(&self.recv_credits) {
+            return Err(ConfigError::RecvCredits(self.recv_credits));
+        }
+        if !(1..=MAX_SEND_BUF_SIZE).contains(&self.send_buf_size) {
+            return Err(ConfigError::SendBufSize(self.send_buf_size));
+        }
+        if self.send_queue_depth < MIN_SEND_QUEUE_DEPTH {
+            return Err(ConfigError::SendQueueDepth(self.send_queue_depth));
+        }
+        Ok(())
+    }
+
+    /// The hello announcing this config, for a ring registered at `ring_addr` with `rkey`.
+    pub fn hello(&self, kind: HelloKind, ring_addr: u64, rkey: u32) -> Hello {
+        Hello {
+            kind,
+            flags: 0,
+            ring_addr,
+            rkey,
+            ring_size: self.ring_size,
+            recv_credits: self.recv_credits,
+        }
+    }
+}

@@ -1,0 +1,680 @@
+//! The per-connection state machine: a byte stream in each direction over RDMA WRITEs into the
+//! peer's receive ring, with exact credit flow control.
+//!
+//! `Conn` performs no I/O, reads no clock, spawns nothing and holds no registered memory: the
+//! driver owns the send buffer and the receive ring and lends them on each call. It does not
+//! time out idle peers (RC retries and rdma_cm events do that) and has no keepalive.
+
+use std::collections::VecDeque;
+use std::io::{IoSlice, IoSliceMut};
+
+use super::credits::{MsgClass, RxCredits, TxCredits};
+use super::ring::{gather_into, scatter, Ring};
+use super::wire::{Hello, Imm, MAX_DATA_LEN};
+use super::{CompletionError, Config, ConfigError, ProtocolError, ReadError, WriteError};
+
+/// Identifies one posted work request; the driver stores it in `wr_id` and hands it back in
+/// [`Conn::handle_send_complete`]. Sequential per connection, starting at 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WrId(pub u64);
+
+/// One RDMA WRITE (with or without immediate) to post on the QP, in the order returned.
+///
+/// `len == 0` with an immediate is a control message; `len == 0` without one is a signaled
+/// fence that only exists to produce a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Write {
+    pub wr_id: WrId,
+    /// Offset of the payload in the local send buffer.
+    pub local_offset: u32,
+    /// Payload length in bytes.
+    pub len: u32,
+    /// Offset in the peer's ring (add the peer's `ring_addr`).
+    pub remote_offset: u32,
+    /// Immediate value in host order (post it as `htonl(imm)`), making this a WRITE_WITH_IMM.
+    pub imm: Option<u32>,
+    /// `len <= max_inline`: may be posted with `IBV_SEND_INLINE`.
+    pub inline: bool,
+    /// Post with `IBV_SEND_SIGNALED`; report its completion to `handle_send_complete`.
+    pub signaled: bool,
+}
+
+/// Something the application side should learn about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Bytes or end-of-stream became readable: wake readers.
+    Readable,
+    /// Send-buffer space was freed after a write was short: wake writers.
+    Writable,
+    /// The connection was reset by the peer or failed: wake everyone, reads and writes fail.
+    Reset,
+    /// Nothing more will be posted or expected: the driver may disconnect and free memory.
+    Finished,
+}
+
+/// Coarse connection state, derived from what has been sent and received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Both directions open.
+    Open,
+    /// We queued or sent FIN; the peer may still send.
+    WriteClosed,
+    /// The peer sent FIN; we may still send.
+    ReadClosed,
+    /// FIN both ways; waiting for our last completions.
+    Closing,
+    /// FIN both ways and every completion in.
+    Closed,
+    /// Reset by either side, or failed on a protocol error.
+    Reset,
+}
+
+/// Counters for diagnostics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    pub writes_posted: u64,
+    pub bytes_posted: u64,
+    pub data_messages: u64,
+    pub credit_messages: u64,
+    pub signaled: u64,
+    pub fences: u64,
+    pub imms_received: u64,
+}
+
+/// Raw accounting positions, for invariant checks in tests and for debugging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counters {
+    /// Stream end the app has written into the send buffer.
+    pub tx_queued: u64,
+    /// Stream end posted as RDMA writes.
+    pub tx_posted: u64,
+    /// Stream end whose send-buffer space is reclaimed.
+    pub tx_acked: u64,
+    /// Stream end the peer has granted.
+    pub tx_granted_end: u64,
+    /// WR credits at the peer.
+    pub tx_wr_credits: u32,
+    /// Stream end announced by the peer's data immediates.
+    pub rx_received_end: u64,
+    /// Stream end consumed by the app.
+    pub rx_consumed: u64,
+    /// Stream end the peer may write up to.
+    pub rx_granted_end: u64,
+    /// Immediates received whose WR credit is not yet returned.
+    pub rx_wrs_pending: u32,
+    /// Work requests handed out / retired by completions.
+    pub wrs_posted: u64,
+    pub wrs_retired: u64,
+}
+
+const EV_READABLE: u8 = 1;
+const EV_WRITABLE: u8 = 2;
+const EV_RESET: u8 = 4;
+
+/// One end of an rsock stream.
+///
+/// Methods come in four kinds, as in quinn-proto:
+/// - getters (`&self`): [`readable`](Self::readable), [`writable`](Self::writable),
+///   [`state`](Self::state), [`stats`](Self::stats), [`counters`](Self::counters);
+/// - application commands: [`write`](Self::write), [`read`](Self::read),
+///   [`peek`](Self::peek), [`consume`](Self::consume), [`shutdown_write`](Self::shutdown_write),
+///   [`close`](Self::close), [`abort`](Self::abort);
+/// - inputs from the driver: [`handle_imm`](Self::handle_imm),
+///   [`handle_send_complete`](Self::handle_send_complete),
+///   [`handle_send_error`](Self::handle_send_error);
+/// - outputs: [`poll_write`](Self::poll_write) then [`poll_event`](Self::poll_event).
+///
+/// Driver loop: hand every receive completion to `handle_imm` and repost one receive for each
+/// *before* the next `poll_write` (credits returned there promise those receives); hand every
+/// signaled send completion to `handle_send_complete`; then post everything `poll_write`
+/// returns, in order, until it returns `None`; then drain `poll_event`. Call `poll_write` again
+/// after any application command.
+#[derive(Debug)]
+pub struct Conn {
+    // Geometry.
+    send_ring: Ring,
+    peer_ring: Ring,
+    ring: Ring,
+    max_inline: u32,
+    sq_depth: u32,
+    signal_every: u32,
+
+    // Send side, as stream positions: acked <= posted <= queued <= acked + send size.
+    tx_acked: u64,
+    tx_posted: u64,
+    tx_queued: u64,
+    tx: TxCredits,
+
+    // Send queue.
+    next_wr: u64,
+    wrs_retired: u64,
+    /// Signaled WRs in flight: (wr id, send-buffer position released by its completion).
+    signaled: VecDeque<(u64, u64)>,
+    unsignaled_wrs: u32,
+    unsignaled_bytes: u64,
+    /// A writer is waiting for space: the next WR must be signaled.
+    need_signal: bool,
+    /// Pieces of a planned burst not yet returned by `poll_write`.
+    planned: VecDeque<Write>,
+
+    // Receive side.
+    rx: RxCredits,
+
+    // Lifecycle.
+    write_shut: bool,
+    read_closed: bool,
+    fin_sent: bool,
+    fin_received: bool,
+    reset_queued: bool,
+    reset_sent: bool,
+    peer_reset: bool,
+    failed: Option<ProtocolError>,
+    finished_reported: bool,
+    writer_waiting: bool,
+    events: u8,
+
+    stats: Stats,
+}
+
+impl Conn {
+    /// A connection between our `config` and the peer's validated `peer` hello.
+    pub fn new(config: &Config, peer: &Hello) -> Result<Conn, ConfigError> {
+        config.validate()?;
+        Ok(Conn {
+            send_ring: Ring::new(config.send_buf_size),
+            peer_ring: Ring::new(peer.ring_size),
+            ring: Ring::new(config.ring_size),
+            max_inline: config.max_inline,
+            sq_depth: config.send_queue_depth,
+            signal_every: (config.send_queue_depth / 2).max(1),
+            tx_acked: 0,
+            tx_posted: 0,
+            tx_queued: 0,
+            tx: TxCredits::new(peer.ring_size, peer.recv_credits),
+            next_wr: 0,
+            wrs_retired: 0,
+            signaled: VecDeque::new(),
+            unsignaled_wrs: 0,
+            unsignaled_bytes: 0,
+            need_signal: false,
+            planned: VecDeque::with_capacity(3),
+            rx: RxCredits::new(config.ring_size, config.recv_credits),
+            write_shut: false,
+            read_closed: false,
+            fin_sent: false,
+            fin_received: false,
+            reset_queued: false,
+            reset_sent: false,
+            peer_reset: false,
+            failed: None,
+            finished_reported: false,
+            writer_waiting: false,
+            events: 0,
+            stats: Stats::default(),
+        })
+    }
+
+    // ---- getters ------------------------------------------------------------------------
+
+    /// Bytes that a read would return now (0 also at end of stream; see [`State`]).
+    pub fn readable(&self) -> usize {
+        if self.is_reset() || self.read_closed {
+            return 0;
+        }
+        self.rx.unread() as usize
+    }
+
+    /// True once the peer's FIN has arrived and every byte before it has been consumed.
+    pub fn at_eof(&self) -> bool {
+        self.fin_received && self.rx.unread() == 0
+    }
+
+    /// Send-buffer bytes a write would accept now.
+    pub fn writable(&self) -> usize {
+        if self.is_reset() || self.write_shut {
+            return 0;
+        }
+        (u64::from(self.send_ring.size()) - (self.tx_queued - self.tx_acked)) as usize
+    }
+
+    pub fn state(&self) -> State {
+        if self.is_reset() {
+            return State::Reset;
+        }
+        match (self.write_shut, self.fin_received) {
+            (false, false) => State::Open,
+            (true, false) => State::WriteClosed,
+            (false, true) => State::ReadClosed,
+            (true, true) if self.is_finished() => State::Closed,
+            (true, true) => State::Closing,
+        }
+    }
+
+    /// True when the driver may disconnect and free the memory: nothing more will be posted
+    /// and every posted work request has completed (or the connection is reset).
+    pub fn is_finished(&self) -> bool {
+        let drained = self.planned.is_empty() && self.wrs_retired == self.next_wr;
+        if self.failed.is_some() || self.peer_reset {
+            return true;
+        }
+        if self.reset_sent {
+            return drained;
+        }
+        // The ring must outlive unread bytes the app may still read.
+        let unread = !self.read_closed && self.rx.unread() > 0;
+        self.fin_sent && self.fin_received && drained && !unread
+    }
+
+    /// The protocol error that failed the connection, if any.
+    pub fn error(&self) -> Option<ProtocolError> {
+        self.failed
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    pub fn counters(&self) -> Counters {
+        Counters {
+            tx_queued: self.tx_queued,
+            tx_posted: self.tx_posted,
+            tx_acked: self.tx_acked,
+            tx_granted_end: self.tx.granted_end(),
+            tx_wr_credits: self.tx.wrs(),
+            rx_received_end: self.rx.received_end(),
+            rx_consumed: self.rx.consumed(),
+            rx_granted_end: self.rx.granted_end(),
+            rx_wrs_pending: self.rx.wrs_pending(),
+            wrs_posted: self.next_wr,
+            wrs_retired: self.wrs_retired,
+        }
+    }
+
+    fn is_reset(&self) -> bool {
+        self.failed.is_some() || self.peer_reset || self.reset_queued
+    }
+
+    // ---- application commands -------------------------------------------------------------
+
+    /// Copies as much of `data` as fits into the send buffer; see [`write_vectored`](Self::write_vectored).
+    pub fn write(&mut self, send_buf: &mut [u8], data: &[u8]) -> Result<usize, WriteError> {
+        self.write_vectored(send_buf, &[IoSlice::new(data)])
+    }
+
+    /// Copies as much of `bufs` as fits into the send buffer and returns the count; the bytes
+    /// go out on later `poll_write` calls as credits allow.
+    ///
+    /// `Blocked` when no space is free (EAGAIN), `Closed` after `shutdown_write`/`close`
+    /// (EPIPE), `Reset` after a reset (ECONNRESET). Empty input returns `Ok(0)`.
+    ///
+    /// # Panics
+    /// If `send_buf` is not exactly `config.send_buf_size` bytes.
+    pub fn write_vectored(
+        &mut self,
+        send_buf: &mut [u8],
+        bufs: &[IoSlice<'_>],
+    ) -> Result<usize, WriteError> {
+        assert_eq!(send_buf.len(), self.send_ring.size() as usize, "send buffer size");
+        if self.is_reset() {
+            return Err(WriteError::Reset);
+        }
+        if self.write_shut {
+            return Err(WriteError::Closed);
+        }
+        let wanted: usize = bufs.iter().map(|b| b.len()).sum();
+        if wanted == 0 {
+            return Ok(0);
+        }
+        let free = self.writable();
+        let n = gather_into(self.send_ring, send_buf, self.tx_queued, bufs, wanted.min(free));
+        self.tx_queued += n as u64;
+        if n < wanted {
+            // Space comes back only through completions: make sure one is coming.
+            self.need_signal = true;
+            self.writer_waiting = true;
+        }
+        if n == 0 {
+            return Err(WriteError::Blocked);
+        }
+        Ok(n)
+    }
+
+    /// Copies readable bytes into `buf` and consumes them; see [`read_vectored`](Self::read_vectored).
+    pub fn read(&mut self, ring: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
+        self.read_vectored(ring, &mut [IoSliceMut::new(buf)])
+    }
+
+    /// Copies readable bytes into `bufs` in order and consumes them.
+    ///
+    /// `Ok(0)` for empty `bufs` or at end of stream, `Blocked` when nothing is readable yet
+    /// (EAGAIN), `Reset` after a reset. MSG_WAITALL is the caller looping until enough
+    /// arrived or `at_eof`.
+    ///
+    /// # Panics
+    /// If `ring` is not exactly `config.ring_size` bytes.
+    pub fn read_vectored(
+        &mut self,
+        ring: &[u8],
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, ReadError> {
+        let n = self.peek_vectored(ring, bufs)?;
+        self.rx.consume(n as u64);
+        Ok(n)
+    }
+
+    /// Like [`read`](Self::read) without consuming (MSG_PEEK).
+    pub fn peek(&self, ring: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
+        self.peek_vectored(ring, &mut [IoSliceMut::new(buf)])
+    }
+
+    /// Like [`read_vectored`](Self::read_vectored) without consuming (MSG_PEEK).
+    pub fn peek_vectored(&self, ring: &[u8], bufs: &mut [IoSliceMut<'_>]) -> Result<usize, ReadError> {
+        let (a, b) = self.readable_slices(ring)?;
+        if a.is_empty() && !bufs.iter().all(|b| b.is_empty()) && !self.fin_received {
+            return Err(ReadError::Blocked);
+        }
+        Ok(scatter([a, b], bufs))
+    }
+
+    /// The readable bytes in place, as one or two slices of `ring` (zero-copy read); follow
+    /// with [`consume`](Self::consume).
+    pub fn readable_slices<'r>(&self, ring: &'r [u8]) -> Result<(&'r [u8], &'r [u8]), ReadError> {
+        assert_eq!(ring.len(), self.ring.size() as usize, "ring size");
+        if self.is_reset() {
+            return Err(ReadError::Reset);
+        }
+        let unread = if self.read_closed { 0 } else { self.rx.unread() };
+        Ok(self.ring.slices(ring, self.rx.consumed(), unread))
+    }
+
+    /// Consumes up to `n` readable bytes without copying them; returns how many.
+    pub fn consume(&mut self, n: usize) -> usize {
+        let n = (n as u64).min(self.readable() as u64);
+        self.rx.consume(n);
+        n as usize
+    }
+
+    /// Half-close (SHUT_WR): queued bytes still go out, then FIN. Later writes fail with
+    /// `Closed`. Idempotent.
+    pub fn shutdown_write(&mut self) {
+        self.write_shut = true;
+    }
+
+    /// Application close: like `shutdown_write`, and unread or later-arriving bytes are
+    /// discarded. If the peer keeps sending after this, it is reset (as TCP does).
+    pub fn close(&mut self) {
+        self.write_shut = true;
+        self.read_closed = true;
+        let unread = self.rx.unread();
+        self.rx.consume(unread);
+    }
+
+    /// Abortive close (SO_LINGER 0): drop unsent bytes and reset the peer.
+    pub fn abort(&mut self) {
+        if self.is_reset() {
+            return;
+        }
+        self.reset_queued = true;
+        self.write_shut = true;
+        self.read_closed = true;
+        // Planned pieces already own work request ids; they go out before the RESET.
+        self.tx_queued = self.tx_posted;
+        self.events |= EV_RESET;
+    }
+
+    // ---- inputs -------------------------------------------------------------------------
+
+    /// Processes the immediate of a completed receive (a peer WRITE_WITH_IMM).
+    ///
+    /// On `Err` the connection is failed: reads and writes return `Reset`, nothing more is
+    /// posted, and the driver should disconnect. After a reset, input is ignored.
+    pub fn handle_imm(&mut self, imm: u32) -> Result<(), ProtocolError> {
+        if self.failed.is_some() || self.peer_reset {
+            return Ok(());
+        }
+        self.stats.imms_received += 1;
+        let result = self.process_imm(imm);
+        if let Err(e) = result {
+            self.failed = Some(e);
+            self.planned.clear();
+            self.events |= EV_RESET;
+        }
+        result
+    }
+
+    fn process_imm(&mut self, raw: u32) -> Result<(), ProtocolError> {
+        let imm = Imm::decode(raw).map_err(ProtocolError::BadImm)?;
+        self.rx.on_message()?;
+        match imm {
+            Imm::Data { len } => {
+                if self.fin_received {
+                    return Err(ProtocolError::DataAfterFin);
+                }
+                self.rx.on_data(len)?;
+                if self.read_closed {
+                    // Nobody will read this: discard, and tell the writer like a TCP RST.
+                    self.rx.consume(self.rx.unread());
+                    if !self.reset_queued {
+                        self.reset_queued = true;
+                        self.tx_queued = self.tx_posted;
+                    }
+                } else {
+                    self.events |= EV_READABLE;
+                }
+            }
+            Imm::Credit { wrs, bytes } => self.tx.grant(wrs, bytes, self.tx_posted)?,
+            Imm::Fin => {
+                if self.fin_received {
+                    return Err(ProtocolError::DuplicateFin);
+                }
+                self.fin_received = true;
+                self.events |= EV_READABLE;
+            }
+            Imm::Reset => {
+                self.peer_reset = true;
+                self.planned.clear();
+                self.events |= EV_RESET;
+            }
+        }
+        Ok(())
+    }
+
+    /// Processes a successful signaled send completion. Completions are cumulative (an RC
+    /// completion implies every earlier work request finished), so stale or duplicate ids are
+    /// ignored.
+    pub fn handle_send_complete(&mut self, wr_id: WrId) -> Result<(), CompletionError> {
+        if wr_id.0 >= self.next_wr {
+            return Err(CompletionError::UnknownWr(wr_id));
+        }
+        if wr_id.0 < self.wrs_retired {
+            return Ok(());
+        }
+        self.wrs_retired = wr_id.0 + 1;
+        while let Some(&(id, pos)) = self.signaled.front() {
+            if id > wr_id.0 {
+                break;
+            }
+            self.tx_acked = self.tx_acked.max(pos);
+            self.signaled.pop_front();
+        }
+        if self.wrs_retired == self.next_wr {
+            // Everything retired: the unsignaled tail completed too.
+            self.tx_acked = self.tx_posted;
+            self.unsignaled_wrs = 0;
+            self.unsignaled_bytes = 0;
+        }
+        if self.writer_waiting && self.writable() > 0 {
+            self.writer_waiting = false;
+            self.events |= EV_WRITABLE;
+        }
+        Ok(())
+    }
+
+    /// Processes a failed send completion (flush, retry exceeded, remote access error): the
+    /// connection is over.
+    pub fn handle_send_error(&mut self) {
+        if self.failed.is_none() {
+            self.failed = Some(ProtocolError::TransportFailed);
+            self.planned.clear();
+            self.events |= EV_RESET;
+        }
+    }
+
+    // ---- outputs ------------------------------------------------------------------------
+
+    /// The next work request to post, if any; call until `None` (see the type docs).
+    pub fn poll_write(&mut self) -> Option<Write> {
+        if let Some(w) = self.planned.pop_front() {
+            return Some(w);
+        }
+        if self.failed.is_some() || self.peer_reset || self.reset_sent {
+            return None;
+        }
+        if self.reset_queued {
+            if self.tx.allows(MsgClass::Reset) && self.sq_room(1) {
+                self.tx.spend_wr();
+                self.reset_sent = true;
+                return Some(self.control(Imm::Reset, true));
+            }
+            return None;
+        }
+        if !(self.fin_sent && self.fin_received) && self.sq_room(1) {
+            if let Some(imm) = self.rx.take_update(&mut self.tx) {
+                self.stats.credit_messages += 1;
+                return Some(self.control(imm, false));
+            }
+        }
+        if let Some(w) = self.plan_burst() {
+            return Some(w);
+        }
+        if self.write_shut
+            && !self.fin_sent
+            && self.tx_posted == self.tx_queued
+            && self.tx.allows(MsgClass::Fin)
+            && self.sq_room(1)
+        {
+            self.tx.spend_wr();
+            self.fin_sent = true;
+            return Some(self.control(Imm::Fin, true));
+        }
+        if self.need_signal && self.unsignaled_wrs > 0 && self.sq_room(1) {
+            self.stats.fences += 1;
+            let w = self.work_request(0, 0, 0, None, true);
+            return Some(w);
+        }
+        None
+    }
+
+    /// The next event for the application side, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        for (bit, ev) in
+            [(EV_RESET, Event::Reset), (EV_READABLE, Event::Readable), (EV_WRITABLE, Event::Writable)]
+        {
+            if self.events & bit != 0 {
+                self.events &= !bit;
+                return Some(ev);
+            }
+        }
+        if !self.finished_reported && self.is_finished() {
+            self.finished_reported = true;
+            return Some(Event::Finished);
+        }
+        None
+    }
+
+    // ---- internals ----------------------------------------------------------------------
+
+    fn sq_room(&self, n: u64) -> bool {
+        self.next_wr - self.wrs_retired + n <= u64::from(self.sq_depth)
+    }
+
+    /// Plans the next data burst (one to three writes, the last carrying the immediate) and
+    /// returns its first write.
+    fn plan_burst(&mut self) -> Option<Write> {
+        let unsent = self.tx_queued - self.tx_posted;
+        if unsent == 0 || !self.tx.allows(MsgClass::Data) {
+            return None;
+        }
+        let len = unsent.min(self.tx.bytes_after(self.tx_posted)).min(u64::from(MAX_DATA_LEN));
+        if len == 0 {
+            return None;
+        }
+        // Split where either the send buffer or the peer ring wraps; each wraps at most once
+        // because len <= both sizes.
+        let mut pieces = [(0u64, 0u32); 3];
+        let (mut count, mut pos, end) = (0, self.tx_posted, self.tx_posted + len);
+        while pos < end {
+            let n = (end - pos)
+                .min(u64::from(self.send_ring.contiguous(pos)))
+                .min(u64::from(self.peer_ring.contiguous(pos))) as u32;
+            pieces[count] = (pos, n);
+            count += 1;
+            pos += u64::from(n);
+        }
+        if !self.sq_room(count as u64) {
+            return None;
+        }
+        self.tx.spend_wr();
+        self.stats.data_messages += 1;
+        for (i, &(pos, n)) in pieces[..count].iter().enumerate() {
+            let imm = (i + 1 == count).then(|| Imm::Data { len: len as u32 }.encode());
+            self.tx_posted = pos + u64::from(n);
+            let w = self.work_request(
+                self.send_ring.offset(pos),
+                n,
+                self.peer_ring.offset(pos),
+                imm,
+                false,
+            );
+            self.planned.push_back(w);
+        }
+        self.planned.pop_front()
+    }
+
+    fn control(&mut self, imm: Imm, signal: bool) -> Write {
+        self.work_request(0, 0, 0, Some(imm.encode()), signal)
+    }
+
+    /// Allocates a work request id and decides signaling. Called with `tx_posted` already
+    /// covering this write's payload.
+    fn work_request(
+        &mut self,
+        local_offset: u32,
+        len: u32,
+        remote_offset: u32,
+        imm: Option<u32>,
+        force_signal: bool,
+    ) -> Write {
+        let wr_id = WrId(self.next_wr);
+        self.next_wr += 1;
+        self.unsignaled_wrs += 1;
+        self.unsignaled_bytes += u64::from(len);
+        // Signal often enough that neither the send queue nor the send buffer can fill with
+        // work whose completion would never be reported.
+        let signaled = force_signal
+            || self.need_signal
+            || self.unsignaled_wrs >= self.signal_every
+            || self.unsignaled_bytes >= u64::from(self.send_ring.size() / 2).max(1);
+        if signaled {
+            self.signaled.push_back((wr_id.0, self.tx_posted));
+            self.unsignaled_wrs = 0;
+            self.unsignaled_bytes = 0;
+            self.need_signal = false;
+            self.stats.signaled += 1;
+        }
+        self.stats.writes_posted += 1;
+        self.stats.bytes_posted += u64::from(len);
+        Write {
+            wr_id,
+            local_offset,
+            len,
+            remote_offset,
+            imm,
+            inline: len > 0 && len <= self.max_inline,
+            signaled,
+        }
+    }
+}

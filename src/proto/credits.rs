@@ -1,0 +1,258 @@
+//! Credit accounting for one connection: what this side may still send ([`TxCredits`]) and what
+//! it owes the peer ([`RxCredits`]).
+//!
+//! Two resources are counted exactly: bytes of the peer's ring and the peer's posted receives
+//! ("WR credits"; every WRITE_WITH_IMM consumes one). Nothing here sends anything: the
+//! connection asks for a credit message and decides when to emit it.
+//!
+//! Reserve rule (PROTOCOL.md §5): data needs at least [`CONTROL_RESERVE`]` + 1` WR credits,
+//! FIN and a credit message that returns no WRs need 2, and a credit message returning at least
+//! one WR (or a RESET) may use the last one. This keeps credit returns possible in both
+//! directions when data has exhausted everything else.
+
+use super::wire::{Imm, MAX_CREDIT_BYTES, MAX_CREDIT_WRS};
+use super::ProtocolError;
+
+/// WR credits data may never use.
+pub const CONTROL_RESERVE: u32 = 2;
+
+/// Kind of message, for the reserve rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MsgClass {
+    Data,
+    Fin,
+    CreditBytesOnly,
+    CreditWithWrs,
+    Reset,
+}
+
+impl MsgClass {
+    /// WR credits that must be available before sending this class.
+    fn min_credits(self) -> u32 {
+        match self {
+            MsgClass::Data => CONTROL_RESERVE + 1,
+            MsgClass::Fin | MsgClass::CreditBytesOnly => 2,
+            MsgClass::CreditWithWrs | MsgClass::Reset => 1,
+        }
+    }
+}
+
+/// Send-side credits: how far into the peer's ring we may write and how many receives it has
+/// posted for us.
+#[derive(Debug, Clone)]
+pub(crate) struct TxCredits {
+    peer_ring: u32,
+    peer_recvs: u32,
+    /// Stream position we may write up to (exclusive).
+    granted_end: u64,
+    wrs: u32,
+}
+
+impl TxCredits {
+    pub(crate) fn new(peer_ring: u32, peer_recvs: u32) -> TxCredits {
+        TxCredits { peer_ring, peer_recvs, granted_end: u64::from(peer_ring), wrs: peer_recvs }
+    }
+
+    pub(crate) fn granted_end(&self) -> u64 {
+        self.granted_end
+    }
+
+    pub(crate) fn wrs(&self) -> u32 {
+        self.wrs
+    }
+
+    /// Ring bytes we may write from stream position `sent`.
+    pub(crate) fn bytes_after(&self, sent: u64) -> u64 {
+        self.granted_end.saturating_sub(sent)
+    }
+
+    pub(crate) fn allows(&self, class: MsgClass) -> bool {
+        self.wrs >= class.min_credits()
+    }
+
+    /// Spends one WR credit; call only after `allows` said yes.
+    pub(crate) fn spend_wr(&mut self) {
+        debug_assert!(self.wrs > 0);
+        self.wrs -= 1;
+    }
+
+    /// Applies a credit message. `announced` is the stream position our last data immediate
+    /// covered: the peer cannot have freed bytes beyond it.
+    pub(crate) fn grant(&mut self, wrs: u32, bytes: u32, announced: u64) -> Result<(), ProtocolError> {
+        let new_wrs = self.wrs.checked_add(wrs).filter(|&w| w <= self.peer_recvs);
+        let new_end = self
+            .granted_end
+            .checked_add(u64::from(bytes))
+            .filter(|&end| end <= announced.saturating_add(u64::from(self.peer_ring)));
+        match (new_wrs, new_end) {
+            (Some(w), Some(end)) => {
+                self.wrs = w;
+                self.granted_end = end;
+                Ok(())
+            }
+            _ => Err(ProtocolError::CreditOverflow { wrs, bytes }),
+        }
+    }
+}
+
+/// Receive-side accounting of the local ring and posted receives.
+#[derive(Debug, Clone)]
+pub(crate) struct RxCredits {
+    ring: u32,
+    recvs: u32,
+    byte_threshold: u64,
+    wr_threshold: u32,
+    /// End of the bytes the peer has announced (written and visible).
+    received_end: u64,
+    /// End of the bytes the app has consumed.
+    consumed: u64,
+    /// End of the consumed bytes already granted back; the peer may write up to
+    /// `returned + ring`.
+    returned: u64,
+    /// Immediates received whose receive has been reposted but not yet returned.
+    wrs_pending: u32,
+}
+
+impl RxCredits {
+    pub(crate) fn new(ring: u32, recvs: u32) -> RxCredits {
+        RxCredits {
+            ring,
+            recvs,
+            // Batching: return when half is reclaimable (PROTOCOL.md §5). The WR threshold
+            // must stay <= recvs - CONTROL_RESERVE so a sender stuck at the reserve is
+            // always answered.
+            byte_threshold: u64::from(ring / 2).max(1),
+            wr_threshold: (recvs / 2).min(recvs - CONTROL_RESERVE).max(1),
+            received_end: 0,
+            consumed: 0,
+            returned: 0,
+            wrs_pending: 0,
+        }
+    }
+
+    pub(crate) fn received_end(&self) -> u64 {
+        self.received_end
+    }
+
+    pub(crate) fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    pub(crate) fn granted_end(&self) -> u64 {
+        self.returned + u64::from(self.ring)
+    }
+
+    pub(crate) fn wrs_pending(&self) -> u32 {
+        self.wrs_pending
+    }
+
+    /// Bytes announced but not consumed.
+    pub(crate) fn unread(&self) -> u64 {
+        self.received_end - self.consumed
+    }
+
+    /// Counts one incoming immediate (its receive has been reposted by the driver).
+    pub(crate) fn on_message(&mut self) -> Result<(), ProtocolError> {
+        if self.wrs_pending >= self.recvs {
+            return Err(ProtocolError::TooManyMessages);
+        }
+        self.wrs_pending += 1;
+        Ok(())
+    }
+
+    /// Accepts `len` announced bytes if they lie inside the granted window.
+    pub(crate) fn on_data(&mut self, len: u32) -> Result<(), ProtocolError> {
+        let window = self.granted_end() - self.received_end;
+        if u64::from(len) > window {
+            return Err(ProtocolError::DataBeyondCredit { len, window });
+        }
+        self.received_end += u64::from(len);
+        Ok(())
+    }
+
+    /// Marks `n` more bytes consumed; `n` must not exceed [`unread`](Self::unread).
+    pub(crate) fn consume(&mut self, n: u64) {
+        debug_assert!(n <= self.unread());
+        self.consumed += n.min(self.unread());
+    }
+
+    /// A credit message worth sending now, if one is due and `tx` allows it. Commits it.
+    pub(crate) fn take_update(&mut self, tx: &mut TxCredits) -> Option<Imm> {
+        let pending_bytes = self.consumed - self.returned;
+        if pending_bytes < self.byte_threshold && self.wrs_pending < self.wr_threshold {
+            return None;
+        }
+        let wrs = self.wrs_pending.min(MAX_CREDIT_WRS);
+        let bytes = pending_bytes.min(u64::from(MAX_CREDIT_BYTES)) as u32;
+        let class = if wrs > 0 { MsgClass::CreditWithWrs } else { MsgClass::CreditBytesOnly };
+        if !tx.allows(class) {
+            return None;
+        }
+        tx.spend_wr();
+        self.wrs_pending -= wrs;
+        self.returned += u64::from(bytes);
+        Some(Imm::Credit { wrs, bytes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_rule() {
+        let mut tx = TxCredits::new(100, 3);
+        assert!(tx.allows(MsgClass::Data));
+        tx.spend_wr();
+        assert!(!tx.allows(MsgClass::Data));
+        assert!(tx.allows(MsgClass::Fin));
+        tx.spend_wr();
+        assert!(!tx.allows(MsgClass::Fin));
+        assert!(!tx.allows(MsgClass::CreditBytesOnly));
+        assert!(tx.allows(MsgClass::CreditWithWrs));
+        assert!(tx.allows(MsgClass::Reset));
+    }
+
+    #[test]
+    fn grant_beyond_what_was_sent_is_refused() {
+        let mut tx = TxCredits::new(100, 8);
+        assert_eq!(tx.grant(1, 0, 0), Err(ProtocolError::CreditOverflow { wrs: 1, bytes: 0 }));
+        assert_eq!(tx.grant(0, 1, 0), Err(ProtocolError::CreditOverflow { wrs: 0, bytes: 1 }));
+        tx.spend_wr();
+        assert_eq!(tx.grant(1, 40, 40), Ok(()));
+        assert_eq!(tx.bytes_after(40), 100);
+    }
+
+    #[test]
+    fn data_beyond_window_is_refused() {
+        let mut rx = RxCredits::new(10, 4);
+        assert_eq!(rx.on_data(6), Ok(()));
+        assert_eq!(rx.on_data(5), Err(ProtocolError::DataBeyondCredit { len: 5, window: 4 }));
+        assert_eq!(rx.on_data(4), Ok(()));
+    }
+
+    #[test]
+    fn updates_are_batched() {
+        let mut tx = TxCredits::new(10, 8);
+        let mut rx = RxCredits::new(10, 8);
+        rx.on_message().unwrap();
+        rx.on_data(4).unwrap();
+        rx.consume(4);
+        assert_eq!(rx.take_update(&mut tx), None);
+        rx.on_message().unwrap();
+        rx.on_data(1).unwrap();
+        rx.consume(1);
+        assert_eq!(rx.take_update(&mut tx), Some(Imm::Credit { wrs: 2, bytes: 5 }));
+        assert_eq!(tx.wrs(), 7);
+        assert_eq!(rx.granted_end(), 15);
+    }
+
+    #[test]
+    fn too_many_messages() {
+        let mut rx = RxCredits::new(10, 3);
+        for _ in 0..3 {
+            rx.on_message().unwrap();
+        }
+        assert_eq!(rx.on_message(), Err(ProtocolError::TooManyMessages));
+    }
+}

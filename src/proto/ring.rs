@@ -1,0 +1,143 @@
+//! Ring geometry: maps absolute stream positions onto offsets in a ring of any size, and copies
+//! between a ring and caller slices, splitting at the wrap point.
+//!
+//! Positions are `u64` byte counts since connection start; they do not wrap in practice
+//! (2^64 bytes), so ordering them needs no wrapping comparison. Only offsets wrap.
+
+use std::io::{IoSlice, IoSliceMut};
+
+/// A ring of `size` bytes (`size >= 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ring {
+    size: u32,
+}
+
+impl Ring {
+    pub(crate) fn new(size: u32) -> Ring {
+        assert!(size > 0, "ring size must be positive");
+        Ring { size }
+    }
+
+    pub(crate) fn size(self) -> u32 {
+        self.size
+    }
+
+    /// Offset of stream position `pos`.
+    pub(crate) fn offset(self, pos: u64) -> u32 {
+        // The remainder is < size, which is a u32.
+        (pos % u64::from(self.size)) as u32
+    }
+
+    /// Bytes from `pos` to the end of the ring, before the wrap.
+    pub(crate) fn contiguous(self, pos: u64) -> u32 {
+        self.size - self.offset(pos)
+    }
+
+    /// The one or two pieces of `buf` holding `len` bytes from `pos`, in stream order.
+    ///
+    /// `len` must not exceed the ring size; `buf` must be exactly the ring.
+    pub(crate) fn slices(self, buf: &[u8], pos: u64, len: u64) -> (&[u8], &[u8]) {
+        debug_assert!(len <= u64::from(self.size));
+        let start = self.offset(pos) as usize;
+        let first = (len as usize).min(self.contiguous(pos) as usize);
+        let second = len as usize - first;
+        (&buf[start..start + first], &buf[..second])
+    }
+
+    /// Copies `data` into `buf` starting at `pos`, wrapping once if needed.
+    pub(crate) fn copy_in(self, buf: &mut [u8], pos: u64, data: &[u8]) {
+        debug_assert!(data.len() <= self.size as usize);
+        let start = self.offset(pos) as usize;
+        let first = data.len().min(self.contiguous(pos) as usize);
+        buf[start..start + first].copy_from_slice(&data[..first]);
+        buf[..data.len() - first].copy_from_slice(&data[first..]);
+    }
+}
+
+/// Copies from the concatenation of `src` pieces into the `dst` slices; returns bytes copied.
+pub(crate) fn scatter(src: [&[u8]; 2], dst: &mut [IoSliceMut<'_>]) -> usize {
+    let mut copied = 0;
+    let mut pieces = src.into_iter().filter(|s| !s.is_empty());
+    let mut cur: &[u8] = pieces.next().unwrap_or(&[]);
+    for d in dst.iter_mut() {
+        let mut d: &mut [u8] = d;
+        while !d.is_empty() {
+            if cur.is_empty() {
+                match pieces.next() {
+                    Some(next) => cur = next,
+                    None => return copied,
+                }
+            }
+            let n = d.len().min(cur.len());
+            d[..n].copy_from_slice(&cur[..n]);
+            d = &mut d[n..];
+            cur = &cur[n..];
+            copied += n;
+        }
+    }
+    copied
+}
+
+/// Copies up to `limit` bytes from the `src` slices into `ring` at `pos`; returns bytes copied.
+pub(crate) fn gather_into(
+    ring: Ring,
+    buf: &mut [u8],
+    mut pos: u64,
+    src: &[IoSlice<'_>],
+    limit: usize,
+) -> usize {
+    let mut copied = 0;
+    for s in src {
+        let n = s.len().min(limit - copied);
+        ring.copy_in(buf, pos, &s[..n]);
+        pos += n as u64;
+        copied += n;
+        if copied == limit {
+            break;
+        }
+    }
+    copied
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_wrap_at_odd_sizes() {
+        let r = Ring::new(7);
+        assert_eq!(r.offset(0), 0);
+        assert_eq!(r.offset(6), 6);
+        assert_eq!(r.offset(7), 0);
+        assert_eq!(r.offset(u64::MAX), (u64::MAX % 7) as u32);
+        assert_eq!(r.contiguous(5), 2);
+    }
+
+    #[test]
+    fn copy_in_and_slices_wrap() {
+        let r = Ring::new(5);
+        let mut buf = [0u8; 5];
+        r.copy_in(&mut buf, 13, b"abcd"); // offset 3
+        assert_eq!(&buf, b"cdxab".map(|c| if c == b'x' { 0 } else { c }).as_slice());
+        let (a, b) = r.slices(&buf, 13, 4);
+        assert_eq!((a, b), (&b"ab"[..], &b"cd"[..]));
+    }
+
+    #[test]
+    fn scatter_across_pieces_and_slices() {
+        let mut x = [0u8; 3];
+        let mut y = [0u8; 4];
+        let mut dst = [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)];
+        assert_eq!(scatter([b"ab", b"cde"], &mut dst), 5);
+        assert_eq!((&x, &y), (b"abc", b"de\0\0"));
+    }
+
+    #[test]
+    fn gather_respects_limit() {
+        let r = Ring::new(4);
+        let mut buf = [0u8; 4];
+        let src = [IoSlice::new(b"ab"), IoSlice::new(b"cdef")];
+        assert_eq!(gather_into(r, &mut buf, 2, &src, 3), 3);
+        assert_eq!(&buf, b"c\0ab");
+    }
+}

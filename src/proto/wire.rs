@@ -1,0 +1,644 @@
+//! Wire encodings: the hello carried in rdma_cm private data, the reject, and the 32-bit
+//! immediate value of every RDMA WRITE_WITH_IMM.
+//!
+//! Layouts are described in `docs/PROTOCOL.md`, which is the source of truth; the offsets in
+//! [`field`] mirror it. All multi-byte fields are big-endian. Parsing never panics and never
+//! reads past the slice it is given; semantic limits (ring size, credit counts) are checked here
+//! so that a [`Hello`] that parses is safe to build a connection from.
+//!
+//! This module does no I/O and knows nothing about verbs: the driver copies the bytes into and
+//! out of `rdma_conn_param.private_data` and converts `imm_data` with `ntohl`/`htonl`.
+
+use core::fmt;
+
+/// First four bytes of every hello and reject: ASCII "RSCK".
+pub const MAGIC: [u8; 4] = *b"RSCK";
+/// The only protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Private data an rdma_cm connect request can carry (IB REQ 92 bytes minus the 36-byte CM header).
+pub const MAX_REQ_PRIVATE_DATA: usize = 56;
+/// Private data an rdma_cm accept can carry (IB REP).
+pub const MAX_REP_PRIVATE_DATA: usize = 196;
+/// Smallest receive ring a peer may advertise.
+pub const MIN_RING_SIZE: u32 = 1;
+/// Largest receive ring a peer may advertise (a data burst length must fit in 31 bits).
+pub const MAX_RING_SIZE: u32 = 1 << 30;
+/// Fewest posted receives a peer may advertise: data needs one more than the control reserve.
+pub const MIN_RECV_CREDITS: u32 = 3;
+/// Most posted receives a peer may advertise.
+pub const MAX_RECV_CREDITS: u32 = 1 << 16;
+
+/// Byte ranges of the fields; see `docs/PROTOCOL.md` §2.
+pub mod field {
+    use core::ops::Range;
+    /// Common header (frozen across versions so that any version can read a reject).
+    pub const MAGIC: Range<usize> = 0..4;
+    pub const VERSION: usize = 4;
+    pub const KIND: usize = 5;
+    pub const FLAGS: Range<usize> = 6..8;
+    pub const LEN: Range<usize> = 8..10;
+    /// Length of the common header.
+    pub const HEADER_END: usize = 10;
+    /// Hello body.
+    pub const RESERVED: Range<usize> = 10..12;
+    pub const RKEY: Range<usize> = 12..16;
+    pub const RING_ADDR: Range<usize> = 16..24;
+    pub const RING_SIZE: Range<usize> = 24..28;
+    pub const RECV_CREDITS: Range<usize> = 28..32;
+    /// Reject body.
+    pub const REASON: Range<usize> = 10..12;
+}
+
+/// What a hello-shaped message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelloKind {
+    /// Sent by the active side in the connect request.
+    Connect,
+    /// Sent by the passive side in the accept.
+    Accept,
+}
+
+impl HelloKind {
+    fn code(self) -> u8 {
+        match self {
+            HelloKind::Connect => KIND_CONNECT,
+            HelloKind::Accept => KIND_ACCEPT,
+        }
+    }
+}
+
+const KIND_CONNECT: u8 = 1;
+const KIND_ACCEPT: u8 = 2;
+const KIND_REJECT: u8 = 3;
+
+/// Why a hello could not be used. The driver falls back to kernel TCP on any of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelloError {
+    /// Fewer bytes than the fields read so far need (`needed` bytes, `got` bytes).
+    Truncated { needed: usize, got: usize },
+    /// Not an rsock peer.
+    BadMagic([u8; 4]),
+    /// An rsock peer speaking a version this build does not.
+    UnsupportedVersion(u8),
+    /// Kind byte is not connect, accept or reject.
+    UnknownKind(u8),
+    /// The message is a hello of the wrong direction (e.g. an accept where a connect was due).
+    UnexpectedKind(HelloKind),
+    /// The length field is smaller than the version's fixed part.
+    BadLength(u16),
+    /// Ring size outside `MIN_RING_SIZE..=MAX_RING_SIZE`.
+    BadRingSize(u32),
+    /// Ring address plus ring size overflows the address space.
+    BadRingAddr(u64),
+    /// Receive credits outside `MIN_RECV_CREDITS..=MAX_RECV_CREDITS`.
+    BadRecvCredits(u32),
+    /// The peer refused us and said why.
+    Rejected(Reject),
+}
+
+impl fmt::Display for HelloError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HelloError::Truncated { needed, got } => {
+                write!(f, "hello truncated: need {needed} bytes, got {got}")
+            }
+            HelloError::BadMagic(m) => write!(f, "not an rsock peer (magic {m:02x?})"),
+            HelloError::UnsupportedVersion(v) => {
+                write!(f, "peer speaks rsock version {v}, we speak {VERSION}")
+            }
+            HelloError::UnknownKind(k) => write!(f, "unknown hello kind {k}"),
+            HelloError::UnexpectedKind(k) => write!(f, "unexpected hello kind {k:?}"),
+            HelloError::BadLength(l) => write!(f, "hello length field {l} too small"),
+            HelloError::BadRingSize(s) => write!(f, "peer ring size {s} out of range"),
+            HelloError::BadRingAddr(a) => write!(f, "peer ring address {a:#x} overflows"),
+            HelloError::BadRecvCredits(c) => write!(f, "peer receive credits {c} out of range"),
+            HelloError::Rejected(r) => {
+                write!(f, "peer (version {}) rejected us: {:?}", r.version, r.reason)
+            }
+        }
+    }
+}
+
+impl std::error::Error for HelloError {}
+
+/// Connection parameters one side announces to the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub kind: HelloKind,
+    /// Optional features; v1 defines none, sends 0 and ignores unknown bits.
+    pub flags: u16,
+    /// Virtual address of the sender's receive ring (the peer's RDMA WRITE target base).
+    pub ring_addr: u64,
+    /// Remote key of the ring's memory region.
+    pub rkey: u32,
+    /// Ring size in bytes; all of it is granted to the peer at connection start.
+    pub ring_size: u32,
+    /// Receives the sender has posted: the peer's initial message credits.
+    pub recv_credits: u32,
+}
+
+impl Hello {
+    /// Encoded length in version 1.
+    pub const LEN: usize = 32;
+
+    /// Parses and validates a hello of either kind; a reject becomes `Err(Rejected)`.
+    ///
+    /// Bytes past the length field are ignored: rdma_cm may zero-pad private data.
+    pub fn parse(buf: &[u8]) -> Result<Hello, HelloError> {
+        let (kind, flags, len) = parse_header(buf)?;
+        let kind = match kind {
+            KIND_CONNECT => HelloKind::Connect,
+            KIND_ACCEPT => HelloKind::Accept,
+            KIND_REJECT => return Err(HelloError::Rejected(Reject::parse_body(buf, len)?)),
+            other => return Err(HelloError::UnknownKind(other)),
+        };
+        if usize::from(len) < Self::LEN {
+            return Err(HelloError::BadLength(len));
+        }
+        let body = need(buf, usize::from(len))?;
+        let hello = Hello {
+            kind,
+            flags,
+            rkey: be_u32(body, field::RKEY),
+            ring_addr: be_u64(body, field::RING_ADDR),
+            ring_size: be_u32(body, field::RING_SIZE),
+            recv_credits: be_u32(body, field::RECV_CREDITS),
+        };
+        hello.check()?;
+        Ok(hello)
+    }
+
+    /// Parses a hello and insists on its kind (the passive side expects `Connect`).
+    pub fn parse_kind(buf: &[u8], expected: HelloKind) -> Result<Hello, HelloError> {
+        let hello = Self::parse(buf)?;
+        if hello.kind != expected {
+            return Err(HelloError::UnexpectedKind(hello.kind));
+        }
+        Ok(hello)
+    }
+
+    /// Checks the semantic limits a parsed hello must meet.
+    pub fn check(&self) -> Result<(), HelloError> {
+        if !(MIN_RING_SIZE..=MAX_RING_SIZE).contains(&self.ring_size) {
+            return Err(HelloError::BadRingSize(self.ring_size));
+        }
+        if self.ring_addr.checked_add(u64::from(self.ring_size)).is_none() {
+            return Err(HelloError::BadRingAddr(self.ring_addr));
+        }
+        if !(MIN_RECV_CREDITS..=MAX_RECV_CREDITS).contains(&self.recv_credits) {
+            return Err(HelloError::BadRecvCredits(self.recv_credits));
+        }
+        Ok(())
+    }
+
+    /// Encodes into the first [`Hello::LEN`] bytes of `buf`; returns the length written.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`Hello::LEN`] (a caller bug, never peer input).
+    pub fn emit(&self, buf: &mut [u8]) -> usize {
+        let buf = &mut buf[..Self::LEN];
+        emit_header(buf, self.kind.code(), self.flags, Self::LEN as u16);
+        buf[field::RESERVED].fill(0);
+        buf[field::RKEY].copy_from_slice(&self.rkey.to_be_bytes());
+        buf[field::RING_ADDR].copy_from_slice(&self.ring_addr.to_be_bytes());
+        buf[field::RING_SIZE].copy_from_slice(&self.ring_size.to_be_bytes());
+        buf[field::RECV_CREDITS].copy_from_slice(&self.recv_credits.to_be_bytes());
+        Self::LEN
+    }
+
+    /// Encodes into a fresh array.
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        self.emit(&mut out);
+        out
+    }
+}
+
+/// Why the passive side refused a connect request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Our version differs; the reject's `version` says which one we speak.
+    UnsupportedVersion,
+    /// The connect request did not parse or broke a limit.
+    BadHello,
+    /// No memory or queue resources for another connection.
+    NoResources,
+    /// A code this build does not know.
+    Unknown(u16),
+}
+
+impl From<u16> for RejectReason {
+    fn from(code: u16) -> Self {
+        match code {
+            1 => RejectReason::UnsupportedVersion,
+            2 => RejectReason::BadHello,
+            3 => RejectReason::NoResources,
+            other => RejectReason::Unknown(other),
+        }
+    }
+}
+
+impl From<RejectReason> for u16 {
+    fn from(reason: RejectReason) -> u16 {
+        match reason {
+            RejectReason::UnsupportedVersion => 1,
+            RejectReason::BadHello => 2,
+            RejectReason::NoResources => 3,
+            RejectReason::Unknown(code) => code,
+        }
+    }
+}
+
+impl RejectReason {
+    /// The reason to send back for a connect request that failed to parse.
+    pub fn for_error(err: &HelloError) -> RejectReason {
+        match err {
+            HelloError::UnsupportedVersion(_) => RejectReason::UnsupportedVersion,
+            _ => RejectReason::BadHello,
+        }
+    }
+}
+
+/// Private data of an rdma_cm reject. Its layout is frozen across versions, so a peer of any
+/// version can tell why it was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reject {
+    /// Version the rejecting side speaks.
+    pub version: u8,
+    pub reason: RejectReason,
+}
+
+impl Reject {
+    /// Encoded length.
+    pub const LEN: usize = 12;
+
+    /// A reject from this build.
+    pub fn new(reason: RejectReason) -> Reject {
+        Reject { version: VERSION, reason }
+    }
+
+    /// Parses a reject of any version.
+    pub fn parse(buf: &[u8]) -> Result<Reject, HelloError> {
+        let magic = need(buf, field::MAGIC.end)?;
+        if magic[field::MAGIC] != MAGIC {
+            return Err(HelloError::BadMagic(first4(buf)));
+        }
+        let head = need(buf, field::HEADER_END)?;
+        if head[field::KIND] != KIND_REJECT {
+            return Err(HelloError::UnknownKind(head[field::KIND]));
+        }
+        Self::parse_body(buf, be_u16(head, field::LEN))
+    }
+
+    fn parse_body(buf: &[u8], len: u16) -> Result<Reject, HelloError> {
+        if usize::from(len) < Self::LEN {
+            return Err(HelloError::BadLength(len));
+        }
+        let body = need(buf, usize::from(len))?;
+        Ok(Reject { version: body[field::VERSION], reason: be_u16(body, field::REASON).into() })
+    }
+
+    /// Encodes into the first [`Reject::LEN`] bytes of `buf`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`Reject::LEN`].
+    pub fn emit(&self, buf: &mut [u8]) -> usize {
+        let buf = &mut buf[..Self::LEN];
+        emit_header(buf, KIND_REJECT, 0, Self::LEN as u16);
+        buf[field::VERSION] = self.version;
+        buf[field::REASON].copy_from_slice(&u16::from(self.reason).to_be_bytes());
+        Self::LEN
+    }
+
+    /// Encodes into a fresh array.
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        self.emit(&mut out);
+        out
+    }
+}
+
+/// Checks magic and version; returns (kind, flags, len).
+fn parse_header(buf: &[u8]) -> Result<(u8, u16, u16), HelloError> {
+    let magic = need(buf, field::MAGIC.end)?;
+    if magic[field::MAGIC] != MAGIC {
+        return Err(HelloError::BadMagic(first4(buf)));
+    }
+    let head = need(buf, field::HEADER_END)?;
+    let kind = head[field::KIND];
+    // A reject's layout is version-independent: read it before judging the version.
+    if kind != KIND_REJECT && head[field::VERSION] != VERSION {
+        return Err(HelloError::UnsupportedVersion(head[field::VERSION]));
+    }
+    Ok((kind, be_u16(head, field::FLAGS), be_u16(head, field::LEN)))
+}
+
+fn emit_header(buf: &mut [u8], kind: u8, flags: u16, len: u16) {
+    buf[field::MAGIC].copy_from_slice(&MAGIC);
+    buf[field::VERSION] = VERSION;
+    buf[field::KIND] = kind;
+    buf[field::FLAGS].copy_from_slice(&flags.to_be_bytes());
+    buf[field::LEN].copy_from_slice(&len.to_be_bytes());
+}
+
+/// The first `n` bytes of `buf`, or `Truncated`.
+fn need(buf: &[u8], n: usize) -> Result<&[u8], HelloError> {
+    buf.get(..n).ok_or(HelloError::Truncated { needed: n, got: buf.len() })
+}
+
+fn first4(buf: &[u8]) -> [u8; 4] {
+    let mut m = [0u8; 4];
+    for (d, s) in m.iter_mut().zip(buf) {
+        *d = *s;
+    }
+    m
+}
+
+// The helpers below are only called on slices `need` has already length-checked.
+fn be_u16(buf: &[u8], r: core::ops::Range<usize>) -> u16 {
+    let mut b = [0u8; 2];
+    b.copy_from_slice(&buf[r]);
+    u16::from_be_bytes(b)
+}
+
+fn be_u32(buf: &[u8], r: core::ops::Range<usize>) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&buf[r]);
+    u32::from_be_bytes(b)
+}
+
+fn be_u64(buf: &[u8], r: core::ops::Range<usize>) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&buf[r]);
+    u64::from_be_bytes(b)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Immediate data
+// ---------------------------------------------------------------------------------------------
+
+/// Most WR credits one credit message can return.
+pub const MAX_CREDIT_WRS: u32 = (1 << 10) - 1;
+/// Most ring bytes one credit message can return.
+pub const MAX_CREDIT_BYTES: u32 = (1 << 20) - 1;
+/// Longest data burst one immediate can announce.
+pub const MAX_DATA_LEN: u32 = (1 << 31) - 1;
+
+const IMM_CTRL: u32 = 1 << 31;
+const IMM_CREDIT_TAG: u32 = 0b10 << 30;
+const IMM_TAG_MASK: u32 = 0b11 << 30;
+const CREDIT_WRS_SHIFT: u32 = 20;
+const OP_SHIFT: u32 = 24;
+const OP_MASK: u32 = 0x3f;
+const OP_ARG_MASK: u32 = (1 << 24) - 1;
+const OP_FIN: u32 = 1;
+const OP_RESET: u32 = 2;
+
+/// Meaning of one immediate value (host order; verbs carry it big-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Imm {
+    /// `len` more bytes of stream have been written into the receiver's ring, ending with this
+    /// write. `1..=MAX_DATA_LEN`.
+    Data { len: u32 },
+    /// The receiver returns `wrs` posted receives and `bytes` of ring space. Not both zero.
+    Credit { wrs: u32, bytes: u32 },
+    /// The sender will write no more data (half-close).
+    Fin,
+    /// The sender has abandoned the connection; discard everything.
+    Reset,
+}
+
+/// An immediate value that does not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImmError {
+    /// A data immediate announcing zero bytes.
+    EmptyData,
+    /// A credit immediate returning nothing.
+    EmptyCredit,
+    /// A control opcode this version does not define.
+    UnknownOp(u8),
+    /// A control immediate with non-zero argument bits (reserved in v1).
+    ReservedBits(u32),
+}
+
+impl fmt::Display for ImmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImmError::EmptyData => f.write_str("data immediate with zero length"),
+            ImmError::EmptyCredit => f.write_str("credit immediate returning nothing"),
+            ImmError::UnknownOp(op) => write!(f, "unknown control opcode {op}"),
+            ImmError::ReservedBits(v) => write!(f, "reserved bits set in immediate {v:#010x}"),
+        }
+    }
+}
+
+impl std::error::Error for ImmError {}
+
+impl Imm {
+    /// Decodes an immediate value.
+    pub fn decode(v: u32) -> Result<Imm, ImmError> {
+        if v & IMM_CTRL == 0 {
+            return if v == 0 { Err(ImmError::EmptyData) } else { Ok(Imm::Data { len: v }) };
+        }
+        if v & IMM_TAG_MASK == IMM_CREDIT_TAG {
+            let wrs = (v >> CREDIT_WRS_SHIFT) & MAX_CREDIT_WRS;
+            let bytes = v & MAX_CREDIT_BYTES;
+            if wrs == 0 && bytes == 0 {
+                return Err(ImmError::EmptyCredit);
+            }
+            return Ok(Imm::Credit { wrs, bytes });
+        }
+        if v & OP_ARG_MASK != 0 {
+            return Err(ImmError::ReservedBits(v));
+        }
+        match (v >> OP_SHIFT) & OP_MASK {
+            OP_FIN => Ok(Imm::Fin),
+            OP_RESET => Ok(Imm::Reset),
+            op => Err(ImmError::UnknownOp(op as u8)),
+        }
+    }
+
+    /// Encodes; fields beyond their limits are a caller bug and are truncated in release.
+    pub fn encode(self) -> u32 {
+        match self {
+            Imm::Data { len } => {
+                debug_assert!((1..=MAX_DATA_LEN).contains(&len));
+                len & MAX_DATA_LEN
+            }
+            Imm::Credit { wrs, bytes } => {
+                debug_assert!(wrs <= MAX_CREDIT_WRS && bytes <= MAX_CREDIT_BYTES);
+                IMM_CREDIT_TAG
+                    | (wrs & MAX_CREDIT_WRS) << CREDIT_WRS_SHIFT
+                    | (bytes & MAX_CREDIT_BYTES)
+            }
+            Imm::Fin => IMM_TAG_MASK | OP_FIN << OP_SHIFT,
+            Imm::Reset => IMM_TAG_MASK | OP_RESET << OP_SHIFT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HELLO_BYTES: [u8; 32] = [
+        b'R', b'S', b'C', b'K', // magic
+        0x01, // version
+        0x01, // kind: connect
+        0x00, 0x00, // flags
+        0x00, 0x20, // len 32
+        0x00, 0x00, // reserved
+        0xde, 0xad, 0xbe, 0xef, // rkey
+        0x00, 0x00, 0x7f, 0x12, 0x34, 0x56, 0x70, 0x00, // ring addr
+        0x00, 0x04, 0x00, 0x00, // ring size 256 KiB
+        0x00, 0x00, 0x00, 0x80, // recv credits 128
+    ];
+
+    fn hello() -> Hello {
+        Hello {
+            kind: HelloKind::Connect,
+            flags: 0,
+            ring_addr: 0x7f12_3456_7000,
+            rkey: 0xdead_beef,
+            ring_size: 256 * 1024,
+            recv_credits: 128,
+        }
+    }
+
+    #[test]
+    fn hello_deconstruct() {
+        assert_eq!(Hello::parse(&HELLO_BYTES), Ok(hello()));
+    }
+
+    #[test]
+    fn hello_construct_over_poisoned_buffer() {
+        let mut buf = [0xa5u8; 40];
+        assert_eq!(hello().emit(&mut buf), Hello::LEN);
+        assert_eq!(buf[..32], HELLO_BYTES);
+        assert_eq!(buf[32..], [0xa5; 8]);
+    }
+
+    #[test]
+    fn hello_fits_connect_request() {
+        const { assert!(Hello::LEN <= MAX_REQ_PRIVATE_DATA) };
+        const { assert!(Reject::LEN <= MAX_REP_PRIVATE_DATA) };
+    }
+
+    #[test]
+    fn hello_ignores_cm_zero_padding() {
+        let mut padded = [0u8; MAX_REQ_PRIVATE_DATA];
+        padded[..32].copy_from_slice(&HELLO_BYTES);
+        assert_eq!(Hello::parse(&padded), Ok(hello()));
+    }
+
+    #[test]
+    fn hello_truncated_at_every_length() {
+        for n in 0..HELLO_BYTES.len() {
+            match Hello::parse(&HELLO_BYTES[..n]) {
+                Err(HelloError::Truncated { got, .. }) => assert_eq!(got, n),
+                other => panic!("len {n}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn hello_wrong_magic() {
+        let mut b = HELLO_BYTES;
+        b[0] = b'G';
+        assert_eq!(Hello::parse(&b), Err(HelloError::BadMagic(*b"GSCK")));
+        assert_eq!(Hello::parse(b"GET / HTTP/1.1\r\n"), Err(HelloError::BadMagic(*b"GET ")));
+    }
+
+    #[test]
+    fn hello_unknown_version() {
+        let mut b = HELLO_BYTES;
+        b[4] = 2;
+        assert_eq!(Hello::parse(&b), Err(HelloError::UnsupportedVersion(2)));
+    }
+
+    #[test]
+    fn hello_length_field_checked() {
+        let mut b = HELLO_BYTES;
+        b[9] = 31;
+        assert_eq!(Hello::parse(&b), Err(HelloError::BadLength(31)));
+        b[9] = 33;
+        assert_eq!(Hello::parse(&b), Err(HelloError::Truncated { needed: 33, got: 32 }));
+    }
+
+    #[test]
+    fn hello_limits() {
+        let mut h = hello();
+        h.ring_size = 0;
+        assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRingSize(0)));
+        h.ring_size = MAX_RING_SIZE + 1;
+        assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRingSize(MAX_RING_SIZE + 1)));
+        h = hello();
+        h.ring_addr = u64::MAX - 10;
+        assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRingAddr(u64::MAX - 10)));
+        h = hello();
+        h.recv_credits = 2;
+        assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRecvCredits(2)));
+    }
+
+    #[test]
+    fn hello_kind_checked() {
+        let b = HELLO_BYTES;
+        assert_eq!(
+            Hello::parse_kind(&b, HelloKind::Accept),
+            Err(HelloError::UnexpectedKind(HelloKind::Connect))
+        );
+        let mut b = HELLO_BYTES;
+        b[5] = 9;
+        assert_eq!(Hello::parse(&b), Err(HelloError::UnknownKind(9)));
+    }
+
+    const REJECT_BYTES: [u8; 12] =
+        [b'R', b'S', b'C', b'K', 0x01, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01];
+
+    #[test]
+    fn reject_golden() {
+        let r = Reject::new(RejectReason::UnsupportedVersion);
+        assert_eq!(r.to_bytes(), REJECT_BYTES);
+        assert_eq!(Reject::parse(&REJECT_BYTES), Ok(r));
+        assert_eq!(Hello::parse(&REJECT_BYTES), Err(HelloError::Rejected(r)));
+    }
+
+    #[test]
+    fn reject_from_other_version_still_reads() {
+        let mut b = REJECT_BYTES;
+        b[4] = 7;
+        b[11] = 3;
+        let r = Reject { version: 7, reason: RejectReason::NoResources };
+        assert_eq!(Reject::parse(&b), Ok(r));
+        assert_eq!(Hello::parse(&b), Err(HelloError::Rejected(r)));
+    }
+
+    #[test]
+    fn imm_golden() {
+        assert_eq!(Imm::Data { len: 1 }.encode(), 0x0000_0001);
+        assert_eq!(Imm::Data { len: MAX_DATA_LEN }.encode(), 0x7fff_ffff);
+        assert_eq!(Imm::Credit { wrs: 1, bytes: 0 }.encode(), 0x8010_0000);
+        assert_eq!(Imm::Credit { wrs: 0, bytes: 4096 }.encode(), 0x8000_1000);
+        assert_eq!(Imm::Credit { wrs: 1023, bytes: MAX_CREDIT_BYTES }.encode(), 0xbfff_ffff);
+        assert_eq!(Imm::Fin.encode(), 0xc100_0000);
+        assert_eq!(Imm::Reset.encode(), 0xc200_0000);
+    }
+
+    #[test]
+    fn imm_round_trip_and_rejects() {
+        for imm in [
+            Imm::Data { len: 77 },
+            Imm::Credit { wrs: 3, bytes: 5 },
+            Imm::Credit { wrs: 1023, bytes: 0 },
+            Imm::Fin,
+            Imm::Reset,
+        ] {
+            assert_eq!(Imm::decode(imm.encode()), Ok(imm));
+        }
+        assert_eq!(Imm::decode(0), Err(ImmError::EmptyData));
+        assert_eq!(Imm::decode(0x8000_0000), Err(ImmError::EmptyCredit));
+        assert_eq!(Imm::decode(0xc000_0000), Err(ImmError::UnknownOp(0)));
+        assert_eq!(Imm::decode(0xff00_0000), Err(ImmError::UnknownOp(0x3f)));
+        assert_eq!(Imm::decode(0xc100_0001), Err(ImmError::ReservedBits(0xc100_0001)));
+    }
+}
