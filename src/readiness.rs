@@ -1,0 +1,281 @@
+//! Readiness the shim drives on a real kernel fd (see docs/DESIGN.md, "The fd the program
+//! holds").
+//!
+//! An RDMA socket's fd, as the program sees it, is end A of an `AF_UNIX SOCK_STREAM`
+//! socketpair; the shim keeps end B. Because A is a real socket, poll/select/epoll (level- or
+//! edge-triggered, one-shot, RDHUP) and `fstat` work on it unchanged, and the shim only has
+//! to move A between states:
+//!
+//! - readable: a token byte sits in A's receive queue (B wrote it);
+//! - not writable: A has enough of its own bytes queued at B to exceed a quarter of its
+//!   (minimum) send buffer — the kernel's `unix_writable` rule;
+//! - EOF: B shut down for writing (A sees `POLLIN | POLLRDHUP`);
+//! - hang-up: B closed (A sees `POLLHUP`).
+//!
+//! Every change costs syscalls, so callers change state only on edges and under the
+//! connection's lock. All calls go to the real libc functions: none may re-enter the hooks.
+
+use crate::sys::raw::{errno, set_errno};
+use crate::sys::real;
+use libc::c_int;
+use std::io;
+
+/// The shim's half of a socketpair whose other half is the program's fd.
+#[derive(Debug)]
+pub struct Doorbell {
+    app: c_int,
+    shim: c_int,
+}
+
+/// Bytes sent per filler write when making A unwritable.
+const FILL_CHUNK: usize = 512;
+/// Upper bound on filler writes (the kernel's minimum send buffer needs two or three).
+const FILL_MAX: usize = 64;
+
+impl Doorbell {
+    /// Makes a socketpair; returns the doorbell and A, the fd to hand to the program (which
+    /// starts readable-empty and writable). `cloexec`/`nonblock` apply to A as the program
+    /// asked; B is always close-on-exec and nonblocking.
+    pub fn new(nonblock: bool, cloexec: bool) -> io::Result<(Doorbell, c_int)> {
+        let mut sv = [-1; 2];
+        // SAFETY: sv is a valid out-array of two ints.
+        if unsafe { real::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (app, shim) = (sv[0], sv[1]);
+        let d = Doorbell { app, shim };
+        // The smallest send buffer: few filler bytes make A unwritable. The kernel clamps 1
+        // up to its minimum.
+        let one: c_int = 1;
+        // SAFETY: valid option pointer and length; fds are ours.
+        unsafe {
+            real::setsockopt(app, libc::SOL_SOCKET, libc::SO_SNDBUF, (&one as *const c_int).cast(), 4);
+            set_flag(shim, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, true)?;
+            set_flag(app, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, nonblock)?;
+            set_flag(app, libc::F_GETFD, libc::F_SETFD, libc::FD_CLOEXEC, cloexec)?;
+        }
+        Ok((d, app))
+    }
+
+    /// The program-side fd this doorbell was made with.
+    pub fn app_fd(&self) -> c_int {
+        self.app
+    }
+
+    /// Makes A readable (`true`: a token is queued) or not (`false`: tokens drained).
+    pub fn set_readable(&self, on: bool) {
+        let e = errno();
+        let mut buf = [0u8; 64];
+        // SAFETY: buffers are valid for their lengths; the fds are ours.
+        unsafe {
+            if on {
+                real::send(self.shim, b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+            } else {
+                while real::recv(self.app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
+            }
+        }
+        set_errno(e);
+    }
+
+    /// Makes A writable (`true`: filler drained from B) or not (`false`: filler queued).
+    pub fn set_writable(&self, on: bool) {
+        let e = errno();
+        let mut buf = [0u8; FILL_CHUNK];
+        // SAFETY: as above.
+        unsafe {
+            if on {
+                while real::recv(self.shim, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
+            } else {
+                for _ in 0..FILL_MAX {
+                    if !self.poll_app(libc::POLLOUT) {
+                        break;
+                    }
+                    let n = real::send(self.app, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                    if n <= 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        set_errno(e);
+    }
+
+    /// Signals end of stream: A reads as EOF (`POLLIN | POLLRDHUP`) once tokens are gone.
+    pub fn set_eof(&self) {
+        let e = errno();
+        // SAFETY: the fd is ours.
+        unsafe { real::shutdown(self.shim, libc::SHUT_WR) };
+        set_errno(e);
+    }
+
+    /// Whether A currently reports all of `events` to poll (used by tests and assertions).
+    pub fn poll_app(&self, events: libc::c_short) -> bool {
+        let mut p = libc::pollfd { fd: self.app, events, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { real::poll(&mut p, 1, 0) == 1 && p.revents & events == events }
+    }
+}
+
+impl Drop for Doorbell {
+    /// Closing B hangs A up (`POLLHUP`); A itself belongs to the program.
+    fn drop(&mut self) {
+        let e = errno();
+        // SAFETY: B is ours and closed once.
+        unsafe { real::close(self.shim) };
+        set_errno(e);
+    }
+}
+
+/// Sets or clears `flag` with the fcntl get/set pair given.
+unsafe fn set_flag(fd: c_int, get: c_int, set: c_int, flag: c_int, on: bool) -> io::Result<()> {
+    let old = real::fcntl(fd, get, 0);
+    if old < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let new = if on { old | flag } else { old & !flag };
+    if new != old && real::fcntl(fd, set, new as usize) < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libc::{EPOLLET, EPOLLIN, EPOLLONESHOT, EPOLLOUT, EPOLLRDHUP, POLLHUP, POLLIN, POLLOUT, POLLRDHUP};
+
+    fn revents(fd: c_int) -> libc::c_short {
+        let mut p = libc::pollfd { fd, events: POLLIN | POLLOUT | POLLRDHUP, revents: 0 };
+        // SAFETY: one valid pollfd.
+        assert!(unsafe { libc::poll(&mut p, 1, 0) } >= 0);
+        p.revents
+    }
+
+    struct Epoll(c_int);
+    impl Epoll {
+        fn new(fd: c_int, events: i32) -> Epoll {
+            // SAFETY: plain syscalls with valid arguments.
+            unsafe {
+                let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+                let mut ev = libc::epoll_event { events: events as u32, u64: fd as u64 };
+                assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
+                Epoll(ep)
+            }
+        }
+        fn wait(&self) -> u32 {
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            // SAFETY: valid event array.
+            let n = unsafe { libc::epoll_wait(self.0, ev.as_mut_ptr(), 4, 0) };
+            if n > 0 { ev[0].events } else { 0 }
+        }
+    }
+    impl Drop for Epoll {
+        fn drop(&mut self) {
+            // SAFETY: our epoll fd.
+            unsafe { libc::close(self.0) };
+        }
+    }
+
+    fn close(fd: c_int) {
+        // SAFETY: test-owned fd.
+        unsafe { libc::close(fd) };
+    }
+
+    #[test]
+    fn starts_writable_and_not_readable_and_is_a_socket() {
+        let (d, a) = Doorbell::new(true, true).unwrap();
+        let r = revents(a);
+        assert_eq!(r & POLLIN, 0);
+        assert_ne!(r & POLLOUT, 0);
+        // SAFETY: valid out-buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(a, &mut st) }, 0);
+        assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFSOCK);
+        // SAFETY: plain fcntl.
+        assert_ne!(unsafe { libc::fcntl(a, libc::F_GETFL) } & libc::O_NONBLOCK, 0);
+        assert_ne!(unsafe { libc::fcntl(a, libc::F_GETFD) } & libc::FD_CLOEXEC, 0);
+        drop(d);
+        close(a);
+    }
+
+    #[test]
+    fn readable_toggles_both_ways_and_is_idempotent() {
+        let (d, a) = Doorbell::new(false, false).unwrap();
+        d.set_readable(true);
+        d.set_readable(true);
+        assert_ne!(revents(a) & POLLIN, 0);
+        d.set_readable(false);
+        assert_eq!(revents(a) & POLLIN, 0);
+        d.set_readable(false);
+        assert_eq!(revents(a) & POLLIN, 0);
+        drop(d);
+        close(a);
+    }
+
+    #[test]
+    fn writable_toggles_both_ways() {
+        let (d, a) = Doorbell::new(true, false).unwrap();
+        d.set_writable(false);
+        assert_eq!(revents(a) & POLLOUT, 0, "filler must make A unwritable");
+        d.set_writable(false);
+        assert_eq!(revents(a) & POLLOUT, 0);
+        d.set_writable(true);
+        assert_ne!(revents(a) & POLLOUT, 0);
+        drop(d);
+        close(a);
+    }
+
+    #[test]
+    fn eof_reads_as_rdhup_and_drop_as_hup() {
+        let (d, a) = Doorbell::new(true, false).unwrap();
+        d.set_eof();
+        let r = revents(a);
+        assert_ne!(r & POLLIN, 0);
+        assert_ne!(r & POLLRDHUP, 0);
+        assert_eq!(r & POLLHUP, 0);
+        drop(d);
+        assert_ne!(revents(a) & POLLHUP, 0);
+        close(a);
+    }
+
+    #[test]
+    fn epoll_edge_triggered_sees_each_new_token_as_an_edge() {
+        let (d, a) = Doorbell::new(true, false).unwrap();
+        let ep = Epoll::new(a, EPOLLIN | EPOLLET);
+        assert_eq!(ep.wait(), 0);
+        d.set_readable(true);
+        assert_ne!(ep.wait() & EPOLLIN as u32, 0);
+        assert_eq!(ep.wait(), 0, "edge reported once");
+        d.set_readable(true); // new data while still readable: a new edge, as with TCP
+        assert_ne!(ep.wait() & EPOLLIN as u32, 0);
+        d.set_readable(false);
+        assert_eq!(ep.wait(), 0);
+        drop(d);
+        close(a);
+    }
+
+    #[test]
+    fn epoll_level_triggered_writable_follows_credits() {
+        let (d, a) = Doorbell::new(true, false).unwrap();
+        let ep = Epoll::new(a, EPOLLOUT);
+        assert_ne!(ep.wait() & EPOLLOUT as u32, 0);
+        d.set_writable(false);
+        assert_eq!(ep.wait(), 0);
+        d.set_writable(true);
+        assert_ne!(ep.wait() & EPOLLOUT as u32, 0);
+        drop(d);
+        close(a);
+    }
+
+    #[test]
+    fn epoll_oneshot_and_rdhup() {
+        let (d, a) = Doorbell::new(true, false).unwrap();
+        let ep = Epoll::new(a, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT);
+        d.set_eof();
+        let ev = ep.wait();
+        assert_ne!(ev & EPOLLRDHUP as u32, 0);
+        assert_eq!(ep.wait(), 0, "one-shot: disarmed until EPOLL_CTL_MOD");
+        drop(d);
+        close(a);
+    }
+}
