@@ -22,17 +22,28 @@ use libc::{c_int, c_uint, c_ulong, c_void, fd_set, iovec, msghdr, nfds_t, off64_
 use libc::{epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval};
 
 /// Forwards `$call`, counting its result as bytes `$dir` (sent/received) if the shim owns `$fd`.
+/// The owned case is out of line so the foreign-fd path stays a load, a test and a jump.
 macro_rules! counted {
     ($dir:ident, $fd:expr, $call:expr) => {{
-        match fdtable::get($fd) {
-            None => $call,
-            Some(s) => {
-                let r = $call;
-                s.$dir(r as isize);
-                r
-            }
+        if fdtable::owns($fd) {
+            counted_slow($fd, crate::socket::Socket::$dir, move || $call)
+        } else {
+            $call
         }
     }};
+}
+
+#[cold]
+#[inline(never)]
+fn counted_slow(fd: c_int, count: fn(&crate::socket::Socket, isize), call: impl FnOnce() -> ssize_t) -> ssize_t {
+    match fdtable::get(fd) {
+        None => call(),
+        Some(s) => {
+            let r = call();
+            count(&s, r);
+            r
+        }
+    }
 }
 
 /// Runs `f` without letting it change errno.
@@ -59,6 +70,7 @@ fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) {
     }
 }
 
+#[inline]
 pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let fd = real::socket(domain, ty, protocol);
     if fd >= 0 && is_tcp(domain, ty, protocol) {
@@ -69,6 +81,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     fd
 }
 
+#[inline]
 pub unsafe fn socketpair(domain: c_int, ty: c_int, protocol: c_int, sv: *mut c_int) -> c_int {
     real::socketpair(domain, ty, protocol, sv)
 }
@@ -91,6 +104,7 @@ fn fallback_reason() -> Fallback {
     if init::rdma_device_present() { Fallback::NotImplemented } else { Fallback::NoDevice }
 }
 
+#[inline]
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let Some(s) = fdtable::get(fd) else { return real::connect(fd, addr, len) };
     let Some(_g) = guard::enter() else { return real::connect(fd, addr, len) };
@@ -113,10 +127,12 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     r
 }
 
+#[inline]
 pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     real::bind(fd, addr, len)
 }
 
+#[inline]
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     let r = real::listen(fd, backlog);
     if r == 0 {
@@ -145,6 +161,7 @@ fn track_accepted(nfd: c_int) {
     });
 }
 
+#[inline]
 pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if !fdtable::owns(fd) {
         return real::accept(fd, addr, len);
@@ -156,6 +173,7 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
     nfd
 }
 
+#[inline]
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     if !fdtable::owns(fd) {
         return real::accept4(fd, addr, len, flags);
@@ -167,90 +185,111 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     nfd
 }
 
+#[inline]
 pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     real::shutdown(fd, how)
 }
 
 // ---- options and addresses ---------------------------------------------------------------
 
+#[inline]
 pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     real::getsockopt(fd, level, name, val, len)
 }
 
+#[inline]
 pub unsafe fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     real::setsockopt(fd, level, name, val, len)
 }
 
+#[inline]
 pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     real::getsockname(fd, addr, len)
 }
 
+#[inline]
 pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     real::getpeername(fd, addr, len)
 }
 
+#[inline]
 pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
     real::ioctl(fd, req, arg)
 }
 
 // ---- data --------------------------------------------------------------------------------
 
+#[inline]
 pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     counted!(sent, fd, real::send(fd, buf, n, flags))
 }
 
+#[inline]
 pub unsafe fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t {
     counted!(sent, fd, real::sendto(fd, buf, n, flags, addr, len))
 }
 
+#[inline]
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     counted!(sent, fd, real::sendmsg(fd, msg, flags))
 }
 
+#[inline]
 pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     counted!(sent, fd, real::write(fd, buf, n))
 }
 
+#[inline]
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     counted!(sent, fd, real::writev(fd, iov, cnt))
 }
 
+#[inline]
 pub unsafe fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t {
     counted!(sent, out_fd, real::sendfile(out_fd, in_fd, off, n))
 }
 
+#[inline]
 pub unsafe fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t {
     counted!(sent, out_fd, real::sendfile64(out_fd, in_fd, off, n))
 }
 
+#[inline]
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     counted!(received, fd, real::recv(fd, buf, n, flags))
 }
 
+#[inline]
 pub unsafe fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t {
     counted!(received, fd, real::recvfrom(fd, buf, n, flags, addr, len))
 }
 
+#[inline]
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     counted!(received, fd, real::recvmsg(fd, msg, flags))
 }
 
+#[inline]
 pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     counted!(received, fd, real::read(fd, buf, n))
 }
 
+#[inline]
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     counted!(received, fd, real::readv(fd, iov, cnt))
 }
 
+#[inline]
 pub unsafe fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
     counted!(received, fd, real::__read_chk(fd, buf, n, buflen))
 }
 
+#[inline]
 pub unsafe fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
     counted!(received, fd, real::__recv_chk(fd, buf, n, buflen, flags))
 }
 
+#[inline]
 pub unsafe fn __recvfrom_chk(
     fd: c_int,
     buf: *mut c_void,
@@ -281,12 +320,14 @@ fn share(old_sock: &SockRef, new: c_int) {
     old_sock.moved_to(new);
 }
 
+#[inline]
 pub unsafe fn close(fd: c_int) -> c_int {
     // Forget first: once closed, the number may be reused by another thread at once.
     forget(fd);
     real::close(fd)
 }
 
+#[inline]
 pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     let r = real::close_range(first, last, flags);
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
@@ -298,6 +339,7 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     r
 }
 
+#[inline]
 pub unsafe fn dup(fd: c_int) -> c_int {
     let Some(s) = fdtable::get(fd) else { return real::dup(fd) };
     let new = real::dup(fd);
@@ -315,6 +357,7 @@ fn duped_onto(old: c_int, new: c_int) {
     }
 }
 
+#[inline]
 pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
     let r = real::dup2(old, new);
     if r >= 0 && old != new {
@@ -323,6 +366,7 @@ pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
     r
 }
 
+#[inline]
 pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     let r = real::dup3(old, new, flags);
     if r >= 0 {
@@ -342,16 +386,19 @@ fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize, f: unsafe fn(c_int, c_int, usiz
     r
 }
 
+#[inline]
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     fcntl_impl(fd, cmd, arg, real::fcntl)
 }
 
+#[inline]
 pub unsafe fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     fcntl_impl(fd, cmd, arg, real::fcntl64)
 }
 
 /// The child's state is reset by the `pthread_atfork` handler registered at start-up, which
 /// also covers forks made inside libraries; this hook only has to forward.
+#[inline]
 pub unsafe fn fork() -> pid_t {
     real::fork()
 }
@@ -360,42 +407,52 @@ pub unsafe fn fork() -> pid_t {
 // The fd a program holds is always a real kernel fd whose readiness the shim drives, so
 // these forward unchanged.
 
+#[inline]
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     real::poll(fds, n, timeout)
 }
 
+#[inline]
 pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
     real::__poll_chk(fds, n, timeout, fdslen)
 }
 
+#[inline]
 pub unsafe fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int {
     real::ppoll(fds, n, ts, mask)
 }
 
+#[inline]
 pub unsafe fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int {
     real::select(n, r, w, e, tv)
 }
 
+#[inline]
 pub unsafe fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int {
     real::pselect(n, r, w, e, ts, mask)
 }
 
+#[inline]
 pub unsafe fn epoll_create(size: c_int) -> c_int {
     real::epoll_create(size)
 }
 
+#[inline]
 pub unsafe fn epoll_create1(flags: c_int) -> c_int {
     real::epoll_create1(flags)
 }
 
+#[inline]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     real::epoll_ctl(epfd, op, fd, ev)
 }
 
+#[inline]
 pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
     real::epoll_wait(epfd, ev, max, timeout)
 }
 
+#[inline]
 pub unsafe fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int {
     real::epoll_pwait(epfd, ev, max, timeout, mask)
 }

@@ -42,17 +42,31 @@ macro_rules! real_functions {
             /// Same contract as the libc function. If libc lacks the symbol, fails with ENOSYS.
             #[inline(always)]
             pub unsafe fn $name($($arg: $ty),*) -> $ret {
-                let mut p = slot::$name.load(Ordering::Relaxed);
+                let p = slot::$name.load(Ordering::Relaxed);
                 if p.is_null() {
-                    p = resolve(&slot::$name, concat!(stringify!($name), "\0"));
-                    if p.is_null() {
-                        *libc::__errno_location() = libc::ENOSYS;
-                        return -1 as $ret;
-                    }
+                    return cold::$name($($arg),*);
                 }
                 real_functions!(@call p, ($($arg: $ty),*), $ret $(, $var)?)
             }
         )*
+
+        /// First calls, made before the constructor resolved everything: kept out of line so
+        /// the common path needs no stack frame.
+        mod cold {
+            use super::*;
+            $(
+                #[cold]
+                #[inline(never)]
+                pub(super) unsafe fn $name($($arg: $ty),*) -> $ret {
+                    let p = resolve(&slot::$name, concat!(stringify!($name), "\0"));
+                    if p.is_null() {
+                        *libc::__errno_location() = libc::ENOSYS;
+                        return -1 as $ret;
+                    }
+                    real_functions!(@call p, ($($arg: $ty),*), $ret $(, $var)?)
+                }
+            )*
+        }
     };
     (@call $p:ident, ($($arg:ident: $ty:ty),*), $ret:ty) => {{
         // SAFETY: `$p` is the address of the libc function with exactly this signature.
