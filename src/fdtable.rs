@@ -71,6 +71,9 @@ pub fn insert(fd: i32, sock: SockRef) -> Option<SockRef> {
 /// Forgets `fd`, returning the table's reference (dropping it may end the connection).
 pub fn remove(fd: i32) -> Option<SockRef> {
     let slot = TABLE.get(fd as u32 as usize)?;
+    if slot.load(Relaxed).is_null() {
+        return None; // foreign fd: read only, no store
+    }
     let old = slot.swap(ptr::null_mut(), AcqRel);
     // SAFETY: as in `insert`.
     (!old.is_null()).then(|| SockRef(unsafe { &*old }))
