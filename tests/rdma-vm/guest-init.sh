@@ -115,8 +115,8 @@ if [[ -n ${RDMA_VM_BREAK_DEVICE:-} ]]; then
   # Test hook for run.sh's own tests: bring up rxe on a device that does not exist.
   rxe_netdev=no-such-netdev
 fi
-rdma link add rxe0 type rxe netdev "$rxe_netdev" ||
-  bed_fail "rdma link add rxe0 type rxe netdev $rxe_netdev failed"
+err=$(rdma link add rxe0 type rxe netdev "$rxe_netdev" 2>&1) ||
+  bed_fail "rdma link add rxe0 type rxe netdev $rxe_netdev failed: $err"
 wait_rxe_active || bed_fail "rxe0 port 1 did not become PORT_ACTIVE within 30 s"
 say "rxe0 on $rxe_netdev: PORT_ACTIVE, $(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null)"
 
@@ -157,7 +157,7 @@ else
       sleep "$((remaining > 1 ? remaining : 1))"
       say "deadline reached: killing the workload"
       touch "$CTL/timeout"
-      ps -eo pid,pgid,stat,etime,args >"$CTL/ps.txt" 2>&1
+      ps --ppid 2 -p 2 --deselect -o pid,pgid,stat,etime,args >"$CTL/ps.txt" 2>&1
       kill -TERM -- "-$pid" 2>/dev/null
       sleep 10
       kill -KILL -- "-$pid" 2>/dev/null

@@ -93,9 +93,9 @@ rdma_cm_id_count() {
 }
 
 rxe_counters() {
-  local dev=${1:-rxe0} f
+  local dev=${1:-rxe0} f v
   for f in /sys/class/infiniband/"$dev"/ports/1/hw_counters/*; do
-    [[ -r $f ]] && printf '%s %s\n' "${f##*/}" "$(<"$f")"
+    read -r v <"$f" && printf '%s %s\n' "${f##*/}" "$v"
   done
 }
 

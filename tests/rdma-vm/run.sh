@@ -326,7 +326,12 @@ for ((i = 0; i < nodes; i++)); do
 done
 case "$kind" in
   timeout)
-    printf 'rdma-vm: TIMEOUT: the command did not finish within %ss; qemu killed\n' "$timeout_s" >&2
+    if [[ $outcome == timeout ]]; then
+      printf 'rdma-vm: TIMEOUT: the run did not finish within %ss; qemu killed\n' "$timeout_s" >&2
+    else
+      printf 'rdma-vm: TIMEOUT: the command did not finish within %ss (killed at the guest deadline, %ss before the overall timeout)\n' \
+        "$((timeout_s - 30))" 30 >&2
+    fi
     rc=$RDMA_VM_EXIT_TIMEOUT ;;
   bed) rc=$RDMA_VM_EXIT_BED ;;
 esac
