@@ -560,7 +560,10 @@ impl Conn {
             self.fin_sent = true;
             return Some(self.control(Imm::Fin, true));
         }
-        if self.need_signal && self.unsignaled_wrs > 0 && self.sq_room(1) {
+        // A completion is owed to a waiting writer, or to `is_finished` once nothing else
+        // will be sent: fence the unsignaled tail.
+        let done = self.fin_sent && self.fin_received;
+        if (self.need_signal || done) && self.unsignaled_wrs > 0 && self.sq_room(1) {
             self.stats.fences += 1;
             let w = self.work_request(0, 0, 0, None, true);
             return Some(w);

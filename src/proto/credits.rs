@@ -119,10 +119,12 @@ impl RxCredits {
             ring,
             recvs,
             // Batching: return when half is reclaimable (PROTOCOL.md §5). The WR threshold
-            // must stay <= recvs - CONTROL_RESERVE so a sender stuck at the reserve is
-            // always answered.
+            // must stay <= recvs - CONTROL_RESERVE so a sender stuck at the reserve is always
+            // answered, and >= 2 so that a credit message (which itself consumes one receive)
+            // never triggers an answer on its own: with 1, two idle peers would trade credit
+            // messages forever.
             byte_threshold: u64::from(ring / 2).max(1),
-            wr_threshold: (recvs / 2).min(recvs - CONTROL_RESERVE).max(1),
+            wr_threshold: (recvs / 2).min(recvs.saturating_sub(CONTROL_RESERVE)).max(2),
             received_end: 0,
             consumed: 0,
             returned: 0,
@@ -248,9 +250,19 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_credit_message_is_not_answered() {
+        let mut tx = TxCredits::new(10, 4);
+        let mut rx = RxCredits::new(10, 4);
+        rx.on_message().unwrap();
+        assert_eq!(rx.take_update(&mut tx), None);
+        rx.on_message().unwrap();
+        assert_eq!(rx.take_update(&mut tx), Some(Imm::Credit { wrs: 2, bytes: 0 }));
+    }
+
+    #[test]
     fn too_many_messages() {
-        let mut rx = RxCredits::new(10, 3);
-        for _ in 0..3 {
+        let mut rx = RxCredits::new(10, 4);
+        for _ in 0..4 {
             rx.on_message().unwrap();
         }
         assert_eq!(rx.on_message(), Err(ProtocolError::TooManyMessages));

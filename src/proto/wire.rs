@@ -23,8 +23,9 @@ pub const MAX_REP_PRIVATE_DATA: usize = 196;
 pub const MIN_RING_SIZE: u32 = 1;
 /// Largest receive ring a peer may advertise (a data burst length must fit in 31 bits).
 pub const MAX_RING_SIZE: u32 = 1 << 30;
-/// Fewest posted receives a peer may advertise: data needs one more than the control reserve.
-pub const MIN_RECV_CREDITS: u32 = 3;
+/// Fewest posted receives a peer may advertise: data needs one more than the control reserve,
+/// and the WR return threshold must be at least 2 (PROTOCOL.md §5).
+pub const MIN_RECV_CREDITS: u32 = 4;
 /// Most posted receives a peer may advertise.
 pub const MAX_RECV_CREDITS: u32 = 1 << 16;
 

@@ -1,0 +1,486 @@
+//! Scenario tests of the protocol core over the in-memory transport, grouped by state.
+
+use rsock_core::proto::wire::Imm;
+use rsock_core::proto::{
+    CompletionError, Config, Event, ProtocolError, ReadError, State, WrId, WriteError,
+};
+use rsock_core::transport::mem::{Fault, Pair, Side};
+
+fn small_config() -> Config {
+    Config { ring_size: 64, recv_credits: 8, send_buf_size: 64, send_queue_depth: 8, max_inline: 8 }
+}
+
+fn pair() -> Pair {
+    Pair::new(small_config(), small_config())
+}
+
+/// Drives and checks invariants; panics on any fault.
+fn drive(p: &mut Pair) {
+    p.drive().unwrap();
+    p.check_invariants().unwrap();
+}
+
+fn read_all(p: &mut Pair, side: Side) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 13];
+    loop {
+        match p.read(side, &mut buf) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(ReadError::Blocked) => return out,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
+/// Sends `data` from `from`, reading at the peer as it arrives; returns what was read.
+fn transfer(p: &mut Pair, from: Side, data: &[u8]) -> Vec<u8> {
+    let mut sent = 0;
+    let mut got = Vec::new();
+    for _ in 0..10_000 {
+        if sent < data.len() {
+            match p.write(from, &data[sent..]) {
+                Ok(n) => sent += n,
+                Err(WriteError::Blocked) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        drive(p);
+        got.extend(read_all(p, from.peer()));
+        drive(p);
+        if got.len() == data.len() {
+            return got;
+        }
+    }
+    panic!("no progress: sent {sent}, got {}", got.len());
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+// ---- Tests for the established state --------------------------------------------------------
+
+#[test]
+fn test_established_small_write_is_read() {
+    let mut p = pair();
+    assert_eq!(p.write(Side::A, b"hello"), Ok(5));
+    drive(&mut p);
+    assert_eq!(p.b.conn.readable(), 5);
+    assert_eq!(read_all(&mut p, Side::B), b"hello");
+    assert!(p.b.events.contains(&Event::Readable));
+}
+
+#[test]
+fn test_established_stream_larger_than_ring_wraps() {
+    let mut p = pair();
+    let data = pattern(1000);
+    assert_eq!(transfer(&mut p, Side::A, &data), data);
+}
+
+#[test]
+fn test_established_odd_sizes_wrap_everywhere() {
+    let a = Config { ring_size: 7, recv_credits: 4, send_buf_size: 5, send_queue_depth: 4, max_inline: 2 };
+    let b = Config { ring_size: 11, recv_credits: 4, send_buf_size: 13, send_queue_depth: 5, max_inline: 0 };
+    let mut p = Pair::new(a, b);
+    let data = pattern(500);
+    assert_eq!(transfer(&mut p, Side::A, &data), data);
+    assert_eq!(transfer(&mut p, Side::B, &data), data);
+}
+
+#[test]
+fn test_established_writer_stops_at_the_granted_window() {
+    let mut p = Pair::new(
+        Config { send_buf_size: 256, ..small_config() },
+        small_config(),
+    );
+    assert_eq!(p.write(Side::A, &pattern(200)), Ok(200));
+    drive(&mut p);
+    // B does not read: exactly one ring's worth crossed, the rest waits in A's send buffer.
+    let (ca, cb) = (p.a.conn.counters(), p.b.conn.counters());
+    assert_eq!(cb.rx_received_end, 64);
+    assert_eq!(ca.tx_posted, 64);
+    assert_eq!(ca.tx_queued, 200);
+    assert_eq!(read_all(&mut p, Side::B).len(), 64);
+    drive(&mut p);
+    assert_eq!(p.b.conn.readable(), 64);
+}
+
+#[test]
+fn test_established_send_buffer_full_blocks_then_wakes() {
+    let mut p = pair();
+    assert_eq!(p.write(Side::A, &pattern(100)), Ok(64));
+    assert_eq!(p.write(Side::A, b"x"), Err(WriteError::Blocked));
+    assert_eq!(p.a.conn.writable(), 0);
+    drive(&mut p);
+    assert!(p.a.events.contains(&Event::Writable));
+    assert_eq!(p.a.conn.writable(), 64);
+}
+
+#[test]
+fn test_established_credits_are_returned_in_batches() {
+    let mut p = pair();
+    let data = pattern(64 * 20);
+    assert_eq!(transfer(&mut p, Side::A, &data), data);
+    let credits = p.b.conn.stats().credit_messages;
+    // Half a ring (32 bytes) or half the receives (4) per update, never one per message.
+    assert!(credits > 0 && credits <= 64 * 20 / 32 + 2, "{credits} credit messages");
+}
+
+#[test]
+fn test_established_vectored_and_peek() {
+    let mut p = pair();
+    p.write(Side::A, b"abcdefgh").unwrap();
+    drive(&mut p);
+    let mut x = [0u8; 3];
+    assert_eq!(p.b.conn.peek(&p.b.ring, &mut x), Ok(3));
+    assert_eq!(&x, b"abc");
+    assert_eq!(p.b.conn.readable(), 8);
+    let (mut y, mut z) = ([0u8; 2], [0u8; 4]);
+    let mut bufs = [std::io::IoSliceMut::new(&mut y), std::io::IoSliceMut::new(&mut z)];
+    assert_eq!(p.b.conn.read_vectored(&p.b.ring, &mut bufs), Ok(6));
+    assert_eq!((&y, &z), (b"ab", b"cdef"));
+    let (s1, s2) = p.b.conn.readable_slices(&p.b.ring).unwrap();
+    assert_eq!([s1, s2].concat(), b"gh");
+    assert_eq!(p.b.conn.consume(10), 2);
+    assert_eq!(p.b.conn.read(&p.b.ring, &mut x), Err(ReadError::Blocked));
+}
+
+#[test]
+fn test_established_vectored_write() {
+    let mut p = pair();
+    let bufs = [std::io::IoSlice::new(b"ab"), std::io::IoSlice::new(b"cde")];
+    assert_eq!(p.a.conn.write_vectored(&mut p.a.send_buf, &bufs), Ok(5));
+    drive(&mut p);
+    assert_eq!(read_all(&mut p, Side::B), b"abcde");
+}
+
+#[test]
+fn test_established_small_writes_are_inline_large_are_not() {
+    let mut p = pair();
+    p.write(Side::A, b"tiny").unwrap();
+    let w = p.a.conn.poll_write().unwrap();
+    assert!(w.inline && w.len == 4 && w.imm == Some(Imm::Data { len: 4 }.encode()));
+    let mut p = pair();
+    p.write(Side::A, &pattern(20)).unwrap();
+    let w = p.a.conn.poll_write().unwrap();
+    assert!(!w.inline && w.len == 20);
+}
+
+#[test]
+fn test_established_wrapping_burst_is_two_writes_last_with_imm() {
+    let mut p = pair();
+    assert_eq!(transfer(&mut p, Side::A, &pattern(50)).len(), 50);
+    p.write(Side::A, &pattern(30)).unwrap();
+    let w1 = p.a.conn.poll_write().unwrap();
+    let w2 = p.a.conn.poll_write().unwrap();
+    assert_eq!((w1.remote_offset, w1.len, w1.imm), (50, 14, None));
+    assert_eq!((w2.remote_offset, w2.len, w2.imm), (0, 16, Some(30)));
+    assert_eq!((w1.local_offset, w2.local_offset), (50, 0));
+}
+
+#[test]
+fn test_established_selective_signaling() {
+    let mut p = Pair::new(
+        Config { ring_size: 4096, send_buf_size: 4096, recv_credits: 64, ..small_config() },
+        Config { ring_size: 4096, send_buf_size: 4096, recv_credits: 64, ..small_config() },
+    );
+    for i in 0..40 {
+        p.write(Side::A, &[i]).unwrap();
+        p.post(Side::A).unwrap();
+        while p.deliver(Side::A).unwrap() {}
+        while p.complete(Side::A) {}
+        while p.recv(Side::B).unwrap() {}
+        let _ = p.post(Side::B).unwrap();
+        while p.deliver(Side::B).unwrap() {}
+        while p.recv(Side::A).unwrap() {}
+        p.check_invariants().unwrap();
+    }
+    let s = p.a.conn.stats();
+    assert_eq!(s.data_messages, 40);
+    // Send queue depth 8: one in four is signaled, not every one.
+    assert!(s.signaled <= 40 / 4 + 1, "{s:?}");
+}
+
+#[test]
+fn test_established_fence_when_writer_waits_on_unsignaled_space() {
+    let cfg = Config { ring_size: 30, recv_credits: 64, send_buf_size: 64, send_queue_depth: 64, max_inline: 0 };
+    let mut p = Pair::new(cfg.clone(), cfg);
+    // Five unsignaled 6-byte messages fill B's ring (B does not read) and hold 30 of A's 64
+    // send-buffer bytes, under the half-buffer signaling threshold.
+    for _ in 0..5 {
+        p.write(Side::A, b"sixsix").unwrap();
+        p.post(Side::A).unwrap();
+    }
+    assert_eq!(p.a.conn.stats().signaled, 0);
+    assert_eq!(p.write(Side::A, &pattern(40)), Ok(34));
+    // The short write asks for a completion; no credits for data, so a fence carries it.
+    let fence = p.a.conn.poll_write().unwrap();
+    assert_eq!((fence.len, fence.imm, fence.signaled), (0, None, true));
+    assert_eq!(p.a.conn.stats().fences, 1);
+    assert_eq!(p.a.conn.poll_write(), None);
+    p.a.conn.handle_send_complete(fence.wr_id).unwrap();
+    assert_eq!(p.a.conn.writable(), 30);
+    assert_eq!(p.a.conn.poll_event(), Some(Event::Writable));
+}
+
+#[test]
+fn test_established_both_directions_with_starved_credits() {
+    let cfg = Config { ring_size: 3, recv_credits: 4, send_buf_size: 4, send_queue_depth: 4, max_inline: 1 };
+    let mut p = Pair::new(cfg.clone(), cfg);
+    let (da, db) = (pattern(300), pattern(301));
+    let (mut sa, mut sb, mut ga, mut gb) = (0, 0, Vec::new(), Vec::new());
+    for _ in 0..10_000 {
+        if let Ok(n) = p.write(Side::A, &da[sa..]) {
+            sa += n;
+        }
+        if let Ok(n) = p.write(Side::B, &db[sb..]) {
+            sb += n;
+        }
+        p.step().unwrap();
+        p.check_invariants().unwrap();
+        gb.extend(read_all(&mut p, Side::B));
+        ga.extend(read_all(&mut p, Side::A));
+        if ga.len() == db.len() && gb.len() == da.len() {
+            break;
+        }
+    }
+    assert_eq!((ga, gb), (db, da));
+}
+
+// ---- Tests for half-close and close ---------------------------------------------------------
+
+#[test]
+fn test_fin_peer_reads_queued_bytes_then_eof() {
+    let mut p = pair();
+    p.write(Side::A, b"last words").unwrap();
+    p.a.conn.shutdown_write();
+    drive(&mut p);
+    assert_eq!(p.b.conn.state(), State::ReadClosed);
+    assert!(!p.b.conn.at_eof());
+    assert_eq!(read_all(&mut p, Side::B), b"last words");
+    let mut buf = [0u8; 4];
+    assert_eq!(p.read(Side::B, &mut buf), Ok(0));
+    assert_eq!(p.read(Side::B, &mut buf), Ok(0));
+    assert!(p.b.conn.at_eof());
+}
+
+#[test]
+fn test_fin_write_after_shutdown_is_closed() {
+    let mut p = pair();
+    p.a.conn.shutdown_write();
+    assert_eq!(p.write(Side::A, b"x"), Err(WriteError::Closed));
+    assert_eq!(p.a.conn.writable(), 0);
+    assert_eq!(p.a.conn.state(), State::WriteClosed);
+}
+
+#[test]
+fn test_fin_half_closed_side_still_receives() {
+    let mut p = pair();
+    p.a.conn.shutdown_write();
+    drive(&mut p);
+    let data = pattern(300);
+    assert_eq!(transfer(&mut p, Side::B, &data), data);
+    p.b.conn.shutdown_write();
+    drive(&mut p);
+    assert!(p.a.conn.at_eof() && p.b.conn.at_eof());
+    assert_eq!(p.a.conn.state(), State::Closed);
+    assert_eq!(p.b.conn.state(), State::Closed);
+    assert!(p.a.events.contains(&Event::Finished) && p.b.events.contains(&Event::Finished));
+}
+
+#[test]
+fn test_fin_waits_behind_data_blocked_on_credits() {
+    let mut p = Pair::new(Config { send_buf_size: 256, ..small_config() }, small_config());
+    let data = pattern(200);
+    p.write(Side::A, &data).unwrap();
+    p.a.conn.close();
+    drive(&mut p);
+    // Only a ring's worth is across; FIN must not overtake the rest.
+    assert_eq!(p.b.conn.state(), State::Open);
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got.extend(read_all(&mut p, Side::B));
+        drive(&mut p);
+        if p.b.conn.at_eof() {
+            break;
+        }
+    }
+    assert_eq!(got, data);
+    assert!(p.b.conn.at_eof());
+    p.b.conn.close();
+    drive(&mut p);
+    assert!(p.a.conn.is_finished() && p.b.conn.is_finished());
+}
+
+#[test]
+fn test_fin_finished_waits_for_unread_bytes() {
+    let mut p = pair();
+    p.write(Side::B, b"unread").unwrap();
+    p.a.conn.shutdown_write();
+    p.b.conn.shutdown_write();
+    drive(&mut p);
+    assert!(!p.a.conn.is_finished());
+    assert_eq!(read_all(&mut p, Side::A), b"unread");
+    assert!(p.a.conn.is_finished());
+}
+
+#[test]
+fn test_fin_fin_needs_no_data_credits() {
+    // Two data messages leave A at the control reserve (B's credits are not processed), yet
+    // FIN still goes out.
+    let cfg = Config { ring_size: 16, recv_credits: 4, send_buf_size: 64, send_queue_depth: 8, max_inline: 0 };
+    let mut p = Pair::new(cfg.clone(), cfg.clone());
+    for _ in 0..2 {
+        p.write(Side::A, b"data").unwrap();
+        p.post(Side::A).unwrap();
+    }
+    assert_eq!(p.a.conn.counters().tx_wr_credits, 2);
+    p.write(Side::A, b"more").unwrap();
+    assert_eq!(p.post(Side::A), Ok(0), "data must not touch the reserve");
+    p.a.conn.abort();
+    let mut p = Pair::new(cfg.clone(), cfg);
+    for _ in 0..2 {
+        p.write(Side::A, b"data").unwrap();
+        p.post(Side::A).unwrap();
+    }
+    p.a.conn.shutdown_write();
+    let fin = p.a.conn.poll_write().unwrap();
+    assert_eq!(fin.imm, Some(Imm::Fin.encode()));
+    assert_eq!(p.a.conn.counters().tx_wr_credits, 1);
+}
+
+// ---- Tests for reset ------------------------------------------------------------------------
+
+#[test]
+fn test_reset_abort_resets_peer() {
+    let mut p = pair();
+    p.write(Side::A, b"dropped?").unwrap();
+    drive(&mut p);
+    p.a.conn.abort();
+    drive(&mut p);
+    assert_eq!(p.b.conn.state(), State::Reset);
+    assert_eq!(p.write(Side::B, b"x"), Err(WriteError::Reset));
+    let mut buf = [0u8; 4];
+    assert_eq!(p.read(Side::B, &mut buf), Err(ReadError::Reset));
+    assert!(p.b.events.contains(&Event::Reset));
+    assert!(p.a.conn.is_finished() && p.b.conn.is_finished());
+}
+
+#[test]
+fn test_reset_data_after_close_resets_writer() {
+    let mut p = pair();
+    p.a.conn.close();
+    drive(&mut p);
+    p.write(Side::B, b"anyone?").unwrap();
+    drive(&mut p);
+    assert_eq!(p.b.conn.state(), State::Reset);
+    assert_eq!(p.write(Side::B, b"x"), Err(WriteError::Reset));
+}
+
+#[test]
+fn test_reset_send_error_fails_connection() {
+    let mut p = pair();
+    p.fail_next_delivery(Side::A);
+    p.write(Side::A, b"doomed").unwrap();
+    drive(&mut p);
+    assert_eq!(p.a.conn.state(), State::Reset);
+    assert_eq!(p.a.conn.error(), Some(ProtocolError::TransportFailed));
+    assert_eq!(p.write(Side::A, b"x"), Err(WriteError::Reset));
+    assert!(p.a.conn.is_finished());
+}
+
+// ---- Tests for malformed peer input ---------------------------------------------------------
+
+fn expect_protocol_error(p: &mut Pair, side: Side, imm: u32, want: ProtocolError) {
+    p.inject_imm(side, imm);
+    match p.recv(side) {
+        Err(Fault::Protocol { error, .. }) => assert_eq!(error, want),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.ep(side).conn.state(), State::Reset);
+    assert_eq!(p.ep(side).conn.error(), Some(want));
+    assert_eq!(p.ep_mut(side).conn.poll_write(), None);
+    // Later input is ignored rather than panicking.
+    p.ep_mut(side).conn.handle_imm(u32::MAX).unwrap();
+}
+
+#[test]
+fn test_malformed_imm_claims_more_than_granted() {
+    let mut p = pair();
+    expect_protocol_error(
+        &mut p,
+        Side::B,
+        Imm::Data { len: 65 }.encode(),
+        ProtocolError::DataBeyondCredit { len: 65, window: 64 },
+    );
+}
+
+#[test]
+fn test_malformed_imm_huge_length() {
+    let mut p = pair();
+    expect_protocol_error(
+        &mut p,
+        Side::B,
+        0x7fff_ffff,
+        ProtocolError::DataBeyondCredit { len: 0x7fff_ffff, window: 64 },
+    );
+}
+
+#[test]
+fn test_malformed_imm_undecodable() {
+    let mut p = pair();
+    expect_protocol_error(
+        &mut p,
+        Side::A,
+        0xc700_0000,
+        ProtocolError::BadImm(rsock_core::proto::ImmError::UnknownOp(7)),
+    );
+}
+
+#[test]
+fn test_malformed_credit_never_given() {
+    let mut p = pair();
+    expect_protocol_error(
+        &mut p,
+        Side::A,
+        Imm::Credit { wrs: 1, bytes: 0 }.encode(),
+        ProtocolError::CreditOverflow { wrs: 1, bytes: 0 },
+    );
+}
+
+#[test]
+fn test_malformed_too_many_messages() {
+    let mut p = pair();
+    for _ in 0..8 {
+        p.inject_imm(Side::B, Imm::Data { len: 1 }.encode());
+        p.recv(Side::B).unwrap();
+    }
+    expect_protocol_error(&mut p, Side::B, Imm::Data { len: 1 }.encode(), ProtocolError::TooManyMessages);
+}
+
+#[test]
+fn test_malformed_data_after_fin_and_duplicate_fin() {
+    let mut p = pair();
+    p.inject_imm(Side::B, Imm::Fin.encode());
+    p.recv(Side::B).unwrap();
+    expect_protocol_error(&mut p, Side::B, Imm::Data { len: 1 }.encode(), ProtocolError::DataAfterFin);
+    let mut p = pair();
+    p.inject_imm(Side::B, Imm::Fin.encode());
+    p.recv(Side::B).unwrap();
+    expect_protocol_error(&mut p, Side::B, Imm::Fin.encode(), ProtocolError::DuplicateFin);
+}
+
+#[test]
+fn test_malformed_completion_for_unknown_wr() {
+    let mut p = pair();
+    assert_eq!(
+        p.a.conn.handle_send_complete(WrId(0)),
+        Err(CompletionError::UnknownWr(WrId(0)))
+    );
+    p.write(Side::A, b"x").unwrap();
+    let w = p.a.conn.poll_write().unwrap();
+    assert_eq!(p.a.conn.handle_send_complete(w.wr_id), Ok(()));
+    // Stale and duplicate completions are harmless.
+    assert_eq!(p.a.conn.handle_send_complete(w.wr_id), Ok(()));
+}
