@@ -484,3 +484,21 @@ fn test_malformed_completion_for_unknown_wr() {
     // Stale and duplicate completions are harmless.
     assert_eq!(p.a.conn.handle_send_complete(w.wr_id), Ok(()));
 }
+
+#[test]
+fn test_established_send_buffer_not_reused_before_its_completion() {
+    let cfg = Config { ring_size: 64, recv_credits: 8, send_buf_size: 16, send_queue_depth: 8, max_inline: 0 };
+    let mut p = Pair::new(cfg.clone(), cfg);
+    p.write(Side::A, b"AAAAAAAA").unwrap();
+    p.post(Side::A).unwrap();
+    p.deliver(Side::A).unwrap();
+    p.write(Side::A, b"BBBBBBBB").unwrap();
+    p.post(Side::A).unwrap();
+    // WR 0 completes while WR 1 still waits to be read from the send buffer.
+    assert!(p.complete(Side::A));
+    assert_eq!(p.a.conn.writable(), 8);
+    assert_eq!(p.write(Side::A, b"CCCCCCCCCCCCCCCC"), Ok(8));
+    drive(&mut p);
+    let got = read_all(&mut p, Side::B);
+    assert_eq!(got, b"AAAAAAAABBBBBBBBCCCCCCCC");
+}

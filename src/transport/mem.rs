@@ -44,6 +44,8 @@ pub enum Fault {
     OutOfBounds { side: Side, write: Write },
     /// A write into ring bytes the receiver has not granted.
     OutsideGrant { side: Side, write: Write },
+    /// Credits returned for ring bytes the peer had not written.
+    DoubleGrant { side: Side },
     /// A WRITE_WITH_IMM arrived with no receive posted.
     Rnr { side: Side },
     /// More work requests outstanding than the send queue holds.
@@ -275,7 +277,9 @@ impl Pair {
             if let (true, Ok(Imm::Credit { bytes, .. })) = (check, Imm::decode(imm)) {
                 for _ in 0..bytes {
                     let i = src.grant_cursor;
-                    debug_assert!(!src.granted[i], "byte {i} granted twice");
+                    if src.granted[i] {
+                        return Err(Fault::DoubleGrant { side: from });
+                    }
                     src.granted[i] = true;
                     src.grant_cursor = (i + 1) % src.granted.len();
                 }

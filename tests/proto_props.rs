@@ -1,0 +1,275 @@
+//! Property tests: random configs, app call sizes and step interleavings over the in-memory
+//! transport. After every step the credit invariants hold and no write leaves the granted
+//! window (checked by the harness); at the end both streams arrive intact and the connection
+//! finishes. Seeds are fixed so runs are deterministic.
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PtConfig, RngSeed};
+use rsock_core::proto::{Config, ReadError, WriteError};
+use rsock_core::transport::mem::{Pair, Side};
+
+fn pt_config(cases: u32) -> PtConfig {
+    PtConfig {
+        cases,
+        rng_seed: RngSeed::Fixed(0x5253_434b),
+        failure_persistence: None,
+        max_shrink_iters: 2000,
+        ..PtConfig::default()
+    }
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (
+        prop_oneof![3 => 1u32..=16, 2 => 17u32..=80, 1 => 81u32..=700],
+        4u32..=12,
+        prop_oneof![3 => 1u32..=16, 2 => 17u32..=96],
+        4u32..=12,
+        prop_oneof![Just(0u32), 0u32..=8],
+    )
+        .prop_map(|(ring_size, recv_credits, send_buf_size, send_queue_depth, max_inline)| Config {
+            ring_size,
+            recv_credits,
+            send_buf_size,
+            send_queue_depth,
+            max_inline,
+        })
+}
+
+fn side() -> impl Strategy<Value = Side> {
+    prop_oneof![Just(Side::A), Just(Side::B)]
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Write(Side, usize),
+    Read(Side, usize, usize),
+    Peek(Side, usize),
+    Post(Side),
+    Deliver(Side, usize),
+    Recv(Side, usize),
+    Complete(Side, usize),
+    Shutdown(Side),
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        4 => (side(), 1usize..=40).prop_map(|(s, n)| Action::Write(s, n)),
+        4 => (side(), 0usize..=30, 0usize..=30).prop_map(|(s, a, b)| Action::Read(s, a, b)),
+        1 => (side(), 1usize..=30).prop_map(|(s, n)| Action::Peek(s, n)),
+        3 => side().prop_map(Action::Post),
+        3 => (side(), 1usize..=3).prop_map(|(s, n)| Action::Deliver(s, n)),
+        3 => (side(), 1usize..=4).prop_map(|(s, n)| Action::Recv(s, n)),
+        3 => (side(), 1usize..=4).prop_map(|(s, n)| Action::Complete(s, n)),
+        1 => side().prop_map(Action::Shutdown),
+    ]
+}
+
+/// One direction's bookkeeping: what the app wrote and what the peer's app read.
+#[derive(Default)]
+struct Stream {
+    data: Vec<u8>,
+    written: usize,
+    read: Vec<u8>,
+    shut: bool,
+    eof: bool,
+}
+
+struct World {
+    p: Pair,
+    /// Indexed by sending side: 0 = A->B, 1 = B->A.
+    s: [Stream; 2],
+}
+
+fn idx(side: Side) -> usize {
+    match side {
+        Side::A => 0,
+        Side::B => 1,
+    }
+}
+
+impl World {
+    fn write(&mut self, side: Side, n: usize) -> Result<(), TestCaseError> {
+        let st = &mut self.s[idx(side)];
+        let end = (st.written + n).min(st.data.len());
+        let r = self.p.write(side, &st.data[st.written..end]);
+        match r {
+            Ok(k) => {
+                prop_assert!(k <= end - st.written);
+                st.written += k;
+            }
+            Err(WriteError::Blocked) => prop_assert!(end > st.written),
+            Err(WriteError::Closed) => prop_assert!(st.shut),
+            Err(WriteError::Reset) => prop_assert!(false, "unexpected reset"),
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, side: Side, a: usize, b: usize) -> Result<(), TestCaseError> {
+        // `side` reads what its peer wrote.
+        let st = &mut self.s[idx(side.peer())];
+        let (mut x, mut y) = (vec![0u8; a], vec![0u8; b]);
+        let ep = self.p.ep_mut(side);
+        let mut bufs = [std::io::IoSliceMut::new(&mut x), std::io::IoSliceMut::new(&mut y)];
+        match ep.conn.read_vectored(&ep.ring, &mut bufs) {
+            Ok(0) if a + b > 0 => {
+                prop_assert!(st.shut && st.read.len() == st.written, "early EOF");
+                st.eof = true;
+            }
+            Ok(n) => {
+                prop_assert!(n <= a + b);
+                let got: Vec<u8> = x.iter().chain(y.iter()).take(n).copied().collect();
+                st.read.extend_from_slice(&got);
+                prop_assert!(st.read.len() <= st.written);
+                prop_assert_eq!(&st.read[..], &st.data[..st.read.len()]);
+            }
+            Err(ReadError::Blocked) => {}
+            Err(ReadError::Reset) => prop_assert!(false, "unexpected reset"),
+        }
+        Ok(())
+    }
+
+    fn peek(&mut self, side: Side, n: usize) -> Result<(), TestCaseError> {
+        let st = &self.s[idx(side.peer())];
+        let ep = self.p.ep(side);
+        let mut buf = vec![0u8; n];
+        let avail = ep.conn.readable();
+        if let Ok(k) = ep.conn.peek(&ep.ring, &mut buf) {
+            prop_assert_eq!(k, n.min(avail));
+            let from = st.read.len();
+            prop_assert_eq!(&buf[..k], &st.data[from..from + k]);
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, a: &Action) -> Result<(), TestCaseError> {
+        let fault = |f| TestCaseError::fail(format!("{f:?}"));
+        match *a {
+            Action::Write(s, n) => self.write(s, n)?,
+            Action::Read(s, x, y) => self.read(s, x, y)?,
+            Action::Peek(s, n) => self.peek(s, n)?,
+            Action::Post(s) => {
+                self.p.post(s).map_err(fault)?;
+            }
+            Action::Deliver(s, n) => {
+                for _ in 0..n {
+                    self.p.deliver(s).map_err(fault)?;
+                }
+            }
+            Action::Recv(s, n) => {
+                for _ in 0..n {
+                    self.p.recv(s).map_err(fault)?;
+                }
+            }
+            Action::Complete(s, n) => {
+                for _ in 0..n {
+                    self.p.complete(s);
+                }
+            }
+            Action::Shutdown(s) => {
+                self.p.ep_mut(s).conn.shutdown_write();
+                self.s[idx(s)].shut = true;
+            }
+        }
+        self.p.check_invariants().map_err(TestCaseError::fail)?;
+        Ok(())
+    }
+
+    /// Fair schedule until both streams are complete, at EOF, and both ends finished.
+    fn finish(&mut self) -> Result<(), TestCaseError> {
+        for _ in 0..20_000 {
+            for side in [Side::A, Side::B] {
+                let i = idx(side);
+                if self.s[i].written < self.s[i].data.len() && !self.s[i].shut {
+                    self.write(side, usize::MAX / 2)?;
+                }
+                if self.s[i].written == self.s[i].data.len() && !self.s[i].shut {
+                    self.apply(&Action::Shutdown(side))?;
+                }
+                self.read(side, 17, 9)?;
+            }
+            let moved = self.p.step().map_err(|f| TestCaseError::fail(format!("{f:?}")))?;
+            self.p.check_invariants().map_err(TestCaseError::fail)?;
+            let done = self.s.iter().all(|s| s.eof)
+                && self.p.a.conn.is_finished()
+                && self.p.b.conn.is_finished();
+            if done && !moved {
+                return Ok(());
+            }
+        }
+        Err(TestCaseError::fail(format!(
+            "no progress: A {:?} B {:?}",
+            self.p.a.conn.counters(),
+            self.p.b.conn.counters()
+        )))
+    }
+}
+
+fn run(ca: Config, cb: Config, la: usize, lb: usize, actions: Vec<Action>) -> Result<(), TestCaseError> {
+    let gen = |n: usize, salt: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect();
+    let mut w = World {
+        p: Pair::new(ca, cb),
+        s: [
+            Stream { data: gen(la, 1), ..Stream::default() },
+            Stream { data: gen(lb, 2), ..Stream::default() },
+        ],
+    };
+    for a in &actions {
+        w.apply(a)?;
+    }
+    w.finish()?;
+    for st in &w.s {
+        prop_assert_eq!(st.read.len(), st.written);
+        prop_assert_eq!(&st.read[..], &st.data[..st.written]);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(pt_config(512))]
+
+    /// Both directions at once, random interleavings, tiny rings and queues.
+    #[test]
+    fn streams_arrive_intact(
+        ca in config(),
+        cb in config(),
+        la in 0usize..=600,
+        lb in 0usize..=600,
+        actions in proptest::collection::vec(action(), 0..250),
+    ) {
+        run(ca, cb, la, lb, actions)?;
+    }
+
+    /// One direction only, long stream, the receiver reading in odd sizes.
+    #[test]
+    fn one_way_long_stream(
+        ca in config(),
+        cb in config(),
+        la in 0usize..=3000,
+        actions in proptest::collection::vec(action(), 0..100),
+    ) {
+        run(ca, cb, la, 0, actions)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(pt_config(128))]
+
+    /// Completions delivered as late as possible: everything else runs first.
+    #[test]
+    fn late_completions(ca in config(), cb in config(), la in 0usize..=500, lb in 0usize..=500) {
+        let mut actions = Vec::new();
+        for round in 0..60usize {
+            for s in [Side::A, Side::B] {
+                actions.push(Action::Write(s, 7 + round % 13));
+                actions.push(Action::Post(s));
+                actions.push(Action::Deliver(s, 4));
+                actions.push(Action::Recv(s.peer(), 4));
+                actions.push(Action::Read(s.peer(), 5, 6));
+                if round % 10 == 9 {
+                    actions.push(Action::Complete(s, 50));
+                }
+            }
+        }
+        run(ca, cb, la, lb, actions)?;
+    }
+}
