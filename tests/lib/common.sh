@@ -54,10 +54,10 @@ port_free() {
     [ -z "$(ss -Hant "( sport = :$1 or dport = :$1 )" 2>/dev/null)" ]
 }
 
-# alloc_port: prints a free port (suite-unique).
+# alloc_port VAR: sets VAR to a free port (unique within the suite run).
 alloc_port() {
     while ! port_free "$T_NEXT_PORT"; do T_NEXT_PORT=$((T_NEXT_PORT + 1)); done
-    echo "$T_NEXT_PORT"
+    printf -v "$1" '%s' "$T_NEXT_PORT"
     T_NEXT_PORT=$((T_NEXT_PORT + 1))
 }
 
@@ -81,7 +81,7 @@ t_cell() {
     CELL_DIR=$T_WORK/$name
     mkdir -p "$CELL_DIR"
     : > "$CELL_DIR/.pids"
-    PORT=$(alloc_port); PORT2=$(alloc_port)
+    alloc_port PORT; alloc_port PORT2
     local t0=$SECONDS rc
     ( cd "$CELL_DIR" && set -o pipefail && "$fn" "$@" ) > "$CELL_DIR/cell.log" 2>&1
     rc=$?

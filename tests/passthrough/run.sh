@@ -173,6 +173,28 @@ cell_socat_file_to_tcp() {
     socat_stats cli 0 "$SIZE"
 }
 
+# A forking server (socat ...,fork): each connection is accepted by the parent and served by
+# a child. Three clients one after another; counters summed over the server's processes.
+cell_socat_fork_server() {
+    bg srv $T shimmed "$CELL_DIR/srv" socat -U TCP-LISTEN:"$PORT",bind=127.0.0.1,reuseaddr,fork \
+        OPEN:"$DATA2",rdonly
+    wait_listen "$PORT" 10 srv || fail "server did not listen"
+    local i
+    for i in 1 2 3; do
+        bg "cli$i" $T shimmed "$CELL_DIR/cli" socat -u TCP:127.0.0.1:"$PORT" CREATE:"$CELL_DIR/recv$i.bin"
+        expect_status "cli$i" 0
+        expect_same_file "$DATA2" "recv$i.bin" "client $i"
+    done
+    bg_stop srv
+    expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE2 'nproc==3' 'conns.tcp==3' \
+        'fallback.no_device==3' 'rx.tcp==3*SIZE' 'tx.tcp==0'
+    # The parent accepts (conns counted there); children send (bytes counted in their own
+    # regions, one per child).
+    expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE2 'nproc==4' 'conns.tcp==3' \
+        'fallback.no_device==3' 'tx.tcp==3*SIZE' 'rx.tcp==0' \
+        'sorted(p["tx"]["tcp"] for p in procs)==[0, SIZE, SIZE, SIZE]'
+}
+
 # ---- curl + python http.server ------------------------------------------------------------
 
 cell_curl_http_server() {
@@ -197,30 +219,40 @@ cell_curl_http_server() {
 
 # ---- Rust std::net example ----------------------------------------------------------------
 
-# stream_copy_cell MODE: MODE is passed to both ends (rw: read/write loop; copy: std::io::copy)
+# stream_copy_cell MODE [FEED]: MODE is passed to both ends (rw: read/write loop;
+# copy: std::io::copy). FEED=pipe puts a pipe between each end and its file (cat), so that
+# io::copy moves the bytes with splice(2) on both sides.
 stream_copy_cell() {
     local mode=$1 feed=${2:-file}
     [ -x "$EX/stream_copy" ] || fail "missing $EX/stream_copy (cargo build --release --examples)"
-    bg srv $T shimmed "$CELL_DIR/srv" "$EX/stream_copy" --"$mode" server 127.0.0.1:"$PORT"
+    local shim=(env LD_PRELOAD="$T_SO" RSOCK_STATS_KEEP=1)
+    if [ "$feed" = pipe ]; then
+        bg srv $T sh -c '"$@" | cat > "$0"' "$CELL_DIR/recv.bin" "${shim[@]}" RSOCK_STATS_DIR="$CELL_DIR/srv" \
+            "$EX/stream_copy" --"$mode" server 127.0.0.1:"$PORT"
+    else
+        bg srv $T shimmed "$CELL_DIR/srv" "$EX/stream_copy" --"$mode" server 127.0.0.1:"$PORT"
+    fi
     wait_listen "$PORT" 10 srv || fail "server did not listen"
     if [ "$feed" = pipe ]; then
-        bg cli $T sh -c 'f=$1; shift; cat "$f" | "$@"' sh "$DATA" env LD_PRELOAD="$T_SO" \
-            RSOCK_STATS_DIR="$CELL_DIR/cli" RSOCK_STATS_KEEP=1 "$EX/stream_copy" --"$mode" client 127.0.0.1:"$PORT"
+        bg cli $T sh -c 'f=$1; shift; cat "$f" | "$@"' sh "$DATA" "${shim[@]}" RSOCK_STATS_DIR="$CELL_DIR/cli" \
+            "$EX/stream_copy" --"$mode" client 127.0.0.1:"$PORT"
     else
         bg_in cli $T "$DATA" shimmed "$CELL_DIR/cli" "$EX/stream_copy" --"$mode" client 127.0.0.1:"$PORT"
     fi
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA" srv.out
-    expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
+    [ "$feed" = pipe ] || mv srv.out recv.bin
+    expect_same_file "$DATA" recv.bin
     expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
         'fallback.no_device==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
+    expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
+        'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
 }
 cell_stream_copy() { stream_copy_cell rw; }
-# std::io::copy from a regular file to a TcpStream uses sendfile(2).
+# std::io::copy between a regular file and a TcpStream: sendfile(2) to send, read/write to
+# receive.
 cell_stream_copy_io_copy_sendfile() { stream_copy_cell copy file; }
-# std::io::copy from a pipe to a TcpStream uses splice(2).
+# std::io::copy between a pipe and a TcpStream uses splice(2) both ways.
 cell_stream_copy_io_copy_splice() { stream_copy_cell copy pipe; }
 
 # ---- programs that never touch sockets ----------------------------------------------------
@@ -322,7 +354,7 @@ CELLS=(
     nc_client_to_server nc_server_to_client nc_bidirectional
     iperf3 iperf3_reverse iperf3_parallel4
     iperf2
-    socat_tcp_to_file socat_file_to_tcp
+    socat_tcp_to_file socat_file_to_tcp socat_fork_server
     curl_http_server
     stream_copy stream_copy_io_copy_sendfile stream_copy_io_copy_splice
     no_sockets
