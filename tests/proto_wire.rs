@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngSeed};
 use rsock_core::proto::wire::{
-    Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, MAGIC, MAX_REP_PRIVATE_DATA,
-    VERSION,
+    field, Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, MAGIC,
+    MAX_REP_PRIVATE_DATA, VERSION,
 };
 use rsock_core::proto::{Config, ReadError, State};
 use rsock_core::transport::mem::{Fault, Pair, Side};
@@ -45,6 +45,24 @@ fn hello_like() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// A valid hello with a few bytes overwritten, then cut or padded.
+fn mutated_hello() -> impl Strategy<Value = Vec<u8>> {
+    (
+        valid_hello(),
+        proptest::collection::vec((0usize..40, any::<u8>()), 0..4),
+        0usize..=48,
+    )
+        .prop_map(|(h, edits, len)| {
+            let mut b = vec![0u8; 48];
+            h.emit(&mut b);
+            for (i, v) in edits {
+                b[i] = v;
+            }
+            b.truncate(len);
+            b
+        })
+}
+
 fn valid_hello() -> impl Strategy<Value = Hello> {
     (
         prop_oneof![Just(HelloKind::Connect), Just(HelloKind::Accept)],
@@ -68,12 +86,16 @@ proptest! {
     #![proptest_config(pt_config(4096))]
 
     #[test]
-    fn fuzz_hello_parse_never_panics(buf in hello_like()) {
+    fn fuzz_hello_parse_never_panics(buf in prop_oneof![hello_like(), mutated_hello()]) {
         match Hello::parse(&buf) {
             Ok(h) => {
                 prop_assert!(h.check().is_ok());
-                // A parsed hello re-encodes to the same fixed part.
-                prop_assert_eq!(&h.to_bytes()[..], &buf[..Hello::LEN]);
+                // Re-encoding keeps every field; only `reserved` (ignored) and `len`
+                // (extensions skipped) may differ from the input.
+                prop_assert_eq!(Hello::parse(&h.to_bytes()), Ok(h));
+                let out = h.to_bytes();
+                prop_assert_eq!(&out[..field::LEN.start], &buf[..field::LEN.start]);
+                prop_assert_eq!(&out[field::RKEY.start..], &buf[field::RKEY.start..Hello::LEN]);
             }
             Err(HelloError::Truncated { needed, got }) => {
                 prop_assert_eq!(got, buf.len());

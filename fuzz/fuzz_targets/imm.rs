@@ -1,0 +1,53 @@
+//! Immediate decoder and a live connection fed arbitrary peer immediates, interleaved with
+//! application reads and writes: never panic, decoding is canonical.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use rsock_core::proto::wire::{Hello, HelloKind, Imm};
+use rsock_core::proto::{Config, Conn};
+
+fuzz_target!(|data: &[u8]| {
+    let cfg = Config { ring_size: 61, recv_credits: 5, send_buf_size: 37, send_queue_depth: 6, max_inline: 4 };
+    let peer = Hello { kind: HelloKind::Accept, flags: 0, ring_addr: 0, rkey: 0, ring_size: 29, recv_credits: 4 };
+    let mut conn = Conn::new(&cfg, &peer).unwrap();
+    let mut ring = vec![0u8; 61];
+    let mut send_buf = vec![0u8; 37];
+    let mut out = [0u8; 23];
+    for chunk in data.chunks_exact(5) {
+        let v = u32::from_be_bytes([chunk[1], chunk[2], chunk[3], chunk[4]]);
+        if let Ok(imm) = Imm::decode(v) {
+            assert_eq!(imm.encode(), v);
+        }
+        match chunk[0] % 6 {
+            0 => {
+                let _ = conn.handle_imm(v);
+            }
+            1 => {
+                let _ = conn.write(&mut send_buf, &out[..(chunk[1] % 23) as usize]);
+            }
+            2 => {
+                let _ = conn.read(&ring, &mut out);
+            }
+            3 => {
+                while let Some(w) = conn.poll_write() {
+                    // Pretend the peer consumed it; only signaled ones complete.
+                    if w.signaled {
+                        let _ = conn.handle_send_complete(w.wr_id);
+                    }
+                    assert!(w.local_offset as usize + w.len as usize <= send_buf.len());
+                    assert!(w.remote_offset as usize + w.len as usize <= 29);
+                }
+            }
+            4 => {
+                ring[(v % 61) as usize] = chunk[1];
+                while conn.poll_event().is_some() {}
+            }
+            _ => match chunk[1] % 4 {
+                0 => conn.shutdown_write(),
+                1 => conn.close(),
+                2 => conn.abort(),
+                _ => conn.handle_send_error(),
+            },
+        }
+    }
+});
