@@ -11,6 +11,11 @@
 //! points where FDS are exactly the connection fds open; a final `total sent N received M`
 //! (bytes moved by successful socket calls) and `done`.
 //!
+//! `fd_edge` runs the sections above; `fd_edge stdio` runs instead a section where a socket
+//! is written and closed through stdio (`fdopen`, `fputs`, `fclose`: glibc's internal write
+//! and close, which an LD_PRELOAD shim does not see), and its fd number is then reused by a
+//! file.
+//!
 //! With FD_EDGE_RSOCK=<rsock CLI> and FD_EDGE_SNAPS=<dir> set (and RSOCK_STATS_DIR), each
 //! checkpoint also saves `rsock stat --json <own pid>` to <dir>/<LABEL>.json; this does not
 //! change the output.
@@ -364,7 +369,41 @@ fn dup_shared(cx: &mut Ctx) {
     cx.close("dup_shared", s);
 }
 
+fn stdio_on_socket(cx: &mut Ctx) {
+    let (c, s) = cx.pair("stdio_fdopen");
+    let msg = "via-stdio\n";
+    let mode = CString::new("w").unwrap();
+    let text = CString::new(msg).unwrap();
+    // SAFETY: c is our socket; the FILE takes it over and fclose closes it.
+    let r = unsafe {
+        let f = libc::fdopen(c, mode.as_ptr());
+        assert!(!f.is_null(), "fdopen");
+        libc::fputs(text.as_ptr(), f);
+        libc::fclose(f)
+    };
+    say!(cx, "fdopen/fputs/fclose -> {r}");
+    cx.sent += msg.len() as u64; // the bytes did go out on the socket
+    cx.recv("peer", s, 2000);
+    cx.recv("peer after fclose", s, 2000);
+    cx.fd_state("after fclose", c);
+    // (No checkpoint here: taking one opens and closes a file, which would reuse the number.)
+    // The number is free again: a regular file gets it, and is no socket.
+    let path = CString::new("/dev/zero").unwrap();
+    // SAFETY: open/read/close on our own fd and buffer.
+    unsafe {
+        let f = libc::open(path.as_ptr(), libc::O_RDONLY);
+        say!(cx, "open(/dev/zero) reuses the socket's number: {}", f == c);
+        let mut buf = [0u8; 100];
+        let n = libc::read(f, buf.as_mut_ptr().cast(), buf.len());
+        say!(cx, "read(/dev/zero) -> {n}");
+        cx.checkpoint("file_on_old_number", &[s]);
+        libc::close(f);
+    }
+    cx.close("stdio", s);
+}
+
 fn main() -> ExitCode {
+    let stdio = std::env::args().nth(1).as_deref() == Some("stdio");
     let mut cx = match Ctx::new() {
         Ok(cx) => cx,
         Err(e) => {
@@ -372,11 +411,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    high_fds(&mut cx);
-    dup2_onto_socket(&mut cx);
-    close_range(&mut cx);
-    fionbio(&mut cx);
-    dup_shared(&mut cx);
+    if stdio {
+        stdio_on_socket(&mut cx);
+    } else {
+        high_fds(&mut cx);
+        dup2_onto_socket(&mut cx);
+        close_range(&mut cx);
+        fionbio(&mut cx);
+        dup_shared(&mut cx);
+    }
     let l = cx.listener;
     cx.close("listener", l);
     cx.checkpoint("end", &[]);

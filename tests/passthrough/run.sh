@@ -273,13 +273,14 @@ cell_no_sockets() {
 
 # ---- fd edge cases ------------------------------------------------------------------------
 
-cell_fd_edge() {
+# fd_edge_cell [SECTION]: runs examples/fd_edge with and without the shim.
+fd_edge_cell() {
     [ -x "$EX/fd_edge" ] || fail "missing $EX/fd_edge (cargo build --release --examples)"
-    timeout $T "$EX/fd_edge" > plain.out 2> plain.err || fail "fd_edge failed without the shim: $(tail -c 300 plain.err)"
+    timeout $T "$EX/fd_edge" "$@" > plain.out 2> plain.err || fail "fd_edge failed without the shim: $(tail -c 300 plain.err)"
     mkdir -p snaps
     timeout $T env FD_EDGE_RSOCK="$T_BIN" FD_EDGE_SNAPS="$CELL_DIR/snaps" \
         LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" RSOCK_STATS_KEEP=1 \
-        "$EX/fd_edge" > shim.out 2> shim.err || fail "fd_edge failed under the shim: $(tail -c 300 shim.err)"
+        "$EX/fd_edge" "$@" > shim.out 2> shim.err || fail "fd_edge failed under the shim: $(tail -c 300 shim.err)"
     diff plain.out shim.out > diff.out || fail "output differs under the shim: $(head -c 400 diff.out | paste -sd' ')"
     grep -q '^done$' shim.out || fail "fd_edge did not finish"
     local nconn
@@ -304,6 +305,40 @@ cell_fd_edge() {
             'sorted(s["fd"] for s in sockets)==sorted(WANT)' > "snapcheck.$label" \
             || fail "checkpoint $label: $(paste -sd';' "snapcheck.$label")"
     done
+}
+
+cell_fd_edge() { fd_edge_cell; }
+# A socket written and closed through stdio (fdopen/fputs/fclose), its number then reused by
+# a file.
+cell_fd_edge_stdio() { fd_edge_cell stdio; }
+
+# ---- connections that never happen -------------------------------------------------------
+
+# A connect refused by the peer (nothing listens) is not a connection: with a blocking
+# connect (python) and with a nonblocking one completed later (curl), the program sees the
+# same failure as without the shim, and no connection is counted.
+cell_refused_connect() {
+    local py='import socket,sys
+s = socket.socket()
+try:
+    s.connect(("127.0.0.1", int(sys.argv[1])))
+except ConnectionRefusedError:
+    print("refused"); sys.exit(0)
+print("connected?"); sys.exit(1)'
+    local out
+    out=$(timeout 20 python3 -c "$py" "$PORT") || fail "without shim: $out"
+    out=$(timeout 20 env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/blocking" RSOCK_STATS_KEEP=1 \
+        python3 -c "$py" "$PORT") || fail "blocking connect under the shim: $out"
+    local rc=0
+    timeout 20 curl -sS "http://127.0.0.1:$PORT/" > plain.out 2> plain.err || rc=$?
+    local rc2=0
+    timeout 20 env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/nonblocking" RSOCK_STATS_KEEP=1 \
+        curl -sS "http://127.0.0.1:$PORT/" > shim.out 2> shim.err || rc2=$?
+    [ "$rc" = 7 ] && [ "$rc2" = "$rc" ] || fail "curl exit status $rc2 under the shim, $rc without (want 7)"
+    cmp -s plain.err shim.err || fail "curl's error differs: $(cat shim.err) vs $(cat plain.err)"
+    expect_stats "$CELL_DIR/blocking" blocking 'getattr(conns, "tcp", 0)==0' 'sockets==[]'
+    expect_stats "$CELL_DIR/nonblocking" nonblocking 'getattr(conns, "tcp", 0)==0' \
+        'getattr(fallback, "no_device", 0)==0' 'sockets==[]'
 }
 
 # ---- settings -----------------------------------------------------------------------------
@@ -358,7 +393,8 @@ CELLS=(
     curl_http_server
     stream_copy stream_copy_io_copy_sendfile stream_copy_io_copy_splice
     no_sockets
-    fd_edge
+    fd_edge fd_edge_stdio
+    refused_connect
     enable_0 malformed_config
 )
 t0=$SECONDS
