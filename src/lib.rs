@@ -18,6 +18,7 @@ pub mod fdtable;
 pub mod guard;
 pub mod init;
 pub mod logger;
+pub mod negcache;
 pub mod readiness;
 pub mod socket;
 pub mod stats;

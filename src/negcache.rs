@@ -1,0 +1,123 @@
+//! The negative cache: destinations whose RDMA attempt failed recently go straight to TCP.
+//!
+//! Keyed by destination address and port; entries expire after `RSOCK_NEG_CACHE_MS`. The
+//! clock is passed in, so the logic is testable without sleeping. Bounded: when full, expired
+//! entries are dropped first, then the one closest to expiry.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Most destinations remembered at once.
+pub const CAPACITY: usize = 4096;
+
+/// Destinations that failed RDMA, with the time each stops being skipped.
+#[derive(Debug, Default)]
+pub struct NegCache {
+    until: Mutex<HashMap<SocketAddr, Instant>>,
+}
+
+impl NegCache {
+    /// An empty cache.
+    pub fn new() -> NegCache {
+        NegCache::default()
+    }
+
+    /// Whether `dest` failed RDMA less than its time-to-live ago.
+    pub fn contains(&self, dest: &SocketAddr, now: Instant) -> bool {
+        let mut map = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(dest) {
+            Some(&t) if t > now => true,
+            Some(_) => {
+                map.remove(dest);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Remembers that `dest` failed RDMA at `now`, for `ttl` (zero: not remembered).
+    pub fn insert(&self, dest: SocketAddr, now: Instant, ttl: Duration) {
+        if ttl.is_zero() {
+            return;
+        }
+        let mut map = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= CAPACITY && !map.contains_key(&dest) {
+            map.retain(|_, t| *t > now);
+            if map.len() >= CAPACITY {
+                if let Some(oldest) = map.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k) {
+                    map.remove(&oldest);
+                }
+            }
+        }
+        map.insert(dest, now + ttl);
+    }
+
+    /// Forgets `dest` (after it served RDMA again).
+    pub fn remove(&self, dest: &SocketAddr) {
+        self.until.lock().unwrap_or_else(|e| e.into_inner()).remove(dest);
+    }
+
+    /// Entries currently held (expired ones included until looked up or evicted).
+    pub fn len(&self) -> usize {
+        self.until.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn remembers_until_expiry_then_forgets() {
+        let c = NegCache::new();
+        let t0 = Instant::now();
+        let ttl = Duration::from_millis(100);
+        assert!(!c.contains(&a("10.0.0.1:80"), t0));
+        c.insert(a("10.0.0.1:80"), t0, ttl);
+        assert!(c.contains(&a("10.0.0.1:80"), t0 + Duration::from_millis(99)));
+        assert!(!c.contains(&a("10.0.0.1:81"), t0), "keyed by port too");
+        assert!(!c.contains(&a("10.0.0.1:80"), t0 + ttl));
+        assert!(c.is_empty(), "expired entry dropped on lookup");
+    }
+
+    #[test]
+    fn zero_ttl_disables_and_remove_forgets() {
+        let c = NegCache::new();
+        let t0 = Instant::now();
+        c.insert(a("10.0.0.1:80"), t0, Duration::ZERO);
+        assert!(!c.contains(&a("10.0.0.1:80"), t0));
+        c.insert(a("10.0.0.1:80"), t0, Duration::from_secs(1));
+        c.remove(&a("10.0.0.1:80"));
+        assert!(!c.contains(&a("10.0.0.1:80"), t0));
+    }
+
+    #[test]
+    fn bounded_evicting_expired_then_soonest() {
+        let c = NegCache::new();
+        let t0 = Instant::now();
+        for i in 0..CAPACITY {
+            let ttl = Duration::from_millis(if i == 7 { 1 } else { 1000 + i as u64 });
+            c.insert(SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 1)), t0, ttl);
+        }
+        assert_eq!(c.len(), CAPACITY);
+        // Entry 7 has expired by now: it makes room.
+        c.insert(a("10.9.9.9:1"), t0 + Duration::from_millis(5), Duration::from_secs(1));
+        assert_eq!(c.len(), CAPACITY);
+        assert!(c.contains(&a("10.9.9.9:1"), t0 + Duration::from_millis(5)));
+        // Nothing expired: the entry closest to expiry (index 0) goes.
+        c.insert(a("10.9.9.10:1"), t0 + Duration::from_millis(5), Duration::from_secs(9));
+        assert_eq!(c.len(), CAPACITY);
+        assert!(!c.contains(&SocketAddr::from(([10, 0, 0, 0], 1)), t0 + Duration::from_millis(5)));
+    }
+}
