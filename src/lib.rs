@@ -10,6 +10,7 @@
 //! - [`transport`]: drivers of the protocol (in-memory for tests; RDMA later).
 
 pub mod proto;
+pub mod rdma;
 pub mod transport;
 
 pub mod api;

@@ -1,0 +1,502 @@
+//! An RC connection: a cm id plus its QP, with send/receive queue accounting.
+//!
+//! The QP posts both queues' completions to its device's shared CQ; whoever polls that
+//! CQ hands each completion to the owning `Conn` (found by [`Wc::qp_num`]) through
+//! [`Conn::on_send_completion`] / [`Conn::on_recv_completion`], which free queue slots.
+//!
+//! Signaling is selective: an unsignaled WRITE produces no completion on success, so its
+//! send-queue slot is freed by the next signaled one (RC completes in order). `post_*`
+//! force a signaled WR at least every `max_send_wr / 2` WRs and on the last free slot,
+//! so the send queue can never fill up with slots nobody will free.
+//!
+//! wr_ids: callers use values below [`DRAIN_SEND_WR_ID`]; receive WRs are posted with
+//! [`RECV_FLAG`] added, which [`Wc::wr_id`] strips and [`Wc::is_recv`] reports.
+//!
+//! Teardown: [`Conn::disconnect`] (the QP goes to the error state and flushes), then
+//! [`Conn::start_drain`] and keep feeding completions until [`Conn::is_drained`], then
+//! drop: the QP is destroyed before the id, its CQ entries are returned to the device,
+//! and no completion of it can arrive later. Dropping without draining is allowed (e.g.
+//! on a fatal error) but may leave flushed completions of this QP in the shared CQ, which
+//! the poller must then discard (their `qp_num` matches no connection).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use rdma_sys::{ibv_qp, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
+    ibv_sge, ibv_wr_opcode};
+
+use super::cm::{CmId, ConnParam};
+use super::device::{Device, Wc};
+use super::error::{Error, Reason, Result};
+use super::ffi::lib;
+use super::mr::{RemoteBuf, Sge};
+
+/// Bit 63 of the posted wr_id marks receive WRs ([`Conn::post_recvs`] sets it,
+/// [`Wc::is_recv`] tests it, [`Wc::wr_id`] strips it): the opcode of a flushed completion
+/// is undefined, so this is how a completion's queue is known in every case.
+pub const RECV_FLAG: u64 = 1 << 63;
+/// wr_id of the send-queue drain marker of [`Conn::start_drain`]; callers' wr_ids must be
+/// below it
+pub const DRAIN_SEND_WR_ID: u64 = RECV_FLAG - 1;
+
+/// Queue sizes of an RC QP: asked for in [`Conn::new`], granted in [`Conn::caps`]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth
+    pub max_send_wr: u32,
+    /// Receive queue depth
+    pub max_recv_wr: u32,
+    /// SGEs per send WR
+    pub max_send_sge: u32,
+    /// Largest inline send; [`Conn::new`] lowers it until the device accepts the QP
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 2, max_inline_data: 512 }
+    }
+}
+
+/// Whether a send WR asks for a completion
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// Always signaled: its completion (with its wr_id) will be seen
+    Yes,
+    /// Unsignaled unless the queue accounting needs a signal here
+    Auto,
+}
+
+/// An RC connection (see the module doc); `Send`, not `Sync`
+pub struct Conn {
+    qp: *mut ibv_qp,
+    qp_num: u32,
+    caps: QpCaps,
+    dev: Arc<Device>,
+    cqe_reserved: u32,
+    sq_used: u32,
+    unsignaled_run: u32,
+    signal_every: u32,
+    /// Sizes of signaled batches in flight (each = its unsignaled run + itself)
+    batches: VecDeque<u32>,
+    rq_posted: u32,
+    broken: bool,
+    disconnected: bool,
+    drain_sq_posted: bool,
+    drain_sq: bool,
+    // Last: dropped after Drop::drop destroyed the QP.
+    id: CmId,
+}
+
+// SAFETY: the QP is used through &mut self only; verbs are thread-safe.
+unsafe impl Send for Conn {}
+
+fn sq_full() -> Error {
+    Error::new("ibv_post_send", libc::ENOBUFS, Reason::Resources)
+}
+
+impl Conn {
+    /// Creates an RC QP on `id` (resolved or from a connect request) in `dev`'s PD,
+    /// posting to `dev`'s CQ. Lowers `max_inline_data` until the device accepts it.
+    /// On failure the id is handed back (to reject a connect request, say).
+    pub fn new(id: CmId, dev: &Arc<Device>, want: QpCaps) -> std::result::Result<Conn, (Error, CmId)> {
+        let lib = match lib() {
+            Ok(l) => l,
+            Err(e) => return Err((e, id)),
+        };
+        if id.verbs() != dev.context() {
+            return Err((Error::new("rdma_create_qp", libc::EINVAL, Reason::Other), id));
+        }
+        let mut inline = want.max_inline_data;
+        let (qp, caps) = loop {
+            // SAFETY: plain C struct; zero is valid for all fields.
+            let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            attr.send_cq = dev.cq();
+            attr.recv_cq = dev.cq();
+            attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+            attr.sq_sig_all = 0;
+            attr.cap.max_send_wr = want.max_send_wr.max(1);
+            attr.cap.max_recv_wr = want.max_recv_wr.max(1);
+            attr.cap.max_send_sge = want.max_send_sge.max(1);
+            attr.cap.max_recv_sge = 1;
+            attr.cap.max_inline_data = inline;
+            // SAFETY: live id on dev's context, live PD and CQ; attr is valid and is
+            // updated with the granted caps.
+            let ret = unsafe { (lib.rdma_create_qp)(id.as_ptr(), dev.pd(), &mut attr) };
+            if ret == 0 {
+                // SAFETY: rdma_create_qp stored the QP in the id.
+                let qp = unsafe { (*id.as_ptr()).qp };
+                let c = attr.cap;
+                break (qp, QpCaps {
+                    max_send_wr: c.max_send_wr,
+                    max_recv_wr: c.max_recv_wr,
+                    max_send_sge: c.max_send_sge,
+                    max_inline_data: c.max_inline_data,
+                });
+            }
+            let e = Error::from_ret("rdma_create_qp", ret);
+            if e.errno() == libc::EINVAL && inline > 0 {
+                inline = if inline > 64 { inline / 2 } else { 0 };
+                continue;
+            }
+            let e = if e.reason() == Reason::Other { e.with_reason(Reason::Resources) } else { e };
+            return Err((e, id));
+        };
+        let reserve = caps.max_send_wr + caps.max_recv_wr;
+        if let Err(e) = dev.reserve_cqe(reserve) {
+            // SAFETY: the QP was just created on this id and is not used.
+            unsafe { (lib.rdma_destroy_qp)(id.as_ptr()) };
+            return Err((e, id));
+        }
+        Ok(Conn {
+            qp,
+            // SAFETY: live QP.
+            qp_num: unsafe { (*qp).qp_num },
+            caps,
+            dev: dev.clone(),
+            cqe_reserved: reserve,
+            sq_used: 0,
+            unsignaled_run: 0,
+            signal_every: (caps.max_send_wr / 2).max(1),
+            batches: VecDeque::new(),
+            rq_posted: 0,
+            broken: false,
+            disconnected: false,
+            drain_sq_posted: false,
+            drain_sq: false,
+            id,
+        })
+    }
+
+    /// The cm id
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    /// The cm id, mutably (token, migrate)
+    pub fn id_mut(&mut self) -> &mut CmId {
+        &mut self.id
+    }
+
+    /// The device (PD and CQ)
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    /// QP number, as in [`Wc::qp_num`]
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// Granted queue sizes (`max_inline_data` is what inline sends may carry)
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// Free send-queue slots
+    pub fn sq_room(&self) -> u32 {
+        self.caps.max_send_wr - self.sq_used
+    }
+
+    /// Receive WRs posted and not yet completed
+    pub fn rq_posted(&self) -> u32 {
+        self.rq_posted
+    }
+
+    /// Whether an error completion or disconnect made the QP unusable
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Active side: sends the connect request with `param` (private data ≤ 56 bytes)
+    pub fn connect(&mut self, param: &ConnParam<'_>) -> Result<()> {
+        self.id.connect(param)
+    }
+
+    /// Passive side: accepts with `param` (private data ≤ 196 bytes)
+    pub fn accept(&mut self, param: &ConnParam<'_>) -> Result<()> {
+        self.id.accept(param)
+    }
+
+    /// Passive side: rejects with private data (≤ 148 bytes)
+    pub fn reject(&mut self, private_data: &[u8]) -> Result<()> {
+        self.id.reject(private_data)
+    }
+
+    /// Records that this id's `DISCONNECTED` event was seen (so [`super::close`] does not
+    /// wait for it again); the QP is in the error state from then on
+    pub fn set_disconnected(&mut self) {
+        self.disconnected = true;
+        self.broken = true;
+    }
+
+    /// Whether `DISCONNECTED` was seen ([`Self::set_disconnected`])
+    pub fn is_disconnected(&self) -> bool {
+        self.disconnected
+    }
+
+    /// Starts an orderly disconnect; the QP flushes outstanding WRs
+    pub fn disconnect(&mut self) -> Result<()> {
+        self.broken = true;
+        self.id.disconnect()
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.broken {
+            return Err(Error::new("ibv_post_send", libc::ENOTCONN, Reason::Disconnected));
+        }
+        Ok(())
+    }
+
+    fn want_signal(&self, s: Signal) -> bool {
+        s == Signal::Yes || self.unsignaled_run + 1 >= self.signal_every || self.sq_used + 1 >= self.caps.max_send_wr
+    }
+
+    /// # Safety
+    /// `sges` stay registered and unmodified until the WR completes (inline: until return).
+    unsafe fn post_send_raw(
+        &mut self,
+        wr_id: u64,
+        sges: *mut ibv_sge,
+        nsge: usize,
+        total: usize,
+        remote: u64,
+        rkey: u32,
+        imm: Option<u32>,
+        signal: Signal,
+        force_inline: bool,
+    ) -> Result<()> {
+        self.check_usable()?;
+        if wr_id >= DRAIN_SEND_WR_ID {
+            return Err(Error::new("ibv_post_send", libc::EINVAL, Reason::Other));
+        }
+        if self.sq_used >= self.caps.max_send_wr {
+            return Err(sq_full());
+        }
+        let signaled = self.want_signal(signal);
+        // SAFETY: plain C struct; zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = if nsge == 0 { std::ptr::null_mut() } else { sges };
+        wr.num_sge = nsge as i32;
+        let mut flags = ibv_send_flags(0);
+        if signaled {
+            flags |= ibv_send_flags::IBV_SEND_SIGNALED;
+        }
+        if force_inline || (total > 0 && total <= self.caps.max_inline_data as usize) {
+            flags |= ibv_send_flags::IBV_SEND_INLINE;
+        }
+        wr.send_flags = flags.0;
+        match imm {
+            Some(v) => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+            }
+            None => wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        }
+        wr.wr.rdma.remote_addr = remote;
+        wr.wr.rdma.rkey = rkey;
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; wr and its SGEs are valid for the call (inline data is copied,
+        // other SGEs are the caller's contract). rdma-sys calls the provider through the
+        // context ops table: no libibverbs symbol is needed.
+        let ret = unsafe { rdma_sys::ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if ret != 0 {
+            let errno = if ret > 0 { ret } else { libc::EIO };
+            return Err(if errno == libc::ENOMEM { sq_full() } else { Error::from_errno("ibv_post_send", errno) });
+        }
+        self.sq_used += 1;
+        if signaled {
+            self.batches.push_back(self.unsignaled_run + 1);
+            self.unsignaled_run = 0;
+        } else {
+            self.unsignaled_run += 1;
+        }
+        Ok(())
+    }
+
+    /// RDMA WRITE (with immediate if `imm` is `Some`) of registered memory to
+    /// `remote_addr`. Sent inline when the total fits [`QpCaps::max_inline_data`].
+    /// Fails with `ENOBUFS` ([`Reason::Resources`]) when the send queue is full: poll.
+    ///
+    /// # Safety
+    /// The memory behind `sges` must stay registered and unchanged until the WR is known
+    /// complete (a later signaled completion), unless it was sent inline.
+    pub unsafe fn post_write(
+        &mut self,
+        wr_id: u64,
+        sges: &[Sge],
+        remote_addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+        signal: Signal,
+    ) -> Result<()> {
+        if sges.len() > self.caps.max_send_sge as usize {
+            return Err(Error::new("ibv_post_send", libc::EINVAL, Reason::Other));
+        }
+        let total: usize = sges.iter().map(|s| s.length as usize).sum();
+        // SAFETY: Sge has ibv_sge's layout (checked at compile time in mr.rs); the
+        // provider only reads the list. Memory validity is the caller's contract.
+        unsafe {
+            self.post_send_raw(wr_id, sges.as_ptr() as *mut ibv_sge, sges.len(), total, remote_addr, rkey, imm, signal, false)
+        }
+    }
+
+    /// RDMA WRITE of `data` sent inline (copied at post time: no MR, reusable on return);
+    /// `data.len()` must not exceed [`QpCaps::max_inline_data`]
+    pub fn post_write_inline(
+        &mut self,
+        wr_id: u64,
+        data: &[u8],
+        remote: &RemoteBuf,
+        offset: u64,
+        imm: Option<u32>,
+        signal: Signal,
+    ) -> Result<()> {
+        if data.len() > self.caps.max_inline_data as usize || offset + data.len() as u64 > remote.len {
+            return Err(Error::new("ibv_post_send", libc::EINVAL, Reason::Other));
+        }
+        let mut sge = ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
+        let n = usize::from(!data.is_empty());
+        // SAFETY: IBV_SEND_INLINE makes the provider copy `data` during the call.
+        unsafe { self.post_send_raw(wr_id, &mut sge, n, data.len(), remote.at(offset), remote.rkey, imm, signal, true) }
+    }
+
+    /// Zero-length RDMA WRITE with immediate: consumes one receive at the peer and
+    /// delivers `imm` (credit returns, doorbells)
+    pub fn post_imm(&mut self, wr_id: u64, remote: &RemoteBuf, imm: u32, signal: Signal) -> Result<()> {
+        // SAFETY: no SGE; remote address/rkey are given although a zero-length write
+        // does not access the peer's memory.
+        unsafe { self.post_send_raw(wr_id, std::ptr::null_mut(), 0, 0, remote.addr, remote.rkey, Some(imm), signal, false) }
+    }
+
+    /// Posts `count` zero-length receives (the targets of incoming WRITE_WITH_IMM), all
+    /// with `wr_id` (< [`DRAIN_SEND_WR_ID`]; posted with [`RECV_FLAG`] added). Fails with `ENOBUFS` if the receive queue lacks room.
+    pub fn post_recvs(&mut self, wr_id: u64, count: u32) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        if wr_id >= DRAIN_SEND_WR_ID {
+            return Err(Error::new("ibv_post_recv", libc::EINVAL, Reason::Other));
+        }
+        let wr_id = wr_id | RECV_FLAG;
+        if self.rq_posted + count > self.caps.max_recv_wr {
+            return Err(Error::new("ibv_post_recv", libc::ENOBUFS, Reason::Resources));
+        }
+        let mut wrs: Vec<ibv_recv_wr> = (0..count)
+            .map(|_| ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 })
+            .collect();
+        for i in 0..wrs.len() - 1 {
+            let next: *mut ibv_recv_wr = &mut wrs[i + 1];
+            wrs[i].next = next;
+        }
+        self.post_recv_chain(&mut wrs, count)
+    }
+
+    fn post_recv_chain(&mut self, wrs: &mut [ibv_recv_wr], count: u32) -> Result<()> {
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: live QP; a valid chain of `count` WRs without SGEs; ops-table call.
+        let ret = unsafe { rdma_sys::ibv_post_recv(self.qp, wrs.as_mut_ptr(), &mut bad) };
+        if ret != 0 {
+            // Count what made it in before `bad`.
+            let ok = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: `bad` points into `wrs`.
+                unsafe { bad.offset_from(wrs.as_ptr()) }.max(0) as u32
+            };
+            self.rq_posted += ok;
+            let errno = if ret > 0 { ret } else { libc::EIO };
+            return Err(Error::from_errno("ibv_post_recv", errno));
+        }
+        self.rq_posted += count;
+        Ok(())
+    }
+
+    /// Accounts a completion of this QP's send queue (`!wc.is_recv()`); returns how many
+    /// send-queue slots it freed. An error status marks the connection broken.
+    pub fn on_send_completion(&mut self, wc: &Wc) -> u32 {
+        if wc.wr_id() == DRAIN_SEND_WR_ID && self.drain_sq_posted {
+            self.drain_sq = true;
+        }
+        if !wc.is_ok() {
+            // Flushed WRs complete even when unsignaled: stop exact accounting.
+            self.broken = true;
+            return 0;
+        }
+        let n = self.batches.pop_front().unwrap_or(1);
+        self.sq_used = self.sq_used.saturating_sub(n);
+        n
+    }
+
+    /// Accounts a completion of this QP's receive queue. An error status marks the
+    /// connection broken.
+    pub fn on_recv_completion(&mut self, wc: &Wc) {
+        self.rq_posted = self.rq_posted.saturating_sub(1);
+        if !wc.is_ok() {
+            self.broken = true;
+        }
+    }
+
+    /// Accounts any completion of this QP (the queue comes from [`Wc::is_recv`])
+    pub fn on_completion(&mut self, wc: &Wc) {
+        if wc.is_recv() {
+            self.on_recv_completion(wc)
+        } else {
+            self.on_send_completion(wc);
+        }
+    }
+
+    /// After [`Self::disconnect`] (or a fatal error): posts a signaled marker on the send
+    /// queue (wr_id [`DRAIN_SEND_WR_ID`]); in the error state it completes with a flush
+    /// after every earlier send WR. The receive queue is drained when every posted
+    /// receive has completed (flushed): a marker posted there in the error state is not
+    /// flushed by every provider (rxe on Linux 6.1 never completes it). Call again after
+    /// polling if it fails with ENOMEM (a full send queue still flushing).
+    pub fn start_drain(&mut self) -> Result<()> {
+        self.broken = true;
+        if !self.drain_sq_posted {
+            // SAFETY: plain C struct; zero is valid.
+            let mut swr: ibv_send_wr = unsafe { std::mem::zeroed() };
+            swr.wr_id = DRAIN_SEND_WR_ID;
+            swr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            swr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: live QP, one zero-length WR.
+            let s = unsafe { rdma_sys::ibv_post_send(self.qp, &mut swr, &mut bad) };
+            if s != 0 {
+                return Err(Error::from_errno("start_drain", if s > 0 { s } else { libc::EIO }));
+            }
+            self.drain_sq_posted = true;
+        }
+        Ok(())
+    }
+
+    /// Whether the send marker completed and no receive is outstanding (no completion of
+    /// this QP can follow)
+    pub fn is_drained(&self) -> bool {
+        self.drain_sq && self.rq_posted == 0
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Ok(lib) = lib() {
+            // SAFETY: the QP belongs to `id`, which is dropped after this (field drop).
+            unsafe { (lib.rdma_destroy_qp)(self.id.as_ptr()) };
+        }
+        self.dev.release_cqe(self.cqe_reserved);
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("qp_num", &self.qp_num)
+            .field("caps", &self.caps)
+            .field("sq_used", &self.sq_used)
+            .field("rq_posted", &self.rq_posted)
+            .field("broken", &self.broken)
+            .finish()
+    }
+}

@@ -1,0 +1,393 @@
+//! Per-device resources shared by connections: protection domain, completion channel
+//! and one completion queue.
+//!
+//! All QPs of a device post their send and receive completions to the device's single
+//! CQ, so one poll (or one fd in an epoll set) serves every connection; completions are
+//! told apart by [`Wc::qp_num`]. A CQ entry budget is reserved per QP so the CQ can never
+//! overflow (an overflow is fatal to every QP on it).
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_pd, ibv_wc,
+    ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
+
+use super::error::{Error, Reason, Result};
+use super::fd;
+use super::ffi::{self, lib};
+
+/// Default number of CQ entries per device (capped at the device's `max_cqe`)
+pub const DEFAULT_CQ_ENTRIES: u32 = 8192;
+
+/// Limits of a device that callers size things by
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub struct DeviceLimits {
+    /// Largest work queue
+    pub max_qp_wr: u32,
+    /// Largest CQ
+    pub max_cqe: u32,
+    /// Most scatter/gather entries per WR
+    pub max_sge: u32,
+    /// Largest MR
+    pub max_mr_size: u64,
+}
+
+/// A device's PD, completion channel and shared CQ (see the module doc)
+pub struct Device {
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    channel: *mut ibv_comp_channel,
+    cq: *mut ibv_cq,
+    cq_entries: u32,
+    cq_reserved: AtomicU32,
+    limits: DeviceLimits,
+}
+
+// SAFETY: verbs objects are thread-safe (providers lock internally); the struct is
+// immutable apart from atomics.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+static OPEN: Mutex<Vec<Weak<Device>>> = Mutex::new(Vec::new());
+
+impl Device {
+    /// The shared resources of the device behind `ctx` (an id's [`super::CmId::verbs`]),
+    /// created on first use and kept while any `Arc` to them lives
+    pub fn for_context(ctx: *mut ibv_context) -> Result<Arc<Device>> {
+        if ctx.is_null() {
+            return Err(Error::new("device", libc::ENODEV, Reason::NoRdma));
+        }
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|w| w.strong_count() > 0);
+        if let Some(d) = open.iter().filter_map(Weak::upgrade).find(|d| d.ctx == ctx) {
+            return Ok(d);
+        }
+        let d = Arc::new(Device::open(ctx, DEFAULT_CQ_ENTRIES)?);
+        open.push(Arc::downgrade(&d));
+        Ok(d)
+    }
+
+    /// Creates private resources on `ctx` with a CQ of `cq_entries` (not shared through
+    /// [`Self::for_context`])
+    pub fn open(ctx: *mut ibv_context, cq_entries: u32) -> Result<Device> {
+        let lib = lib()?;
+        // SAFETY: ibv_device_attr is plain data; zero is a valid bit pattern.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: ctx is a live verbs context (owned by librdmacm), attr is writable.
+        let ret = unsafe { (lib.ibv_query_device)(ctx, &mut attr) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_query_device", ret));
+        }
+        let limits = DeviceLimits {
+            max_qp_wr: attr.max_qp_wr.max(0) as u32,
+            max_cqe: attr.max_cqe.max(0) as u32,
+            max_sge: attr.max_sge.max(0) as u32,
+            max_mr_size: attr.max_mr_size,
+        };
+        let cq_entries = cq_entries.min(limits.max_cqe).max(1);
+        // Build step by step; `partial` releases what exists if a later step fails.
+        let mut d = Device {
+            ctx,
+            pd: std::ptr::null_mut(),
+            channel: std::ptr::null_mut(),
+            cq: std::ptr::null_mut(),
+            cq_entries,
+            cq_reserved: AtomicU32::new(0),
+            limits,
+        };
+        // SAFETY: live context.
+        d.pd = unsafe { (lib.ibv_alloc_pd)(ctx) };
+        if d.pd.is_null() {
+            return Err(Error::last_os("ibv_alloc_pd").with_reason(Reason::Resources));
+        }
+        // SAFETY: live context.
+        d.channel = unsafe { (lib.ibv_create_comp_channel)(ctx) };
+        if d.channel.is_null() {
+            return Err(Error::last_os("ibv_create_comp_channel").with_reason(Reason::Resources));
+        }
+        // SAFETY: channel is live.
+        fd::set_nonblocking(unsafe { (*d.channel).fd })?;
+        // SAFETY: live context and channel; cq_context unused.
+        d.cq = unsafe {
+            (lib.ibv_create_cq)(ctx, cq_entries as i32, std::ptr::null_mut(), d.channel, 0)
+        };
+        if d.cq.is_null() {
+            return Err(Error::last_os("ibv_create_cq").with_reason(Reason::Resources));
+        }
+        Ok(d)
+    }
+
+    /// The verbs context
+    pub fn context(&self) -> *mut ibv_context {
+        self.ctx
+    }
+
+    /// The protection domain (QPs and MRs of this device live in it)
+    pub fn pd(&self) -> *mut ibv_pd {
+        self.pd
+    }
+
+    /// The shared CQ
+    pub fn cq(&self) -> *mut ibv_cq {
+        self.cq
+    }
+
+    /// Device limits from `ibv_query_device`
+    pub fn limits(&self) -> DeviceLimits {
+        self.limits
+    }
+
+    /// CQ entries: (reserved by QPs, total)
+    pub fn cq_usage(&self) -> (u32, u32) {
+        (self.cq_reserved.load(Ordering::Relaxed), self.cq_entries)
+    }
+
+    /// Reserves `n` CQ entries for a new QP; fails with [`Reason::Resources`] if the CQ
+    /// would overflow
+    pub fn reserve_cqe(&self, n: u32) -> Result<()> {
+        let mut cur = self.cq_reserved.load(Ordering::Relaxed);
+        loop {
+            let next = cur.checked_add(n).filter(|&v| v <= self.cq_entries);
+            let Some(next) = next else {
+                return Err(Error::new("reserve_cqe", libc::ENOSPC, Reason::Resources));
+            };
+            match self.cq_reserved.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// Returns entries reserved by [`Self::reserve_cqe`]
+    pub fn release_cqe(&self, n: u32) {
+        self.cq_reserved.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// The completion channel's fd (nonblocking; readable after [`Self::arm`] once a
+    /// completion arrives)
+    pub fn comp_fd(&self) -> RawFd {
+        // SAFETY: channel is live for the life of self.
+        unsafe { (*self.channel).fd }
+    }
+
+    /// Polls up to `wcs.len()` completions; returns how many were written
+    pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        let n = wcs.len().min(i32::MAX as usize) as i32;
+        // SAFETY: live CQ; Wc is repr(transparent) over ibv_wc, so the buffer holds n
+        // writable ibv_wc. rdma-sys's ibv_poll_cq calls the provider through the ops
+        // table (no libibverbs symbol).
+        let ret = unsafe { rdma_sys::ibv_poll_cq(self.cq, n, wcs.as_mut_ptr().cast::<ibv_wc>()) };
+        if ret < 0 {
+            return Err(Error::new("ibv_poll_cq", libc::EIO, Reason::Other));
+        }
+        Ok(ret as usize)
+    }
+
+    /// Requests an event on the completion channel for the next completion. Poll once
+    /// more after arming: a completion that arrived before it raises no event.
+    pub fn arm(&self) -> Result<()> {
+        // SAFETY: live CQ; ops-table call, no libibverbs symbol.
+        let ret = unsafe { rdma_sys::ibv_req_notify_cq(self.cq, 0) };
+        if ret != 0 {
+            return Err(Error::from_errno("ibv_req_notify_cq", if ret > 0 { ret } else { libc::EIO }));
+        }
+        Ok(())
+    }
+
+    /// Consumes pending completion-channel events without blocking (and acks them);
+    /// returns whether there was any. Re-[`arm`](Self::arm) afterwards.
+    pub fn take_cq_events(&self) -> Result<bool> {
+        let lib = lib()?;
+        let mut any = false;
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: live nonblocking channel; out-pointers valid.
+            let ret = unsafe { (lib.ibv_get_cq_event)(self.channel, &mut cq, &mut ctx) };
+            if ret != 0 {
+                let e = Error::last_os("ibv_get_cq_event");
+                if e.errno() == libc::EAGAIN || e.errno() == libc::EINTR {
+                    return Ok(any);
+                }
+                return Err(e);
+            }
+            any = true;
+            // SAFETY: `cq` is our CQ (the only one on this channel); ack what we took.
+            unsafe { (lib.ibv_ack_cq_events)(cq, 1) };
+        }
+    }
+
+    /// Waits up to `timeout` for a completion-channel event (caller has armed the CQ);
+    /// consumes it and re-arms. Returns `Ok(false)` on timeout.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
+        if self.take_cq_events()? {
+            self.arm()?;
+            return Ok(true);
+        }
+        if !fd::wait_readable(self.comp_fd(), timeout)? {
+            return Ok(false);
+        }
+        self.take_cq_events()?;
+        self.arm()?;
+        Ok(true)
+    }
+
+    /// Polls; if nothing is there, arms the CQ, polls again and sleeps on the completion
+    /// channel up to `timeout`. Returns the number of completions (0 on timeout).
+    /// For a driver that owns this device's CQ; a progress engine with many fds would
+    /// instead put [`Self::comp_fd`] in its epoll set and call [`Self::take_cq_events`],
+    /// [`Self::arm`] and [`Self::poll`] itself.
+    pub fn poll_or_wait(&self, wcs: &mut [Wc], timeout: Option<Duration>) -> Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let n = self.poll(wcs)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            self.arm()?;
+            let n = self.poll(wcs)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if !self.wait(fd::remaining(deadline))? {
+                return self.poll(wcs);
+            }
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let Ok(lib) = lib() else { return };
+        // SAFETY: every QP and MR holds an Arc<Device>, so none remains on these objects;
+        // every channel event was acked in take_cq_events. Order: CQ, channel, PD.
+        unsafe {
+            if !self.cq.is_null() {
+                (lib.ibv_destroy_cq)(self.cq);
+            }
+            if !self.channel.is_null() {
+                (lib.ibv_destroy_comp_channel)(self.channel);
+            }
+            if !self.pd.is_null() {
+                (lib.ibv_dealloc_pd)(self.pd);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("cq_usage", &self.cq_usage()).field("limits", &self.limits).finish()
+    }
+}
+
+/// Opcode of a completion
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum WcOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    Recv,
+    /// A receive consumed by an incoming RDMA WRITE with immediate
+    RecvRdmaWithImm,
+    Other(u32),
+}
+
+/// One work completion (`ibv_wc`), as [`Device::poll`] fills it
+#[repr(transparent)]
+pub struct Wc(pub ibv_wc);
+
+impl Wc {
+    /// A zeroed buffer of `n` completions for [`Device::poll`]
+    pub fn buffer(n: usize) -> Vec<Wc> {
+        // SAFETY: ibv_wc is plain data; all-zero is valid.
+        (0..n).map(|_| Wc(unsafe { std::mem::zeroed() })).collect()
+    }
+
+    /// The wr_id given when posting ([`super::conn::RECV_FLAG`] stripped)
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id & !super::conn::RECV_FLAG
+    }
+
+    /// Whether this completes a receive WR; reliable for flushed completions too (it
+    /// tests [`super::conn::RECV_FLAG`], not the opcode)
+    pub fn is_recv(&self) -> bool {
+        self.0.wr_id & super::conn::RECV_FLAG != 0
+    }
+
+    /// Whether the work request succeeded
+    pub fn is_ok(&self) -> bool {
+        self.0.status == ibv_wc_status::IBV_WC_SUCCESS
+    }
+
+    /// Raw status
+    pub fn status(&self) -> u32 {
+        self.0.status
+    }
+
+    /// Whether it was flushed (QP in error state, e.g. after a disconnect)
+    pub fn is_flush(&self) -> bool {
+        self.0.status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR
+    }
+
+    /// libibverbs' name of the status
+    pub fn status_str(&self) -> &'static str {
+        ffi::wc_status_str(self.0.status)
+    }
+
+    /// Opcode (valid only when [`Self::is_ok`])
+    pub fn opcode(&self) -> WcOpcode {
+        match self.0.opcode {
+            ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
+            ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+            ibv_wc_opcode::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+            ibv_wc_opcode::IBV_WC_RECV => WcOpcode::Recv,
+            ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+            o => WcOpcode::Other(o),
+        }
+    }
+
+    /// Bytes written by the incoming operation (receives)
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+
+    /// Immediate data (host order) if the completion carries one
+    pub fn imm(&self) -> Option<u32> {
+        if ibv_wc_flags(self.0.wc_flags) & ibv_wc_flags::IBV_WC_WITH_IMM != ibv_wc_flags(0) {
+            // SAFETY: WITH_IMM says the union holds imm_data (network order).
+            Some(u32::from_be(unsafe { self.0.imm_data_invalidated_rkey_union.imm_data }))
+        } else {
+            None
+        }
+    }
+
+    /// The QP the completion belongs to (to find its connection)
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+
+    /// Vendor error (diagnostics)
+    pub fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+}
+
+impl std::fmt::Debug for Wc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wc")
+            .field("wr_id", &self.wr_id())
+            .field("recv", &self.is_recv())
+            .field("status", &self.status())
+            .field("opcode", &self.0.opcode)
+            .field("byte_len", &self.byte_len())
+            .field("imm", &self.imm())
+            .field("qp_num", &self.qp_num())
+            .finish()
+    }
+}

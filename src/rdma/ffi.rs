@@ -1,0 +1,213 @@
+//! The lazily loaded librdmacm / libibverbs function table.
+//!
+//! librsock.so is preloaded into every process, including on hosts without rdma-core, so
+//! it must not have librdmacm or libibverbs as load-time dependencies (no `DT_NEEDED`).
+//! rdma-sys supplies only types, constants and struct layouts; every exported function is
+//! reached through a pointer that [`lib`] resolves with `dlopen` + `dlsym` on first use
+//! (never from a constructor). The data-path verbs (`ibv_post_send`, `ibv_post_recv`,
+//! `ibv_poll_cq`, `ibv_req_notify_cq`) are `static inline` in C: rdma-sys re-implements
+//! them through the context ops table (`(*(*qp).context).ops.post_send`), so they need
+//! no symbol at all and are called straight from rdma-sys.
+//!
+//! Loading takes no lock: racing first users may each `dlopen` (reference counted, so
+//! harmless) and the first to publish wins; a failure is remembered so later calls cost
+//! one atomic load.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+
+use libc::sockaddr;
+use rdma_sys::{
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_mr, ibv_pd, ibv_qp,
+    ibv_qp_attr, ibv_qp_init_attr, ibv_wc_status, rdma_cm_event, rdma_cm_event_type,
+    rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
+};
+
+use super::error::{Error, Reason};
+
+/// Shared object names tried, in order (the versioned SONAME first: the unversioned
+/// name exists only where the -dev package is installed).
+const RDMACM_NAMES: [&CStr; 2] = [c"librdmacm.so.1", c"librdmacm.so"];
+const IBVERBS_NAMES: [&CStr; 2] = [c"libibverbs.so.1", c"libibverbs.so"];
+
+macro_rules! fn_table {
+    ($( $lib:ident $name:ident ( $($arg:ident : $ty:ty),* ) $(-> $ret:ty)? ; )*) => {
+        /// Entry points of librdmacm and libibverbs, resolved by [`lib`].
+        ///
+        /// Each field is the C function of the same name; calling one is `unsafe` with the
+        /// C function's own contract (see rdma_cm(7), ibv_*(3)).
+        #[allow(missing_docs)]
+        pub struct Lib {
+            $( pub $name: unsafe extern "C" fn($($ty),*) $(-> $ret)?, )*
+        }
+
+        impl Lib {
+            /// Resolves every symbol; `rdmacm` and `ibverbs` are `dlopen` handles.
+            fn resolve(rdmacm: *mut c_void, ibverbs: *mut c_void) -> Result<Lib, Error> {
+                Ok(Lib {
+                    $( $name: {
+                        let handle = fn_table!(@handle $lib, rdmacm, ibverbs);
+                        let name = concat!(stringify!($name), "\0");
+                        // SAFETY: `handle` is a live dlopen handle and `name` is
+                        // NUL-terminated.
+                        let p = unsafe { libc::dlsym(handle, name.as_ptr().cast()) };
+                        if p.is_null() {
+                            return Err(Error::new("dlsym", libc::ENOSYS, Reason::NoRdma));
+                        }
+                        // SAFETY: the symbol is the C function of that name, whose
+                        // prototype (from rdma-core's headers, via rdma-sys) is the
+                        // field's type; fn pointers and data pointers have the same size.
+                        unsafe {
+                            std::mem::transmute::<*mut c_void,
+                                unsafe extern "C" fn($($ty),*) $(-> $ret)?>(p)
+                        }
+                    }, )*
+                })
+            }
+        }
+    };
+    (@handle cm, $cm:ident, $v:ident) => { $cm };
+    (@handle verbs, $cm:ident, $v:ident) => { $v };
+}
+
+fn_table! {
+    cm rdma_create_event_channel() -> *mut rdma_event_channel;
+    cm rdma_destroy_event_channel(channel: *mut rdma_event_channel);
+    cm rdma_create_id(channel: *mut rdma_event_channel, id: *mut *mut rdma_cm_id,
+                      context: *mut c_void, ps: rdma_port_space::Type) -> c_int;
+    cm rdma_destroy_id(id: *mut rdma_cm_id) -> c_int;
+    cm rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int;
+    cm rdma_resolve_addr(id: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr,
+                         timeout_ms: c_int) -> c_int;
+    cm rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int;
+    cm rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int;
+    cm rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int;
+    cm rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int;
+    cm rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int;
+    cm rdma_disconnect(id: *mut rdma_cm_id) -> c_int;
+    cm rdma_get_cm_event(channel: *mut rdma_event_channel,
+                         event: *mut *mut rdma_cm_event) -> c_int;
+    cm rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int;
+    cm rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd,
+                      attr: *mut ibv_qp_init_attr) -> c_int;
+    cm rdma_destroy_qp(id: *mut rdma_cm_id);
+    cm rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int;
+    cm rdma_event_str(event: rdma_cm_event_type::Type) -> *const c_char;
+    verbs ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
+    verbs ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
+    verbs ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int;
+    verbs ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel;
+    verbs ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int;
+    verbs ibv_create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void,
+                        channel: *mut ibv_comp_channel, comp_vector: c_int) -> *mut ibv_cq;
+    verbs ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
+    verbs ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq,
+                           cq_context: *mut *mut c_void) -> c_int;
+    verbs ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint);
+    verbs ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize,
+                     access: c_int) -> *mut ibv_mr;
+    verbs ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
+    verbs ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int,
+                       init_attr: *mut ibv_qp_init_attr) -> c_int;
+    verbs ibv_wc_status_str(status: ibv_wc_status::Type) -> *const c_char;
+    verbs ibv_fork_init() -> c_int;
+}
+
+/// Published table (a leaked `Box<Lib>`), or null while not loaded.
+static LIB: AtomicPtr<Lib> = AtomicPtr::new(std::ptr::null_mut());
+/// 0 = not tried (or not yet failed); else the errno of the remembered failure.
+static LOAD_ERRNO: AtomicI32 = AtomicI32::new(0);
+
+/// The function table, loading librdmacm and libibverbs on first use.
+///
+/// Fails with [`Reason::NoRdma`] (errno `ENOENT` for a missing library, `ENOSYS` for a
+/// missing symbol) without crashing; the failure is cached for the life of the process.
+/// Safe to call with the shim's reentrancy guard held: it takes no lock and starts no
+/// thread (the libraries' own constructors run inside `dlopen`).
+pub fn lib() -> Result<&'static Lib, Error> {
+    let p = LIB.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a published pointer comes from `Box::leak` below and is never freed.
+        return Ok(unsafe { &*p });
+    }
+    let e = LOAD_ERRNO.load(Ordering::Relaxed);
+    if e != 0 {
+        return Err(Error::new("dlopen", e, Reason::NoRdma));
+    }
+    match load() {
+        Ok(lib) => {
+            let new = Box::into_raw(Box::new(lib));
+            match LIB.compare_exchange(std::ptr::null_mut(), new, Ordering::AcqRel, Ordering::Acquire) {
+                // SAFETY: we just published `new`; it lives for the process.
+                Ok(_) => Ok(unsafe { &*new }),
+                Err(winner) => {
+                    // SAFETY: `new` was never published; `winner` was, and is never freed.
+                    unsafe {
+                        drop(Box::from_raw(new));
+                        Ok(&*winner)
+                    }
+                }
+            }
+        }
+        Err(err) => {
+            LOAD_ERRNO.store(err.errno(), Ordering::Relaxed);
+            Err(err)
+        }
+    }
+}
+
+/// Whether the table is already loaded (never triggers loading).
+pub fn is_loaded() -> bool {
+    !LIB.load(Ordering::Acquire).is_null()
+}
+
+fn dlopen_any(names: &[&CStr]) -> *mut c_void {
+    for name in names {
+        // SAFETY: `name` is NUL-terminated. RTLD_LOCAL keeps the libraries' symbols out of
+        // the global scope, so they can never interpose on the host program's symbols.
+        let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if !h.is_null() {
+            return h;
+        }
+    }
+    std::ptr::null_mut()
+}
+
+fn load() -> Result<Lib, Error> {
+    // libibverbs first: librdmacm depends on it and would pull it in anyway.
+    let ibverbs = dlopen_any(&IBVERBS_NAMES);
+    if ibverbs.is_null() {
+        return Err(Error::new("dlopen(libibverbs)", libc::ENOENT, Reason::NoRdma));
+    }
+    let rdmacm = dlopen_any(&RDMACM_NAMES);
+    if rdmacm.is_null() {
+        return Err(Error::new("dlopen(librdmacm)", libc::ENOENT, Reason::NoRdma));
+    }
+    // The handles stay open for the life of the process: function pointers, contexts and
+    // provider libraries all live inside them.
+    Lib::resolve(rdmacm, ibverbs)
+}
+
+/// `rdma_event_str` as a Rust string ("RDMA_CM_EVENT_…"); "?" when not loaded.
+pub fn event_str(event: rdma_cm_event_type::Type) -> &'static str {
+    let Ok(lib) = lib() else { return "?" };
+    // SAFETY: rdma_event_str returns a pointer to a static string for any value.
+    let p = unsafe { (lib.rdma_event_str)(event) };
+    if p.is_null() {
+        return "?";
+    }
+    // SAFETY: non-null, NUL-terminated, static storage in librdmacm.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("?")
+}
+
+/// `ibv_wc_status_str` as a Rust string; "?" when not loaded.
+pub fn wc_status_str(status: ibv_wc_status::Type) -> &'static str {
+    let Ok(lib) = lib() else { return "?" };
+    // SAFETY: ibv_wc_status_str returns a static string for any value.
+    let p = unsafe { (lib.ibv_wc_status_str)(status) };
+    if p.is_null() {
+        return "?";
+    }
+    // SAFETY: non-null, NUL-terminated, static storage in libibverbs.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("?")
+}

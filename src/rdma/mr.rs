@@ -1,0 +1,248 @@
+//! Memory registration.
+//!
+//! Access is chosen from a closed set: this transport never lets a peer read its memory,
+//! so there is no way to ask for `IBV_ACCESS_REMOTE_READ` (nor atomics).
+
+use std::alloc::Layout;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+use rdma_sys::{ibv_access_flags, ibv_mr, ibv_sge};
+
+use super::device::Device;
+use super::error::{Error, Reason, Result};
+use super::ffi::lib;
+
+/// What an MR allows
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Source of RDMA WRITEs only (the send buffer): no remote access at all
+    LocalRead,
+    /// Local reads and writes (e.g. a receive target of SEND, a scratch buffer)
+    LocalWrite,
+    /// A receive ring the peer RDMA-WRITEs into: `LOCAL_WRITE | REMOTE_WRITE`, never
+    /// `REMOTE_READ`
+    RemoteWrite,
+}
+
+impl Access {
+    fn flags(self) -> i32 {
+        let f = match self {
+            Access::LocalRead => ibv_access_flags(0),
+            Access::LocalWrite => ibv_access_flags::IBV_ACCESS_LOCAL_WRITE,
+            Access::RemoteWrite => {
+                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            }
+        };
+        f.0 as i32
+    }
+}
+
+/// A registration of memory the caller owns; deregistered on drop
+pub struct Mr {
+    mr: *mut ibv_mr,
+    access: Access,
+    _dev: Arc<Device>,
+}
+
+// SAFETY: an MR is an immutable handle; dereg happens once in Drop.
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    /// Registers `len` bytes at `addr` in the device's PD.
+    ///
+    /// # Safety
+    /// The memory must stay valid (not freed or unmapped) until the `Mr` is dropped, and
+    /// for [`Access::RemoteWrite`] the caller must expect it to change under it at any time.
+    pub unsafe fn register(dev: &Arc<Device>, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        let lib = lib()?;
+        // SAFETY: live PD; memory validity is the caller's contract.
+        let mr = unsafe { (lib.ibv_reg_mr)(dev.pd(), addr.cast(), len, access.flags()) };
+        if mr.is_null() {
+            // ENOMEM here is usually RLIMIT_MEMLOCK.
+            return Err(Error::last_os("ibv_reg_mr").with_reason(Reason::Resources));
+        }
+        Ok(Mr { mr, access, _dev: dev.clone() })
+    }
+
+    /// Start address
+    pub fn addr(&self) -> u64 {
+        // SAFETY: live MR.
+        unsafe { (*self.mr).addr as u64 }
+    }
+
+    /// Length in bytes
+    pub fn len(&self) -> usize {
+        // SAFETY: live MR.
+        unsafe { (*self.mr).length }
+    }
+
+    /// Whether the MR is empty
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Local key (for SGEs)
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: live MR.
+        unsafe { (*self.mr).lkey }
+    }
+
+    /// Remote key to give the peer; `None` unless the MR is [`Access::RemoteWrite`]
+    pub fn rkey(&self) -> Option<u32> {
+        // SAFETY: live MR.
+        (self.access == Access::RemoteWrite).then(|| unsafe { (*self.mr).rkey })
+    }
+
+    /// The access it was registered with
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// An SGE for `len` bytes at `offset` (panics if out of bounds)
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        assert!(offset <= self.len() && len <= self.len() - offset && len <= u32::MAX as usize);
+        Sge { addr: self.addr() + offset as u64, length: len as u32, lkey: self.lkey() }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        if let Ok(lib) = lib() {
+            // SAFETY: live MR, deregistered once. A QP still referencing it would see
+            // protection errors, never memory corruption.
+            unsafe { (lib.ibv_dereg_mr)(self.mr) };
+        }
+    }
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr").field("addr", &self.addr()).field("len", &self.len()).field("access", &self.access).finish()
+    }
+}
+
+/// A local scatter/gather entry (same layout as `ibv_sge`)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Address inside a registered region
+    pub addr: u64,
+    /// Length in bytes
+    pub length: u32,
+    /// The region's lkey
+    pub lkey: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Sge>() == std::mem::size_of::<ibv_sge>());
+
+/// A page-aligned, zeroed buffer with its registration (the usual ring or send buffer)
+pub struct RegBuf {
+    // Dropped by hand in Drop: deregister before freeing.
+    mr: ManuallyDrop<Mr>,
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: owns its allocation; the MR is Send.
+unsafe impl Send for RegBuf {}
+// SAFETY: &RegBuf hands out only shared views and raw pointers.
+unsafe impl Sync for RegBuf {}
+
+impl RegBuf {
+    /// Allocates `len` bytes (rounded up to a page) and registers them
+    pub fn new(dev: &Arc<Device>, len: usize, access: Access) -> Result<RegBuf> {
+        let page = 4096;
+        let size = len.max(1).div_ceil(page) * page;
+        let layout = Layout::from_size_align(size, page)
+            .map_err(|_| Error::new("RegBuf::new", libc::EINVAL, Reason::Other))?;
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::new("RegBuf::new", libc::ENOMEM, Reason::Resources));
+        }
+        // SAFETY: the allocation lives until Drop, which drops the MR first.
+        match unsafe { Mr::register(dev, ptr, size, access) } {
+            Ok(mr) => Ok(RegBuf { mr: ManuallyDrop::new(mr), ptr, layout }),
+            Err(e) => {
+                // SAFETY: allocated above with this layout, never registered.
+                unsafe { std::alloc::dealloc(ptr, layout) };
+                Err(e)
+            }
+        }
+    }
+
+    /// The registration
+    pub fn mr(&self) -> &Mr {
+        &self.mr
+    }
+
+    /// Start of the buffer
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Size in bytes (a multiple of the page size)
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Always false (the size is at least one page)
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The bytes. For a [`Access::RemoteWrite`] ring, only read a range the protocol says
+    /// the peer has finished writing (a completion with immediate was seen for it).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: owned allocation of len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len()) }
+    }
+
+    /// The bytes, mutably. Don't change a range an outstanding WRITE is sending from.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: owned allocation of len bytes; &mut self excludes other views.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len()) }
+    }
+
+    /// An SGE for `len` bytes at `offset`
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        self.mr.sge(offset, len)
+    }
+
+    /// Where the peer should write: (address, rkey); `None` unless RemoteWrite
+    pub fn remote(&self) -> Option<RemoteBuf> {
+        self.mr.rkey().map(|rkey| RemoteBuf { addr: self.mr.addr(), rkey, len: self.len() as u64 })
+    }
+}
+
+impl Drop for RegBuf {
+    fn drop(&mut self) {
+        // SAFETY: the MR is dropped exactly once, here, before the memory is freed.
+        unsafe {
+            ManuallyDrop::drop(&mut self.mr);
+            std::alloc::dealloc(self.ptr, self.layout);
+        }
+    }
+}
+
+/// A peer's registered region (from its private data): base address, rkey and length
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RemoteBuf {
+    /// Peer virtual address of byte 0
+    pub addr: u64,
+    /// Peer's rkey
+    pub rkey: u32,
+    /// Length in bytes
+    pub len: u64,
+}
+
+impl RemoteBuf {
+    /// Address of byte `offset` (panics past the end)
+    pub fn at(&self, offset: u64) -> u64 {
+        assert!(offset <= self.len);
+        self.addr + offset
+    }
+}
