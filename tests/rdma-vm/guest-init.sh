@@ -98,14 +98,19 @@ case "$RDMA_VM_TOPOLOGY" in
   pair)
     # Two guests, one virtio-net NIC each, joined by a qemu socket netdev: node 0 is
     # 10.77.1.1, node 1 is 10.77.1.2; each has its own rxe0 on its eth NIC.
-    nic=$(basename "$(dirname "$(grep -l '^virtio' /sys/class/net/*/device/modalias 2>/dev/null |
-      head -n1)")" 2>/dev/null)
-    nic=${nic:-$(ls /sys/class/net | grep -v -e '^lo$' | head -n1)}
-    [[ -n $nic && -e /sys/class/net/$nic ]] || bed_fail "no NIC for the pair topology"
+    nic=
+    for d in /sys/class/net/*; do
+      [[ -e $d/device ]] && { nic=${d##*/}; break; }
+    done
+    [[ -n $nic ]] || bed_fail "no NIC for the pair topology ($(ls /sys/class/net | tr '\n' ' '))"
     ip link set "$nic" name eth0 2>/dev/null && nic=eth0
     ip link set "$nic" mtu "$RDMA_VM_MTU" || bed_fail "ip link set $nic mtu $RDMA_VM_MTU"
     ip addr add "10.77.1.$((RDMA_VM_NODE + 1))/24" dev "$nic" || bed_fail "ip addr on $nic"
     ip link set "$nic" up || bed_fail "ip link set $nic up"
+    # A directory both nodes see (no caching), for lib.sh's pair_signal / pair_wait.
+    mkdir -p /run/rdma-vm/pair
+    mount -t 9p -o trans=virtio,version=9p2000.L,cache=none pairshare /run/rdma-vm/pair ||
+      bed_fail "cannot mount the pair share"
     rxe_netdev=$nic
     ;;
   *) bed_fail "unknown topology '$RDMA_VM_TOPOLOGY'" ;;
@@ -123,11 +128,11 @@ say "rxe0 on $rxe_netdev: PORT_ACTIVE, $(cat /sys/class/infiniband/rxe0/ports/1/
 if [[ $RDMA_VM_TOPOLOGY == pair ]]; then
   # Wait for the peer guest to answer on the wire (it boots in parallel).
   peer=10.77.1.$((2 - RDMA_VM_NODE))
-  for ((i = 0; i < 600; i++)); do
-    ping -c1 -W1 "$peer" >/dev/null 2>&1 && break
+  # (busybox's ping: iputils-ping is not among the bed's packages)
+  until busybox ping -c1 -W1 "$peer" >/dev/null 2>&1; do
+    ((SECONDS < 180)) || bed_fail "peer $peer does not answer ping"
     sleep 0.5
   done
-  ((i < 600)) || bed_fail "peer $peer does not answer ping"
   say "peer $peer reachable"
 fi
 

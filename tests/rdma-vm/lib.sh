@@ -6,6 +6,9 @@
 #   wait_tcp_listen PORT [TIMEOUT_S=60] [NETNS]   a kernel TCP listener on PORT
 #   wait_rdma_listen PORT [TIMEOUT_S=60]          an rdma_cm listener (cm_id LISTEN) on PORT
 #   wait_until TIMEOUT_S CMD [ARGS...]            CMD succeeds (polled every 0.1 s)
+#   retry TIMEOUT_S CMD [ARGS...]                 rerun CMD until it succeeds (0.5 s apart),
+#                                                 e.g. a client whose server is in the
+#                                                 other guest (topology pair)
 # Device state:
 #   rdma_qp_count [TYPE=RC|UD|GSI|all]            QPs listed by `rdma resource show qp`
 #   rdma_cm_id_count                              cm_ids listed by `rdma resource show cm_id`
@@ -18,6 +21,8 @@
 #   in_plain CMD [ARGS...]                        run CMD in namespace "plain" (in-plain.sh)
 #   RDMA_VM_ADDR                                  10.77.0.1 (veth0, carries rxe0)
 #   RDMA_VM_PLAIN_ADDR                            10.77.0.2 (veth1 in namespace plain)
+#   RDMA_VM_NODE, RDMA_VM_SELF, RDMA_VM_PEER      topology pair: 0/1, 10.77.1.1/10.77.1.2
+#   pair_signal NAME / pair_wait NAME [TIMEOUT_S=120]   topology pair: sync the two nodes
 # Tiny test runner (prints PASS/FAIL per check and a closing "N passed, N failed"):
 #   t_check NAME CMD [ARGS...]   run CMD (output to a log, shown on failure)
 #   t_skip NAME REASON
@@ -54,6 +59,21 @@ wait_until() {
   done
 }
 
+# Run CMD until it succeeds (output of the last attempt only), every 0.5 s.
+retry() {
+  local timeout=$1 end out rc
+  shift
+  end=$((SECONDS + timeout))
+  while :; do
+    rc=0
+    out=$("$@" 2>&1) || rc=$?
+    ((rc != 0 && SECONDS < end)) || break
+    sleep 0.5
+  done
+  printf '%s\n' "$out"
+  return "$rc"
+}
+
 _tcp_listening() {
   local port=$1 ns=${2:-}
   if [[ -n $ns ]]; then
@@ -77,6 +97,16 @@ wait_rdma_listen() {
   local port=${1:?port} timeout=${2:-60}
   wait_until "$timeout" _rdma_listening "$port" ||
     { echo "wait_rdma_listen: no rdma_cm listener on port $port after ${timeout}s" >&2; return 1; }
+}
+
+# Topology pair: tell the other node that NAME happened / wait until it did. Use them
+# instead of retrying a client (a perftest client that fails to connect can crash and
+# leave the server's QP stuck in RNR retries).
+pair_signal() { : >"/run/rdma-vm/pair/${1:?name}"; }
+pair_wait() {
+  local name=${1:?name} timeout=${2:-120}
+  wait_until "$timeout" test -e "/run/rdma-vm/pair/$name" ||
+    { echo "pair_wait: no signal '$name' from the other node after ${timeout}s" >&2; return 1; }
 }
 
 rdma_qp_count() {

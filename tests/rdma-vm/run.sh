@@ -141,6 +141,7 @@ write_env() {
   printf 'export RDMA_VM=1 RDMA_VM_TOPOLOGY=%q\n' "$topology"
 }
 
+((nodes == 1)) || mkdir -p "$run_dir/pair"
 for ((i = 0; i < nodes; i++)); do
   ctl=$run_dir/node$i/ctl
   mkdir -p "$ctl" "$run_dir/node$i/fifo"
@@ -202,6 +203,8 @@ qemu_args() {
   fi
   if ((nodes == 2)); then
     # The two guests' NICs are joined by a pair of Unix datagram sockets on this host.
+    # ... and share a directory for the nodes to signal each other (lib.sh pair_signal).
+    printf '%s\n' -virtfs "local,path=$run_dir/pair,mount_tag=pairshare,security_model=none"
     printf '%s\n' -netdev "dgram,id=wire,local.type=unix,local.path=$run_dir/wire$i.sock,remote.type=unix,remote.path=$run_dir/wire$((1 - i)).sock" \
       -device "virtio-net-pci,netdev=wire,mac=52:54:00:77:01:0$((i + 1))"
   fi
@@ -298,6 +301,7 @@ total=$(elapsed)
 
 # --- verdict --------------------------------------------------------------------------------
 rc=0 kind=ok
+((nodes == 1)) || mkdir -p "$run_dir/pair"
 for ((i = 0; i < nodes; i++)); do
   ctl=$run_dir/node$i/ctl
   if [[ $outcome == timeout ]]; then

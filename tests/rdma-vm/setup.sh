@@ -172,4 +172,9 @@ main() {
   rdma_vm_log "ready: kernel $kver, cache $RSOCK_VM_CACHE"
 }
 
+# One setup at a time per cache (run.sh calls setup.sh when the bed is stale, and
+# several runs may start together).
+mkdir -p "$RSOCK_VM_CACHE"
+exec 9>"$RSOCK_VM_CACHE/.setup.lock"
+flock 9
 main
