@@ -4,7 +4,7 @@
 //! [`Conn`](super::Conn) on every call.
 
 use super::wire::{
-    Hello, HelloKind, MAX_RECV_CREDITS, MAX_RING_SIZE, MIN_RECV_CREDITS, MIN_RING_SIZE,
+    Hello, HelloError, HelloKind, MAX_RECV_CREDITS, MAX_RING_SIZE, MIN_RECV_CREDITS, MIN_RING_SIZE,
 };
 use core::fmt;
 
@@ -48,6 +48,8 @@ pub enum ConfigError {
     RecvCredits(u32),
     SendBufSize(u32),
     SendQueueDepth(u32),
+    /// The peer's hello breaks a protocol limit (only possible for a hand-built `Hello`).
+    Peer(HelloError),
 }
 
 impl fmt::Display for ConfigError {
@@ -57,6 +59,7 @@ impl fmt::Display for ConfigError {
             ConfigError::RecvCredits(v) => write!(f, "recv_credits {v} out of range"),
             ConfigError::SendBufSize(v) => write!(f, "send_buf_size {v} out of range"),
             ConfigError::SendQueueDepth(v) => write!(f, "send_queue_depth {v} out of range"),
+            ConfigError::Peer(e) => write!(f, "peer hello: {e}"),
         }
     }
 }

@@ -183,6 +183,7 @@ impl Conn {
     /// A connection between our `config` and the peer's validated `peer` hello.
     pub fn new(config: &Config, peer: &Hello) -> Result<Conn, ConfigError> {
         config.validate()?;
+        peer.check().map_err(ConfigError::Peer)?;
         Ok(Conn {
             send_ring: Ring::new(config.send_buf_size),
             peer_ring: Ring::new(peer.ring_size),
@@ -573,6 +574,9 @@ impl Conn {
 
     /// The next event for the application side, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
+        if self.events == 0 && (self.finished_reported || !self.is_finished()) {
+            return None;
+        }
         for (bit, ev) in
             [(EV_RESET, Event::Reset), (EV_READABLE, Event::Readable), (EV_WRITABLE, Event::Writable)]
         {
