@@ -173,6 +173,24 @@ cell_socat_file_to_tcp() {
     socat_stats cli 0 "$SIZE"
 }
 
+# Over IPv6 loopback. socat leaves its socket open at exit, so the stats still list it, with
+# its addresses.
+cell_socat_ipv6() {
+    bg srv $T shimmed "$CELL_DIR/srv" socat -u TCP6-LISTEN:"$PORT",bind='[::1]',reuseaddr \
+        CREATE:"$CELL_DIR/recv.bin"
+    wait_listen "$PORT" 10 srv || fail "server did not listen"
+    bg cli $T shimmed "$CELL_DIR/cli" socat -u OPEN:"$DATA2",rdonly TCP6:'[::1]':"$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA2" recv.bin
+    socat_stats srv 0 "$SIZE2"
+    socat_stats cli "$SIZE2" 0
+    expect_stats "$CELL_DIR/srv" srv-addr -D P="$PORT" \
+        'all(s["local"]=="[::1]:%d" % P and s["peer"].startswith("[::1]:") for s in sockets)'
+    expect_stats "$CELL_DIR/cli" cli-addr -D P="$PORT" \
+        'all(s["peer"]=="[::1]:%d" % P and s["local"].startswith("[::1]:") for s in sockets)'
+}
+
 # A forking server (socat ...,fork): each connection is accepted by the parent and served by
 # a child. Three clients one after another; counters summed over the server's processes.
 cell_socat_fork_server() {
@@ -355,6 +373,18 @@ cell_enable_0() {
     [ ! -e "$CELL_DIR/st" ] || fail "RSOCK_ENABLE=0 created stats: $(ls -A "$CELL_DIR/st" | paste -sd' ')"
 }
 
+# Without RSOCK_STATS_KEEP the stats file lives only as long as its process.
+cell_stats_removed_at_exit() {
+    bg srv $T env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" $NC -l 127.0.0.1 "$PORT"
+    wait_listen "$PORT" 10 srv || fail "server did not listen"
+    bg_in cli $T "$DATA2" env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" $NC -N 127.0.0.1 "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA2" srv.out
+    [ -d "$CELL_DIR/st" ] || fail "no stats dir created"
+    expect_no_stats "$CELL_DIR/st" "after exit"
+}
+
 cell_malformed_config() {
     local bad=(RSOCK_ENABLE=banana RSOCK_STATS_SLOTS=-1 RSOCK_FOO=1)
     bg srv $T env "${bad[@]}" RSOCK_LOG="$CELL_DIR/srv.log" LD_PRELOAD="$T_SO" \
@@ -389,13 +419,13 @@ CELLS=(
     nc_client_to_server nc_server_to_client nc_bidirectional
     iperf3 iperf3_reverse iperf3_parallel4
     iperf2
-    socat_tcp_to_file socat_file_to_tcp socat_fork_server
+    socat_tcp_to_file socat_file_to_tcp socat_ipv6 socat_fork_server
     curl_http_server
     stream_copy stream_copy_io_copy_sendfile stream_copy_io_copy_splice
     no_sockets
     fd_edge fd_edge_stdio
     refused_connect
-    enable_0 malformed_config
+    enable_0 stats_removed_at_exit malformed_config
 )
 t0=$SECONDS
 for c in "${CELLS[@]}"; do

@@ -59,6 +59,8 @@ mutate iperf3_reverse "sender bytes bound" "'SENT <= tx.tcp <= SENT + 65536'" "'
 mutate iperf2 "server byte bound" "'B <= rx.tcp <= B + 65536'" "'B + 10**12 <= rx.tcp'"
 mutate socat_tcp_to_file "socat per-socket bytes" 'socat_stats srv 0 "$SIZE"' 'socat_stats srv 0 "$((SIZE - 1))"'
 mutate socat_file_to_tcp "corrupted received file" 'expect_same_file "$DATA" recv.bin' 'printf x >> recv.bin; expect_same_file "$DATA" recv.bin'
+mutate socat_ipv6 "wrong local address" '"[::1]:%d" % P and s["peer"]' '"[::1]:%d" % (P+1) and s["peer"]'
+mutate socat_fork_server "wrong process count" "'nproc==4'" "'nproc==5'"
 mutate curl_http_server "curl exact rx" '-D IN=$((dl + hdr))' '-D IN=$((dl + hdr + 1))'
 mutate curl_http_server "listener never up" 'wait_listen "$PORT" 15 srv' 'wait_listen "$PORT2" 2 srv'
 mutate stream_copy "stream_copy tx" "'tx.tcp==SIZE' 'rx.tcp==0'" "'tx.tcp==SIZE-1' 'rx.tcp==0'"
@@ -67,6 +69,8 @@ mutate fd_edge "output differs" 'diff plain.out shim.out' 'echo extra >> shim.ou
 mutate fd_edge "wrong conns per pair" '-D N=$((2 * nconn))' '-D N=$((2 * nconn + 1))'
 mutate fd_edge "wrong exact tx" "'tx.tcp==SENT'" "'tx.tcp==SENT+1'"
 mutate fd_edge "checkpoint fd list" '-D WANT="[$want]"' '-D WANT="[$want,999]"'
+mutate refused_connect "blocking refused connect counted" "blocking 'getattr(conns, \"tcp\", 0)==0'" "blocking 'getattr(conns, \"tcp\", 0)==1'"
+mutate stats_removed_at_exit "stats kept" 'RSOCK_STATS_DIR="$CELL_DIR/st" $NC -l' 'RSOCK_STATS_DIR="$CELL_DIR/st" RSOCK_STATS_KEEP=1 $NC -l'
 mutate enable_0 "shim enabled creates stats" 'bg srv $T env RSOCK_ENABLE=0' 'bg srv $T env RSOCK_ENABLE=1'
 mutate malformed_config "one bad variable fewer" 'RSOCK_STATS_SLOTS=-1 RSOCK_FOO=1)' 'RSOCK_FOO=1)'
 mutate malformed_config "shim output on stderr" 'expect_empty srv.err "server stderr"' 'echo noise > srv.err; expect_empty srv.err "server stderr"'
