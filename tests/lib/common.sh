@@ -75,6 +75,14 @@ fail() {
     exit 1
 }
 
+# soft CHECK...: runs one check (expect_*, or anything calling fail) without ending the
+# cell on failure: the reason is recorded and the cell fails at its end. Lets a cell report
+# every failed check, not just the first.
+soft() {
+    ( "$@" )
+    return 0
+}
+
 # t_cell NAME FUNCTION [ARGS...]: runs one cell and prints PASS/FAIL.
 t_cell() {
     local name=$1 fn=$2; shift 2
@@ -85,6 +93,7 @@ t_cell() {
     local t0=$SECONDS rc
     ( cd "$CELL_DIR" && set -o pipefail && "$fn" "$@" ) > "$CELL_DIR/cell.log" 2>&1
     rc=$?
+    [ $rc -eq 0 ] && [ -s "$CELL_DIR/.why" ] && rc=1  # a `soft` check failed
     kill_cell_procs
     if [ $rc -eq 0 ]; then
         T_PASS=$((T_PASS + 1))

@@ -261,9 +261,9 @@ stream_copy_cell() {
     expect_status srv 0
     [ "$feed" = pipe ] || mv srv.out recv.bin
     expect_same_file "$DATA" recv.bin
-    expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
+    soft expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
         'fallback.no_device==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
-    expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
+    soft expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
         'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
 }
 cell_stream_copy() { stream_copy_cell rw; }
