@@ -151,9 +151,13 @@ if [[ $RDMA_VM_MODE == shell ]]; then
     </dev/hvc0 >/dev/hvc0 2>&1 || rc=$?
 else
   say "running the workload"
+  # hvc0/hvc1 are ttys: make them pass bytes through untouched (no \n -> \r\n). hvc
+  # resets a tty's settings when its last file is closed, so keep them open.
+  exec 3<>/dev/hvc0 4<>/dev/hvc1
+  stty raw -echo <&3 && stty raw -echo <&4 || bed_fail "stty raw on hvc0/hvc1"
   # In its own session (so a timeout kills the whole process group); stdout to hvc0,
   # stderr to hvc1, which run.sh copies to its own stdout and stderr.
-  setsid bash "$CTL/cmd.sh" </dev/null >/dev/hvc0 2>/dev/hvc1 &
+  setsid bash "$CTL/cmd.sh" </dev/null >&3 2>&4 3>&- 4>&- &
   pid=$!
   remaining=$((RDMA_VM_DEADLINE - $(date +%s)))
   if ((RDMA_VM_DEADLINE > 0)); then
