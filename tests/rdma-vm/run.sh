@@ -187,7 +187,7 @@ qemu_args() {
     -name "rsock-rdma-vm$i" -nodefaults -no-user-config -display none -no-reboot \
     -machine q35 -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
     -kernel "$kernel" -initrd "$initrd" \
-    -append "console=ttyS0 panic=-1 quiet loglevel=4 rdma_vm=1" \
+    -append "console=ttyS0 panic=-1 loglevel=5 rdma_vm=1" \
     -chardev "file,id=con,path=$ctl/console.log" -serial chardev:con \
     -device virtio-rng-pci \
     -device virtio-serial-pci \

@@ -38,9 +38,13 @@ apt_update_once() {
 # --- 1. host packages -----------------------------------------------------------
 missing_packages() {
   local p
+  declare -A ok=()
+  while read -r p; do
+    ok[$p]=1
+  done < <(dpkg-query -W -f='${Package} ${Status}\n' "${RDMA_VM_PACKAGES[@]}" 2>/dev/null |
+    awk '$2 == "install" && $3 == "ok" && $4 == "installed" { print $1 }')
   for p in "${RDMA_VM_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' ||
-      printf '%s\n' "$p"
+    [[ -n ${ok[$p]:-} ]] || printf '%s\n' "$p"
   done
 }
 
