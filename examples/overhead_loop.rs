@@ -6,6 +6,9 @@
 //!                         # from /dev/zero; prints nothing (run it under callgrind)
 //! overhead_loop time N    # same loops, timed in-process: prints
 //!                         # "write_ns X" and "read_ns Y" (ns per call)
+//! overhead_loop count-tcp N  # N write()s of 1 byte on a loopback TCP connection, each
+//!                         # followed by a 1-byte read() on the other end (the shim tracks
+//!                         # and counts both ends); prints nothing
 //! ```
 //!
 //! The calls go through libc's `write`/`read` symbols, as a C program's would, so the shim's
@@ -45,6 +48,30 @@ fn reads(fd: libc::c_int, n: u64) {
     }
 }
 
+#[inline(never)]
+fn tcp_pingpong(w: libc::c_int, r: libc::c_int, n: u64) {
+    let b = [7u8; 1];
+    let mut got = [0u8; 1];
+    for _ in 0..n {
+        // SAFETY: valid 1-byte buffers on our own connected sockets.
+        unsafe {
+            let x = libc::write(w, b.as_ptr().cast(), 1);
+            let y = libc::read(r, got.as_mut_ptr().cast(), 1);
+            debug_assert!(x == 1 && y == 1);
+            std::hint::black_box((x, y));
+        }
+    }
+}
+
+/// A connected loopback TCP pair made with std (through the libc calls the shim hooks).
+fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let c = std::net::TcpStream::connect(l.local_addr().unwrap()).expect("connect");
+    let (s, _) = l.accept().expect("accept");
+    c.set_nodelay(true).unwrap();
+    (c, s)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mode, n) = match args.as_slice() {
@@ -57,6 +84,11 @@ fn main() -> ExitCode {
     let null = open("/dev/null", libc::O_WRONLY);
     let zero = open("/dev/zero", libc::O_RDONLY);
     match mode {
+        "count-tcp" => {
+            use std::os::unix::io::AsRawFd;
+            let (c, s) = tcp_pair();
+            tcp_pingpong(c.as_raw_fd(), s.as_raw_fd(), n);
+        }
         "count" => {
             writes(null, n);
             reads(zero, n);
@@ -80,6 +112,6 @@ fn main() -> ExitCode {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: overhead_loop count|time N");
+    eprintln!("usage: overhead_loop count|time|count-tcp N");
     ExitCode::from(2)
 }

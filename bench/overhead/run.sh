@@ -51,6 +51,20 @@ W0=$(callgrind_per_call "$T_WORK/cg.plain" writes); W1=$(callgrind_per_call "$T_
 R0=$(callgrind_per_call "$T_WORK/cg.plain" reads);  R1=$(callgrind_per_call "$T_WORK/cg.shim" reads)
 [ -n "$W0" ] && [ -n "$W1" ] && [ -n "$R0" ] && [ -n "$R1" ] || { echo "could not read callgrind output" >&2; exit 1; }
 
+# For scale: the same count on a loopback TCP connection the shim tracks (and counts bytes
+# of): N pairs of write(1 byte) + read(1 byte), N/10 of them.
+TCPN=$(( N / 10 ))
+echo "# (a\") callgrind, $TCPN write+read pairs of 1 byte on a tracked loopback TCP connection"
+for side in plain shim; do
+    if [ $side = shim ]; then pre=("${SHIM[@]}"); else pre=("${PLAIN[@]}"); fi
+    "${pre[@]}" valgrind --tool=callgrind --callgrind-out-file="$T_WORK/cgt.$side" "$LOOP" count-tcp "$TCPN" \
+        > "$T_WORK/cgt.$side.log" 2>&1 || { echo "callgrind run ($side) failed:"; tail "$T_WORK/cgt.$side.log"; exit 1; }
+done
+N_SAVE=$N; N=$TCPN
+T0=$(callgrind_per_call "$T_WORK/cgt.plain" tcp_pingpong); T1=$(callgrind_per_call "$T_WORK/cgt.shim" tcp_pingpong)
+N=$N_SAVE
+[ -n "$T0" ] && [ -n "$T1" ] || { echo "could not read callgrind output (tcp)" >&2; exit 1; }
+
 # ---- (a') ns per call ---------------------------------------------------------------------
 
 echo "# (a') timed in-process, $TN calls per loop, $RUNS runs each, alternating"
@@ -90,10 +104,11 @@ GB0=$(best_high "${G0[@]}"); GB1=$(best_high "${G1[@]}")
 # ---- report -------------------------------------------------------------------------------
 
 python3 - "$W0" "$W1" "$R0" "$R1" "$WT0" "$WT1" "$RT0" "$RT1" "$GM0" "$GM1" \
-    "$WB0" "$WB1" "$RB0" "$RB1" "$GB0" "$GB1" <<'EOF'
+    "$WB0" "$WB1" "$RB0" "$RB1" "$GB0" "$GB1" "$T0" "$T1" <<'EOF'
 import sys
-w0, w1, r0, r1, wt0, wt1, rt0, rt1, g0, g1, wb0, wb1, rb0, rb1, gb0, gb1 = map(float, sys.argv[1:])
+w0, w1, r0, r1, wt0, wt1, rt0, rt1, g0, g1, wb0, wb1, rb0, rb1, gb0, gb1, t0, t1 = map(float, sys.argv[1:])
 rows = [
+    ("tracked TCP write+read instr/pair", t0, t1, f"{(t1 - t0) / 2:+.1f} instr per call"),
     ("write(/dev/null) instr/call", w0, w1, f"{w1 - w0:+.1f} instr"),
     ("read(/dev/zero) instr/call", r0, r1, f"{r1 - r0:+.1f} instr"),
     ("write(/dev/null) ns/call (median)", wt0, wt1, f"{wt1 - wt0:+.1f} ns"),
