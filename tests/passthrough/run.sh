@@ -296,7 +296,7 @@ fd_edge_cell() {
     [ -x "$EX/fd_edge" ] || fail "missing $EX/fd_edge (cargo build --release --examples)"
     timeout $T "$EX/fd_edge" "$@" > plain.out 2> plain.err || fail "fd_edge failed without the shim: $(tail -c 300 plain.err)"
     mkdir -p snaps
-    timeout $T env FD_EDGE_RSOCK="$T_BIN" FD_EDGE_SNAPS="$CELL_DIR/snaps" \
+    timeout $T env ${FD_EDGE_ENV:-} FD_EDGE_RSOCK="$T_BIN" FD_EDGE_SNAPS="$CELL_DIR/snaps" \
         LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" RSOCK_STATS_KEEP=1 \
         "$EX/fd_edge" "$@" > shim.out 2> shim.err || fail "fd_edge failed under the shim: $(tail -c 300 shim.err)"
     diff plain.out shim.out > diff.out || fail "output differs under the shim: $(head -c 400 diff.out | paste -sd' ')"
@@ -329,6 +329,8 @@ cell_fd_edge() { fd_edge_cell; }
 # A socket written and closed through stdio (fdopen/fputs/fclose), its number then reused by
 # a file.
 cell_fd_edge_stdio() { fd_edge_cell stdio; }
+# With the shim's log on: the log file must not change the fd numbers the program gets.
+cell_fd_edge_with_log() { FD_EDGE_ENV="RSOCK_LOG=$CELL_DIR/shim.log RSOCK_LOG_LEVEL=debug" fd_edge_cell; }
 
 # ---- connections that never happen -------------------------------------------------------
 
@@ -423,7 +425,7 @@ CELLS=(
     curl_http_server
     stream_copy stream_copy_io_copy_sendfile stream_copy_io_copy_splice
     no_sockets
-    fd_edge fd_edge_stdio
+    fd_edge fd_edge_stdio fd_edge_with_log
     refused_connect
     enable_0 stats_removed_at_exit malformed_config
 )
