@@ -21,9 +21,13 @@ use libc::c_int;
 use std::io;
 
 /// The shim's half of a socketpair whose other half is the program's fd.
+///
+/// The doorbell keeps its own fd of A (close-on-exec), so the program may dup and close its
+/// fds freely; [`Doorbell::release_app`] drops it when the program's last fd is closed, so
+/// that the file (and any epoll registration of it) goes away with the program's close.
 #[derive(Debug)]
 pub struct Doorbell {
-    app: c_int,
+    app: std::sync::atomic::AtomicI32,
     shim: c_int,
 }
 
@@ -33,17 +37,17 @@ const FILL_CHUNK: usize = 512;
 const FILL_MAX: usize = 64;
 
 impl Doorbell {
-    /// Makes a socketpair; returns the doorbell and A, the fd to hand to the program (which
-    /// starts readable-empty and writable). `cloexec`/`nonblock` apply to A as the program
-    /// asked; B is always close-on-exec and nonblocking.
-    pub fn new(nonblock: bool, cloexec: bool) -> io::Result<(Doorbell, c_int)> {
+    /// Makes a socketpair whose A starts not readable and writable, with `O_NONBLOCK` as the
+    /// program wants it (a file flag, shared by every fd of A). Install A for the program with
+    /// [`install_at`](Self::install_at) or [`install_new`](Self::install_new).
+    pub fn new(nonblock: bool) -> io::Result<Doorbell> {
         let mut sv = [-1; 2];
         // SAFETY: sv is a valid out-array of two ints.
         if unsafe { real::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
             return Err(io::Error::last_os_error());
         }
         let (app, shim) = (sv[0], sv[1]);
-        let d = Doorbell { app, shim };
+        let d = Doorbell { app: std::sync::atomic::AtomicI32::new(app), shim };
         // The smallest send buffer: few filler bytes make A unwritable. The kernel clamps 1
         // up to its minimum.
         let one: c_int = 1;
@@ -52,18 +56,52 @@ impl Doorbell {
             real::setsockopt(app, libc::SOL_SOCKET, libc::SO_SNDBUF, (&one as *const c_int).cast(), 4);
             set_flag(shim, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, true)?;
             set_flag(app, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, nonblock)?;
-            set_flag(app, libc::F_GETFD, libc::F_SETFD, libc::FD_CLOEXEC, cloexec)?;
+            set_flag(app, libc::F_GETFD, libc::F_SETFD, libc::FD_CLOEXEC, true)?;
         }
-        Ok((d, app))
+        Ok(d)
     }
 
-    /// The program-side fd this doorbell was made with.
+    /// The doorbell's own fd of A, or -1 after [`release_app`](Self::release_app).
     pub fn app_fd(&self) -> c_int {
-        self.app
+        self.app.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Makes the program's `fd` refer to A (the old file behind `fd` is closed by the kernel).
+    pub fn install_at(&self, fd: c_int, cloexec: bool) -> io::Result<()> {
+        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: plain dup3 on fds we hold; the caller owns `fd`'s slot.
+        if unsafe { real::dup3(self.app_fd(), fd, flags) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// A new program fd for A (lowest free number, like `accept`).
+    pub fn install_new(&self, cloexec: bool) -> io::Result<c_int> {
+        let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+        // SAFETY: plain fcntl on our fd.
+        let fd = unsafe { real::fcntl(self.app_fd(), cmd, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+
+    /// Closes the doorbell's own fd of A: the program has closed all of its fds, and A must
+    /// not outlive them. Later state changes are ignored.
+    pub fn release_app(&self) {
+        let fd = self.app.swap(-1, std::sync::atomic::Ordering::AcqRel);
+        if fd >= 0 {
+            crate::sys::raw::close(fd);
+        }
     }
 
     /// Makes A readable (`true`: a token is queued) or not (`false`: tokens drained).
     pub fn set_readable(&self, on: bool) {
+        let app = self.app_fd();
+        if app < 0 {
+            return;
+        }
         let e = errno();
         let mut buf = [0u8; 64];
         // SAFETY: buffers are valid for their lengths; the fds are ours.
@@ -71,7 +109,7 @@ impl Doorbell {
             if on {
                 real::send(self.shim, b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
             } else {
-                while real::recv(self.app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
+                while real::recv(app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
             }
         }
         set_errno(e);
@@ -79,6 +117,10 @@ impl Doorbell {
 
     /// Makes A writable (`true`: filler drained from B) or not (`false`: filler queued).
     pub fn set_writable(&self, on: bool) {
+        let app = self.app_fd();
+        if app < 0 {
+            return;
+        }
         let e = errno();
         let mut buf = [0u8; FILL_CHUNK];
         // SAFETY: as above.
@@ -90,7 +132,7 @@ impl Doorbell {
                     if !self.poll_app(libc::POLLOUT) {
                         break;
                     }
-                    let n = real::send(self.app, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                    let n = real::send(app, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
                     if n <= 0 {
                         break;
                     }
@@ -108,21 +150,27 @@ impl Doorbell {
         set_errno(e);
     }
 
+    /// Signals a broken connection: A sees `POLLHUP` (and `POLLIN`, reads then fail).
+    pub fn set_hangup(&self) {
+        let e = errno();
+        // SAFETY: the fd is ours.
+        unsafe { real::shutdown(self.shim, libc::SHUT_RDWR) };
+        set_errno(e);
+    }
+
     /// Whether A currently reports all of `events` to poll (used by tests and assertions).
     pub fn poll_app(&self, events: libc::c_short) -> bool {
-        let mut p = libc::pollfd { fd: self.app, events, revents: 0 };
+        let mut p = libc::pollfd { fd: self.app_fd(), events, revents: 0 };
         // SAFETY: one valid pollfd.
         unsafe { real::poll(&mut p, 1, 0) == 1 && p.revents & events == events }
     }
 }
 
 impl Drop for Doorbell {
-    /// Closing B hangs A up (`POLLHUP`); A itself belongs to the program.
+    /// Closing B hangs A up (`POLLHUP`) for any fd of A the program still has.
     fn drop(&mut self) {
-        let e = errno();
-        // SAFETY: B is ours and closed once.
-        unsafe { real::close(self.shim) };
-        set_errno(e);
+        self.release_app();
+        crate::sys::raw::close(self.shim);
     }
 }
 
@@ -183,7 +231,8 @@ mod tests {
 
     #[test]
     fn starts_writable_and_not_readable_and_is_a_socket() {
-        let (d, a) = Doorbell::new(true, true).unwrap();
+        let d = Doorbell::new(true).unwrap();
+        let a = d.install_new(true).unwrap();
         let r = revents(a);
         assert_eq!(r & POLLIN, 0);
         assert_ne!(r & POLLOUT, 0);
@@ -200,7 +249,8 @@ mod tests {
 
     #[test]
     fn readable_toggles_both_ways_and_is_idempotent() {
-        let (d, a) = Doorbell::new(false, false).unwrap();
+        let d = Doorbell::new(false).unwrap();
+        let a = d.install_new(false).unwrap();
         d.set_readable(true);
         d.set_readable(true);
         assert_ne!(revents(a) & POLLIN, 0);
@@ -214,7 +264,8 @@ mod tests {
 
     #[test]
     fn writable_toggles_both_ways() {
-        let (d, a) = Doorbell::new(true, false).unwrap();
+        let d = Doorbell::new(true).unwrap();
+        let a = d.install_new(false).unwrap();
         d.set_writable(false);
         assert_eq!(revents(a) & POLLOUT, 0, "filler must make A unwritable");
         d.set_writable(false);
@@ -227,7 +278,8 @@ mod tests {
 
     #[test]
     fn eof_reads_as_rdhup_and_drop_as_hup() {
-        let (d, a) = Doorbell::new(true, false).unwrap();
+        let d = Doorbell::new(true).unwrap();
+        let a = d.install_new(false).unwrap();
         d.set_eof();
         let r = revents(a);
         assert_ne!(r & POLLIN, 0);
@@ -240,7 +292,8 @@ mod tests {
 
     #[test]
     fn epoll_edge_triggered_sees_each_new_token_as_an_edge() {
-        let (d, a) = Doorbell::new(true, false).unwrap();
+        let d = Doorbell::new(true).unwrap();
+        let a = d.install_new(false).unwrap();
         let ep = Epoll::new(a, EPOLLIN | EPOLLET);
         assert_eq!(ep.wait(), 0);
         d.set_readable(true);
@@ -256,7 +309,8 @@ mod tests {
 
     #[test]
     fn epoll_level_triggered_writable_follows_credits() {
-        let (d, a) = Doorbell::new(true, false).unwrap();
+        let d = Doorbell::new(true).unwrap();
+        let a = d.install_new(false).unwrap();
         let ep = Epoll::new(a, EPOLLOUT);
         assert_ne!(ep.wait() & EPOLLOUT as u32, 0);
         d.set_writable(false);
@@ -269,12 +323,44 @@ mod tests {
 
     #[test]
     fn epoll_oneshot_and_rdhup() {
-        let (d, a) = Doorbell::new(true, false).unwrap();
+        let d = Doorbell::new(true).unwrap();
+        let a = d.install_new(false).unwrap();
         let ep = Epoll::new(a, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT);
         d.set_eof();
         let ev = ep.wait();
         assert_ne!(ev & EPOLLRDHUP as u32, 0);
         assert_eq!(ep.wait(), 0, "one-shot: disarmed until EPOLL_CTL_MOD");
+        drop(d);
+        close(a);
+    }
+
+    #[test]
+    fn install_at_replaces_the_programs_fd_and_release_lets_its_close_hang_up() {
+        let d = Doorbell::new(false).unwrap();
+        // SAFETY: a plain TCP socket stands in for the program's fd.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        d.install_at(fd, true).unwrap();
+        // SAFETY: plain fcntl/fstat.
+        assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC, 0);
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        d.set_readable(true);
+        assert_ne!(revents(fd) & POLLIN, 0);
+        d.release_app();
+        assert_eq!(d.app_fd(), -1);
+        d.set_readable(false); // ignored after release, must not touch a reused number
+        assert_ne!(revents(fd) & POLLIN, 0);
+        drop(d);
+        assert_ne!(revents(fd) & POLLHUP, 0);
+        close(fd);
+    }
+
+    #[test]
+    fn hangup_reports_pollhup() {
+        let d = Doorbell::new(true).unwrap();
+        let a = d.install_new(false).unwrap();
+        d.set_hangup();
+        assert_ne!(revents(a) & POLLHUP, 0);
         drop(d);
         close(a);
     }
