@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Host-side definitions shared by setup.sh, run.sh, shell.sh (sourced, not run).
 #
 # Everything the test bed builds lives in one cache directory, outside git:

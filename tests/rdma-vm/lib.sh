@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Guest-side helpers for test scripts run with tests/rdma-vm/run.sh. Source it:
 #   source tests/rdma-vm/lib.sh
 #
