@@ -9,7 +9,7 @@ use super::wire::{
 use core::fmt;
 
 /// Local connection parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Config {
     /// Bytes in the local receive ring the peer writes into. Any size in
     /// `MIN_RING_SIZE..=MAX_RING_SIZE` (not just powers of two; see PROTOCOL.md §4).

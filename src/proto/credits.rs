@@ -39,7 +39,7 @@ impl MsgClass {
 
 /// Send-side credits: how far into the peer's ring we may write and how many receives it has
 /// posted for us.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Hash)]
 pub(crate) struct TxCredits {
     peer_ring: u32,
     peer_recvs: u32,
@@ -96,7 +96,7 @@ impl TxCredits {
 }
 
 /// Receive-side accounting of the local ring and posted receives.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Hash)]
 pub(crate) struct RxCredits {
     ring: u32,
     recvs: u32,

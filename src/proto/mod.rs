@@ -46,7 +46,7 @@ pub enum ReadError {
 }
 
 /// The peer broke the protocol (or the transport failed); the connection is over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProtocolError {
     /// The immediate value does not decode.
     BadImm(ImmError),

@@ -7,7 +7,7 @@
 use std::io::{IoSlice, IoSliceMut};
 
 /// A ring of `size` bytes (`size >= 1`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Ring {
     size: u32,
 }

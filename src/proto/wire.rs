@@ -410,7 +410,7 @@ pub enum Imm {
 }
 
 /// An immediate value that does not decode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ImmError {
     /// A data immediate announcing zero bytes.
     EmptyData,

@@ -56,21 +56,21 @@ pub enum Fault {
     Stalled,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Hash)]
 struct InFlight {
     write: Write,
     /// Inline payloads are captured at post time, as `IBV_SEND_INLINE` does.
     inline_payload: Option<Vec<u8>>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Hash)]
 enum Completion {
     Ok(crate::proto::WrId),
     Err,
 }
 
 /// One end: a connection plus the memory and queues a driver would own.
-#[derive(Debug)]
+#[derive(Debug, Clone, Hash)]
 pub struct Endpoint {
     pub conn: Conn,
     pub send_buf: Vec<u8>,
@@ -138,8 +138,9 @@ impl Endpoint {
     }
 }
 
-/// Two connected endpoints and the steps that move data between them.
-#[derive(Debug)]
+/// Two connected endpoints and the steps that move data between them. `Clone` and `Hash`
+/// let a model checker snapshot and deduplicate states.
+#[derive(Debug, Clone, Hash)]
 pub struct Pair {
     pub a: Endpoint,
     pub b: Endpoint,
