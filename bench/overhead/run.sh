@@ -83,7 +83,7 @@ WB0=$(best_low "${WN0[@]}"); WB1=$(best_low "${WN1[@]}"); RB0=$(best_low "${RN0[
 # ---- (b) iperf3 ---------------------------------------------------------------------------
 
 echo "# (b) iperf3 over loopback, $RUNS x ${SECS}s per side, alternating"
-declare -a G0 G1
+declare -a G0 G1 C0 C1
 for i in $(seq "$RUNS"); do
     for side in plain shim; do
         if [ $side = shim ]; then pre=("${SHIM[@]}"); else pre=("${PLAIN[@]}"); fi
@@ -94,19 +94,23 @@ for i in $(seq "$RUNS"); do
         bg_wait cli || { echo "iperf3 client failed: $(tail -c 300 "$CELL_DIR/cli.err")" >&2; exit 1; }
         bg_wait srv
         g=$(json_get "$CELL_DIR/cli.out" 'j["end"]["sum_received"]["bits_per_second"] / 1e9')
-        printf '  run %d %-5s %.2f Gbit/s\n' "$i" "$side" "$g"
-        if [ $side = shim ]; then G1+=("$g"); else G0+=("$g"); fi
+        # CPU seconds (both ends, user+system) per GB moved: less sensitive than Gbit/s to
+        # other load on the machine.
+        c=$(json_get "$CELL_DIR/cli.out" '(j["end"]["cpu_utilization_percent"]["host_total"] + j["end"]["cpu_utilization_percent"]["remote_total"]) / 100 * j["end"]["sum_received"]["seconds"] / (j["end"]["sum_received"]["bytes"] / 1e9)')
+        printf '  run %d %-5s %6.2f Gbit/s  %.3f CPU s/GB\n' "$i" "$side" "$g" "$c"
+        if [ $side = shim ]; then G1+=("$g"); C1+=("$c"); else G0+=("$g"); C0+=("$c"); fi
     done
 done
 GM0=$(median "${G0[@]}"); GM1=$(median "${G1[@]}")
 GB0=$(best_high "${G0[@]}"); GB1=$(best_high "${G1[@]}")
+CM0=$(median "${C0[@]}"); CM1=$(median "${C1[@]}")
 
 # ---- report -------------------------------------------------------------------------------
 
 python3 - "$W0" "$W1" "$R0" "$R1" "$WT0" "$WT1" "$RT0" "$RT1" "$GM0" "$GM1" \
-    "$WB0" "$WB1" "$RB0" "$RB1" "$GB0" "$GB1" "$T0" "$T1" <<'EOF'
+    "$WB0" "$WB1" "$RB0" "$RB1" "$GB0" "$GB1" "$T0" "$T1" "$CM0" "$CM1" <<'EOF'
 import sys
-w0, w1, r0, r1, wt0, wt1, rt0, rt1, g0, g1, wb0, wb1, rb0, rb1, gb0, gb1, t0, t1 = map(float, sys.argv[1:])
+w0, w1, r0, r1, wt0, wt1, rt0, rt1, g0, g1, wb0, wb1, rb0, rb1, gb0, gb1, t0, t1, c0, c1 = map(float, sys.argv[1:])
 rows = [
     ("tracked TCP write+read instr/pair", t0, t1, f"{(t1 - t0) / 2:+.1f} instr per call"),
     ("write(/dev/null) instr/call", w0, w1, f"{w1 - w0:+.1f} instr"),
@@ -117,6 +121,7 @@ rows = [
     ("read(/dev/zero) ns/call (best)", rb0, rb1, f"{rb1 - rb0:+.1f} ns"),
     ("iperf3 loopback Gbit/s (median)", g0, g1, f"ratio {g1 / g0:.3f} ({(g1 / g0 - 1) * 100:+.1f}%)"),
     ("iperf3 loopback Gbit/s (best)", gb0, gb1, f"ratio {gb1 / gb0:.3f} ({(gb1 / gb0 - 1) * 100:+.1f}%)"),
+    ("iperf3 CPU s per GB (median)", c0, c1, f"ratio {c1 / c0:.3f} ({(c1 / c0 - 1) * 100:+.1f}%)"),
 ]
 print()
 print(f"{'metric':36} {'without':>10} {'with shim':>10}  added")
