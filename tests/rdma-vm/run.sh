@@ -267,6 +267,11 @@ while :; do
     fi
   done
   ((alive)) || break
+  # In a pair, one guest's bed failure dooms the run: don't let the other wait for it.
+  if ((nodes > 1)) && compgen -G "$run_dir/node*/ctl/bed_error" >/dev/null; then
+    outcome=bed
+    break
+  fi
   now=$(date +%s)
   if ((now - ${start%.*} >= timeout_s)); then
     outcome=timeout
@@ -301,7 +306,6 @@ total=$(elapsed)
 
 # --- verdict --------------------------------------------------------------------------------
 rc=0 kind=ok
-((nodes == 1)) || mkdir -p "$run_dir/pair"
 for ((i = 0; i < nodes; i++)); do
   ctl=$run_dir/node$i/ctl
   if [[ $outcome == timeout ]]; then
@@ -309,6 +313,8 @@ for ((i = 0; i < nodes; i++)); do
   elif [[ -e $ctl/bed_error ]]; then
     bed_failure "node$i: $(cat "$ctl/bed_error")"
     kind=bed
+  elif [[ $outcome == bed ]]; then
+    continue  # the failing node reports it
   elif [[ $outcome == boot-timeout && ! -e $ctl/ready ]]; then
     bed_failure "node$i: the bed was not up within ${boot_timeout_s}s (boot or device bring-up hung)"
     kind=bed
@@ -364,6 +370,8 @@ if ((rc != 0 || warned || keep_logs)); then
     cp "$run_dir/node$i/qemu.out" "$keep/node$i-qemu.out" 2>/dev/null || true
   done
   rdma_vm_log "guest logs (kernel log, console) kept in $keep"
+  # Keep the 30 newest.
+  ls -dt "$log_dir"/run-* 2>/dev/null | tail -n +31 | while read -r old; do rm -rf "$old"; done
 fi
 rdma_vm_log "done in ${total}s, exit status $rc"
 exit "$rc"

@@ -60,13 +60,15 @@ grep -q 'TEST BED FAILURE' <<<"$LAST_OUT" && grep -q 'kept in' <<<"$LAST_OUT" &&
 expect "boot timeout -> 97 (bed failure)" 97 "$run" --boot-timeout 2 -- true
 
 # Killed with SIGKILL: qemu must die too (pdeathsig), not linger.
-"$run" -- sleep 600 >/dev/null 2>&1 &
+# (its own TMPDIR, to remove the run directory it cannot clean up itself)
+victim_tmp=$(mktemp -d)
+TMPDIR=$victim_tmp "$run" -- sleep 600 >/dev/null 2>&1 &
 victim=$!
 sleep 5
 kill -KILL "$victim"
 wait "$victim" 2>/dev/null
 sleep 2
-rm -rf "$(ls -dt "${TMPDIR:-/tmp}"/rdma-vm.* 2>/dev/null | head -n1)" 2>/dev/null
+rm -rf "$victim_tmp"
 if [[ -z $(orphan_qemus) ]]; then
   passed=$((passed + 1)); echo "PASS  no qemu left running (also after SIGKILL of run.sh)"
 else
