@@ -15,6 +15,7 @@ pub mod transport;
 
 pub mod api;
 pub mod config;
+pub mod engine;
 pub mod fdtable;
 pub mod guard;
 pub mod init;

@@ -61,6 +61,12 @@ impl Doorbell {
         Ok(d)
     }
 
+    /// Sets or clears `O_NONBLOCK` on A's file (shared by every fd of A).
+    pub fn set_file_nonblocking(&self, on: bool) -> io::Result<()> {
+        // SAFETY: fcntl on our own fd.
+        unsafe { set_flag(self.app_fd(), libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, on) }
+    }
+
     /// The doorbell's own fd of A, or -1 after [`release_app`](Self::release_app).
     pub fn app_fd(&self) -> c_int {
         self.app.load(std::sync::atomic::Ordering::Acquire)

@@ -12,9 +12,20 @@
 //! A socket is shared by every fd that refers to it (dup, dup2, fork); the connection ends
 //! when the last of them is closed.
 
+use crate::engine::{Listener, Stream};
 use crate::fdtable::TableRefs;
 use crate::stats::{self, Fallback, Path, SlotHandle};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+
+/// What carries an RDMA-engaged socket: the program's fd is then a doorbell (docs/DESIGN.md).
+#[derive(Clone)]
+pub enum Attachment {
+    /// A connection over RDMA.
+    Stream(Arc<Stream>),
+    /// A dual (kernel TCP + rdma_cm) listener.
+    Listener(Arc<Listener>),
+}
 
 /// Where a socket is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +65,7 @@ pub struct Socket {
     state: AtomicU32,
     path: AtomicU32,
     slot: AtomicU64,
+    attached: Mutex<Option<Attachment>>,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -66,12 +78,14 @@ impl Socket {
             state: AtomicU32::new(State::Closed as u32),
             path: AtomicU32::new(Path::Passthrough as u32),
             slot: AtomicU64::new(0),
+            attached: Mutex::new(None),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
     pub(crate) fn reset(&self) {
         self.fds.reset();
+        *self.attached.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.state.store(State::Created as u32, Relaxed);
         self.path.store(Path::Passthrough as u32, Relaxed);
         self.slot.store(0, Relaxed);
@@ -116,7 +130,29 @@ impl Socket {
         if self.fds.sub() {
             self.set_state(State::Closed);
             stats::close_conn(SlotHandle(self.slot.swap(0, AcqRel)));
+            let a = self.attached.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(a) = a {
+                crate::engine::detach(a);
+            }
         }
+    }
+
+    /// What carries this socket, if RDMA is engaged.
+    pub fn attachment(&self) -> Option<Attachment> {
+        self.attached.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The RDMA stream carrying this socket, if any.
+    pub fn stream(&self) -> Option<Arc<Stream>> {
+        match self.attachment()? {
+            Attachment::Stream(s) => Some(s),
+            Attachment::Listener(_) => None,
+        }
+    }
+
+    /// Engages RDMA for this socket.
+    pub fn attach(&self, a: Attachment) {
+        *self.attached.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
     }
 
     /// Current state.

@@ -51,8 +51,8 @@ impl Path {
 pub enum Fallback {
     /// No RDMA device on this host.
     NoDevice = 0,
-    /// A device exists but this build has no RDMA transport yet.
-    NotImplemented = 1,
+    /// A device exists but RDMA cannot be used (librdmacm/libibverbs missing or failing).
+    RdmaUnavailable = 1,
     /// Accepted on the kernel TCP listener: the peer came over TCP.
     PeerTcp = 2,
     /// The peer has no rsock listener (rdma_cm connect rejected).
@@ -78,7 +78,7 @@ impl Fallback {
     /// All reasons, in wire order.
     pub const ALL: [Fallback; 10] = [
         Fallback::NoDevice,
-        Fallback::NotImplemented,
+        Fallback::RdmaUnavailable,
         Fallback::PeerTcp,
         Fallback::Rejected,
         Fallback::Unreachable,
@@ -93,7 +93,7 @@ impl Fallback {
     pub fn name(self) -> &'static str {
         [
             "no_device",
-            "not_implemented",
+            "rdma_unavailable",
             "peer_tcp",
             "rejected",
             "unreachable",

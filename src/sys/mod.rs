@@ -2,3 +2,4 @@
 
 pub mod raw;
 pub mod real;
+pub mod sockaddr;

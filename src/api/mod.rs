@@ -1,0 +1,455 @@
+//! libc-shaped entry points: what each hook in `preload/` calls.
+//!
+//! Every function has the signature of the libc function it stands in for and keeps its
+//! contract, errno included. The first thing each does is look the fd up: an fd the shim does
+//! not own goes straight to libc. Lifecycle calls (socket, connect, accept, close, dup, ...)
+//! run shim logic only outside the reentrancy guard, so calls made by the shim itself or by
+//! librdmacm/libibverbs on its behalf go straight to libc.
+//!
+//! An owned socket is carried either by kernel TCP (calls forward to libc and count bytes) or
+//! by an RDMA stream of the [`engine`](crate::engine) (the program's fd is then a doorbell and
+//! calls are served by the stream). Rooms: this file — creation, connection, listening,
+//! accepting and fd lifetime; `io` — data calls; `opts` — options, names, ioctl, fcntl,
+//! shutdown.
+
+#![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
+
+mod io;
+mod opts;
+
+pub use io::*;
+pub use opts::*;
+
+use crate::config::Config;
+use crate::engine::{self, Accepted, Listener};
+use crate::fdtable::{self, SockRef};
+use crate::guard;
+use crate::init;
+use crate::socket::{Attachment, State};
+use crate::stats::{Fallback, Path};
+use crate::sys::raw::{errno, set_errno};
+use crate::sys::real;
+use crate::sys::sockaddr as saddr;
+use libc::{c_int, c_uint, fd_set, nfds_t, pid_t};
+use libc::{epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, timespec, timeval};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// Runs `f` without letting it change errno.
+fn keep_errno<T>(f: impl FnOnce() -> T) -> T {
+    let e = errno();
+    let r = f();
+    set_errno(e);
+    r
+}
+
+// ---- creation and connection -------------------------------------------------------------
+
+fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && base == libc::SOCK_STREAM
+        && (protocol == 0 || protocol == libc::IPPROTO_TCP)
+}
+
+/// Starts owning `fd`, a fresh TCP socket. An fd beyond the table passes through untracked.
+fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) {
+    if (fd as u32 as usize) < fdtable::MAX_FDS {
+        fdtable::insert(fd, SockRef::new_socket(init));
+    }
+}
+
+#[inline]
+pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    let fd = real::socket(domain, ty, protocol);
+    if fd >= 0 && is_tcp(domain, ty, protocol) {
+        if let Some(_g) = guard::enter() {
+            keep_errno(|| init::enabled().then(|| track(fd, |_| {})));
+        }
+    }
+    fd
+}
+
+#[inline]
+pub unsafe fn socketpair(domain: c_int, ty: c_int, protocol: c_int, sv: *mut c_int) -> c_int {
+    real::socketpair(domain, ty, protocol, sv)
+}
+
+/// Raw bytes of the socket's own address (for stats), or empty.
+fn local_addr(fd: c_int) -> Vec<u8> {
+    let mut a = [0u8; 28];
+    let mut len = a.len() as socklen_t;
+    // SAFETY: a is a valid buffer of len bytes.
+    let ok = unsafe { real::getsockname(fd, a.as_mut_ptr().cast(), &mut len) } == 0;
+    if ok { a[..(len as usize).min(28)].to_vec() } else { Vec::new() }
+}
+
+unsafe fn addr_bytes<'a>(addr: *const sockaddr, len: socklen_t) -> &'a [u8] {
+    if addr.is_null() { &[] } else { std::slice::from_raw_parts(addr.cast::<u8>(), len as usize) }
+}
+
+/// Why a connection goes to kernel TCP when no engine could be had.
+fn no_engine_reason() -> Fallback {
+    if init::rdma_device_present() { Fallback::RdmaUnavailable } else { Fallback::NoDevice }
+}
+
+/// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
+fn fd_flags(fd: c_int) -> (bool, bool) {
+    // SAFETY: plain fcntl queries.
+    let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
+    (fl >= 0 && fl & libc::O_NONBLOCK != 0, fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0)
+}
+
+/// Tries RDMA for a connect to `dest`; on success the program's `fd` is the stream's doorbell.
+fn connect_rdma(s: &crate::socket::Socket, fd: c_int, dest: SocketAddr) -> Result<(), Fallback> {
+    let engine = engine::get().ok_or_else(no_engine_reason)?;
+    let now = Instant::now();
+    if engine.negcache.contains(&dest, now) {
+        return Err(Fallback::NegativeCache);
+    }
+    // SAFETY: duplicating the program's socket; the copy keeps its options.
+    let opts_fd = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if opts_fd < 0 {
+        return Err(Fallback::Resources);
+    }
+    let stream = match engine.connect(dest, opts_fd) {
+        Ok(st) => st,
+        Err(why) => {
+            crate::sys::raw::close(opts_fd);
+            if !matches!(why, Fallback::Resources) {
+                engine.negcache.insert(dest, now, engine.neg_ttl());
+            }
+            return Err(why);
+        }
+    };
+    let (nonblock, cloexec) = fd_flags(fd);
+    stream.set_nonblocking(nonblock);
+    let installed = stream.bell().set_file_nonblocking(nonblock).and_then(|_| stream.bell().install_at(fd, cloexec));
+    if let Err(e) = installed {
+        log::warn!("fd {fd}: cannot install the RDMA doorbell ({e}); using kernel TCP");
+        stream.app_closed(true);
+        engine.retire(stream);
+        return Err(Fallback::Resources);
+    }
+    engine.negcache.remove(&dest);
+    let (local, _) = saddr::encode(&stream.local);
+    let (peer, _) = saddr::encode(&stream.peer);
+    s.attach(Attachment::Stream(stream));
+    s.established(fd, State::Rdma, Path::Rdma, None, &local, &peer);
+    log::debug!("fd {fd}: connected to {dest} over RDMA");
+    Ok(())
+}
+
+pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let Some(s) = fdtable::get(fd) else { return real::connect(fd, addr, len) };
+    let Some(_g) = guard::enter() else { return real::connect(fd, addr, len) };
+    if s.state() == State::Rdma {
+        set_errno(libc::EISCONN);
+        return -1;
+    }
+    let Some(dest) = saddr::read(addr, len) else {
+        return real::connect(fd, addr, len); // AF_UNSPEC disconnect, or a bad address: the kernel says
+    };
+    if !s.transition(State::Created, State::Connecting) {
+        return real::connect(fd, addr, len); // a repeat call on a connecting socket
+    }
+    let (path, reason) = if engine::get().is_some() && Config::get().excludes(&dest) {
+        (Path::Passthrough, None)
+    } else {
+        match keep_errno(|| connect_rdma(&s, fd, dest)) {
+            Ok(()) => {
+                if fd_flags(fd).0 {
+                    set_errno(libc::EINPROGRESS); // completes at once: writable, SO_ERROR 0
+                    return -1;
+                }
+                return 0;
+            }
+            Err(why) => (Path::Tcp, Some(why)),
+        }
+    };
+    let r = real::connect(fd, addr, len);
+    let e = errno();
+    if r == 0 || e == libc::EINPROGRESS || e == libc::EINTR {
+        // EINTR: a blocking connect goes on in the background, like EINPROGRESS.
+        let local = local_addr(fd);
+        s.established(fd, State::Tcp, path, reason, &local, addr_bytes(addr, len));
+        log::debug!("fd {fd}: connect to {dest} over kernel TCP ({})", reason.map_or("passthrough", |r| r.name()));
+    } else {
+        s.set_state(State::Created); // failed: the program may retry on the same socket
+    }
+    set_errno(e);
+    r
+}
+
+pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if fdtable::get(fd).is_some_and(|s| s.attachment().is_some()) {
+        set_errno(libc::EINVAL); // already connected or listening
+        return -1;
+    }
+    real::bind(fd, addr, len)
+}
+
+pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
+    let Some(s) = fdtable::get(fd) else { return real::listen(fd, backlog) };
+    if let Some(Attachment::Listener(l)) = s.attachment() {
+        return real::listen(l.tcp_fd, backlog); // a new backlog for the kernel side
+    }
+    let r = real::listen(fd, backlog);
+    if r != 0 || !s.transition(State::Created, State::Listening) {
+        return r;
+    }
+    let Some(_g) = guard::enter() else { return r };
+    keep_errno(|| {
+        let Some(engine) = engine::get() else { return };
+        let mut a = [0u8; 28];
+        let mut alen = a.len() as socklen_t;
+        // SAFETY: valid buffer.
+        let local = if real::getsockname(fd, a.as_mut_ptr().cast(), &mut alen) == 0 {
+            saddr::read(a.as_ptr().cast(), alen)
+        } else {
+            None
+        };
+        let Some(local) = local else { return };
+        if Config::get().excludes(&local) {
+            return;
+        }
+        match Listener::start(engine, fd, local, backlog) {
+            Ok(l) => {
+                s.attach(Attachment::Listener(l));
+                log::debug!("fd {fd}: listening on {local} over kernel TCP and RDMA");
+            }
+            Err(e) => log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}"),
+        }
+    });
+    r
+}
+
+/// Owns a kernel TCP socket just accepted on an owned listener.
+fn track_accepted(nfd: c_int) {
+    let Some(_g) = guard::enter() else { return };
+    keep_errno(|| {
+        if !init::enabled() {
+            return;
+        }
+        let reason = if engine::get().is_some() { Fallback::PeerTcp } else { no_engine_reason() };
+        let mut peer = [0u8; 28];
+        let mut plen = peer.len() as socklen_t;
+        // SAFETY: peer is a valid buffer of plen bytes.
+        let have_peer = unsafe { real::getpeername(nfd, peer.as_mut_ptr().cast(), &mut plen) } == 0;
+        let peer = if have_peer { &peer[..(plen as usize).min(28)] } else { &[][..] };
+        let local = local_addr(nfd);
+        track(nfd, |s| s.established(nfd, State::Tcp, Path::Tcp, Some(reason), &local, peer));
+    });
+}
+
+/// `accept4` on a dual listener: the next connection from either side.
+unsafe fn accept_dual(l: &Listener, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    let Some(engine) = engine::get() else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    let cloexec = flags & libc::SOCK_CLOEXEC != 0;
+    let got = {
+        let Some(_g) = guard::enter() else {
+            set_errno(libc::EAGAIN);
+            return -1;
+        };
+        l.accept(engine)
+    };
+    match got {
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+        Ok(Accepted::Tcp(nfd)) => {
+            // The helper accepted it close-on-exec and blocking: give it the asked flags.
+            if nonblock {
+                real::fcntl(nfd, libc::F_SETFL, (libc::O_RDWR | libc::O_NONBLOCK) as usize);
+            }
+            if !cloexec {
+                real::fcntl(nfd, libc::F_SETFD, 0);
+            }
+            if !len.is_null() && real::getpeername(nfd, addr, len) != 0 {
+                *len = 0;
+            }
+            track_accepted(nfd);
+            nfd
+        }
+        Ok(Accepted::Rdma(stream)) => {
+            let Some(_g) = guard::enter() else { return -1 };
+            let nfd = match stream.bell().set_file_nonblocking(nonblock).and_then(|_| stream.bell().install_new(cloexec)) {
+                Ok(nfd) => nfd,
+                Err(e) => {
+                    stream.app_closed(true);
+                    engine.retire(stream);
+                    set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+                    return -1;
+                }
+            };
+            stream.set_nonblocking(nonblock);
+            saddr::write(&stream.peer, addr, len);
+            let (local, _) = saddr::encode(&stream.local);
+            let (peer, _) = saddr::encode(&stream.peer);
+            if (nfd as u32 as usize) < fdtable::MAX_FDS {
+                track(nfd, |s| {
+                    s.attach(Attachment::Stream(stream.clone()));
+                    s.established(nfd, State::Rdma, Path::Rdma, None, &local, &peer);
+                });
+            }
+            nfd
+        }
+    }
+}
+
+pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    accept4(fd, addr, len, 0)
+}
+
+pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    if !fdtable::owns(fd) {
+        return if flags == 0 { real::accept(fd, addr, len) } else { real::accept4(fd, addr, len, flags) };
+    }
+    if let Some(Attachment::Listener(l)) = fdtable::get(fd).and_then(|s| s.attachment()) {
+        return accept_dual(&l, addr, len, flags);
+    }
+    let nfd = if flags == 0 { real::accept(fd, addr, len) } else { real::accept4(fd, addr, len, flags) };
+    if nfd >= 0 {
+        track_accepted(nfd);
+    }
+    nfd
+}
+
+// ---- fd lifetime ---------------------------------------------------------------------------
+
+/// Forgets `fd` if owned; the connection ends with its last fd.
+#[inline]
+fn forget(fd: c_int) {
+    if let Some(s) = fdtable::remove(fd) {
+        s.fd_closed();
+    }
+}
+
+/// Makes `new` refer to the socket behind `old` (after a successful dup of an owned fd).
+fn share(old_sock: &SockRef, new: c_int) {
+    if let Some(replaced) = fdtable::insert(new, old_sock.clone()) {
+        replaced.fd_closed();
+    }
+    old_sock.moved_to(new);
+}
+
+#[inline]
+pub unsafe fn close(fd: c_int) -> c_int {
+    // Forget first: once closed, the number may be reused by another thread at once.
+    forget(fd);
+    real::close(fd)
+}
+
+#[inline]
+pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    let r = real::close_range(first, last, flags);
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        let end = (last as usize).saturating_add(1).min(fdtable::high_water());
+        for fd in (first as usize)..end {
+            forget(fd as c_int);
+        }
+    }
+    r
+}
+
+#[inline]
+pub unsafe fn dup(fd: c_int) -> c_int {
+    let Some(s) = fdtable::get(fd) else { return real::dup(fd) };
+    let new = real::dup(fd);
+    if new >= 0 {
+        share(&s, new);
+    }
+    new
+}
+
+/// dup2/dup3 onto `new`: the kernel closed whatever `new` was, so forget it too.
+fn duped_onto(old: c_int, new: c_int) {
+    match fdtable::get(old) {
+        Some(s) => share(&s, new),
+        None => forget(new),
+    }
+}
+
+#[inline]
+pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
+    let r = real::dup2(old, new);
+    if r >= 0 && old != new {
+        duped_onto(old, new);
+    }
+    r
+}
+
+#[inline]
+pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let r = real::dup3(old, new, flags);
+    if r >= 0 {
+        duped_onto(old, new);
+    }
+    r
+}
+
+/// The child's state is reset by the `pthread_atfork` handler registered at start-up, which
+/// also covers forks made inside libraries; this hook only has to forward.
+#[inline]
+pub unsafe fn fork() -> pid_t {
+    real::fork()
+}
+
+// ---- readiness -----------------------------------------------------------------------------
+// The fd a program holds is always a real kernel fd whose readiness the shim drives, so
+// these forward unchanged.
+
+#[inline]
+pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    real::poll(fds, n, timeout)
+}
+
+#[inline]
+pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+    real::__poll_chk(fds, n, timeout, fdslen)
+}
+
+#[inline]
+pub unsafe fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int {
+    real::ppoll(fds, n, ts, mask)
+}
+
+#[inline]
+pub unsafe fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int {
+    real::select(n, r, w, e, tv)
+}
+
+#[inline]
+pub unsafe fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int {
+    real::pselect(n, r, w, e, ts, mask)
+}
+
+#[inline]
+pub unsafe fn epoll_create(size: c_int) -> c_int {
+    real::epoll_create(size)
+}
+
+#[inline]
+pub unsafe fn epoll_create1(flags: c_int) -> c_int {
+    real::epoll_create1(flags)
+}
+
+#[inline]
+pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    real::epoll_ctl(epfd, op, fd, ev)
+}
+
+#[inline]
+pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+    real::epoll_wait(epfd, ev, max, timeout)
+}
+
+#[inline]
+pub unsafe fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int {
+    real::epoll_pwait(epfd, ev, max, timeout, mask)
+}

@@ -1,0 +1,209 @@
+//! Socket options, addresses, ioctl, fcntl and shutdown.
+//!
+//! For an RDMA socket the program's fd is a doorbell, so these are answered by the shim:
+//! options live on a kernel TCP socket kept for the purpose (the program's original socket, or
+//! a fresh one for an accepted stream), which validates and remembers them exactly as the
+//! kernel would; the few that describe the connection (SO_ERROR, TCP_INFO, addresses,
+//! FIONREAD) come from the stream. A dual listener answers from its kernel listener.
+
+#![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
+
+use super::{fdtable, real, share};
+use crate::engine::Stream;
+use crate::socket::Attachment;
+use crate::sys::raw::set_errno;
+use crate::sys::sockaddr as saddr;
+use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
+
+/// The RDMA attachment of `fd`, if it has one (no lookup cost beyond the table for others).
+fn attached(fd: c_int) -> Option<Attachment> {
+    if !fdtable::owns(fd) {
+        return None;
+    }
+    fdtable::get(fd)?.attachment()
+}
+
+/// Where the options of an attached socket live.
+fn opts_fd(a: &Attachment) -> c_int {
+    match a {
+        Attachment::Stream(s) => s.opts_fd,
+        Attachment::Listener(l) => l.tcp_fd,
+    }
+}
+
+#[inline]
+pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    let Some(a) = attached(fd) else { return real::getsockopt(fd, level, name, val, len) };
+    if let Attachment::Stream(s) = &a {
+        match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_ERROR) => return put_int(val, len, 0),
+            (libc::IPPROTO_TCP, libc::TCP_INFO) => return put_bytes(val, len, &tcp_info(s)),
+            _ => {}
+        }
+    }
+    real::getsockopt(opts_fd(&a), level, name, val, len)
+}
+
+#[inline]
+pub unsafe fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    let Some(a) = attached(fd) else { return real::setsockopt(fd, level, name, val, len) };
+    let r = real::setsockopt(opts_fd(&a), level, name, val, len);
+    if let (0, Attachment::Stream(s)) = (r, &a) {
+        if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) {
+            s.load_timeouts();
+        }
+    }
+    r
+}
+
+#[inline]
+pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    match attached(fd) {
+        None => real::getsockname(fd, addr, len),
+        Some(Attachment::Listener(l)) => real::getsockname(l.tcp_fd, addr, len),
+        Some(Attachment::Stream(s)) => put_addr(&s.local, addr, len),
+    }
+}
+
+#[inline]
+pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    match attached(fd) {
+        None => real::getpeername(fd, addr, len),
+        Some(Attachment::Listener(l)) => real::getpeername(l.tcp_fd, addr, len),
+        Some(Attachment::Stream(s)) => put_addr(&s.peer, addr, len),
+    }
+}
+
+#[inline]
+pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
+    let Some(a) = attached(fd) else { return real::ioctl(fd, req, arg) };
+    match (req, &a) {
+        (libc::FIONBIO, _) => {
+            let r = real::ioctl(fd, req, arg);
+            if r == 0 && arg != 0 {
+                set_nonblocking(&a, *(arg as *const c_int) != 0);
+            }
+            r
+        }
+        (libc::FIONREAD, Attachment::Stream(s)) => put_plain_int(arg, s.readable_bytes()),
+        (libc::TIOCOUTQ, Attachment::Stream(s)) => put_plain_int(arg, s.unsent_bytes()),
+        _ => real::ioctl(opts_fd(&a), req, arg),
+    }
+}
+
+fn set_nonblocking(a: &Attachment, on: bool) {
+    match a {
+        Attachment::Stream(s) => s.set_nonblocking(on),
+        Attachment::Listener(l) => l.set_nonblocking(on),
+    }
+}
+
+fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize, f: unsafe fn(c_int, c_int, usize) -> c_int) -> c_int {
+    if !fdtable::owns(fd) {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { f(fd, cmd, arg) };
+    }
+    let s = fdtable::get(fd);
+    // SAFETY: as above.
+    let r = unsafe { f(fd, cmd, arg) };
+    let Some(s) = s else { return r };
+    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+        share(&s, r);
+    } else if r >= 0 && cmd == libc::F_SETFL {
+        if let Some(a) = s.attachment() {
+            set_nonblocking(&a, arg as c_int & libc::O_NONBLOCK != 0);
+        }
+    }
+    r
+}
+
+#[inline]
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    fcntl_impl(fd, cmd, arg, real::fcntl)
+}
+
+#[inline]
+pub unsafe fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    fcntl_impl(fd, cmd, arg, real::fcntl64)
+}
+
+#[inline]
+pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
+    match attached(fd) {
+        None => real::shutdown(fd, how),
+        Some(Attachment::Listener(l)) => real::shutdown(l.tcp_fd, how),
+        Some(Attachment::Stream(s)) => match how {
+            libc::SHUT_WR | libc::SHUT_RDWR => {
+                let _g = crate::guard::enter();
+                s.shutdown_write();
+                0
+            }
+            libc::SHUT_RD => 0, // reads keep returning queued bytes; nothing to tell the peer
+            _ => {
+                set_errno(libc::EINVAL);
+                -1
+            }
+        },
+    }
+}
+
+/// Writes an int option value the way the kernel does (truncating to `*len`).
+unsafe fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) -> c_int {
+    put_bytes(val, len, &v.to_ne_bytes())
+}
+
+unsafe fn put_bytes(val: *mut c_void, len: *mut socklen_t, bytes: &[u8]) -> c_int {
+    if len.is_null() || (val.is_null() && *len > 0) {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    let n = (*len as usize).min(bytes.len());
+    std::ptr::copy_nonoverlapping(bytes.as_ptr(), val.cast::<u8>(), n);
+    *len = n as socklen_t;
+    0
+}
+
+unsafe fn put_plain_int(arg: usize, v: usize) -> c_int {
+    if arg == 0 {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    *(arg as *mut c_int) = v.min(c_int::MAX as usize) as c_int;
+    0
+}
+
+unsafe fn put_addr(a: &std::net::SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if len.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    saddr::write(a, addr, len);
+    0
+}
+
+/// A plausible `struct tcp_info` (kernel layout, 208 bytes) for an RDMA stream: state
+/// ESTABLISHED, MSS and window from the protocol's geometry, bytes from its counters.
+/// Fields with no RDMA meaning (retransmits, congestion) are zero.
+fn tcp_info(s: &Stream) -> [u8; 208] {
+    let c = s.counters();
+    let mut b = [0u8; 208];
+    let mut put32 = |off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    const MSS: u32 = 4096;
+    put32(8, 200_000); // tcpi_rto (µs), as the kernel's minimum
+    put32(16, MSS); // tcpi_snd_mss
+    put32(20, MSS); // tcpi_rcv_mss
+    put32(68, 65536); // tcpi_pmtu
+    put32(72, (c.rx_granted_end - c.rx_consumed).min(u32::MAX as u64) as u32); // rcv_ssthresh
+    put32(76, 20); // tcpi_rtt (µs): unknown; a fabric-scale value
+    put32(80, 10); // tcpi_rttvar
+    put32(84, u32::MAX >> 1); // snd_ssthresh: "infinite"
+    put32(88, ((c.tx_granted_end - c.tx_acked) / MSS as u64).max(1).min(u32::MAX as u64) as u32); // snd_cwnd
+    put32(92, MSS); // tcpi_advmss
+    put32(100, 0); // tcpi_total_retrans
+    b[0] = 1; // TCP_ESTABLISHED
+    let put64 = |b: &mut [u8; 208], off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    put64(&mut b, 120, c.tx_acked); // tcpi_bytes_acked
+    put64(&mut b, 128, c.rx_received_end); // tcpi_bytes_received
+    put64(&mut b, 200, c.tx_posted); // tcpi_bytes_sent
+    b
+}

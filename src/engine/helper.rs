@@ -1,0 +1,113 @@
+//! The engine's helper thread: sleeps in `epoll_wait` on the rdma_cm channel, the devices'
+//! completion channels and the listeners' fds, and does what no application thread is there
+//! to do — ring doorbells for sleeping readers and writers, accept connections for
+//! listeners, handle disconnects, and tear down closed streams.
+//!
+//! The thread holds the reentrancy guard for its whole life: everything it calls, and
+//! everything librdmacm/libibverbs call on its behalf, goes straight to libc.
+
+use super::{lock, Engine, TAG_CM, TAG_DEV, TAG_LISTEN_RDMA, TAG_LISTEN_TCP, TAG_MASK, TAG_WAKE};
+use crate::rdma::EventKind;
+use std::sync::Arc;
+
+pub(super) fn run(engine: &'static Engine) {
+    let Some(_guard) = crate::guard::enter() else { return };
+    // SAFETY: epoll_event is plain data.
+    let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
+    loop {
+        let timeout = if lock(&engine.closing).is_empty() { 1000 } else { 50 };
+        // SAFETY: valid epoll fd and buffer.
+        let n = unsafe { crate::sys::real::epoll_wait(engine.epfd, evs.as_mut_ptr(), evs.len() as i32, timeout) };
+        for ev in &evs[..n.max(0) as usize] {
+            let tag = ev.u64;
+            match tag & TAG_MASK {
+                TAG_WAKE => drain_eventfd(engine.wake_fd),
+                TAG_CM => cm_events(engine),
+                TAG_DEV => completions(engine, (tag & !TAG_MASK) as usize),
+                TAG_LISTEN_RDMA => with_listener(engine, tag & !TAG_MASK, |l| l.on_rdma_ready(engine)),
+                TAG_LISTEN_TCP => with_listener(engine, tag & !TAG_MASK, |l| l.on_tcp_ready(engine)),
+                _ => {}
+            }
+        }
+        reap(engine);
+    }
+}
+
+fn drain_eventfd(fd: i32) {
+    let mut v = 0u64;
+    // SAFETY: 8-byte read from our nonblocking eventfd.
+    unsafe { libc::syscall(libc::SYS_read, fd as libc::c_long, &mut v as *mut u64, 8usize) };
+}
+
+fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<super::Listener>)) {
+    let l = lock(&engine.listeners).get(&token).cloned();
+    if let Some(l) = l {
+        f(&l);
+    }
+}
+
+/// CQ event on device `i`: ack it, poll everything, re-arm, poll again (a completion that
+/// landed before the re-arm raises no event).
+fn completions(engine: &Engine, i: usize) {
+    let Some(d) = lock(&engine.devices).get(i).cloned() else { return };
+    let _ = d.dev.take_cq_events();
+    engine.progress_all(&d);
+    if let Err(e) = d.dev.arm() {
+        log::error!("re-arming the CQ failed: {e}");
+    }
+    engine.progress_all(&d);
+}
+
+/// Events of connected and accepting ids: establishment of accepted streams, disconnects.
+fn cm_events(engine: &'static Engine) {
+    loop {
+        let ev = match engine.ch.try_get_event() {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return,
+            Err(e) => {
+                log::error!("rdma_cm event channel: {e}");
+                return;
+            }
+        };
+        let s = lock(&engine.streams_by_token).get(&ev.token).cloned();
+        let Some(s) = s else {
+            log::trace!("cm event {} for unknown token {}", ev.name(), ev.token);
+            continue;
+        };
+        match ev.kind {
+            EventKind::Established => super::listener::established(engine, &s),
+            EventKind::Disconnected | EventKind::DeviceRemoval => {
+                // Completions that arrived before the disconnect come first.
+                engine.progress_all(&s.dev);
+                s.on_disconnected();
+                super::listener::abandon_pending(engine, &s);
+            }
+            k if k.is_failure() => {
+                log::info!("rdma stream {}: {} while accepting", s.peer, ev.name());
+                s.on_disconnected();
+                super::listener::abandon_pending(engine, &s);
+            }
+            _ => log::trace!("cm event {} on {}", ev.name(), s.peer),
+        }
+    }
+}
+
+/// Advances every closed stream's teardown; frees the finished ones.
+fn reap(engine: &Engine) {
+    let list: Vec<Arc<super::Stream>> = lock(&engine.closing).clone();
+    if list.is_empty() {
+        return;
+    }
+    let devs: Vec<_> = lock(&engine.devices).clone();
+    for d in &devs {
+        engine.progress_all(d);
+    }
+    for s in list {
+        if s.reap_step(engine.linger()) {
+            engine.unregister(&s);
+            s.destroy();
+            lock(&engine.closing).retain(|x| !Arc::ptr_eq(x, &s));
+            log::debug!("rdma stream {} -> {} closed and freed", s.local, s.peer);
+        }
+    }
+}

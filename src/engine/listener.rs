@@ -1,0 +1,231 @@
+//! Dual listen: a kernel TCP listener and an rdma_cm listener on the same address and port,
+//! feeding one accept queue in arrival order.
+//!
+//! The program's listening fd becomes a doorbell's A, readable while the queue is not empty;
+//! the kernel listener lives on as a shim-internal fd. The helper thread takes connections
+//! from both as they arrive (TCP ones with `accept4`, RDMA ones after their handshake), up to
+//! the backlog; `accept()` pops the queue.
+
+use super::stream::Stream;
+use super::{lock, Engine, TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
+use crate::readiness::Doorbell;
+use crate::rdma;
+use crate::sys::real;
+use libc::c_int;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A connection waiting for `accept()`.
+pub enum Accepted {
+    /// A kernel TCP connection (a peer without rsock): its fd.
+    Tcp(c_int),
+    /// An RDMA stream.
+    Rdma(Arc<Stream>),
+}
+
+/// See the module doc.
+pub struct Listener {
+    token: u64,
+    rdma: Mutex<rdma::Listener>,
+    rdma_fd: c_int,
+    /// The kernel listening socket (shim-internal fd, nonblocking).
+    pub tcp_fd: c_int,
+    bell: Doorbell,
+    queue: Mutex<Queue>,
+    /// Accepted RDMA connections whose handshake is not finished yet.
+    pending: AtomicUsize,
+    backlog: usize,
+    nonblocking: AtomicBool,
+}
+
+struct Queue {
+    items: VecDeque<Accepted>,
+    shown_readable: bool,
+    tcp_armed: bool,
+    closed: bool,
+}
+
+impl Listener {
+    /// Dual-listens on the program's bound, listening TCP socket `fd` and makes `fd` the
+    /// doorbell. On error nothing changed: `fd` is still the plain kernel listener.
+    pub fn start(engine: &'static Engine, fd: c_int, addr: SocketAddr, backlog: c_int) -> Result<Arc<Listener>, String> {
+        let token = engine.token();
+        let backlog = backlog.clamp(1, 4096) as usize;
+        let rl = rdma::Listener::bind(addr, backlog as i32, token).map_err(|e| e.to_string())?;
+        // SAFETY: fcntl on the program's fd, which it gave us in listen().
+        let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
+        let bell = Doorbell::new(fl >= 0 && fl & libc::O_NONBLOCK != 0).map_err(|e| e.to_string())?;
+        // SAFETY: duplicating the listening socket; we own the copy.
+        let tcp_fd = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if tcp_fd < 0 {
+            return Err(format!("dup: {}", std::io::Error::last_os_error()));
+        }
+        let l = Arc::new(Listener {
+            token,
+            rdma_fd: rl.fd(),
+            rdma: Mutex::new(rl),
+            tcp_fd,
+            bell,
+            queue: Mutex::new(Queue { items: VecDeque::new(), shown_readable: false, tcp_armed: true, closed: false }),
+            pending: AtomicUsize::new(0),
+            backlog,
+            nonblocking: AtomicBool::new(fl >= 0 && fl & libc::O_NONBLOCK != 0),
+        });
+        if let Err(e) = l.bell.install_at(fd, fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0) {
+            crate::sys::raw::close(tcp_fd);
+            return Err(format!("installing the doorbell: {e}"));
+        }
+        // The kernel listener's file is ours alone now: nonblocking for the helper.
+        // SAFETY: fcntl on our fd.
+        unsafe { real::fcntl(tcp_fd, libc::F_SETFL, (libc::O_RDWR | libc::O_NONBLOCK) as usize) };
+        lock(&engine.listeners).insert(token, l.clone());
+        let watched = engine
+            .watch(l.rdma_fd, TAG_LISTEN_RDMA | token)
+            .and_then(|_| engine.watch_oneshot(tcp_fd, TAG_LISTEN_TCP | token));
+        if let Err(e) = watched {
+            log::error!("listener on {addr}: cannot watch its fds: {e}");
+        }
+        engine.ensure_helper();
+        Ok(l)
+    }
+
+    /// The doorbell whose A the program holds.
+    pub fn bell(&self) -> &Doorbell {
+        &self.bell
+    }
+
+    /// Records the program's `O_NONBLOCK`.
+    pub fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Relaxed);
+    }
+
+    pub(super) fn has_room(&self) -> bool {
+        lock(&self.queue).items.len() + self.pending.load(Relaxed) < self.backlog
+    }
+
+    pub(super) fn pending_add(&self) {
+        self.pending.fetch_add(1, Relaxed);
+    }
+
+    fn push(&self, a: Accepted) {
+        let mut q = lock(&self.queue);
+        if q.closed {
+            drop(q);
+            discard(a);
+            return;
+        }
+        q.items.push_back(a);
+        if !q.shown_readable {
+            q.shown_readable = true;
+            self.bell.set_readable(true);
+        }
+    }
+
+    /// Helper thread: connect requests on the rdma_cm listener.
+    pub(super) fn on_rdma_ready(self: &Arc<Self>, engine: &'static Engine) {
+        loop {
+            let next = lock(&self.rdma).next_request(Some(Duration::ZERO));
+            match next {
+                Ok(Some(inc)) => super::setup::accept_request(engine, self, inc),
+                Ok(None) => return,
+                Err(e) => {
+                    log::warn!("rdma listener: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Helper thread: kernel TCP connections waiting on the internal listener.
+    pub(super) fn on_tcp_ready(&self, engine: &Engine) {
+        loop {
+            if !self.has_room() {
+                lock(&self.queue).tcp_armed = false; // re-armed by accept()
+                return;
+            }
+            // SAFETY: accept4 on our nonblocking listener; no address wanted.
+            let fd = unsafe { real::accept4(self.tcp_fd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+            if fd < 0 {
+                break; // EAGAIN (or an aborted connection): wait for the next readiness
+            }
+            self.push(Accepted::Tcp(fd));
+        }
+        engine.rearm_oneshot(self.tcp_fd, TAG_LISTEN_TCP | self.token);
+    }
+
+    /// The program's `accept()`: the next connection, waiting unless nonblocking.
+    pub fn accept(&self, engine: &Engine) -> Result<Accepted, c_int> {
+        loop {
+            {
+                let mut q = lock(&self.queue);
+                if let Some(a) = q.items.pop_front() {
+                    if q.items.is_empty() && q.shown_readable {
+                        q.shown_readable = false;
+                        self.bell.set_readable(false);
+                    }
+                    if !q.tcp_armed {
+                        q.tcp_armed = true;
+                        engine.rearm_oneshot(self.tcp_fd, TAG_LISTEN_TCP | self.token);
+                    }
+                    return Ok(a);
+                }
+            }
+            if self.nonblocking.load(Relaxed) {
+                return Err(libc::EAGAIN);
+            }
+            let mut p = libc::pollfd { fd: self.bell.app_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; the loop re-checks the queue.
+            unsafe { real::poll(&mut p, 1, 1000) };
+        }
+    }
+
+    /// The program closed its last fd of the listener.
+    pub fn close(&self, engine: &Engine) {
+        engine.unwatch(self.rdma_fd);
+        engine.unwatch(self.tcp_fd);
+        lock(&engine.listeners).remove(&self.token);
+        let items: Vec<Accepted> = {
+            let mut q = lock(&self.queue);
+            q.closed = true;
+            q.items.drain(..).collect()
+        };
+        items.into_iter().for_each(discard);
+        self.bell.release_app();
+        crate::sys::raw::close(self.tcp_fd);
+    }
+}
+
+/// Gets rid of a connection nobody will accept.
+fn discard(a: Accepted) {
+    match a {
+        Accepted::Tcp(fd) => crate::sys::raw::close(fd),
+        Accepted::Rdma(s) => {
+            if let Some(e) = super::get() {
+                s.app_closed(true);
+                e.retire(s);
+            }
+        }
+    }
+}
+
+/// An accepted stream's ESTABLISHED event: queue it for `accept()`.
+pub(super) fn established(_engine: &Engine, s: &Arc<Stream>) {
+    let l = s.pending_for.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(l) = l {
+        l.pending.fetch_sub(1, Relaxed);
+        l.push(Accepted::Rdma(s.clone()));
+    }
+}
+
+/// An accepted stream failed before ESTABLISHED: forget it.
+pub(super) fn abandon_pending(engine: &'static Engine, s: &Arc<Stream>) {
+    let l = s.pending_for.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(l) = l {
+        l.pending.fetch_sub(1, Relaxed);
+        s.app_closed(true);
+        engine.retire(s.clone());
+    }
+}

@@ -1,0 +1,270 @@
+//! The progress engine: this process's RDMA streams and listeners, and the helper thread
+//! that advances them when no application thread does (docs/DESIGN.md).
+//!
+//! - [`stream`]: one RDMA-carried TCP stream (protocol + QP + memory + doorbell).
+//! - [`listener`]: a dual listener (kernel TCP + rdma_cm on the same address and port).
+//! - `setup`: building streams — active connect and passive accept, with the rsock handshake.
+//! - `helper`: the thread: rdma_cm events, CQ events, listener fds, teardown of closed streams.
+//!
+//! One engine per process, made on first use when an RDMA device is present; a forked child
+//! gets none (its parent's queue pairs are not usable there).
+
+mod helper;
+pub mod listener;
+mod setup;
+pub mod stream;
+
+use crate::config::Config;
+use crate::negcache::NegCache;
+use crate::rdma::{self, Device, EventChannel, Wc};
+use libc::c_int;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
+use std::time::Duration;
+
+pub use listener::{Accepted, Listener};
+pub use stream::Stream;
+
+/// The program's last fd of an RDMA socket is closed: let the connection finish in the
+/// background (or reset it, for `SO_LINGER` with a zero timeout), or stop a listener.
+pub fn detach(a: crate::socket::Attachment) {
+    let Some(engine) = get() else { return }; // a forked child: the parent owns it
+    let Some(_g) = crate::guard::enter() else { return };
+    match a {
+        crate::socket::Attachment::Stream(s) => {
+            s.app_closed(linger_zero(s.opts_fd));
+            engine.retire(s);
+        }
+        crate::socket::Attachment::Listener(l) => l.close(engine),
+    }
+}
+
+/// Whether the program set `SO_LINGER` on with a zero timeout (close means reset).
+fn linger_zero(opts_fd: c_int) -> bool {
+    let mut l = libc::linger { l_onoff: 0, l_linger: 0 };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: valid out-buffer of len bytes.
+    let r = unsafe {
+        crate::sys::real::getsockopt(opts_fd, libc::SOL_SOCKET, libc::SO_LINGER, (&mut l as *mut libc::linger).cast(), &mut len)
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
+/// A device in use, with the lock that serialises polling its shared CQ (so each stream
+/// sees its completions in order).
+pub struct Dev {
+    pub(crate) dev: Arc<Device>,
+    poll: Mutex<()>,
+}
+
+/// See the module doc.
+pub struct Engine {
+    pid: i32,
+    cfg: &'static Config,
+    /// Events of every connected (or accepting) id.
+    ch: Arc<EventChannel>,
+    streams_by_qp: Mutex<HashMap<u32, Arc<Stream>>>,
+    streams_by_token: Mutex<HashMap<u64, Arc<Stream>>>,
+    listeners: Mutex<HashMap<u64, Arc<Listener>>>,
+    devices: Mutex<Vec<Arc<Dev>>>,
+    closing: Mutex<Vec<Arc<Stream>>>,
+    epfd: c_int,
+    wake_fd: c_int,
+    next_token: AtomicU64,
+    helper: Once,
+    /// Destinations that failed RDMA recently.
+    pub negcache: NegCache,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The engine, if this process can do RDMA (made on first call; call inside the guard).
+pub fn get() -> Option<&'static Engine> {
+    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+    let e = ENGINE
+        .get_or_init(|| {
+            if !crate::init::rdma_device_present() {
+                return None;
+            }
+            match Engine::new() {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    log::warn!("RDMA unavailable, all connections use kernel TCP: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()?;
+    (e.pid == crate::sys::raw::getpid()).then_some(e)
+}
+
+// Epoll tags of the helper thread: kind in the top byte, index or token below.
+const TAG_WAKE: u64 = 0;
+const TAG_CM: u64 = 1 << 56;
+const TAG_DEV: u64 = 2 << 56;
+const TAG_LISTEN_RDMA: u64 = 3 << 56;
+const TAG_LISTEN_TCP: u64 = 4 << 56;
+const TAG_MASK: u64 = 0xff << 56;
+
+impl Engine {
+    fn new() -> Result<Engine, rdma::Error> {
+        rdma::ffi::lib()?;
+        let ch = EventChannel::new()?;
+        // SAFETY: plain syscalls creating fds we own.
+        let (epfd, wake_fd) = unsafe {
+            (crate::sys::real::epoll_create1(libc::EPOLL_CLOEXEC), libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))
+        };
+        if epfd < 0 || wake_fd < 0 {
+            return Err(rdma::Error::last_os("epoll_create1/eventfd"));
+        }
+        let e = Engine {
+            pid: crate::sys::raw::getpid(),
+            cfg: Config::get(),
+            ch,
+            streams_by_qp: Mutex::new(HashMap::new()),
+            streams_by_token: Mutex::new(HashMap::new()),
+            listeners: Mutex::new(HashMap::new()),
+            devices: Mutex::new(Vec::new()),
+            closing: Mutex::new(Vec::new()),
+            epfd,
+            wake_fd,
+            next_token: AtomicU64::new(1),
+            helper: Once::new(),
+            negcache: NegCache::new(),
+        };
+        e.watch(wake_fd, TAG_WAKE)?;
+        e.watch(e.ch.fd(), TAG_CM)?;
+        Ok(e)
+    }
+
+    fn watch(&self, fd: c_int, tag: u64) -> Result<(), rdma::Error> {
+        self.epoll_ctl(libc::EPOLL_CTL_ADD, fd, libc::EPOLLIN as u32, tag)
+    }
+
+    /// Watches `fd` for one readiness report; [`rearm_oneshot`](Self::rearm_oneshot) asks
+    /// for the next (a kernel listener must not wake the helper while the queue is full).
+    fn watch_oneshot(&self, fd: c_int, tag: u64) -> Result<(), rdma::Error> {
+        self.epoll_ctl(libc::EPOLL_CTL_ADD, fd, (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, tag)
+    }
+
+    fn rearm_oneshot(&self, fd: c_int, tag: u64) {
+        if let Err(e) = self.epoll_ctl(libc::EPOLL_CTL_MOD, fd, (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, tag) {
+            log::warn!("re-arming a listener: {e}");
+        }
+    }
+
+    fn epoll_ctl(&self, op: c_int, fd: c_int, events: u32, tag: u64) -> Result<(), rdma::Error> {
+        let mut ev = libc::epoll_event { events, u64: tag };
+        // SAFETY: valid epoll fd and event.
+        if unsafe { crate::sys::real::epoll_ctl(self.epfd, op, fd, &mut ev) } != 0 {
+            return Err(rdma::Error::last_os("epoll_ctl"));
+        }
+        Ok(())
+    }
+
+    fn unwatch(&self, fd: c_int) {
+        // SAFETY: valid epoll fd; a missing fd just fails.
+        unsafe { crate::sys::real::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+    }
+
+    /// A fresh id token (names a cm id, a stream or a listener).
+    fn token(&self) -> u64 {
+        self.next_token.fetch_add(1, Relaxed) & !TAG_MASK
+    }
+
+    /// The engine's entry for `dev`, watched by the helper from now on.
+    fn dev(&self, dev: &Arc<Device>) -> Result<Arc<Dev>, rdma::Error> {
+        let mut devs = lock(&self.devices);
+        if let Some(d) = devs.iter().find(|d| Arc::ptr_eq(&d.dev, dev)) {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Dev { dev: dev.clone(), poll: Mutex::new(()) });
+        self.watch(dev.comp_fd(), TAG_DEV | devs.len() as u64)?;
+        dev.arm()?;
+        devs.push(d.clone());
+        Ok(d)
+    }
+
+    /// Registers a new stream for completions and cm events.
+    fn register(&self, s: &Arc<Stream>) {
+        lock(&self.streams_by_qp).insert(s.qp_num, s.clone());
+        lock(&self.streams_by_token).insert(s.token, s.clone());
+    }
+
+    fn unregister(&self, s: &Stream) {
+        lock(&self.streams_by_qp).remove(&s.qp_num);
+        lock(&self.streams_by_token).remove(&s.token);
+    }
+
+    /// Polls `d`'s CQ once and hands each completion to its stream. Returns how many; 0 also
+    /// when another thread is polling it. Never call with a stream lock held.
+    pub fn progress(&self, d: &Dev) -> usize {
+        match d.poll.try_lock() {
+            Ok(g) => self.poll_locked(d, g),
+            Err(_) => 0,
+        }
+    }
+
+    /// As [`progress`](Self::progress), waiting for the poll lock (the helper must not miss
+    /// completions that arrived before it re-armed the CQ).
+    fn progress_all(&self, d: &Dev) {
+        while self.poll_locked(d, lock(&d.poll)) > 0 {}
+    }
+
+    fn poll_locked(&self, d: &Dev, _g: MutexGuard<'_, ()>) -> usize {
+        // SAFETY: ibv_wc is plain data; all-zero is valid.
+        let mut wcs: [Wc; 32] = unsafe { std::mem::zeroed() };
+        let n = d.dev.poll(&mut wcs).unwrap_or(0);
+        for wc in &wcs[..n] {
+            let s = lock(&self.streams_by_qp).get(&wc.qp_num()).cloned();
+            match s {
+                Some(s) => s.on_completion(wc),
+                None => log::trace!("completion for unknown qp {} ignored", wc.qp_num()),
+            }
+        }
+        n
+    }
+
+    /// Connects to `dest` over RDMA (blocking, bounded by `RSOCK_CONNECT_TIMEOUT_MS`).
+    /// `opts_fd` is a copy of the program's socket, kept for its options.
+    pub fn connect(&'static self, dest: std::net::SocketAddr, opts_fd: c_int) -> Result<Arc<Stream>, crate::stats::Fallback> {
+        setup::connect(self, dest, opts_fd)
+    }
+
+    /// Starts the helper thread (once).
+    pub fn ensure_helper(&'static self) {
+        self.helper.call_once(|| {
+            let r = std::thread::Builder::new().name("rsock-engine".into()).spawn(move || helper::run(self));
+            if let Err(e) = r {
+                log::error!("cannot start the engine thread: {e}; blocking calls will poll");
+            }
+        });
+    }
+
+    /// Wakes the helper thread (to look at the closing list).
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: 8-byte write to our eventfd.
+        unsafe { libc::syscall(libc::SYS_write, self.wake_fd as libc::c_long, &one as *const u64, 8usize) };
+    }
+
+    /// A stream whose program fds are all closed: the helper finishes and frees it.
+    pub fn retire(&'static self, s: Arc<Stream>) {
+        lock(&self.closing).push(s);
+        self.ensure_helper();
+        self.wake();
+    }
+
+    /// How long a closed stream may take to deliver its queued bytes.
+    fn linger(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+
+    /// The negative cache's time-to-live.
+    pub fn neg_ttl(&self) -> Duration {
+        Duration::from_millis(self.cfg.neg_cache_ms as u64)
+    }
+}

@@ -1,0 +1,219 @@
+//! Building streams: registered memory, the QP and the rsock handshake, for both sides.
+//!
+//! Active: resolve → register → QP + receives → connect with our Connect hello → the peer's
+//! Accept hello in the ESTABLISHED event → protocol state → move the id to the engine's
+//! channel. Passive (on the helper thread): validate the client's hello → register → QP +
+//! receives → accept with our Accept hello; the stream is queued on its listener when
+//! ESTABLISHED arrives. A foreign or incompatible peer is refused: a client gets a reject
+//! with our Reject message (or none, for a foreign magic) and the program falls back to TCP.
+
+use super::stream::{Parts, Stream};
+use super::{Engine, Listener};
+use crate::proto::{self, Hello, HelloError, HelloKind, Reject, RejectReason};
+use crate::rdma::{self, Access, CmEvent, ConnParam, Device, EventKind, QpCaps, Reason, RegBuf};
+use crate::stats::Fallback;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why an active RDMA attempt failed, in the counters' terms.
+pub(super) fn fallback_of(e: &rdma::Error) -> Fallback {
+    match e.reason() {
+        Reason::NoRdma => Fallback::Unreachable,
+        Reason::Rejected => Fallback::Rejected,
+        Reason::Unreachable => Fallback::Unreachable,
+        Reason::Timeout => Fallback::Timeout,
+        Reason::Resources => Fallback::Resources,
+        Reason::BadHandshake => Fallback::BadHandshake,
+        Reason::Disconnected | Reason::Other => Fallback::Unreachable,
+    }
+}
+
+/// Registered ring and send buffer, and the protocol config that describes them.
+struct Memory {
+    ring: RegBuf,
+    send: RegBuf,
+    cfg: proto::Config,
+}
+
+fn memory(engine: &Engine, dev: &Arc<Device>) -> Result<Memory, rdma::Error> {
+    let c = engine.cfg;
+    let ring = RegBuf::new(dev, c.ring_size as usize, Access::RemoteWrite)?;
+    let send = RegBuf::new(dev, c.send_buf as usize, Access::LocalRead)?;
+    let cfg = proto::Config {
+        ring_size: c.ring_size,
+        recv_credits: c.recv_credits,
+        send_buf_size: c.send_buf,
+        send_queue_depth: 128,
+        max_inline: c.max_inline,
+    };
+    Ok(Memory { ring, send, cfg })
+}
+
+/// The QP for `id`, with receives posted for every credit we will announce.
+fn queue_pair(id: rdma::CmId, dev: &Arc<Device>, m: &mut Memory) -> Result<rdma::Conn, rdma::Error> {
+    let want = QpCaps {
+        max_send_wr: m.cfg.send_queue_depth,
+        max_recv_wr: m.cfg.recv_credits,
+        max_send_sge: 1,
+        max_inline_data: m.cfg.max_inline,
+    };
+    let mut rc = rdma::Conn::new(id, dev, want).map_err(|(e, _id)| e)?;
+    let caps = rc.caps();
+    // The protocol may use only what the device granted.
+    m.cfg.send_queue_depth = caps.max_send_wr.min(m.cfg.send_queue_depth);
+    m.cfg.max_inline = caps.max_inline_data.min(m.cfg.max_inline);
+    rc.post_recvs(0, m.cfg.recv_credits)?;
+    Ok(rc)
+}
+
+fn hello(m: &Memory, kind: HelloKind) -> [u8; Hello::LEN] {
+    let r = m.ring.mr();
+    m.cfg.hello(kind, r.addr(), r.rkey().unwrap_or(0)).to_bytes()
+}
+
+fn remote(peer: &Hello) -> rdma::RemoteBuf {
+    rdma::RemoteBuf { addr: peer.ring_addr, rkey: peer.rkey, len: peer.ring_size as u64 }
+}
+
+/// An unconnected kernel TCP socket of `peer`'s family: holds the program's socket options.
+fn opts_socket(peer: &SocketAddr) -> libc::c_int {
+    let family = if peer.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain socket(2) through the real function.
+    unsafe { crate::sys::real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) }
+}
+
+/// Connects to `dest` over RDMA within the configured time, or says why not.
+/// `opts_fd` is the program's original socket (kept for its options).
+pub(super) fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::c_int) -> Result<Arc<Stream>, Fallback> {
+    let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
+    let deadline = Instant::now() + timeout;
+    let token = engine.token();
+    let fail = |e: rdma::Error| {
+        log::info!("rdma connect to {dest}: {e}");
+        fallback_of(&e)
+    };
+    let (id, dev) = rdma::resolve(None, dest, token, timeout).map_err(fail)?;
+    let d = engine.dev(&dev).map_err(fail)?;
+    let mut m = memory(engine, &dev).map_err(fail)?;
+    let mut rc = queue_pair(id, &dev, &mut m).map_err(fail)?;
+    let ours = hello(&m, HelloKind::Connect);
+    rc.connect(&ConnParam { private_data: &ours, ..ConnParam::default() }).map_err(fail)?;
+    let ch = rc.id().channel().clone();
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ev = match ch.get_event(Some(left)) {
+        Ok(Some(ev)) => ev,
+        Ok(None) => {
+            log::info!("rdma connect to {dest}: no answer in {timeout:?}");
+            return Err(Fallback::Timeout);
+        }
+        Err(e) => return Err(fail(e)),
+    };
+    let peer = match answer(&ev) {
+        Ok(h) => h,
+        Err(why) => {
+            log::info!("rdma connect to {dest}: {why:?} ({})", ev.name());
+            return Err(why);
+        }
+    };
+    let local = rc.id().local_addr().unwrap_or(dest);
+    let conn = proto::Conn::new(&m.cfg, &peer).map_err(|e| {
+        log::info!("rdma connect to {dest}: peer hello unusable: {e}");
+        Fallback::BadHandshake
+    })?;
+    rc.id_mut().migrate(&engine.ch).map_err(fail)?;
+    let parts = Parts { rc, proto: conn, ring: m.ring, send: m.send, remote: remote(&peer), local, peer: dest, opts_fd, token };
+    let s = Stream::new(parts, d, Duration::from_micros(engine.cfg.spin_us as u64)).map_err(|e| {
+        log::warn!("rdma connect to {dest}: doorbell: {e}");
+        Fallback::Resources
+    })?;
+    engine.register(&s);
+    engine.ensure_helper();
+    Ok(s)
+}
+
+/// Reads the server's answer to our connect request.
+fn answer(ev: &CmEvent) -> Result<Hello, Fallback> {
+    match ev.kind {
+        EventKind::Established => Hello::parse_kind(ev.private_data(), HelloKind::Accept).map_err(|e| {
+            log::info!("peer accepted with a bad hello: {e}");
+            Fallback::BadHandshake
+        }),
+        EventKind::Rejected => match Hello::parse(ev.private_data()) {
+            // An rsock peer refused us (other version, no resources): it speaks our magic.
+            Err(HelloError::Rejected(r)) => {
+                log::info!("rsock peer rejected us: {r:?}");
+                Err(Fallback::BadHandshake)
+            }
+            // No listener, or a foreign one.
+            _ => Err(Fallback::Rejected),
+        },
+        EventKind::Unreachable | EventKind::ConnectError | EventKind::AddrError | EventKind::RouteError => {
+            Err(Fallback::Unreachable)
+        }
+        _ => Err(Fallback::BadHandshake),
+    }
+}
+
+/// A connect request arrived on `l` (helper thread): accept it as a pending stream, or
+/// reject it.
+pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rdma::Incoming) {
+    let rdma::Incoming { mut id, device, event } = inc;
+    let from = id.peer_addr();
+    let peer = match Hello::parse_kind(event.private_data(), HelloKind::Connect) {
+        Ok(h) => h,
+        Err(e) => {
+            log::info!("refusing rdma connection from {from:?}: {e}");
+            let data = match e {
+                HelloError::BadMagic(_) | HelloError::Truncated { .. } => Vec::new(), // foreign: a plain reject
+                e => Reject::new(RejectReason::for_error(&e)).to_bytes().to_vec(),
+            };
+            let _ = id.reject(&data);
+            return;
+        }
+    };
+    if !l.has_room() {
+        log::info!("refusing rdma connection from {from:?}: accept queue full");
+        let _ = id.reject(&Reject::new(RejectReason::NoResources).to_bytes());
+        return;
+    }
+    let token = engine.token();
+    id.set_token(token);
+    let built = (|| {
+        let d = engine.dev(&device)?;
+        let mut m = memory(engine, &device)?;
+        let mut rc = queue_pair(id, &device, &mut m)?;
+        rc.id_mut().migrate(&engine.ch)?;
+        let ours = hello(&m, HelloKind::Accept);
+        let conn = proto::Conn::new(&m.cfg, &peer)
+            .map_err(|_| rdma::Error::new("hello", libc::EPROTO, Reason::BadHandshake))?;
+        let local = rc.id().local_addr();
+        let peer_addr = rc.id().peer_addr();
+        Ok::<_, rdma::Error>((d, m, rc, ours, conn, local, peer_addr))
+    })();
+    let (d, m, mut rc, ours, conn, local, peer_addr) = match built {
+        Ok(x) => x,
+        Err(e) => {
+            // The id went into the failed QP setup and was dropped with it: the peer sees a
+            // reject and falls back to TCP.
+            log::warn!("refusing rdma connection from {from:?}: {e}");
+            return;
+        }
+    };
+    let (Some(local), Some(peer_addr)) = (local, peer_addr) else { return };
+    if let Err(e) = rc.accept(&ConnParam { private_data: &ours, ..ConnParam::default() }) {
+        log::warn!("rdma accept from {peer_addr}: {e}");
+        return;
+    }
+    let opts_fd = opts_socket(&peer_addr);
+    let parts =
+        Parts { rc, proto: conn, ring: m.ring, send: m.send, remote: remote(&peer), local, peer: peer_addr, opts_fd, token };
+    match Stream::new(parts, d, Duration::from_micros(engine.cfg.spin_us as u64)) {
+        Ok(s) => {
+            *s.pending_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.clone());
+            l.pending_add();
+            engine.register(&s);
+        }
+        Err(e) => log::warn!("rdma accept from {peer_addr}: doorbell: {e}"),
+    }
+}

@@ -1,0 +1,559 @@
+//! One RDMA-carried TCP stream: the protocol state machine, its QP and registered memory,
+//! and the doorbell that shows its state on the program's fd.
+//!
+//! Locking: `inner` is held only for short, non-blocking steps. Nobody holds it while polling
+//! the CQ (which locks other streams) or while sleeping; completions reach a stream through
+//! [`Stream::on_completion`], called by whoever polls its device's CQ, one at a time per device
+//! so that a stream sees its completions in CQ order.
+
+use super::{Dev, Engine};
+use crate::proto::{self, ReadError, WrId, WriteError};
+use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
+use crate::readiness::Doorbell;
+use libc::c_int;
+use std::io::{IoSlice, IoSliceMut};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// wr_id bit: the protocol asked for this completion (the verbs layer may signal more).
+const PROTO_SIGNALED: u64 = 1 << 62;
+/// wr_id of receive WRs (their completions are told apart by the verbs layer's flag).
+const RECV_WR: u64 = 0;
+
+/// What a blocked caller waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Bytes, EOF or an error to read.
+    Read,
+    /// Room to write, or an error.
+    Write,
+}
+
+/// An RDMA stream (see the module doc).
+pub struct Stream {
+    inner: Mutex<Inner>,
+    bell: Doorbell,
+    pub(super) dev: Arc<Dev>,
+    pub(super) qp_num: u32,
+    pub(super) token: u64,
+    /// Local address (rdma_cm's view).
+    pub local: SocketAddr,
+    /// Peer address.
+    pub peer: SocketAddr,
+    /// The program's `O_NONBLOCK` (a file flag of A; cached here, updated by the hooks).
+    nonblocking: AtomicBool,
+    /// An unconnected kernel TCP socket that holds the program's socket options.
+    pub opts_fd: c_int,
+    /// For an accepted stream not yet established: the listener to queue it on.
+    pub(super) pending_for: Mutex<Option<Arc<super::listener::Listener>>>,
+    spin: Duration,
+    /// SO_RCVTIMEO / SO_SNDTIMEO in µs (0: none), mirrored from `opts_fd`.
+    timeouts_us: [AtomicU64; 2],
+}
+
+pub(super) struct Inner {
+    pub(super) rc: Option<rdma::Conn>,
+    pub(super) proto: proto::Conn,
+    ring: RegBuf,
+    send: RegBuf,
+    remote: RemoteBuf,
+    recvs_owed: u32,
+    shown: Shown,
+    /// Peer disconnected or the QP failed: errno for calls once queued data is read.
+    dead: Option<c_int>,
+    /// When the program's last fd closed (the stream lingers to deliver queued bytes).
+    pub(super) closed_at: Option<Instant>,
+    pub(super) draining: bool,
+}
+
+#[derive(Default)]
+struct Shown {
+    readable: bool,
+    writable: bool,
+    eof: bool,
+    hangup: bool,
+}
+
+/// Everything a new stream is made of (built by `setup`).
+pub(super) struct Parts {
+    pub rc: rdma::Conn,
+    pub proto: proto::Conn,
+    pub ring: RegBuf,
+    pub send: RegBuf,
+    pub remote: RemoteBuf,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub opts_fd: c_int,
+    pub token: u64,
+}
+
+impl Stream {
+    pub(super) fn new(p: Parts, dev: Arc<Dev>, spin: Duration) -> std::io::Result<Arc<Stream>> {
+        let bell = Doorbell::new(false)?;
+        let qp_num = p.rc.qp_num();
+        let s = Arc::new(Stream {
+            inner: Mutex::new(Inner {
+                rc: Some(p.rc),
+                proto: p.proto,
+                ring: p.ring,
+                send: p.send,
+                remote: p.remote,
+                recvs_owed: 0,
+                shown: Shown { writable: true, ..Shown::default() },
+                dead: None,
+                closed_at: None,
+                draining: false,
+            }),
+            bell,
+            dev,
+            qp_num,
+            token: p.token,
+            local: p.local,
+            peer: p.peer,
+            nonblocking: AtomicBool::new(false),
+            opts_fd: p.opts_fd,
+            pending_for: Mutex::new(None),
+            spin,
+            timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
+        });
+        s.load_timeouts();
+        s.with(|inner| s.pump(inner));
+        Ok(s)
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        f(&mut self.lock())
+    }
+
+    /// The doorbell whose A the program holds.
+    pub fn bell(&self) -> &Doorbell {
+        &self.bell
+    }
+
+    /// Records the program's `O_NONBLOCK` (from fcntl/ioctl hooks and at install time).
+    pub fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Relaxed);
+    }
+
+    /// Re-reads SO_RCVTIMEO/SO_SNDTIMEO from the options socket (after a setsockopt).
+    pub fn load_timeouts(&self) {
+        for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO].into_iter().enumerate() {
+            let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
+            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+            // SAFETY: valid out-buffer of len bytes.
+            let r = unsafe {
+                crate::sys::real::getsockopt(self.opts_fd, libc::SOL_SOCKET, name, (&mut tv as *mut libc::timeval).cast(), &mut len)
+            };
+            let us = if r == 0 { tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64 } else { 0 };
+            self.timeouts_us[i].store(us, Relaxed);
+        }
+    }
+
+    /// SO_RCVTIMEO, if set.
+    pub fn rcv_timeout(&self) -> Option<Duration> {
+        Some(self.timeouts_us[0].load(Relaxed)).filter(|&u| u > 0).map(Duration::from_micros)
+    }
+
+    /// SO_SNDTIMEO, if set.
+    pub fn snd_timeout(&self) -> Option<Duration> {
+        Some(self.timeouts_us[1].load(Relaxed)).filter(|&u| u > 0).map(Duration::from_micros)
+    }
+
+    /// Bytes ready to read (`FIONREAD`).
+    pub fn readable_bytes(&self) -> usize {
+        self.lock().proto.readable()
+    }
+
+    /// Bytes written by the program and not yet acknowledged (`SIOCOUTQ`).
+    pub fn unsent_bytes(&self) -> usize {
+        let c = self.lock().proto.counters();
+        (c.tx_queued - c.tx_acked) as usize
+    }
+
+    /// Protocol counters (for `TCP_INFO`).
+    pub fn counters(&self) -> proto::Counters {
+        self.lock().proto.counters()
+    }
+
+    // ---- completions and the outbound pump -------------------------------------------------
+
+    /// Feeds one completion of this stream's QP (called with the device's poll lock held).
+    pub(super) fn on_completion(&self, wc: &Wc) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(rc) = inner.rc.as_mut() else { return };
+        if wc.is_recv() {
+            rc.on_recv_completion(wc);
+            if !wc.is_ok() {
+                // Flushed receives are expected once the connection is going down.
+                if !wc.is_flush() || !inner.proto.is_finished() {
+                    fail(inner, &self.bell, libc::ECONNRESET, "receive failed", wc);
+                }
+                return;
+            }
+            inner.recvs_owed += 1;
+            let r = match wc.imm() {
+                Some(imm) => inner.proto.handle_imm(imm),
+                None => Err(proto::ProtocolError::BadImm(proto::wire::ImmError::UnknownOp(0xff))), // a SEND, not ours
+            };
+            if let Err(e) = r {
+                log::warn!("rdma stream {} -> {}: protocol error from peer: {e}", self.local, self.peer);
+                inner.proto.abort();
+                fail(inner, &self.bell, libc::ECONNRESET, "protocol error", wc);
+            }
+        } else {
+            rc.on_send_completion(wc);
+            if !wc.is_ok() {
+                inner.proto.handle_send_error();
+                if !wc.is_flush() || !inner.proto.is_finished() {
+                    fail(inner, &self.bell, libc::ECONNRESET, "send failed", wc);
+                }
+                return;
+            }
+            if wc.wr_id() & PROTO_SIGNALED != 0 {
+                let id = WrId(wc.wr_id() & !PROTO_SIGNALED);
+                if let Err(e) = inner.proto.handle_send_complete(id) {
+                    log::error!("rdma stream {}: completion out of order: {e:?}", self.peer);
+                    fail(inner, &self.bell, libc::ECONNRESET, "completion accounting", wc);
+                }
+            }
+        }
+        self.pump(inner);
+    }
+
+    /// Reposts owed receives, posts every write the protocol wants, and shows the new state
+    /// on the doorbell. Call with `inner` locked after any change.
+    fn pump(&self, inner: &mut Inner) {
+        if let Some(rc) = inner.rc.as_mut() {
+            if inner.recvs_owed > 0 && inner.dead.is_none() {
+                match rc.post_recvs(RECV_WR, inner.recvs_owed) {
+                    Ok(()) => inner.recvs_owed = 0,
+                    Err(e) => log::error!("rdma stream {}: reposting receives: {e}", self.peer),
+                }
+            }
+            while let Some(w) = inner.proto.poll_write() {
+                if let Err(e) = post(rc, &inner.send, &inner.remote, &w) {
+                    log::warn!("rdma stream {}: post failed: {e}", self.peer);
+                    inner.proto.handle_send_error();
+                    inner.dead.get_or_insert(libc::ECONNRESET);
+                    break;
+                }
+            }
+        }
+        while inner.proto.poll_event().is_some() {}
+        self.show(inner);
+    }
+
+    /// Moves the doorbell to match the protocol state (edges only).
+    fn show(&self, inner: &mut Inner) {
+        let p = &inner.proto;
+        let reset = inner.dead.is_some() || p.state() == proto::State::Reset;
+        let readable = p.readable() > 0 || p.at_eof() || reset;
+        let writable = p.writable() > 0 || reset || matches!(p.state(), proto::State::WriteClosed | proto::State::Closing | proto::State::Closed);
+        if p.at_eof() && !inner.shown.eof {
+            inner.shown.eof = true;
+            self.bell.set_eof();
+        }
+        if readable != inner.shown.readable {
+            inner.shown.readable = readable;
+            self.bell.set_readable(readable);
+        }
+        if writable != inner.shown.writable {
+            inner.shown.writable = writable;
+            self.bell.set_writable(writable);
+        }
+        if reset && !inner.shown.hangup {
+            inner.shown.hangup = true;
+            self.bell.set_hangup();
+        }
+    }
+
+    /// The peer's side of the rdma_cm connection went away.
+    pub(super) fn on_disconnected(&self) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        if let Some(rc) = inner.rc.as_mut() {
+            rc.set_disconnected();
+        }
+        if !inner.proto.at_eof() || !inner.proto.is_finished() {
+            // Queued bytes stay readable; then reads fail like a reset TCP connection.
+            let e = if inner.proto.at_eof() { libc::EPIPE } else { libc::ECONNRESET };
+            inner.dead.get_or_insert(e);
+        }
+        self.show(inner);
+    }
+
+    // ---- the program's calls ---------------------------------------------------------------
+
+    /// `recv`-like: fills `bufs`; honours MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT and the file's
+    /// O_NONBLOCK. Ok(0) is end of stream. Err is an errno.
+    pub fn recv(&self, engine: &'static Engine, bufs: &mut [IoSliceMut<'_>], flags: c_int, timeout: Option<Duration>) -> Result<usize, c_int> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if want == 0 {
+            return Ok(0);
+        }
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking.load(Relaxed);
+        let peek = flags & libc::MSG_PEEK != 0;
+        let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !nonblock;
+        let mut done = 0usize;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            {
+                let mut g = self.lock();
+                let inner = &mut *g;
+                let mut rest = skip(bufs, done);
+                let r = if peek {
+                    inner.proto.peek_vectored(inner.ring.as_slice(), &mut rest)
+                } else {
+                    inner.proto.read_vectored(inner.ring.as_slice(), &mut rest)
+                };
+                match r {
+                    Ok(0) => return Ok(done), // EOF
+                    Ok(n) => {
+                        done += n;
+                        self.pump(inner);
+                        if !waitall || done == want {
+                            return Ok(done);
+                        }
+                    }
+                    Err(ReadError::Blocked) if done > 0 && !waitall => return Ok(done),
+                    Err(ReadError::Blocked) => {
+                        if let Some(e) = inner.dead {
+                            return if done > 0 { Ok(done) } else { Err(e_read(e)) };
+                        }
+                        self.show(inner);
+                    }
+                    Err(ReadError::Reset) => {
+                        return if done > 0 { Ok(done) } else { Err(libc::ECONNRESET) };
+                    }
+                }
+            }
+            if nonblock {
+                return Err(libc::EAGAIN);
+            }
+            self.wait(engine, Want::Read, deadline)?;
+        }
+    }
+
+    /// `send`-like: copies `bufs` into the send buffer and posts it. Blocking callers wait
+    /// until everything is queued. Err is an errno (EPIPE: the caller raises SIGPIPE).
+    pub fn send(&self, engine: &'static Engine, bufs: &[IoSlice<'_>], flags: c_int, timeout: Option<Duration>) -> Result<usize, c_int> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking.load(Relaxed);
+        let mut done = 0usize;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            {
+                let mut g = self.lock();
+                let inner = &mut *g;
+                if let Some(e) = inner.dead {
+                    return if done > 0 { Ok(done) } else { Err(e_write(e)) };
+                }
+                if want == 0 {
+                    return Ok(0);
+                }
+                let rest = skip_const(bufs, done);
+                let r = inner.proto.write_vectored(inner.send.as_mut_slice(), &rest);
+                match r {
+                    Ok(n) => {
+                        done += n;
+                        self.pump(inner);
+                        if done == want {
+                            return Ok(done);
+                        }
+                    }
+                    Err(WriteError::Blocked) => {
+                        if nonblock {
+                            self.show(inner);
+                            return if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
+                        }
+                        self.show(inner);
+                    }
+                    Err(WriteError::Closed) => return if done > 0 { Ok(done) } else { Err(libc::EPIPE) },
+                    Err(WriteError::Reset) => return if done > 0 { Ok(done) } else { Err(libc::EPIPE) },
+                }
+            }
+            if nonblock {
+                return if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
+            }
+            if let Err(e) = self.wait(engine, Want::Write, deadline) {
+                return if done > 0 { Ok(done) } else { Err(e) };
+            }
+        }
+    }
+
+    /// `shutdown(SHUT_WR)`: FIN after the queued bytes.
+    pub fn shutdown_write(&self) {
+        self.with(|inner| {
+            inner.proto.shutdown_write();
+            self.pump(inner);
+        });
+    }
+
+    /// The program's last fd is gone: deliver what is queued (or reset, for SO_LINGER 0),
+    /// then let the engine tear the connection down.
+    pub fn app_closed(&self, reset: bool) {
+        self.bell.release_app();
+        self.with(|inner| {
+            if reset {
+                inner.proto.abort();
+            } else {
+                inner.proto.close();
+            }
+            inner.closed_at = Some(Instant::now());
+            self.pump(inner);
+        });
+    }
+
+    /// Whether `want` can proceed without blocking.
+    fn ready(&self, want: Want) -> bool {
+        let inner = self.lock();
+        let p = &inner.proto;
+        inner.dead.is_some()
+            || p.state() == proto::State::Reset
+            || match want {
+                Want::Read => p.readable() > 0 || p.at_eof(),
+                Want::Write => p.writable() > 0 || !matches!(p.state(), proto::State::Open | proto::State::ReadClosed),
+            }
+    }
+
+    /// Blocks until `want` may proceed: polls the CQ for `RSOCK_SPIN_US`, then sleeps on A,
+    /// which the engine's helper thread rings. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
+    fn wait(&self, engine: &'static Engine, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
+        let spin_until = Instant::now() + self.spin;
+        loop {
+            engine.progress(&self.dev);
+            if self.ready(want) {
+                return Ok(());
+            }
+            if Instant::now() >= spin_until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        engine.ensure_helper();
+        let events = if want == Want::Read { libc::POLLIN } else { libc::POLLOUT };
+        loop {
+            if self.ready(want) {
+                return Ok(());
+            }
+            let mut ms = 100; // bounded: a missed ring costs at most this
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(libc::EAGAIN);
+                }
+                ms = ms.min(left.as_millis().max(1) as c_int);
+            }
+            let mut p = libc::pollfd { fd: self.bell.app_fd(), events, revents: 0 };
+            // SAFETY: one valid pollfd; EINTR just loops.
+            unsafe { crate::sys::real::poll(&mut p, 1, ms) };
+            engine.progress(&self.dev);
+        }
+    }
+
+    // ---- teardown (driven by the engine) ---------------------------------------------------
+
+    /// Advances a closed stream's teardown; true once its QP and memory can be dropped.
+    pub(super) fn reap_step(&self, linger: Duration) -> bool {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(closed_at) = inner.closed_at else { return false };
+        let Some(rc) = inner.rc.as_mut() else { return true };
+        let done = inner.proto.is_finished() || inner.dead.is_some() || inner.proto.state() == proto::State::Reset;
+        if !inner.draining {
+            if !done && closed_at.elapsed() < linger {
+                return false;
+            }
+            if !done {
+                log::info!("rdma stream {} -> {}: linger expired, dropping", self.local, self.peer);
+            }
+            let _ = rc.disconnect();
+            inner.draining = true;
+        }
+        let _ = rc.start_drain();
+        rc.is_drained() || closed_at.elapsed() > linger + Duration::from_secs(2)
+    }
+
+    /// Drops the QP (before the memory it used).
+    pub(super) fn destroy(&self) {
+        let rc = self.lock().rc.take();
+        drop(rc);
+        crate::sys::raw::close(self.opts_fd);
+    }
+}
+
+/// Marks the stream failed and logs the completion that said so.
+fn fail(inner: &mut Inner, bell: &Doorbell, errno: c_int, what: &str, wc: &Wc) {
+    if inner.dead.is_none() {
+        log::info!("rdma stream: {what}: {} (qp {})", wc.status_str(), wc.qp_num());
+    }
+    inner.dead.get_or_insert(errno);
+    let _ = bell;
+}
+
+/// A read on a dead stream: ECONNRESET, or EOF-like semantics are handled by the caller.
+fn e_read(e: c_int) -> c_int {
+    if e == libc::EPIPE { libc::ECONNRESET } else { e }
+}
+
+fn e_write(e: c_int) -> c_int {
+    let _ = e;
+    libc::EPIPE
+}
+
+/// Posts one protocol write on the QP.
+fn post(rc: &mut rdma::Conn, send: &RegBuf, remote: &RemoteBuf, w: &proto::Write) -> rdma::Result<()> {
+    let wr_id = w.wr_id.0 | if w.signaled { PROTO_SIGNALED } else { 0 };
+    let signal = if w.signaled { Signal::Yes } else { Signal::Auto };
+    let off = w.remote_offset as u64;
+    if w.len == 0 {
+        return match w.imm {
+            Some(imm) => rc.post_imm(wr_id, remote, imm, signal),
+            // A fence: a zero-length write that exists to be completed.
+            // SAFETY: no SGEs; remote address inside the peer's ring.
+            None => unsafe { rc.post_write(wr_id, &[], remote.at(off), remote.rkey, None, signal) },
+        };
+    }
+    let (start, len) = (w.local_offset as usize, w.len as usize);
+    if w.inline {
+        return rc.post_write_inline(wr_id, &send.as_slice()[start..start + len], remote, off, w.imm, signal);
+    }
+    let sge = send.sge(start, len);
+    // SAFETY: the SGE lies inside our registered send buffer, the remote range inside the
+    // peer's ring (the protocol checked both against its windows).
+    unsafe { rc.post_write(wr_id, &[sge], remote.at(off), remote.rkey, w.imm, signal) }
+}
+
+/// The part of `bufs` after the first `n` bytes.
+fn skip<'a, 'b>(bufs: &'a mut [IoSliceMut<'b>], mut n: usize) -> Vec<IoSliceMut<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs.iter_mut() {
+        if n >= b.len() {
+            n -= b.len();
+            continue;
+        }
+        out.push(IoSliceMut::new(&mut b[n..]));
+        n = 0;
+    }
+    out
+}
+
+fn skip_const<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if n >= b.len() {
+            n -= b.len();
+            continue;
+        }
+        out.push(IoSlice::new(&b[n..]));
+        n = 0;
+    }
+    out
+}
