@@ -9,7 +9,7 @@
 # Targets: <= 30 instructions added per non-socket call, <= 2% iperf3 throughput loss.
 #
 # usage: bench/overhead/run.sh
-#   RSOCK_SO / RSOCK_EXAMPLES as for the tests; build first: cargo build --release --examples
+#   RSOCK_SO / RSOCK_EXAMPLES as for the tests; build first: cargo build --release && cargo build --release --examples
 #   B_N (calls per loop under callgrind, default 1000000), B_TN (timed calls, default 2000000)
 #   B_RUNS (default 5), B_SECS (iperf3 seconds per run, default 5)
 # Needs: valgrind (callgrind, callgrind_annotate), iperf3, python3, iproute2 (ss).

@@ -10,7 +10,7 @@
 #   RSOCK_EXAMPLES  examples dir (default target/release/examples)
 #   T_MB       size of the streamed file in MiB (default 100)
 #   T_KEEP=1   keep the work dir (it is always kept when a cell fails)
-# Build first:  cargo build --release --examples
+# Build first:  cargo build --release && cargo build --release --examples
 #
 # Needs: netcat-openbsd, iperf3, iperf (2), socat, curl, python3, iproute2 (ss), coreutils.
 
