@@ -13,9 +13,11 @@
 //!    WRITE_WITH_IMM, limited by credits (ring slots) that the server returns with
 //!    zero-length WRITE_WITH_IMM; both sides checksum the stream (word-wise FNV-1a 64) and
 //!    the server writes its sum back for the client to compare.
+//!
 //! `--events` sleeps on the completion channel instead of busy-polling the CQ (the client
 //! passes it to the server). `--linger SECS` keeps the process alive after teardown and
 //! prints `LINGER pid=N`, so a test can check that no RDMA object of it is left.
+//!
 //! Exit status: 0 = all checks passed; 1 = failure; 2 = usage; 3 = no RDMA (fallback case).
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -537,7 +539,7 @@ fn main() {
             _ => usage(),
         }
     }
-    if o.size == 0 || o.size % 8 != 0 || o.size > o.ring || o.bytes == 0 || o.iters == 0 || o.size >= 1 << 28 {
+    if o.size == 0 || o.size & 7 != 0 || o.size > o.ring || o.bytes == 0 || o.iters == 0 || o.size >= 1 << 28 {
         eprintln!("rdma_pingpong: --size must be a non-zero multiple of 8 and <= --ring; --bytes, --iters > 0");
         exit(2);
     }

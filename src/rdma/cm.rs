@@ -338,7 +338,7 @@ impl Default for ConnParam<'_> {
 }
 
 impl ConnParam<'_> {
-    fn to_raw(&self) -> rdma_conn_param {
+    fn to_raw(self) -> rdma_conn_param {
         rdma_conn_param {
             private_data: if self.private_data.is_empty() {
                 std::ptr::null()

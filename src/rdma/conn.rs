@@ -74,11 +74,7 @@ pub struct Conn {
     caps: QpCaps,
     dev: Arc<Device>,
     cqe_reserved: u32,
-    sq_used: u32,
-    unsignaled_run: u32,
-    signal_every: u32,
-    /// Sizes of signaled batches in flight (each = its unsignaled run + itself)
-    batches: VecDeque<u32>,
+    sq: SqAccount,
     rq_posted: u32,
     broken: bool,
     disconnected: bool,
@@ -95,6 +91,51 @@ fn sq_full() -> Error {
     Error::new("ibv_post_send", libc::ENOBUFS, Reason::Resources)
 }
 
+/// Send-queue accounting under selective signaling (pure logic, no verbs)
+#[derive(Debug)]
+struct SqAccount {
+    depth: u32,
+    used: u32,
+    unsignaled_run: u32,
+    signal_every: u32,
+    /// Sizes of signaled batches in flight (each = its unsignaled run + itself)
+    batches: VecDeque<u32>,
+}
+
+impl SqAccount {
+    fn new(depth: u32) -> SqAccount {
+        let depth = depth.max(1);
+        SqAccount { depth, used: 0, unsignaled_run: 0, signal_every: (depth / 2).max(1), batches: VecDeque::new() }
+    }
+
+    fn room(&self) -> u32 {
+        self.depth - self.used
+    }
+
+    /// Whether the next WR must be signaled: asked for, a run long enough, or the last slot
+    fn want_signal(&self, s: Signal) -> bool {
+        s == Signal::Yes || self.unsignaled_run + 1 >= self.signal_every || self.used + 1 >= self.depth
+    }
+
+    /// A WR was posted (the caller checked `room() > 0`)
+    fn posted(&mut self, signaled: bool) {
+        self.used += 1;
+        if signaled {
+            self.batches.push_back(self.unsignaled_run + 1);
+            self.unsignaled_run = 0;
+        } else {
+            self.unsignaled_run += 1;
+        }
+    }
+
+    /// A signaled WR completed successfully: frees it and the unsignaled run before it
+    fn completed(&mut self) -> u32 {
+        let n = self.batches.pop_front().unwrap_or(1);
+        self.used = self.used.saturating_sub(n);
+        n
+    }
+}
+
 impl Conn {
     /// Creates an RC QP on `id` (resolved or from a connect request) in `dev`'s PD,
     /// posting to `dev`'s CQ. Lowers `max_inline_data` until the device accepts it.
@@ -104,7 +145,7 @@ impl Conn {
             Ok(l) => l,
             Err(e) => return Err((e, id)),
         };
-        if id.verbs() != dev.context() {
+        if id.verbs().is_null() || id.verbs() != dev.context() {
             return Err((Error::new("rdma_create_qp", libc::EINVAL, Reason::Other), id));
         }
         let mut inline = want.max_inline_data;
@@ -155,10 +196,7 @@ impl Conn {
             caps,
             dev: dev.clone(),
             cqe_reserved: reserve,
-            sq_used: 0,
-            unsignaled_run: 0,
-            signal_every: (caps.max_send_wr / 2).max(1),
-            batches: VecDeque::new(),
+            sq: SqAccount::new(caps.max_send_wr),
             rq_posted: 0,
             broken: false,
             disconnected: false,
@@ -195,7 +233,7 @@ impl Conn {
 
     /// Free send-queue slots
     pub fn sq_room(&self) -> u32 {
-        self.caps.max_send_wr - self.sq_used
+        self.sq.room()
     }
 
     /// Receive WRs posted and not yet completed
@@ -248,12 +286,9 @@ impl Conn {
         Ok(())
     }
 
-    fn want_signal(&self, s: Signal) -> bool {
-        s == Signal::Yes || self.unsignaled_run + 1 >= self.signal_every || self.sq_used + 1 >= self.caps.max_send_wr
-    }
-
     /// # Safety
     /// `sges` stay registered and unmodified until the WR completes (inline: until return).
+    #[allow(clippy::too_many_arguments)]
     unsafe fn post_send_raw(
         &mut self,
         wr_id: u64,
@@ -270,10 +305,10 @@ impl Conn {
         if wr_id >= DRAIN_SEND_WR_ID {
             return Err(Error::new("ibv_post_send", libc::EINVAL, Reason::Other));
         }
-        if self.sq_used >= self.caps.max_send_wr {
+        if self.sq.room() == 0 {
             return Err(sq_full());
         }
-        let signaled = self.want_signal(signal);
+        let signaled = self.sq.want_signal(signal);
         // SAFETY: plain C struct; zero is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
@@ -305,13 +340,7 @@ impl Conn {
             let errno = if ret > 0 { ret } else { libc::EIO };
             return Err(if errno == libc::ENOMEM { sq_full() } else { Error::from_errno("ibv_post_send", errno) });
         }
-        self.sq_used += 1;
-        if signaled {
-            self.batches.push_back(self.unsignaled_run + 1);
-            self.unsignaled_run = 0;
-        } else {
-            self.unsignaled_run += 1;
-        }
+        self.sq.posted(signaled);
         Ok(())
     }
 
@@ -424,9 +453,7 @@ impl Conn {
             self.broken = true;
             return 0;
         }
-        let n = self.batches.pop_front().unwrap_or(1);
-        self.sq_used = self.sq_used.saturating_sub(n);
-        n
+        self.sq.completed()
     }
 
     /// Accounts a completion of this QP's receive queue. An error status marks the
@@ -494,9 +521,74 @@ impl std::fmt::Debug for Conn {
         f.debug_struct("Conn")
             .field("qp_num", &self.qp_num)
             .field("caps", &self.caps)
-            .field("sq_used", &self.sq_used)
+            .field("sq_room", &self.sq.room())
             .field("rq_posted", &self.rq_posted)
             .field("broken", &self.broken)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Posts Auto WRs as fast as room allows, completing signaled ones in order after a
+    /// lag; the queue must never wedge (room 0 with nothing signaled in flight).
+    #[test]
+    fn selective_signaling_never_wedges_the_send_queue() {
+        for depth in [1, 2, 3, 4, 7, 16, 128] {
+            let mut sq = SqAccount::new(depth);
+            let mut in_flight_signaled = 0u32;
+            let mut posted = 0u32;
+            let mut freed = 0u32;
+            for step in 0..10_000u32 {
+                if sq.room() > 0 && (step % 3 != 2 || in_flight_signaled == 0) {
+                    let sig = sq.want_signal(Signal::Auto);
+                    sq.posted(sig);
+                    posted += 1;
+                    in_flight_signaled += u32::from(sig);
+                } else {
+                    // Full (or choosing to complete): a signaled WR must be in flight.
+                    assert!(in_flight_signaled > 0, "depth {depth}: full queue with no signaled WR");
+                    freed += sq.completed();
+                    in_flight_signaled -= 1;
+                }
+                assert!(sq.unsignaled_run < depth.max(1));
+                assert_eq!(posted - freed, sq.used);
+            }
+        }
+    }
+
+    #[test]
+    fn signaled_completion_frees_its_unsignaled_run() {
+        let mut sq = SqAccount::new(8); // signal every 4th
+        let sigs: Vec<bool> = (0..4).map(|_| {
+            let s = sq.want_signal(Signal::Auto);
+            sq.posted(s);
+            s
+        }).collect();
+        assert_eq!(sigs, [false, false, false, true]);
+        assert_eq!(sq.room(), 4);
+        assert_eq!(sq.completed(), 4);
+        assert_eq!(sq.room(), 8);
+        // An explicit signal closes a shorter run.
+        sq.posted(false);
+        assert!(sq.want_signal(Signal::Yes));
+        sq.posted(true);
+        assert_eq!(sq.completed(), 2);
+        assert_eq!(sq.room(), 8);
+    }
+
+    #[test]
+    fn last_slot_is_always_signaled() {
+        let mut sq = SqAccount::new(3); // signal_every = 1: every WR signaled
+        assert!(sq.want_signal(Signal::Auto));
+        let mut sq = SqAccount::new(5); // signal_every = 2
+        sq.posted(false);
+        sq.posted(true);
+        sq.posted(false);
+        sq.posted(true);
+        assert_eq!(sq.room(), 1);
+        assert!(sq.want_signal(Signal::Auto));
     }
 }

@@ -49,7 +49,7 @@ pub fn resolve(src: Option<SocketAddr>, dst: SocketAddr, token: u64, timeout: Du
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     id.resolve_route(left)?;
     wait_event(&ch, EventKind::RouteResolved, "rdma_resolve_route", Some(deadline))?;
-    let dev = Device::for_context(id.verbs())?;
+    let dev = Device::for_id(&id)?;
     Ok((id, dev))
 }
 
@@ -123,7 +123,7 @@ impl Listener {
                 continue; // stray event of an id that has since moved away
             }
             let Some(mut id) = ev.take_id() else { continue };
-            let device = match Device::for_context(id.verbs()) {
+            let device = match Device::for_id(&id) {
                 Ok(d) => d,
                 Err(e) => {
                     let _ = id.reject(&[]);

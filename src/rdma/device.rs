@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_pd, ibv_wc,
     ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
 
+use super::cm::CmId;
 use super::error::{Error, Reason, Result};
 use super::fd;
 use super::ffi::{self, lib};
@@ -55,9 +56,20 @@ unsafe impl Sync for Device {}
 static OPEN: Mutex<Vec<Weak<Device>>> = Mutex::new(Vec::new());
 
 impl Device {
-    /// The shared resources of the device behind `ctx` (an id's [`super::CmId::verbs`]),
-    /// created on first use and kept while any `Arc` to them lives
-    pub fn for_context(ctx: *mut ibv_context) -> Result<Arc<Device>> {
+    /// The shared resources of the device `id` is bound to (after address resolution, or
+    /// a connect request's id), created on first use and kept while any `Arc` to them
+    /// lives. An id bound to no RDMA device gives [`Reason::NoRdma`].
+    pub fn for_id(id: &CmId) -> Result<Arc<Device>> {
+        // SAFETY: a non-null `verbs` of a live id is a context librdmacm keeps open.
+        unsafe { Device::for_context(id.verbs()) }
+    }
+
+    /// [`Self::for_id`] from a raw verbs context.
+    ///
+    /// # Safety
+    /// `ctx` is null or a live verbs context that outlives the returned resources (the
+    /// contexts librdmacm opens stay open for the life of the process).
+    pub unsafe fn for_context(ctx: *mut ibv_context) -> Result<Arc<Device>> {
         if ctx.is_null() {
             return Err(Error::new("device", libc::ENODEV, Reason::NoRdma));
         }
@@ -66,14 +78,18 @@ impl Device {
         if let Some(d) = open.iter().filter_map(Weak::upgrade).find(|d| d.ctx == ctx) {
             return Ok(d);
         }
-        let d = Arc::new(Device::open(ctx, DEFAULT_CQ_ENTRIES)?);
+        // SAFETY: per this function's contract.
+        let d = Arc::new(unsafe { Device::open(ctx, DEFAULT_CQ_ENTRIES) }?);
         open.push(Arc::downgrade(&d));
         Ok(d)
     }
 
     /// Creates private resources on `ctx` with a CQ of `cq_entries` (not shared through
-    /// [`Self::for_context`])
-    pub fn open(ctx: *mut ibv_context, cq_entries: u32) -> Result<Device> {
+    /// [`Self::for_id`])
+    ///
+    /// # Safety
+    /// As [`Self::for_context`], and `ctx` must not be null.
+    pub unsafe fn open(ctx: *mut ibv_context, cq_entries: u32) -> Result<Device> {
         let lib = lib()?;
         // SAFETY: ibv_device_attr is plain data; zero is a valid bit pattern.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };

@@ -62,7 +62,8 @@ mod tests {
 
     #[test]
     fn device_lookup_rejects_null_context() {
-        let e = Device::for_context(std::ptr::null_mut()).err().unwrap();
+        // SAFETY: null is allowed and rejected.
+        let e = unsafe { Device::for_context(std::ptr::null_mut()) }.err().unwrap();
         assert_eq!(e.reason(), Reason::NoRdma);
     }
 }
