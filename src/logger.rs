@@ -43,7 +43,7 @@ impl FileLogger {
         if fd >= 0 && self.still_ours(fd) {
             return fd;
         }
-        let new = raw::open(&self.path, libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT, 0o644);
+        let new = raw::hide(raw::open(&self.path, libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT, 0o644));
         if new < 0 {
             return -1;
         }

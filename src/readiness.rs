@@ -46,7 +46,7 @@ impl Doorbell {
         if unsafe { real::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let (app, shim) = (sv[0], sv[1]);
+        let (app, shim) = (crate::sys::raw::hide(sv[0]), crate::sys::raw::hide(sv[1]));
         let d = Doorbell { app: std::sync::atomic::AtomicI32::new(app), shim };
         // The smallest send buffer: few filler bytes make A unwritable. The kernel clamps 1
         // up to its minimum.

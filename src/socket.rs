@@ -58,6 +58,17 @@ impl State {
     }
 }
 
+/// How a nonblocking connect that is still in progress will be counted.
+#[derive(Clone, Copy, Debug)]
+pub struct Pending {
+    /// Path it will count on.
+    pub path: Path,
+    /// Why it is on that path.
+    pub reason: Option<Fallback>,
+    /// Raw destination address.
+    pub peer: [u8; 28],
+}
+
 /// An owned socket. Lives in type-stable memory (see [`crate::fdtable`]).
 pub struct Socket {
     refs: AtomicUsize,
@@ -66,6 +77,8 @@ pub struct Socket {
     path: AtomicU32,
     slot: AtomicU64,
     attached: Mutex<Option<Attachment>>,
+    /// A kernel TCP connect in progress, counted once it is known to have succeeded.
+    pending: Mutex<Option<Pending>>,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -79,6 +92,7 @@ impl Socket {
             path: AtomicU32::new(Path::Passthrough as u32),
             slot: AtomicU64::new(0),
             attached: Mutex::new(None),
+            pending: Mutex::new(None),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -86,6 +100,7 @@ impl Socket {
     pub(crate) fn reset(&self) {
         self.fds.reset();
         *self.attached.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.state.store(State::Created as u32, Relaxed);
         self.path.store(Path::Passthrough as u32, Relaxed);
         self.slot.store(0, Relaxed);
@@ -135,6 +150,19 @@ impl Socket {
                 crate::engine::detach(a);
             }
         }
+    }
+
+    /// Remembers a connect in progress (counted by [`take_pending`](Self::take_pending)'s caller).
+    pub fn set_pending(&self, p: Pending) {
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+
+    /// The connect in progress, if any, now resolved (success or failure).
+    pub fn take_pending(&self) -> Option<Pending> {
+        if self.state() != State::Connecting {
+            return None;
+        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// What carries this socket, if RDMA is engaged.

@@ -44,6 +44,9 @@ fn owned(
         },
         None => call(),
     };
+    if r > 0 && s.state() == crate::socket::State::Connecting {
+        super::resolve_pending(&s, fd, true); // data moved: the connect succeeded
+    }
     count(&s, r);
     r
 }
@@ -297,4 +300,87 @@ unsafe fn sendfile_rdma(st: &Stream, in_fd: c_int, off: *mut off_t, n: size_t) -
         *off = p;
     }
     total as ssize_t
+}
+
+/// splice between a pipe and a socket. Kernel TCP: forwarded and counted. An RDMA stream is
+/// not a kernel socket, so the bytes go through a buffer: from a stream, peeked, written to
+/// the pipe, and consumed only as far as the pipe took them; to a stream, at most what the
+/// stream can take without blocking is read from the pipe (all of `len` when blocking).
+#[inline]
+pub unsafe fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+    if !fdtable::owns(fd_in) && !fdtable::owns(fd_out) {
+        return real::splice(fd_in, off_in, fd_out, off_out, len, flags);
+    }
+    splice_owned(fd_in, off_in, fd_out, off_out, len, flags)
+}
+
+#[cold]
+#[inline(never)]
+unsafe fn splice_owned(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+    let (sin, sout) = (fdtable::get(fd_in), fdtable::get(fd_out));
+    let (stin, stout) = (sin.as_ref().and_then(|s| s.stream()), sout.as_ref().and_then(|s| s.stream()));
+    let r = match (&stin, &stout, crate::guard::enter()) {
+        (Some(st), None, Some(_g)) => splice_from_stream(st, fd_out, off_out, len, flags),
+        (None, Some(st), Some(_g)) => splice_to_stream(st, fd_in, off_in, len, flags),
+        (Some(_), Some(_), _) => fail(libc::EINVAL), // two sockets: the kernel refuses too
+        _ => real::splice(fd_in, off_in, fd_out, off_out, len, flags),
+    };
+    if let Some(s) = &sin {
+        s.received(r as isize);
+    }
+    if let Some(s) = &sout {
+        s.sent(r as isize);
+    }
+    r
+}
+
+const SPLICE_CHUNK: usize = 64 * 1024;
+
+unsafe fn splice_from_stream(st: &Stream, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+    let mut chunk = vec![0u8; len.clamp(1, SPLICE_CHUNK)];
+    let nb = if flags & libc::SPLICE_F_NONBLOCK != 0 { libc::MSG_DONTWAIT } else { 0 };
+    let mut one = [IoSliceMut::new(&mut chunk)];
+    let peeked = recv_rdma(st, Some(&mut one), libc::MSG_PEEK | nb);
+    if peeked <= 0 {
+        return peeked;
+    }
+    let w = if off_out.is_null() {
+        real::write(fd_out, chunk.as_ptr().cast(), peeked as usize)
+    } else {
+        let w = libc::pwrite(fd_out, chunk.as_ptr().cast(), peeked as usize, *off_out);
+        if w > 0 {
+            *off_out += w as off64_t;
+        }
+        w
+    };
+    if w > 0 {
+        let mut sink = vec![0u8; w as usize];
+        let mut one = [IoSliceMut::new(&mut sink)];
+        recv_rdma(st, Some(&mut one), libc::MSG_DONTWAIT); // exactly the bytes peeked above
+    }
+    w
+}
+
+unsafe fn splice_to_stream(st: &Stream, fd_in: c_int, off_in: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+    let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0 || st.is_nonblocking();
+    let room = if nonblock { st.writable_bytes() } else { len };
+    if room == 0 {
+        return fail(libc::EAGAIN);
+    }
+    let mut chunk = vec![0u8; len.min(room).clamp(1, SPLICE_CHUNK)];
+    let got = if off_in.is_null() {
+        real::read(fd_in, chunk.as_mut_ptr().cast(), chunk.len())
+    } else {
+        let g = libc::pread(fd_in, chunk.as_mut_ptr().cast(), chunk.len(), *off_in);
+        if g > 0 {
+            *off_in += g as off64_t;
+        }
+        g
+    };
+    if got <= 0 {
+        return got;
+    }
+    // Everything read must reach the stream: wait for room even if nonblocking (it was there).
+    let bufs = [IoSlice::new(&chunk[..got as usize])];
+    send_rdma(st, Some(&bufs), 0)
 }

@@ -25,7 +25,7 @@ use crate::engine::{self, Accepted, Listener};
 use crate::fdtable::{self, SockRef};
 use crate::guard;
 use crate::init;
-use crate::socket::{Attachment, State};
+use crate::socket::{Attachment, Pending, State};
 use crate::stats::{Fallback, Path};
 use crate::sys::raw::{errno, set_errno};
 use crate::sys::real;
@@ -108,7 +108,7 @@ fn connect_rdma(s: &crate::socket::Socket, fd: c_int, dest: SocketAddr) -> Resul
         return Err(Fallback::NegativeCache);
     }
     // SAFETY: duplicating the program's socket; the copy keeps its options.
-    let opts_fd = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    let opts_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
     if opts_fd < 0 {
         return Err(Fallback::Resources);
     }
@@ -151,7 +151,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         return real::connect(fd, addr, len); // AF_UNSPEC disconnect, or a bad address: the kernel says
     };
     if !s.transition(State::Created, State::Connecting) {
-        return real::connect(fd, addr, len); // a repeat call on a connecting socket
+        return connect_again(&s, fd, addr, len);
     }
     let (path, reason) = if engine::get().is_some() && Config::get().excludes(&dest) {
         (Path::Passthrough, None)
@@ -169,13 +169,44 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     };
     let r = real::connect(fd, addr, len);
     let e = errno();
-    if r == 0 || e == libc::EINPROGRESS || e == libc::EINTR {
-        // EINTR: a blocking connect goes on in the background, like EINPROGRESS.
+    log::debug!("fd {fd}: connect to {dest} over kernel TCP ({})", reason.map_or("passthrough", |r| r.name()));
+    if r == 0 {
         let local = local_addr(fd);
         s.established(fd, State::Tcp, path, reason, &local, addr_bytes(addr, len));
-        log::debug!("fd {fd}: connect to {dest} over kernel TCP ({})", reason.map_or("passthrough", |r| r.name()));
+    } else if e == libc::EINPROGRESS || e == libc::EINTR {
+        // Goes on in the background (EINTR: a blocking connect, likewise). Counted once it is
+        // known to have succeeded: SO_ERROR 0, a peer name, a connect saying EISCONN, or data.
+        let mut peer = [0u8; 28];
+        let raw = addr_bytes(addr, len);
+        peer[..raw.len().min(28)].copy_from_slice(&raw[..raw.len().min(28)]);
+        s.set_pending(Pending { path, reason, peer });
     } else {
         s.set_state(State::Created); // failed: the program may retry on the same socket
+    }
+    set_errno(e);
+    r
+}
+
+/// A connect in progress on `s` is now known to have succeeded (`ok`) or failed: count it,
+/// or return the socket to `Created`.
+pub(super) fn resolve_pending(s: &crate::socket::Socket, fd: c_int, ok: bool) {
+    let Some(p) = s.take_pending() else { return };
+    if ok {
+        let local = local_addr(fd);
+        s.established(fd, State::Tcp, p.path, p.reason, &local, &p.peer);
+    } else {
+        s.set_state(State::Created);
+    }
+}
+
+/// A repeated connect() on a socket whose kernel connect is in progress.
+unsafe fn connect_again(s: &crate::socket::Socket, fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let r = real::connect(fd, addr, len);
+    let e = errno();
+    if r == 0 || e == libc::EISCONN {
+        keep_errno(|| resolve_pending(s, fd, true));
+    } else if e != libc::EALREADY && e != libc::EINPROGRESS && e != libc::EINTR {
+        resolve_pending(s, fd, false);
     }
     set_errno(e);
     r
@@ -365,6 +396,19 @@ pub unsafe fn dup(fd: c_int) -> c_int {
         share(&s, new);
     }
     new
+}
+
+/// A `FILE` made with `fdopen` on a socket closes its fd inside libc, where no hook sees it:
+/// forget the fd first (the number may be reused at once).
+#[inline]
+pub unsafe fn fclose(stream: *mut libc::FILE) -> c_int {
+    if !stream.is_null() {
+        let fd = libc::fileno(stream);
+        if fd >= 0 && fdtable::owns(fd) {
+            forget(fd);
+        }
+    }
+    real::fclose(stream)
 }
 
 /// dup2/dup3 onto `new`: the kernel closed whatever `new` was, so forget it too.

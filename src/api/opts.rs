@@ -33,6 +33,9 @@ fn opts_fd(a: &Attachment) -> c_int {
 
 #[inline]
 pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    if level == libc::SOL_SOCKET && name == libc::SO_ERROR && fdtable::owns(fd) {
+        return so_error(fd, val, len);
+    }
     let Some(a) = attached(fd) else { return real::getsockopt(fd, level, name, val, len) };
     if let Attachment::Stream(s) = &a {
         match (level, name) {
@@ -65,9 +68,47 @@ pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
     }
 }
 
+/// SO_ERROR on an owned socket: 0 for an RDMA stream; for kernel TCP the kernel's answer,
+/// which also settles a connect in progress (how nonblocking connects are usually checked).
+#[cold]
+unsafe fn so_error(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    let Some(s) = fdtable::get(fd) else { return real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len) };
+    if s.stream().is_some() {
+        return put_int(val, len, 0);
+    }
+    let r = real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len);
+    if r == 0 && s.state() == crate::socket::State::Connecting && !val.is_null() && *len as usize >= 4 {
+        let e = crate::sys::raw::errno();
+        let err = *(val as *const c_int);
+        if err != 0 {
+            super::resolve_pending(&s, fd, false);
+        } else if connected(fd) {
+            super::resolve_pending(&s, fd, true);
+        }
+        set_errno(e);
+    }
+    r
+}
+
+/// Whether a kernel socket has a peer (its connect completed).
+unsafe fn connected(fd: c_int) -> bool {
+    let mut a = [0u8; 28];
+    let mut l = a.len() as socklen_t;
+    real::getpeername(fd, a.as_mut_ptr().cast(), &mut l) == 0
+}
+
 #[inline]
 pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     match attached(fd) {
+        None if fdtable::owns(fd) => {
+            let r = real::getpeername(fd, addr, len);
+            if r == 0 {
+                if let Some(s) = fdtable::get(fd) {
+                    super::resolve_pending(&s, fd, true);
+                }
+            }
+            r
+        }
         None => real::getpeername(fd, addr, len),
         Some(Attachment::Listener(l)) => real::getpeername(l.tcp_fd, addr, len),
         Some(Attachment::Stream(s)) => put_addr(&s.peer, addr, len),

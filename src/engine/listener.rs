@@ -59,7 +59,7 @@ impl Listener {
         let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
         let bell = Doorbell::new(fl >= 0 && fl & libc::O_NONBLOCK != 0).map_err(|e| e.to_string())?;
         // SAFETY: duplicating the listening socket; we own the copy.
-        let tcp_fd = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        let tcp_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
         if tcp_fd < 0 {
             return Err(format!("dup: {}", std::io::Error::last_os_error()));
         }

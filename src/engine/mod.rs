@@ -115,7 +115,10 @@ impl Engine {
         let ch = EventChannel::new()?;
         // SAFETY: plain syscalls creating fds we own.
         let (epfd, wake_fd) = unsafe {
-            (crate::sys::real::epoll_create1(libc::EPOLL_CLOEXEC), libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))
+            (
+                crate::sys::raw::hide(crate::sys::real::epoll_create1(libc::EPOLL_CLOEXEC)),
+                crate::sys::raw::hide(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)),
+            )
         };
         if epfd < 0 || wake_fd < 0 {
             return Err(rdma::Error::last_os("epoll_create1/eventfd"));

@@ -80,7 +80,7 @@ fn remote(peer: &Hello) -> rdma::RemoteBuf {
 fn opts_socket(peer: &SocketAddr) -> libc::c_int {
     let family = if peer.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: plain socket(2) through the real function.
-    unsafe { crate::sys::real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) }
+    crate::sys::raw::hide(unsafe { crate::sys::real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })
 }
 
 /// Connects to `dest` over RDMA within the configured time, or says why not.

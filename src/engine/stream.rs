@@ -165,6 +165,16 @@ impl Stream {
         Some(self.timeouts_us[1].load(Relaxed)).filter(|&u| u > 0).map(Duration::from_micros)
     }
 
+    /// Whether the program's file is nonblocking.
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking.load(Relaxed)
+    }
+
+    /// Bytes a write could queue now without blocking.
+    pub fn writable_bytes(&self) -> usize {
+        self.lock().proto.writable()
+    }
+
     /// Bytes ready to read (`FIONREAD`).
     pub fn readable_bytes(&self) -> usize {
         self.lock().proto.readable()

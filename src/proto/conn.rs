@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
+use std::ops::Range;
 
 use super::credits::{MsgClass, RxCredits, TxCredits};
 use super::ring::{gather_into, scatter, Ring};
@@ -398,6 +399,44 @@ impl Conn {
         }
         let unread = if self.read_closed { 0 } else { self.rx.unread() };
         Ok(self.ring.slices(ring, self.rx.consumed(), unread))
+    }
+
+    /// Offsets in the ring of the readable bytes, in stream order (the second range is empty
+    /// unless they wrap). For drivers that must not form a slice over the whole ring while
+    /// the NIC writes into its free part: read these ranges, then [`consume`](Self::consume).
+    pub fn readable_ranges(&self) -> [Range<usize>; 2] {
+        self.ring.ranges(self.rx.consumed(), self.readable() as u64)
+    }
+
+    /// Offsets in the send buffer of the free space, in stream order (the second range is
+    /// empty unless it wraps). Copy bytes there, then [`commit_write`](Self::commit_write):
+    /// the zero-copy form of [`write`](Self::write), which never touches bytes the NIC may
+    /// still be reading.
+    pub fn send_space(&self) -> [Range<usize>; 2] {
+        self.send_ring.ranges(self.tx_queued, self.writable() as u64)
+    }
+
+    /// Queues `n` bytes the caller placed at the start of [`send_space`](Self::send_space);
+    /// `n` larger than the free space is clamped. Errors as [`write_vectored`](Self::write_vectored).
+    pub fn commit_write(&mut self, n: usize) -> Result<usize, WriteError> {
+        if self.is_reset() {
+            return Err(WriteError::Reset);
+        }
+        if self.write_shut {
+            return Err(WriteError::Closed);
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        let free = self.writable();
+        if free == 0 {
+            self.need_signal = true;
+            self.writer_waiting = true;
+            return Err(WriteError::Blocked);
+        }
+        let n = n.min(free);
+        self.tx_queued += n as u64;
+        Ok(n)
     }
 
     /// Consumes up to `n` readable bytes without copying them; returns how many.

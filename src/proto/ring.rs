@@ -5,6 +5,7 @@
 //! (2^64 bytes), so ordering them needs no wrapping comparison. Only offsets wrap.
 
 use std::io::{IoSlice, IoSliceMut};
+use std::ops::Range;
 
 /// A ring of `size` bytes (`size >= 1`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,15 +34,21 @@ impl Ring {
         self.size - self.offset(pos)
     }
 
+    /// The one or two offset ranges holding `len` bytes from `pos`, in stream order (the
+    /// second is empty unless the span wraps). `len` must not exceed the ring size.
+    pub(crate) fn ranges(self, pos: u64, len: u64) -> [Range<usize>; 2] {
+        debug_assert!(len <= u64::from(self.size));
+        let start = self.offset(pos) as usize;
+        let first = (len as usize).min(self.contiguous(pos) as usize);
+        [start..start + first, 0..len as usize - first]
+    }
+
     /// The one or two pieces of `buf` holding `len` bytes from `pos`, in stream order.
     ///
     /// `len` must not exceed the ring size; `buf` must be exactly the ring.
     pub(crate) fn slices(self, buf: &[u8], pos: u64, len: u64) -> (&[u8], &[u8]) {
-        debug_assert!(len <= u64::from(self.size));
-        let start = self.offset(pos) as usize;
-        let first = (len as usize).min(self.contiguous(pos) as usize);
-        let second = len as usize - first;
-        (&buf[start..start + first], &buf[..second])
+        let [a, b] = self.ranges(pos, len);
+        (&buf[a], &buf[b])
     }
 
     /// Copies `data` into `buf` starting at `pos`, wrapping once if needed.

@@ -58,6 +58,36 @@ pub fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> c_int {
     fd
 }
 
+/// Lowest fd number for the shim's own long-lived fds: near the top of the soft
+/// `RLIMIT_NOFILE`, so they never take the numbers a program expects `open`/`socket` to
+/// return next (programs may rely on getting the lowest free number).
+fn hidden_fd_base() -> c_int {
+    let mut r = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    let cur = r.rlim_cur.min(1 << 20) as c_int;
+    (cur - 96).max(cur / 2).max(3)
+}
+
+/// Moves a shim-internal `fd` to a high number (close-on-exec) and returns the new number;
+/// returns `fd` unchanged if no high number is free. Errno is preserved.
+pub fn hide(fd: c_int) -> c_int {
+    if fd < 0 {
+        return fd;
+    }
+    let saved = errno();
+    // SAFETY: F_DUPFD_CLOEXEC on our own fd, straight to the kernel (fcntl is hooked).
+    let n = unsafe { libc::syscall(libc::SYS_fcntl, fd as c_long, libc::F_DUPFD_CLOEXEC as c_long, hidden_fd_base() as c_long) };
+    let out = if n >= 0 {
+        close(fd);
+        n as c_int
+    } else {
+        fd
+    };
+    set_errno(saved);
+    out
+}
+
 /// Thread id of the caller.
 pub fn gettid() -> i64 {
     // SAFETY: gettid has no arguments and cannot fail.
