@@ -13,6 +13,7 @@
 RDMA_VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 RSOCK_REPO=$(cd "$RDMA_VM_DIR/../.." && pwd)
 RSOCK_VM_CACHE=${RSOCK_VM_CACHE:-$RSOCK_REPO/.cache/rdma-vm}
+[[ $RSOCK_VM_CACHE == /* ]] || RSOCK_VM_CACHE=$PWD/$RSOCK_VM_CACHE
 
 # Exit codes of run.sh besides the command's own status (documented in README.md).
 RDMA_VM_EXIT_USAGE=2

@@ -180,8 +180,13 @@ for ((i = 0; i < nodes; i++)); do
 done
 
 # --- qemu ---------------------------------------------------------------------------------
+# A path inside a qemu option value: commas must be doubled.
+q() { printf '%s' "${1//,/,,}"; }
+
 qemu_args() {
-  local i=$1 ctl=$run_dir/node$1/ctl fifo=$run_dir/node$1/fifo
+  local i=$1 ctl fifo run repo
+  ctl=$(q "$run_dir/node$i/ctl") fifo=$(q "$run_dir/node$i/fifo") run=$(q "$run_dir")
+  repo=$(q "$RSOCK_REPO")
   local p9='security_model=none,multidevs=remap'
   # Kernel: console on ttyS0 (kept as console.log), warnings included (loglevel=5);
   # panic=-1 + -no-reboot turn a panic into a qemu exit; mitigations=off because this
@@ -189,13 +194,13 @@ qemu_args() {
   printf '%s\n' \
     -name "rsock-rdma-vm$i" -nodefaults -no-user-config -display none -no-reboot \
     -machine q35 -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
-    -kernel "$kernel" -initrd "$initrd" \
+    -kernel "$(q "$kernel")" -initrd "$(q "$initrd")" \
     -append "console=ttyS0 panic=-1 loglevel=5 mitigations=off rdma_vm=1" \
     -chardev "file,id=con,path=$ctl/console.log" -serial chardev:con \
     -device virtio-rng-pci \
     -device virtio-serial-pci \
     -virtfs "local,path=/,mount_tag=hostroot,readonly=on,$p9" \
-    -virtfs "local,path=$RSOCK_REPO,mount_tag=project,$p9" \
+    -virtfs "local,path=$repo,mount_tag=project,$p9" \
     -virtfs "local,path=$ctl,mount_tag=ctl,$p9" \
     -pidfile "$run_dir/node$i/qemu.pid"
   if [[ $mode == shell ]]; then
@@ -205,10 +210,10 @@ qemu_args() {
       -chardev "pipe,id=err,path=$fifo/err" -device virtconsole,chardev=err
   fi
   if ((nodes == 2)); then
-    # The two guests' NICs are joined by a pair of Unix datagram sockets on this host.
-    # ... and share a directory for the nodes to signal each other (lib.sh pair_signal).
-    printf '%s\n' -virtfs "local,path=$run_dir/pair,mount_tag=pairshare,security_model=none"
-    printf '%s\n' -netdev "dgram,id=wire,local.type=unix,local.path=$run_dir/wire$i.sock,remote.type=unix,remote.path=$run_dir/wire$((1 - i)).sock" \
+    # The two guests share a directory to signal each other (lib.sh pair_signal), and
+    # their NICs are joined by a pair of Unix datagram sockets on this host.
+    printf '%s\n' -virtfs "local,path=$run/pair,mount_tag=pairshare,security_model=none"
+    printf '%s\n' -netdev "dgram,id=wire,local.type=unix,local.path=$run/wire$i.sock,remote.type=unix,remote.path=$run/wire$((1 - i)).sock" \
       -device "virtio-net-pci,netdev=wire,mac=52:54:00:77:01:0$((i + 1))"
   fi
 }
