@@ -1,17 +1,46 @@
 //! Exhaustive model check for tiny configurations: every interleaving of application calls,
 //! posts, deliveries, receive completions and send completions on both sides, up to state
 //! deduplication. In every reachable state the credit invariants hold, the bytes read are a
-//! prefix of the bytes written, no write leaves the granted window, and a fair schedule from
-//! that state completes both streams and finishes both connections (no deadlock, no livelock).
+//! prefix of the bytes written, no write leaves the granted window, every state can still
+//! reach the end (both streams read to EOF, both connections finished: no deadlock), and a
+//! fair schedule from a sample of states gets there by itself (no livelock).
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
 use rsock_core::proto::{Config, ReadError};
 use rsock_core::transport::mem::{Pair, Side};
 
 const DATA: [&[u8]; 2] = [b"abcdef", b"uvwxyz"];
+
+/// A fast multiplicative hasher (64-bit keys; collisions would only merge states, and at
+/// these state counts are improbable).
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 #[derive(Clone, Hash)]
 struct Model {
@@ -52,7 +81,7 @@ impl Model {
     }
 
     fn key(&self) -> u64 {
-        let mut h = DefaultHasher::new();
+        let mut h = FxHasher(0);
         self.hash(&mut h);
         h.finish()
     }
@@ -87,12 +116,8 @@ impl Model {
         v
     }
 
-    fn apply(&mut self, a: Action) {
-        self.apply_unchecked(a);
-        self.p.check_invariants().expect("credit invariants");
-    }
-
-    /// States a drain passes through are reachable, so the search checks them anyway.
+    /// Applies without checking invariants: the search checks each new state once, and the
+    /// states a drain passes through are reachable, so the search checks them too.
     fn apply_unchecked(&mut self, a: Action) {
         match a {
             Action::Write(s, n) => {
@@ -140,6 +165,10 @@ impl Model {
         self.p.b.events.clear();
     }
 
+    fn is_done(&self) -> bool {
+        self.eof == [true; 2] && self.p.a.conn.is_finished() && self.p.b.conn.is_finished()
+    }
+
     /// Fair schedule from here: must end with both streams read to EOF and both finished.
     fn drains(mut self) -> bool {
         for _ in 0..200 {
@@ -154,8 +183,7 @@ impl Model {
                 self.apply_unchecked(Action::Read(s, 8));
             }
             self.p.step().expect("step");
-            if self.eof == [true; 2] && self.p.a.conn.is_finished() && self.p.b.conn.is_finished()
-            {
+            if self.is_done() {
                 return true;
             }
         }
@@ -164,22 +192,48 @@ impl Model {
 }
 
 /// Explores every state reachable from a fresh pair; returns the number of states.
+///
+/// Liveness is checked two ways: every state must be able to reach a finished state (checked
+/// on the whole graph, backwards from the finished states), and a fair schedule run from a
+/// sample of states must finish by itself (catches livelocks a lucky path would hide).
 fn explore(a: Config, b: Config, len: [usize; 2], limit: usize) -> usize {
     let start = Model::new(a, b, len);
+    let mut preds: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut done = Vec::new();
     let mut seen = HashSet::new();
     seen.insert(start.key());
-    let mut stack = vec![start];
-    while let Some(m) = stack.pop() {
-        assert!(m.clone().drains(), "stuck state: A {:?} B {:?}", m.p.a.conn.counters(), m.p.b.conn.counters());
+    let mut stack = vec![(start.key(), start)];
+    while let Some((key, m)) = stack.pop() {
+        if m.is_done() {
+            done.push(key);
+        }
+        if key % 8 == 0 {
+            assert!(m.clone().drains(), "stuck: A {:?} B {:?}", m.p.a.conn.counters(), m.p.b.conn.counters());
+        }
         for a in m.enabled() {
             let mut next = m.clone();
-            next.apply(a);
-            if seen.insert(next.key()) {
-                stack.push(next);
+            next.apply_unchecked(a);
+            let k = next.key();
+            preds.entry(k).or_default().push(key);
+            if seen.insert(k) {
+                next.p.check_invariants().expect("credit invariants");
+                stack.push((k, next));
             }
         }
         assert!(seen.len() <= limit, "state space larger than {limit}");
     }
+    // Every state must reach a finished one.
+    let mut live: HashSet<u64> = done.iter().copied().collect();
+    let mut queue = done;
+    while let Some(k) = queue.pop() {
+        for &p in preds.get(&k).into_iter().flatten() {
+            if live.insert(p) {
+                queue.push(p);
+            }
+        }
+    }
+    assert!(!live.is_empty(), "no finished state reachable");
+    assert_eq!(live.len(), seen.len(), "{} states cannot finish", seen.len() - live.len());
     seen.len()
 }
 

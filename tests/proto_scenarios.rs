@@ -147,6 +147,27 @@ fn test_established_vectored_and_peek() {
 }
 
 #[test]
+fn test_established_zero_copy_ranges() {
+    let mut p = pair();
+    assert_eq!(transfer(&mut p, Side::A, &pattern(60)).len(), 60);
+    // Free send space starts at offset 60 and wraps.
+    let [x, y] = p.a.conn.send_space();
+    assert_eq!((x.clone(), y.clone()), (60..64, 0..60));
+    p.a.send_buf[x].copy_from_slice(b"wxyz");
+    p.a.send_buf[y.start..y.start + 3].copy_from_slice(b"123");
+    assert_eq!(p.a.conn.commit_write(7), Ok(7));
+    drive(&mut p);
+    let [r1, r2] = p.b.conn.readable_ranges();
+    assert_eq!((r1.clone(), r2.clone()), (60..64, 0..3));
+    let got = [&p.b.ring[r1], &p.b.ring[r2]].concat();
+    assert_eq!(got, b"wxyz123");
+    assert_eq!(p.b.conn.consume(7), 7);
+    assert!(p.b.conn.readable_ranges().iter().all(|r| r.is_empty()));
+    p.a.conn.shutdown_write();
+    assert_eq!(p.a.conn.commit_write(1), Err(WriteError::Closed));
+}
+
+#[test]
 fn test_established_vectored_write() {
     let mut p = pair();
     let bufs = [std::io::IoSlice::new(b"ab"), std::io::IoSlice::new(b"cde")];
