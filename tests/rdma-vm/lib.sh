@@ -23,6 +23,7 @@
 #   RDMA_VM_PLAIN_ADDR                            10.77.0.2 (veth1 in namespace plain)
 #   RDMA_VM_NODE, RDMA_VM_SELF, RDMA_VM_PEER      topology pair: 0/1, 10.77.1.1/10.77.1.2
 #   pair_signal NAME / pair_wait NAME [TIMEOUT_S=120]   topology pair: sync the two nodes
+#   pair_barrier NAME [TIMEOUT_S=120]             topology pair: both nodes meet here
 # Tiny test runner (prints PASS/FAIL per check and a closing "N passed, N failed"):
 #   t_check NAME CMD [ARGS...]   run CMD (output to a log, shown on failure)
 #   t_skip NAME REASON
@@ -107,6 +108,14 @@ pair_wait() {
   local name=${1:?name} timeout=${2:-120}
   wait_until "$timeout" test -e "/run/rdma-vm/pair/$name" ||
     { echo "pair_wait: no signal '$name' from the other node after ${timeout}s" >&2; return 1; }
+}
+
+# Both nodes wait here until both arrived (e.g. before the end: a node that finishes
+# powers off, and its peer can no longer reach it).
+pair_barrier() {
+  local name=${1:?name} timeout=${2:-120}
+  pair_signal "$name.$RDMA_VM_NODE"
+  pair_wait "$name.$((1 - RDMA_VM_NODE))" "$timeout"
 }
 
 rdma_qp_count() {
