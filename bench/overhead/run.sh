@@ -103,14 +103,15 @@ for i in $(seq "$RUNS"); do
 done
 GM0=$(median "${G0[@]}"); GM1=$(median "${G1[@]}")
 GB0=$(best_high "${G0[@]}"); GB1=$(best_high "${G1[@]}")
+GL0=$(best_low "${G0[@]}"); GL1=$(best_low "${G1[@]}")
 CM0=$(median "${C0[@]}"); CM1=$(median "${C1[@]}")
 
 # ---- report -------------------------------------------------------------------------------
 
 python3 - "$W0" "$W1" "$R0" "$R1" "$WT0" "$WT1" "$RT0" "$RT1" "$GM0" "$GM1" \
-    "$WB0" "$WB1" "$RB0" "$RB1" "$GB0" "$GB1" "$T0" "$T1" "$CM0" "$CM1" <<'EOF'
+    "$WB0" "$WB1" "$RB0" "$RB1" "$GB0" "$GB1" "$T0" "$T1" "$CM0" "$CM1" "$GL0" "$GL1" <<'EOF'
 import sys
-w0, w1, r0, r1, wt0, wt1, rt0, rt1, g0, g1, wb0, wb1, rb0, rb1, gb0, gb1, t0, t1, c0, c1 = map(float, sys.argv[1:])
+w0, w1, r0, r1, wt0, wt1, rt0, rt1, g0, g1, wb0, wb1, rb0, rb1, gb0, gb1, t0, t1, c0, c1, gl0, gl1 = map(float, sys.argv[1:])
 rows = [
     ("tracked TCP write+read instr/pair", t0, t1, f"{(t1 - t0) / 2:+.1f} instr per call"),
     ("write(/dev/null) instr/call", w0, w1, f"{w1 - w0:+.1f} instr"),
@@ -132,6 +133,9 @@ loss = (1 - g1 / g0) * 100
 print()
 print(f"target instructions added per non-socket call <= 30: {added:.1f} -> {'met' if added <= 30 else 'NOT met'}")
 print(f"target iperf3 throughput loss <= 2% (medians): {loss:.1f}% -> {'met' if loss <= 2 else 'NOT met'}")
+spread = max((gb0 - gl0) / g0, (gb1 - gl1) / g1) * 100
+print(f"iperf3 run-to-run spread: {gl0:.2f}-{gb0:.2f} Gbit/s without, {gl1:.2f}-{gb1:.2f} with "
+      f"({spread:.0f}% of the median){' -- too noisy to resolve 2%' if spread > 4 else ''}")
 with open("/proc/loadavg") as f:
     print(f"load average at the end: {' '.join(f.read().split()[:3])} (timings are only meaningful on an idle machine)")
 EOF
