@@ -102,7 +102,7 @@ workdir=$PWD
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/rdma-vm.XXXXXX")
 qemu_pids=() reader_pids=()
 
-# Kill whatever is still running (qemu, output readers); keep logs when asked to.
+# Kill whatever is still running (qemu, output readers) and remove the run directory.
 cleanup() {
   local p i
   for p in "${qemu_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
