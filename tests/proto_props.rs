@@ -91,7 +91,7 @@ impl World {
     fn write(&mut self, side: Side, n: usize) -> Result<(), TestCaseError> {
         let st = &mut self.s[idx(side)];
         let end = (st.written + n).min(st.data.len());
-        let r = if n % 3 == 0 {
+        let r = if n % 3 == 1 {
             // Zero-copy path: copy into the free ranges, then commit.
             let ep = self.p.ep_mut(side);
             let mut src = &st.data[st.written..end];

@@ -1,5 +1,5 @@
-//! Credit accounting for one connection: what this side may still send ([`TxCredits`]) and what
-//! it owes the peer ([`RxCredits`]).
+//! Credit accounting for one connection: what this side may still send (`TxCredits`) and what
+//! it owes the peer (`RxCredits`).
 //!
 //! Two resources are counted exactly: bytes of the peer's ring and the peer's posted receives
 //! ("WR credits"; every WRITE_WITH_IMM consumes one). Nothing here sends anything: the

@@ -15,12 +15,13 @@
 
 mod config;
 mod conn;
-pub mod credits;
+mod credits;
 mod ring;
 pub mod wire;
 
 use core::fmt;
 
+pub use credits::CONTROL_RESERVE;
 pub use config::{Config, ConfigError, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH};
 pub use conn::{Conn, Counters, Event, State, Stats, Write, WrId};
 pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason};
