@@ -76,6 +76,8 @@ struct Stream {
 
 struct World {
     p: Pair,
+    /// The link was cut: resets are expected and the streams may stop short.
+    broken: bool,
     /// Indexed by sending side: 0 = A->B, 1 = B->A.
     s: [Stream; 2],
 }
@@ -113,7 +115,7 @@ impl World {
             }
             Err(WriteError::Blocked) => prop_assert!(end > st.written),
             Err(WriteError::Closed) => prop_assert!(st.shut),
-            Err(WriteError::Reset) => prop_assert!(false, "unexpected reset"),
+            Err(WriteError::Reset) => prop_assert!(self.broken, "unexpected reset"),
         }
         Ok(())
     }
@@ -151,7 +153,7 @@ impl World {
                 prop_assert_eq!(&st.read[..], &st.data[..st.read.len()]);
             }
             Err(ReadError::Blocked) => {}
-            Err(ReadError::Reset) => prop_assert!(false, "unexpected reset"),
+            Err(ReadError::Reset) => prop_assert!(self.broken, "unexpected reset"),
         }
         Ok(())
     }
@@ -202,7 +204,8 @@ impl World {
         Ok(())
     }
 
-    /// Fair schedule until both streams are complete, at EOF, and both ends finished.
+    /// Fair schedule until both streams are complete, at EOF, and both ends finished (after a
+    /// disconnect: until both ends are finished).
     fn finish(&mut self) -> Result<(), TestCaseError> {
         for _ in 0..20_000 {
             for side in [Side::A, Side::B] {
@@ -217,10 +220,8 @@ impl World {
             }
             let moved = self.p.step().map_err(|f| TestCaseError::fail(format!("{f:?}")))?;
             self.p.check_invariants().map_err(TestCaseError::fail)?;
-            let done = self.s.iter().all(|s| s.eof)
-                && self.p.a.conn.is_finished()
-                && self.p.b.conn.is_finished();
-            if done && !moved {
+            let finished = self.p.a.conn.is_finished() && self.p.b.conn.is_finished();
+            if finished && !moved && (self.broken || self.s.iter().all(|s| s.eof)) {
                 return Ok(());
             }
         }
@@ -233,21 +234,45 @@ impl World {
 }
 
 fn run(ca: Config, cb: Config, la: usize, lb: usize, actions: Vec<Action>) -> Result<(), TestCaseError> {
+    run_with_cut(ca, cb, la, lb, actions, None)
+}
+
+/// Like `run`, cutting the link before action `cut` if given.
+fn run_with_cut(
+    ca: Config,
+    cb: Config,
+    la: usize,
+    lb: usize,
+    actions: Vec<Action>,
+    cut: Option<usize>,
+) -> Result<(), TestCaseError> {
     let gen = |n: usize, salt: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect();
     let mut w = World {
+        broken: false,
         p: Pair::new(ca, cb),
         s: [
             Stream { data: gen(la, 1), ..Stream::default() },
             Stream { data: gen(lb, 2), ..Stream::default() },
         ],
     };
-    for a in &actions {
+    for (n, a) in actions.iter().enumerate() {
+        if cut == Some(n) {
+            w.p.disconnect();
+            w.broken = true;
+        }
         w.apply(a)?;
+    }
+    if cut.is_some_and(|c| c >= actions.len()) {
+        w.p.disconnect();
+        w.broken = true;
     }
     w.finish()?;
     for st in &w.s {
-        prop_assert_eq!(st.read.len(), st.written);
-        prop_assert_eq!(&st.read[..], &st.data[..st.written]);
+        // Bytes read are always a correct prefix; after a cut they may stop short.
+        prop_assert_eq!(&st.read[..], &st.data[..st.read.len()]);
+        if !w.broken {
+            prop_assert_eq!(st.read.len(), st.written);
+        }
     }
     Ok(())
 }
@@ -276,6 +301,23 @@ proptest! {
         actions in proptest::collection::vec(action(), 0..100),
     ) {
         run(ca, cb, la, 0, actions)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(pt_config(256))]
+
+    /// The link is cut at a random point: no panic, no corrupted byte, both ends finish.
+    #[test]
+    fn disconnect_midway(
+        ca in config(),
+        cb in config(),
+        la in 0usize..=300,
+        lb in 0usize..=300,
+        actions in proptest::collection::vec(action(), 0..150),
+        cut in 0usize..160,
+    ) {
+        run_with_cut(ca, cb, la, lb, actions, Some(cut))?;
     }
 }
 

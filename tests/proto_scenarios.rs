@@ -523,3 +523,90 @@ fn test_established_send_buffer_not_reused_before_its_completion() {
     let got = read_all(&mut p, Side::B);
     assert_eq!(got, b"AAAAAAAABBBBBBBBCCCCCCCC");
 }
+
+#[test]
+fn test_established_credit_backlog_larger_than_one_message() {
+    // Thresholds (1.5 MiB, 1500 receives) exceed what one credit message carries
+    // (1 MiB - 1, 1023): the backlog goes out in several messages and nothing is lost.
+    let big = Config {
+        ring_size: 3 << 20,
+        recv_credits: 3000,
+        send_buf_size: 1 << 20,
+        send_queue_depth: 64,
+        max_inline: 0,
+    };
+    let mut p = Pair::new(small_config(), big.clone());
+    p.check_grants = false;
+    let data = pattern(8 << 20);
+    let mut sent = 0;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    while got < data.len() {
+        if sent < data.len() {
+            sent += p.write(Side::A, &data[sent..]).unwrap_or(0);
+        }
+        drive(&mut p);
+        while let Ok(n) = p.read(Side::B, &mut buf) {
+            assert_eq!(&buf[..n], &data[got..got + n]);
+            got += n;
+        }
+    }
+    assert!(p.b.conn.stats().credit_messages >= 8, "{:?}", p.b.conn.stats());
+    // Many one-byte messages: the receive backlog crosses 1023 before it is returned.
+    let mut p = Pair::new(small_config(), big);
+    for i in 0..2000u32 {
+        p.write(Side::A, &[i as u8]).unwrap();
+        p.post(Side::A).unwrap();
+        while p.deliver(Side::A).unwrap() {}
+        while p.complete(Side::A) {}
+        while p.recv(Side::B).unwrap() {}
+        p.check_invariants().unwrap();
+    }
+    assert!(p.a.conn.counters().tx_wr_credits < 3000);
+    drive(&mut p);
+    assert_eq!(read_all(&mut p, Side::B).len(), 2000);
+    drive(&mut p);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn test_established_waitall_is_a_loop_over_read() {
+    // MSG_WAITALL for 100 bytes: keep reading until 100 arrived, however they trickle in.
+    let mut p = Pair::new(small_config(), Config { ring_size: 7, ..small_config() });
+    let data = pattern(100);
+    let mut sent = 0;
+    let mut want = [0u8; 100];
+    let mut have = 0;
+    while have < want.len() {
+        if sent < data.len() {
+            sent += p.write(Side::A, &data[sent..sent + 3.min(data.len() - sent)]).unwrap_or(0);
+        }
+        drive(&mut p);
+        match p.read(Side::B, &mut want[have..]) {
+            Ok(n) => have += n,
+            Err(ReadError::Blocked) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(&want[..], &data[..]);
+}
+
+#[test]
+fn test_reset_disconnect_after_clean_close_is_harmless() {
+    let mut p = pair();
+    p.a.conn.shutdown_write();
+    p.b.conn.shutdown_write();
+    drive(&mut p);
+    assert_eq!(p.a.conn.state(), State::Closed);
+    p.disconnect();
+    assert_eq!(p.a.conn.state(), State::Closed);
+    assert_eq!(p.a.conn.error(), None);
+    let mut p = pair();
+    p.write(Side::A, b"in flight").unwrap();
+    p.post(Side::A).unwrap();
+    p.disconnect();
+    drive(&mut p);
+    assert_eq!(p.a.conn.state(), State::Reset);
+    assert_eq!(p.b.conn.state(), State::Reset);
+    assert!(p.a.conn.is_finished() && p.b.conn.is_finished());
+}

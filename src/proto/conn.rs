@@ -131,7 +131,7 @@ const EV_RESET: u8 = 4;
 ///   [`close`](Self::close), [`abort`](Self::abort);
 /// - inputs from the driver: [`handle_imm`](Self::handle_imm),
 ///   [`handle_send_complete`](Self::handle_send_complete),
-///   [`handle_send_error`](Self::handle_send_error);
+///   [`handle_send_error`](Self::handle_send_error), [`handle_disconnect`](Self::handle_disconnect);
 /// - outputs: [`poll_write`](Self::poll_write) then [`poll_event`](Self::poll_event).
 ///
 /// Driver loop: hand every receive completion to `handle_imm` and repost one receive for each
@@ -569,6 +569,15 @@ impl Conn {
             self.failed = Some(ProtocolError::TransportFailed);
             self.planned.clear();
             self.events |= EV_RESET;
+        }
+    }
+
+    /// The connection manager reports the peer gone (DISCONNECTED, or a fatal QP event).
+    /// Harmless once [`is_finished`](Self::is_finished); before that the connection fails
+    /// like [`handle_send_error`](Self::handle_send_error).
+    pub fn handle_disconnect(&mut self) {
+        if !self.is_finished() {
+            self.handle_send_error();
         }
     }
 

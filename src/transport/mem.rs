@@ -235,6 +235,19 @@ impl Pair {
         self.ep_mut(from).fail_next = true;
     }
 
+    /// Breaks the connection as a lost link would: every write in flight either way completes
+    /// in error, later writes fail, and both connections hear of the disconnect.
+    pub fn disconnect(&mut self) {
+        for ep in [&mut self.a, &mut self.b] {
+            ep.fail_next = true;
+            for _ in ep.wire.drain(..) {
+                ep.send_cq.push_back(Completion::Err);
+            }
+            ep.conn.handle_disconnect();
+            ep.drain_events();
+        }
+    }
+
     /// Executes the oldest write posted by `from`; returns false if none.
     pub fn deliver(&mut self, from: Side) -> Result<bool, Fault> {
         let check = self.check_grants;
