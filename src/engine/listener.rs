@@ -58,6 +58,7 @@ impl Listener {
         // SAFETY: fcntl on the program's fd, which it gave us in listen().
         let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
         let bell = Doorbell::new(fl >= 0 && fl & libc::O_NONBLOCK != 0).map_err(|e| e.to_string())?;
+        bell.set_writable(false); // a listening socket never polls writable
         // SAFETY: duplicating the listening socket; we own the copy.
         let tcp_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
         if tcp_fd < 0 {

@@ -93,7 +93,9 @@ pub(super) fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::
         log::info!("rdma connect to {dest}: {e}");
         fallback_of(&e)
     };
-    let (id, dev) = rdma::resolve(None, dest, token, timeout).map_err(fail)?;
+    // A socket the program bound first keeps its local address (and port, if it chose one).
+    let src = bound_addr(opts_fd);
+    let (id, dev) = rdma::resolve(src, dest, token, timeout).map_err(fail)?;
     let d = engine.dev(&dev).map_err(fail)?;
     let mut m = memory(engine, &dev).map_err(fail)?;
     let mut rc = queue_pair(id, &dev, &mut m).map_err(fail)?;
@@ -130,6 +132,17 @@ pub(super) fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::
     engine.register(&s);
     engine.ensure_helper();
     Ok(s)
+}
+
+/// The address `fd` was explicitly bound to, if any.
+fn bound_addr(fd: libc::c_int) -> Option<SocketAddr> {
+    let mut a = [0u8; 28];
+    let mut len = a.len() as libc::socklen_t;
+    // SAFETY: valid buffer of len bytes.
+    let r = unsafe { crate::sys::real::getsockname(fd, a.as_mut_ptr().cast(), &mut len) };
+    // SAFETY: the kernel wrote len bytes.
+    let addr = if r == 0 { unsafe { crate::sys::sockaddr::read(a.as_ptr().cast(), len) } } else { None };
+    addr.filter(|a| a.port() != 0 || !a.ip().is_unspecified())
 }
 
 /// Reads the server's answer to our connect request.

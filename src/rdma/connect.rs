@@ -57,10 +57,26 @@ pub fn resolve(src: Option<SocketAddr>, dst: SocketAddr, token: u64, timeout: Du
 /// [`CmEvent::private_data`] is the peer's accept data (zero-padded to 196 bytes).
 /// Post the receives the peer may consume *before* calling this.
 pub fn connect(conn: &mut Conn, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
+    let ev = connect_event(conn, param, timeout)?;
+    if ev.kind == EventKind::Established {
+        Ok(ev)
+    } else {
+        Err(ev.to_error("rdma_connect"))
+    }
+}
+
+/// Like [`connect`], but returns whatever event ends the attempt — `ESTABLISHED`, or
+/// `REJECTED` (whose [`CmEvent::private_data`] is the peer's reject data and
+/// [`CmEvent::status`] the CM reject reason), `UNREACHABLE`, `CONNECT_ERROR` — so the
+/// caller can read why. Only the timeout and local failures are errors.
+pub fn connect_event(conn: &mut Conn, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
     let deadline = Instant::now() + timeout;
     conn.connect(param)?;
     let ch = conn.id().channel().clone();
-    wait_event(&ch, EventKind::Established, "rdma_connect", Some(deadline))
+    match ch.get_event(fd::remaining(Some(deadline)))? {
+        Some(ev) => Ok(ev),
+        None => Err(Error::new("rdma_connect", libc::ETIMEDOUT, Reason::Timeout)),
+    }
 }
 
 /// Accepts (the QP exists, receives are posted) and waits for `ESTABLISHED`

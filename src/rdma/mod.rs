@@ -31,7 +31,7 @@ pub mod mr;
 
 pub use cm::{CmEvent, CmId, ConnParam, EventChannel, EventKind, REJ_PRIVATE_MAX, REP_PRIVATE_MAX, REQ_PRIVATE_MAX};
 pub use conn::{Conn, QpCaps, Signal, DRAIN_SEND_WR_ID, RECV_FLAG};
-pub use connect::{accept, close, connect, resolve, wait_event, Incoming, Listener};
+pub use connect::{accept, close, connect, connect_event, resolve, wait_event, Incoming, Listener};
 pub use device::{Device, DeviceLimits, Wc, WcOpcode};
 pub use error::{Error, Reason, Result};
 pub use mr::{Access, Mr, RegBuf, RemoteBuf, Sge};
