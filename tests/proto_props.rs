@@ -78,6 +78,8 @@ struct World {
     p: Pair,
     /// The link was cut: resets are expected and the streams may stop short.
     broken: bool,
+    /// The app closed this side (indexed by side): it reads no more.
+    closed: [bool; 2],
     /// Indexed by sending side: 0 = A->B, 1 = B->A.
     s: [Stream; 2],
 }
@@ -121,6 +123,9 @@ impl World {
     }
 
     fn read(&mut self, side: Side, a: usize, b: usize) -> Result<(), TestCaseError> {
+        if self.closed[idx(side)] {
+            return Ok(());
+        }
         // `side` reads what its peer wrote.
         let st = &mut self.s[idx(side.peer())];
         let (mut x, mut y) = (vec![0u8; a], vec![0u8; b]);
@@ -136,7 +141,12 @@ impl World {
             }
             let consumed = ep.conn.consume(k);
             assert_eq!(consumed, k);
-            if k == 0 && ep.conn.at_eof() { Ok(0) } else if k == 0 { Err(ReadError::Blocked) } else { Ok(k) }
+            match ep.conn.readable_slices(&ep.ring) {
+                Err(e) => Err(e),
+                Ok(_) if k > 0 => Ok(k),
+                Ok(_) if ep.conn.at_eof() => Ok(0),
+                Ok(_) => Err(ReadError::Blocked),
+            }
         } else {
             ep.conn.read_vectored(&ep.ring, &mut bufs)
         };
@@ -159,6 +169,9 @@ impl World {
     }
 
     fn peek(&mut self, side: Side, n: usize) -> Result<(), TestCaseError> {
+        if self.closed[idx(side)] {
+            return Ok(());
+        }
         let st = &self.s[idx(side.peer())];
         let ep = self.p.ep(side);
         let mut buf = vec![0u8; n];
@@ -237,18 +250,53 @@ fn run(ca: Config, cb: Config, la: usize, lb: usize, actions: Vec<Action>) -> Re
     run_with_cut(ca, cb, la, lb, actions, None)
 }
 
-/// Like `run`, cutting the link before action `cut` if given.
+/// How a run is interrupted.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// The link fails under both ends.
+    Disconnect,
+    /// One end aborts (SO_LINGER 0).
+    Abort(Side),
+    /// One end closes while the other may still be sending (which may reset it).
+    Close(Side),
+}
+
+fn cut() -> impl Strategy<Value = Cut> {
+    prop_oneof![
+        Just(Cut::Disconnect),
+        side().prop_map(Cut::Abort),
+        side().prop_map(Cut::Close),
+    ]
+}
+
+impl World {
+    fn interrupt(&mut self, how: Cut) {
+        match how {
+            Cut::Disconnect => self.p.disconnect(),
+            Cut::Abort(s) => self.p.ep_mut(s).conn.abort(),
+            Cut::Close(s) => {
+                self.p.ep_mut(s).conn.close();
+                self.s[idx(s)].shut = true;
+                self.closed[idx(s)] = true;
+            }
+        }
+        self.broken = true;
+    }
+}
+
+/// Like `run`, interrupting the run before action `at` if given.
 fn run_with_cut(
     ca: Config,
     cb: Config,
     la: usize,
     lb: usize,
     actions: Vec<Action>,
-    cut: Option<usize>,
+    cut: Option<(usize, Cut)>,
 ) -> Result<(), TestCaseError> {
     let gen = |n: usize, salt: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect();
     let mut w = World {
         broken: false,
+        closed: [false; 2],
         p: Pair::new(ca, cb),
         s: [
             Stream { data: gen(la, 1), ..Stream::default() },
@@ -256,15 +304,17 @@ fn run_with_cut(
         ],
     };
     for (n, a) in actions.iter().enumerate() {
-        if cut == Some(n) {
-            w.p.disconnect();
-            w.broken = true;
+        if let Some((at, how)) = cut {
+            if at == n {
+                w.interrupt(how);
+            }
         }
         w.apply(a)?;
     }
-    if cut.is_some_and(|c| c >= actions.len()) {
-        w.p.disconnect();
-        w.broken = true;
+    if let Some((at, how)) = cut {
+        if at >= actions.len() {
+            w.interrupt(how);
+        }
     }
     w.finish()?;
     for st in &w.s {
@@ -307,17 +357,19 @@ proptest! {
 proptest! {
     #![proptest_config(pt_config(256))]
 
-    /// The link is cut at a random point: no panic, no corrupted byte, both ends finish.
+    /// A disconnect, abort or close at a random point: no panic, no corrupted byte, both
+    /// ends finish.
     #[test]
-    fn disconnect_midway(
+    fn interrupted_midway(
         ca in config(),
         cb in config(),
         la in 0usize..=300,
         lb in 0usize..=300,
         actions in proptest::collection::vec(action(), 0..150),
-        cut in 0usize..160,
+        at in 0usize..160,
+        how in cut(),
     ) {
-        run_with_cut(ca, cb, la, lb, actions, Some(cut))?;
+        run_with_cut(ca, cb, la, lb, actions, Some((at, how)))?;
     }
 }
 

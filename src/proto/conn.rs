@@ -240,7 +240,7 @@ impl Conn {
 
     /// True once the peer's FIN has arrived and every byte before it has been consumed.
     pub fn at_eof(&self) -> bool {
-        self.fin_received && self.rx.unread() == 0
+        !self.is_reset() && self.fin_received && self.rx.unread() == 0
     }
 
     /// Send-buffer bytes a write would accept now.
