@@ -446,31 +446,98 @@ pub unsafe fn fork() -> pid_t {
 
 // ---- readiness -----------------------------------------------------------------------------
 // The fd a program holds is always a real kernel fd whose readiness the shim drives, so
-// these forward unchanged.
+// these forward. While the process has RDMA streams, a wait that would block first polls the
+// completion queues for RSOCK_SPIN_US (engine::spin_then): a reply that lands meanwhile rings
+// its doorbell without a trip through the helper thread.
 
 #[inline]
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    real::poll(fds, n, timeout)
+    if timeout == 0 || !engine::active() {
+        return real::poll(fds, n, timeout);
+    }
+    engine::spin_then(|| probe(real::poll(fds, n, 0)), || real::poll(fds, n, timeout))
 }
 
 #[inline]
 pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
-    real::__poll_chk(fds, n, timeout, fdslen)
+    if timeout == 0 || !engine::active() {
+        return real::__poll_chk(fds, n, timeout, fdslen);
+    }
+    engine::spin_then(|| probe(real::__poll_chk(fds, n, 0, fdslen)), || real::__poll_chk(fds, n, timeout, fdslen))
 }
 
 #[inline]
 pub unsafe fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int {
-    real::ppoll(fds, n, ts, mask)
+    if is_zero_ts(ts) || !engine::active() {
+        return real::ppoll(fds, n, ts, mask);
+    }
+    let zero = timespec { tv_sec: 0, tv_nsec: 0 };
+    engine::spin_then(|| probe(real::ppoll(fds, n, &zero, mask)), || real::ppoll(fds, n, ts, mask))
 }
 
 #[inline]
 pub unsafe fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int {
-    real::select(n, r, w, e, tv)
+    if (!tv.is_null() && (*tv).tv_sec == 0 && (*tv).tv_usec == 0) || !engine::active() {
+        return real::select(n, r, w, e, tv);
+    }
+    let sets = FdSets::save(r, w, e);
+    engine::spin_then(
+        || {
+            sets.restore(r, w, e);
+            let mut zero = timeval { tv_sec: 0, tv_usec: 0 };
+            probe(real::select(n, r, w, e, &mut zero))
+        },
+        || {
+            sets.restore(r, w, e);
+            real::select(n, r, w, e, tv)
+        },
+    )
 }
 
 #[inline]
 pub unsafe fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int {
-    real::pselect(n, r, w, e, ts, mask)
+    if is_zero_ts(ts) || !engine::active() {
+        return real::pselect(n, r, w, e, ts, mask);
+    }
+    let sets = FdSets::save(r, w, e);
+    let zero = timespec { tv_sec: 0, tv_nsec: 0 };
+    engine::spin_then(
+        || {
+            sets.restore(r, w, e);
+            probe(real::pselect(n, r, w, e, &zero, mask))
+        },
+        || {
+            sets.restore(r, w, e);
+            real::pselect(n, r, w, e, ts, mask)
+        },
+    )
+}
+
+/// A non-blocking probe's result: `Some` if anything is ready (or it failed).
+fn probe(r: c_int) -> Option<c_int> {
+    (r != 0).then_some(r)
+}
+
+unsafe fn is_zero_ts(ts: *const timespec) -> bool {
+    !ts.is_null() && (*ts).tv_sec == 0 && (*ts).tv_nsec == 0
+}
+
+/// Copies of select's in/out fd sets, restored before each try.
+struct FdSets([Option<fd_set>; 3]);
+
+impl FdSets {
+    unsafe fn save(r: *mut fd_set, w: *mut fd_set, e: *mut fd_set) -> FdSets {
+        let copy = |p: *mut fd_set| (!p.is_null()).then(|| *p);
+        FdSets([copy(r), copy(w), copy(e)])
+    }
+
+    unsafe fn restore(&self, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set) {
+        for (p, v) in [r, w, e].into_iter().zip(&self.0) {
+            if let Some(v) = v {
+                *p = *v;
+            }
+        }
+    }
 }
 
 #[inline]
@@ -490,10 +557,19 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 
 #[inline]
 pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
-    real::epoll_wait(epfd, ev, max, timeout)
+    if timeout == 0 || !engine::active() {
+        return real::epoll_wait(epfd, ev, max, timeout);
+    }
+    engine::spin_then(|| probe(real::epoll_wait(epfd, ev, max, 0)), || real::epoll_wait(epfd, ev, max, timeout))
 }
 
 #[inline]
 pub unsafe fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int {
-    real::epoll_pwait(epfd, ev, max, timeout, mask)
+    if timeout == 0 || !engine::active() {
+        return real::epoll_pwait(epfd, ev, max, timeout, mask);
+    }
+    engine::spin_then(
+        || probe(real::epoll_pwait(epfd, ev, max, 0, mask)),
+        || real::epoll_pwait(epfd, ev, max, timeout, mask),
+    )
 }

@@ -19,7 +19,7 @@ use crate::negcache::NegCache;
 use crate::rdma::{self, Device, EventChannel, Wc};
 use libc::c_int;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 use std::time::Duration;
 
@@ -79,6 +79,43 @@ pub struct Engine {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// RDMA streams alive in this process (what makes blocking waits spin first).
+static ACTIVE_STREAMS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether this process has RDMA streams: one relaxed load, for the poll/epoll hooks.
+#[inline]
+pub fn active() -> bool {
+    ACTIVE_STREAMS.load(Relaxed) != 0
+}
+
+/// Runs `probe` (a non-blocking try of a wait); if nothing is ready, polls every device's
+/// completion queue for `RSOCK_SPIN_US`, probing after each pass; then, still nothing,
+/// `block` (the real blocking wait). Completions handled while spinning ring doorbells, so a
+/// reply shows up in the probe without a trip through the helper thread.
+pub fn spin_then<T>(mut probe: impl FnMut() -> Option<T>, block: impl FnOnce() -> T) -> T {
+    if let Some(r) = probe() {
+        return r;
+    }
+    if let (Some(e), Some(g)) = (get(), crate::guard::enter()) {
+        let until = std::time::Instant::now() + Duration::from_micros(e.cfg.spin_us as u64);
+        let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
+        loop {
+            for d in &devs {
+                e.progress(d);
+            }
+            if let Some(r) = probe() {
+                return r;
+            }
+            if std::time::Instant::now() >= until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        drop(g);
+    }
+    block()
 }
 
 /// The engine, if this process can do RDMA (made on first call; call inside the guard).
@@ -193,12 +230,15 @@ impl Engine {
 
     /// Registers a new stream for completions and cm events.
     fn register(&self, s: &Arc<Stream>) {
+        ACTIVE_STREAMS.fetch_add(1, Relaxed);
         lock(&self.streams_by_qp).insert(s.qp_num, s.clone());
         lock(&self.streams_by_token).insert(s.token, s.clone());
     }
 
     fn unregister(&self, s: &Stream) {
-        lock(&self.streams_by_qp).remove(&s.qp_num);
+        if lock(&self.streams_by_qp).remove(&s.qp_num).is_some() {
+            ACTIVE_STREAMS.fetch_sub(1, Relaxed);
+        }
         lock(&self.streams_by_token).remove(&s.token);
     }
 
