@@ -5,12 +5,15 @@
 # Waiting (never sleep a fixed time for a server: under TCG programs start slowly):
 #   wait_tcp_listen PORT [TIMEOUT_S=60] [NETNS]   a kernel TCP listener on PORT
 #   wait_rdma_listen PORT [TIMEOUT_S=60]          an rdma_cm listener (cm_id LISTEN) on PORT
-#   wait_until TIMEOUT_S CMD [ARGS...]            CMD succeeds (polled every 0.1 s)
+#   wait_until TIMEOUT_S CMD [ARGS...]            CMD succeeds (polled every 0.1 s; the
+#                                                 arguments are expanded once)
+#   wait_cond TIMEOUT_S 'SHELL EXPR'              EXPR (re-evaluated) succeeds
 #   retry TIMEOUT_S CMD [ARGS...]                 rerun CMD until it succeeds (0.5 s apart),
 #                                                 e.g. a client whose server is in the
 #                                                 other guest (topology pair)
 # Device state:
 #   rdma_qp_count [TYPE=RC|UD|GSI|all]            QPs listed by `rdma resource show qp`
+#   wait_qp_count N [TIMEOUT_S=30] [TYPE=RC]      exactly N QPs of TYPE exist
 #   rdma_cm_id_count                              cm_ids listed by `rdma resource show cm_id`
 #   rxe_counters [DEV=rxe0]                       "name value" lines of the port's hw_counters
 #   rxe_counter NAME [DEV=rxe0]                   one counter's value
@@ -75,6 +78,18 @@ retry() {
   return "$rc"
 }
 
+# Like wait_until, but re-evaluates a shell expression each time, e.g.
+#   wait_cond 20 '(( $(rdma_qp_count RC) == 0 ))'
+# (wait_until's arguments are expanded once, before the first try.)
+wait_cond() {
+  local timeout=$1 expr=$2 end
+  end=$((SECONDS + timeout))
+  until eval "$expr" >/dev/null 2>&1; do
+    ((SECONDS < end)) || return 1
+    sleep 0.1
+  done
+}
+
 _tcp_listening() {
   local port=$1 ns=${2:-}
   if [[ -n $ns ]]; then
@@ -127,6 +142,17 @@ rdma_qp_count() {
   fi
 }
 
+# Wait until exactly N QPs of TYPE exist (e.g. 0 after the programs closed theirs:
+# the kernel destroys them asynchronously).
+wait_qp_count() {
+  local n=${1:?count} timeout=${2:-30} type=${3:-RC}
+  wait_cond "$timeout" "(( \$(rdma_qp_count $type) == $n ))" || {
+    echo "wait_qp_count: $(rdma_qp_count "$type") $type QPs, not $n, after ${timeout}s" >&2
+    rdma resource show qp >&2
+    return 1
+  }
+}
+
 rdma_cm_id_count() {
   rdma resource show cm_id 2>/dev/null | grep -c 'cm-idn' || true
 }
@@ -169,19 +195,28 @@ _t_spawn() {
 }
 
 t_check() {
-  local name=$1 log rc=0 t0=$SECONDS pgid watchdog
+  local name=$1 log rc=0 t0=$SECONDS pgid timer done_pid timed_out=0
   shift
   log=$(_t_log "$name")
   _t_spawn "$log" "$@"
   pgid=$_T_PGID
-  (
-    sleep "$T_TIMEOUT"
-    kill -TERM -- "-$pgid" 2>/dev/null && sleep 5 && kill -KILL -- "-$pgid" 2>/dev/null
-  ) >/dev/null 2>&1 &
-  watchdog=$!
-  wait "$pgid" || rc=$?
-  kill "$watchdog" 2>/dev/null
-  wait "$watchdog" 2>/dev/null
+  # Whichever ends first: the check, or a timer (no watchdog process left behind).
+  sleep "$T_TIMEOUT" &
+  timer=$!
+  wait -n -p done_pid "$pgid" "$timer"
+  rc=$?
+  if [[ $done_pid == "$timer" ]]; then
+    timed_out=1
+    kill -TERM -- "-$pgid" 2>/dev/null
+    sleep 5 &
+    timer=$!
+    wait -n -p done_pid "$pgid" "$timer"
+    [[ $done_pid == "$timer" ]] && kill -KILL -- "-$pgid" 2>/dev/null
+    rc=0
+    wait "$pgid" || rc=$?
+  fi
+  kill "$timer" 2>/dev/null
+  wait "$timer" 2>/dev/null
   # Whatever the check left running in its group goes too.
   kill -KILL -- "-$pgid" 2>/dev/null
   if ((rc == 0)); then
@@ -190,7 +225,7 @@ t_check() {
   else
     T_FAILED=$((T_FAILED + 1))
     printf 'FAIL  %-44s (%ds, status %d%s)\n' "$name" $((SECONDS - t0)) "$rc" \
-      "$( ((SECONDS - t0 >= T_TIMEOUT)) && echo ", timed out after ${T_TIMEOUT}s")"
+      "$( ((timed_out)) && echo ", timed out after ${T_TIMEOUT}s")"
     sed 's/^/      | /' "$log" | tail -n 30
   fi
   return 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Host-side tests of run.sh itself: exit-status conventions, environment passing,
-# timeouts, bed failures, and that no qemu survives. Four or five boots (~1.5 min).
+# timeouts, bed failures, and that no qemu survives; and lib.sh's helpers in the guest
+# (lib-selftest.sh). Seven boots, about 4 minutes.
 #
 #   tests/rdma-vm/selftest.sh
 set -uo pipefail
@@ -33,6 +34,9 @@ orphan_qemus() {
 }
 
 expect "usage error" 2 "$run"
+
+# lib.sh's helpers, inside the guest.
+expect "lib.sh helpers (lib-selftest.sh in the guest)" 0 "$run" -- "$here/lib-selftest.sh"
 
 # One boot: exit status, stdout/stderr separation, environment, working directory.
 export RSOCK_SELFTEST_VALUE='a b$c'

@@ -102,7 +102,7 @@ t_check "rxe0 hw_counters moved (sent/rcvd_pkts)" check_counters
 
 check_no_qp_left() {
   # QPs are destroyed asynchronously after the programs exit.
-  wait_until 20 test "$(rdma_qp_count RC)" = 0 || { rdma resource show qp; return 1; }
+  wait_qp_count 0 20
 }
 t_check "no RC QP left behind" check_no_qp_left
 
