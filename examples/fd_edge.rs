@@ -382,7 +382,9 @@ fn stdio_on_socket(cx: &mut Ctx) {
         libc::fclose(f)
     };
     say!(cx, "fdopen/fputs/fclose -> {r}");
-    cx.sent += msg.len() as u64; // the bytes did go out on the socket
+    // The bytes did go out, but through glibc's internal write(), which no LD_PRELOAD shim
+    // can see: they are left out of the total the shim's tx counter is checked against.
+    say!(cx, "stdio wrote {} bytes outside the hooks", msg.len());
     cx.recv("peer", s, 2000);
     cx.recv("peer after fclose", s, 2000);
     cx.fd_state("after fclose", c);
