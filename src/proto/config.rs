@@ -44,9 +44,13 @@ pub const MAX_SEND_BUF_SIZE: u32 = 1 << 30;
 /// A [`Config`] field out of range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigError {
+    /// `ring_size` outside `MIN_RING_SIZE..=MAX_RING_SIZE`.
     RingSize(u32),
+    /// `recv_credits` outside `MIN_RECV_CREDITS..=MAX_RECV_CREDITS`.
     RecvCredits(u32),
+    /// `send_buf_size` outside `1..=MAX_SEND_BUF_SIZE`.
     SendBufSize(u32),
+    /// `send_queue_depth` below `MIN_SEND_QUEUE_DEPTH`.
     SendQueueDepth(u32),
     /// The peer's hello breaks a protocol limit (only possible for a hand-built `Hello`).
     Peer(HelloError),

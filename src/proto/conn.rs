@@ -26,6 +26,7 @@ pub struct WrId(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[must_use]
 pub struct Write {
+    /// Store in `ibv_send_wr.wr_id`; hand back to `handle_send_complete` if signaled.
     pub wr_id: WrId,
     /// Offset of the payload in the local send buffer.
     pub local_offset: u32,
@@ -75,12 +76,19 @@ pub enum State {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
+    /// Work requests handed out by `poll_write`.
     pub writes_posted: u64,
+    /// Payload bytes in them.
     pub bytes_posted: u64,
+    /// Data bursts (DATA immediates) sent.
     pub data_messages: u64,
+    /// CREDIT messages sent.
     pub credit_messages: u64,
+    /// Work requests flagged signaled.
     pub signaled: u64,
+    /// Zero-length fences emitted to get a completion.
     pub fences: u64,
+    /// Immediates received.
     pub imms_received: u64,
 }
 
@@ -106,8 +114,9 @@ pub struct Counters {
     pub rx_granted_end: u64,
     /// Immediates received whose WR credit is not yet returned.
     pub rx_wrs_pending: u32,
-    /// Work requests handed out / retired by completions.
+    /// Work requests handed out.
     pub wrs_posted: u64,
+    /// Work requests retired by completions.
     pub wrs_retired: u64,
 }
 
@@ -251,6 +260,7 @@ impl Conn {
         (u64::from(self.send_ring.size()) - (self.tx_queued - self.tx_acked)) as usize
     }
 
+    /// Coarse state, for the socket layer and logs.
     pub fn state(&self) -> State {
         if self.is_reset() {
             return State::Reset;
@@ -284,10 +294,12 @@ impl Conn {
         self.failed
     }
 
+    /// Counters since the connection started.
     pub fn stats(&self) -> Stats {
         self.stats
     }
 
+    /// Raw accounting positions (diagnostics, invariant checks).
     pub fn counters(&self) -> Counters {
         Counters {
             tx_queued: self.tx_queued,

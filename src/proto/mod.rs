@@ -12,6 +12,7 @@
 //! format's source of truth.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 mod config;
 mod conn;
@@ -53,14 +54,24 @@ pub enum ProtocolError {
     BadImm(ImmError),
     /// More immediates arrived than receives we granted.
     TooManyMessages,
-    /// A data immediate claims `len` bytes but only `window` bytes were granted.
-    DataBeyondCredit { len: u32, window: u64 },
+    /// A data immediate claims more bytes than were granted.
+    DataBeyondCredit {
+        /// Bytes the immediate announced.
+        len: u32,
+        /// Bytes the peer was allowed to write.
+        window: u64,
+    },
     /// Data after the peer's FIN.
     DataAfterFin,
     /// A second FIN.
     DuplicateFin,
     /// A credit message returns more than we had outstanding.
-    CreditOverflow { wrs: u32, bytes: u32 },
+    CreditOverflow {
+        /// Receives it returned.
+        wrs: u32,
+        /// Ring bytes it returned.
+        bytes: u32,
+    },
     /// A send completed in error (reported through `handle_send_error`).
     TransportFailed,
 }
@@ -88,6 +99,7 @@ impl std::error::Error for ProtocolError {}
 /// A completion the core cannot match to a work request it handed out (a driver bug).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompletionError {
+    /// The id was never handed out by `poll_write`.
     UnknownWr(WrId),
 }
 

@@ -34,17 +34,25 @@ pub mod field {
     use core::ops::Range;
     /// Common header (frozen across versions so that any version can read a reject).
     pub const MAGIC: Range<usize> = 0..4;
+    /// Protocol version of the sender.
     pub const VERSION: usize = 4;
+    /// Connect, accept or reject.
     pub const KIND: usize = 5;
+    /// Optional-feature bits.
     pub const FLAGS: Range<usize> = 6..8;
+    /// Length of the whole message.
     pub const LEN: Range<usize> = 8..10;
     /// Length of the common header.
     pub const HEADER_END: usize = 10;
     /// Hello body.
     pub const RESERVED: Range<usize> = 10..12;
+    /// Remote key of the ring.
     pub const RKEY: Range<usize> = 12..16;
+    /// Virtual address of the ring.
     pub const RING_ADDR: Range<usize> = 16..24;
+    /// Ring size in bytes.
     pub const RING_SIZE: Range<usize> = 24..28;
+    /// Receives posted for the peer.
     pub const RECV_CREDITS: Range<usize> = 28..32;
     /// Reject body.
     pub const REASON: Range<usize> = 10..12;
@@ -75,8 +83,13 @@ const KIND_REJECT: u8 = 3;
 /// Why a hello could not be used. The driver falls back to kernel TCP on any of these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HelloError {
-    /// Fewer bytes than the fields read so far need (`needed` bytes, `got` bytes).
-    Truncated { needed: usize, got: usize },
+    /// Fewer bytes than the fields read so far need.
+    Truncated {
+        /// Bytes the next field needs.
+        needed: usize,
+        /// Bytes there were.
+        got: usize,
+    },
     /// Not an rsock peer.
     BadMagic([u8; 4]),
     /// An rsock peer speaking a version this build does not.
@@ -125,6 +138,7 @@ impl std::error::Error for HelloError {}
 /// Connection parameters one side announces to the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
+    /// Connect (in the request) or accept (in the reply).
     pub kind: HelloKind,
     /// Optional features; v1 defines none, sends 0 and ignores unknown bits.
     pub flags: u16,
@@ -266,6 +280,7 @@ impl RejectReason {
 pub struct Reject {
     /// Version the rejecting side speaks.
     pub version: u8,
+    /// Why.
     pub reason: RejectReason,
 }
 
@@ -400,9 +415,17 @@ const OP_RESET: u32 = 2;
 pub enum Imm {
     /// `len` more bytes of stream have been written into the receiver's ring, ending with this
     /// write. `1..=MAX_DATA_LEN`.
-    Data { len: u32 },
+    Data {
+        /// Burst length in bytes.
+        len: u32,
+    },
     /// The receiver returns `wrs` posted receives and `bytes` of ring space. Not both zero.
-    Credit { wrs: u32, bytes: u32 },
+    Credit {
+        /// Posted receives returned.
+        wrs: u32,
+        /// Ring bytes returned.
+        bytes: u32,
+    },
     /// The sender will write no more data (half-close).
     Fin,
     /// The sender has abandoned the connection; discard everything.

@@ -29,6 +29,7 @@ pub enum Side {
 }
 
 impl Side {
+    /// The other end.
     pub fn peer(self) -> Side {
         match self {
             Side::A => Side::B,
@@ -37,8 +38,10 @@ impl Side {
     }
 }
 
-/// Something that would break on real hardware or violates the protocol's promises.
+/// Something that would break on real hardware or violates the protocol's promises. `side` is
+/// the end at fault; `write` the offending work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // the fields are named for what they hold
 pub enum Fault {
     /// A write outside the local send buffer or the remote ring.
     OutOfBounds { side: Side, write: Write },
@@ -72,8 +75,11 @@ enum Completion {
 /// One end: a connection plus the memory and queues a driver would own.
 #[derive(Debug, Clone, Hash)]
 pub struct Endpoint {
+    /// The protocol state machine under test.
     pub conn: Conn,
+    /// Stands in for the registered send buffer.
     pub send_buf: Vec<u8>,
+    /// Stands in for the registered receive ring.
     pub ring: Vec<u8>,
     config: Config,
     posted_recvs: u32,
@@ -112,6 +118,7 @@ impl Endpoint {
         }
     }
 
+    /// The config this end was built with.
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -142,7 +149,9 @@ impl Endpoint {
 /// let a model checker snapshot and deduplicate states.
 #[derive(Debug, Clone, Hash)]
 pub struct Pair {
+    /// The active (connecting) end.
     pub a: Endpoint,
+    /// The passive (accepting) end.
     pub b: Endpoint,
     /// Check every written byte against the receiver's grants (O(bytes); off for benchmarks).
     pub check_grants: bool,
@@ -167,6 +176,7 @@ impl Pair {
         Pair { a: Endpoint::new(config_a, a), b: Endpoint::new(config_b, b), check_grants: true }
     }
 
+    /// One end.
     pub fn ep(&self, side: Side) -> &Endpoint {
         match side {
             Side::A => &self.a,
@@ -174,6 +184,7 @@ impl Pair {
         }
     }
 
+    /// One end, mutably.
     pub fn ep_mut(&mut self, side: Side) -> &mut Endpoint {
         match side {
             Side::A => &mut self.a,
@@ -190,6 +201,7 @@ impl Pair {
 
     // ---- application ----------------------------------------------------------------------
 
+    /// The application on `side` writes `data` (as much as fits).
     pub fn write(&mut self, side: Side, data: &[u8]) -> Result<usize, WriteError> {
         let ep = self.ep_mut(side);
         let r = ep.conn.write(&mut ep.send_buf, data);
@@ -197,6 +209,7 @@ impl Pair {
         r
     }
 
+    /// The application on `side` reads into `buf`.
     pub fn read(&mut self, side: Side, buf: &mut [u8]) -> Result<usize, ReadError> {
         let ep = self.ep_mut(side);
         let r = ep.conn.read(&ep.ring, buf);

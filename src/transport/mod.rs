@@ -9,4 +9,7 @@
 //! RDMA drivers share nothing else (one schedules steps by hand, the other reacts to CQ events
 //! and owns registered memory). A trait can be extracted when the shared-memory driver exists.
 
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
 pub mod mem;
