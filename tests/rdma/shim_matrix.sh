@@ -1,0 +1,679 @@
+#!/usr/bin/env bash
+# RDMA test matrix: unmodified programs under librsock.so in the Soft-RoCE guest. Each cell
+# checks the data (sha256), the shim's own counters (path taken, fallback reason, bytes) and,
+# for RDMA cells, the device: RC QPs listed while the transfer runs, rxe0 packet counters
+# moved by at least bytes/active_mtu, no RC QP left once the programs exited.
+#
+#   cargo build --release --workspace --examples
+#   tests/rdma-vm/run.sh -- tests/rdma/shim_matrix.sh [CELL_PATTERN]
+#
+# Environment:
+#   T_MB       size of the streamed file in MiB (default 64)
+#   T_BIG_MB   size of the one big stream (cell big_stream; default 1024)
+#   T_MANY     connections of cell many_conns (default 200)
+#   T_KEEP=1   keep the work dir (always kept when a cell fails)
+#   SHIM_LOG_LEVEL  the shim's log level in every cell (default info; logs: CELL_DIR/*.log)
+# Failing cells' directories (without big data files) are copied to
+# .cache/rdma-matrix-logs/<run>/ in the project, so they survive the guest.
+#
+# Prints "PASS cell (Ns)" / "FAIL cell: why", then "N passed, N failed"; exit 1 on failure.
+
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+# shellcheck source=../rdma-vm/lib.sh
+. tests/rdma-vm/lib.sh
+# shellcheck source=../lib/common.sh
+. tests/lib/common.sh
+rdma_vm_require_guest
+t_init
+need nc.openbsd iperf3 iperf socat curl python3 ss timeout sha256sum rdma rping ibv_devinfo
+PATTERN=${1:-}
+MB=${T_MB:-64}
+BIG_MB=${T_BIG_MB:-1024}
+MANY=${T_MANY:-200}
+A=$RDMA_VM_ADDR          # 10.77.0.1: veth0, carries rxe0
+P_ADDR=$RDMA_VM_PLAIN_ADDR  # 10.77.0.2: namespace plain, no RDMA
+NC=nc.openbsd
+EX=$T_EXAMPLES
+T=180     # per-process bound, seconds
+CTO=5000  # RSOCK_CONNECT_TIMEOUT_MS: the default 500 ms is too short under TCG
+RUN_ID=$(date -u +%Y%m%dT%H%M%S)
+KEEP_DIR=$T_ROOT/.cache/rdma-matrix-logs/$RUN_ID
+ulimit -l unlimited 2>/dev/null || true
+MTU=$(ibv_devinfo -d rxe0 2>/dev/null | awk '/active_mtu/ { print $2; exit }')
+MTU=${MTU:-1024}
+
+echo "# data: ${MB} MiB per stream, big stream ${BIG_MB} MiB, active_mtu $MTU, work dir $T_WORK"
+DATA=$T_WORK/data.bin
+make_random "$DATA" "$MB"
+SIZE=$(stat -c %s "$DATA")
+DATA2=$T_WORK/data2.bin
+make_random "$DATA2" 16
+SIZE2=$(stat -c %s "$DATA2")
+
+# Every shimmed process gets the connect timeout and its own log next to its stats dir.
+_cmd() {
+    if [ "$1" = shimmed ]; then
+        T_CMD=(env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$2" RSOCK_STATS_KEEP=1
+            RSOCK_CONNECT_TIMEOUT_MS=$CTO RSOCK_LOG="$2.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "${@:3}")
+    else
+        T_CMD=("$@")
+    fi
+}
+shimmed() {
+    local dir=$1; shift
+    env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
+        RSOCK_LOG="$dir.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "$@"
+}
+
+# ---- device evidence ------------------------------------------------------------------------
+
+# RC QPs of the whole device (GSI/UD are not ours).
+rc_qps() { rdma resource show qp 2>/dev/null | grep -c ' type RC ' || true; }
+no_rc_qps() { [ "$(rc_qps)" -eq 0 ]; }
+
+# rdma_begin: snapshot rxe0's counters and sample the RC QP count every 0.5 s (qps.out).
+rdma_begin() {
+    rxe_counters_snapshot "$CELL_DIR/rxe.before"
+    bg qps 900 bash -c 'while :; do rdma resource show qp 2>/dev/null | grep -c " type RC "; sleep 0.5; done'
+}
+
+# rdma_end BYTES MIN_QPS: stops the sampler; fails unless at least MIN_QPS RC QPs were seen
+# at once and rxe0 sent at least BYTES/active_mtu packets.
+rdma_end() {
+    local bytes=$1 minqp=$2 maxqp sent want
+    bg_stop qps
+    maxqp=$(sort -n qps.out 2>/dev/null | tail -n1)
+    rxe_counters_delta rxe.before > rxe.delta
+    echo "# device: max RC QPs seen $maxqp; rxe0 deltas: $(paste -sd' ' rxe.delta)"
+    [ "${maxqp:-0}" -ge "$minqp" ] || fail "device: at most ${maxqp:-0} RC QPs seen during the transfer, want >= $minqp"
+    sent=$(awk '$1 == "sent_pkts" { print $2 }' rxe.delta)
+    want=$(( bytes / MTU ))
+    [ "${sent:-0}" -ge "$want" ] || fail "device: rxe0 sent_pkts +${sent:-0}, want >= $want (bytes $bytes / active_mtu $MTU)"
+}
+
+# expect_qps_released [SECS]: no RC QP left on the device (the cell's programs have exited).
+expect_qps_released() {
+    wait_until "${1:-30}" no_rc_qps && return 0
+    rdma resource show qp > qps.left 2>&1
+    fail "$(rc_qps) RC QP(s) still listed ${1:-30}s after the programs exited: $(grep ' type RC ' qps.left | head -3 | paste -sd'|')"
+}
+
+# expect_rdma SIDE NCONNS [EXPR...]: counters of SIDE show NCONNS RDMA connections, no TCP.
+expect_rdma() {
+    local side=$1 n=$2 defs=(); shift 2
+    while [ "${1:-}" = -D ]; do defs+=(-D "$2"); shift 2; done
+    expect_stats "$CELL_DIR/$side" "$side" -D N="$n" "${defs[@]}" 'nproc>=1' 'conns.rdma==N' 'conns.tcp==0' \
+        'tx.tcp==0' 'rx.tcp==0' "$@"
+}
+
+# wait_dual SRVNAME: the shimmed server listens on kernel TCP and rdma_cm (dual listen).
+wait_dual() {
+    wait_listen "$PORT" 60 "$1" || fail "server did not listen on TCP $PORT"
+    wait_rdma_listen "$PORT" 60 || fail "server listens on TCP but not on rdma_cm port $PORT (dual listen)"
+}
+
+# ---- 1. programs on RDMA ------------------------------------------------------------------------
+
+cell_nc_client_to_server() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" $NC -l "$A" "$PORT"
+    wait_dual srv
+    bg_in cli $T "$DATA" shimmed "$CELL_DIR/cli" $NC -N "$A" "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA" srv.out
+    soft rdma_end "$SIZE" 2
+    soft expect_rdma srv 1 -D SIZE="$SIZE" 'nproc==1' 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
+    soft expect_rdma cli 1 -D SIZE="$SIZE" 'nproc==1' 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
+    expect_qps_released
+}
+
+cell_nc_server_to_client() {
+    rdma_begin
+    bg_in srv $T "$DATA" shimmed "$CELL_DIR/srv" $NC -N -l "$A" "$PORT"
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" $NC -d "$A" "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA" cli.out
+    soft rdma_end "$SIZE" 2
+    soft expect_rdma srv 1 -D SIZE="$SIZE" 'nproc==1' 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
+    soft expect_rdma cli 1 -D SIZE="$SIZE" 'nproc==1' 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
+    expect_qps_released
+}
+
+# iperf3_cell [CLIENT_ARGS...]: one-off server, 5 s test; conns = 1 control + P data.
+iperf3_cell() {
+    local streams=1 reverse=0 a prev=
+    for a in "$@"; do
+        case $a in -R) reverse=1 ;; esac
+        [ "$prev" = -P ] && streams=$a
+        prev=$a
+    done
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" iperf3 -s -1 -B "$A" -p "$PORT"
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" iperf3 -c "$A" -p "$PORT" -t 5 -J "$@"
+    expect_status cli 0
+    expect_status srv 0
+    local sent recvd
+    sent=$(json_get cli.out 'j["end"]["sum_sent"]["bytes"]') || fail "no sum_sent in iperf3 JSON"
+    recvd=$(json_get cli.out 'j["end"]["sum_received"]["bytes"]') || fail "no sum_received in iperf3 JSON"
+    [ "$sent" -gt 0 ] && [ "$recvd" -gt 0 ] || fail "iperf3 moved no bytes: sent=$sent received=$recvd"
+    echo "# iperf3: sent $sent received $recvd ($(json_get cli.out 'round(j["end"]["sum_received"]["bits_per_second"]/1e6,1)') Mbit/s)"
+    local n=$((1 + streams))
+    soft rdma_end "$recvd" $((2 * n))
+    local snd=cli rcv=srv
+    [ $reverse = 1 ] && snd=srv rcv=cli
+    soft expect_rdma "$snd" "$n" -D SENT="$sent" 'nproc==1' \
+        'SENT <= tx.rdma <= SENT + 65536' 'rx.rdma < 65536' 'sockets==[]'
+    soft expect_rdma "$rcv" "$n" -D RECVD="$recvd" 'nproc==1' \
+        'RECVD <= rx.rdma <= RECVD + 65536 + (N - 1) * 16 * 2**20' 'tx.rdma < 65536' 'sockets==[]'
+    expect_qps_released
+}
+cell_iperf3() { iperf3_cell; }
+cell_iperf3_reverse() { iperf3_cell -R; }
+cell_iperf3_parallel4() { iperf3_cell -P 4; }
+
+cell_iperf2() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" iperf -s -B "$A" -p "$PORT" -y C
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" iperf -c "$A" -p "$PORT" -t 5 -y C
+    expect_status cli 0
+    local bytes i sbytes
+    bytes=$(tail -n1 cli.out | cut -d, -f8)
+    [ -n "$bytes" ] && [ "$bytes" -gt 0 ] 2>/dev/null || fail "iperf client reported no bytes: $(head -c 200 cli.out)"
+    for i in $(seq 200); do [ -s srv.out ] && break; sleep 0.1; done
+    sbytes=$(tail -n1 srv.out | cut -d, -f8)
+    bg_stop srv
+    [ "$sbytes" = "$bytes" ] || fail "server reported ${sbytes:-nothing} bytes, client $bytes"
+    soft rdma_end "$bytes" 2
+    soft expect_stats "$CELL_DIR/cli" cli -D B="$bytes" 'nproc==1' 'conns.rdma>=1' 'conns.tcp==0' \
+        'B <= tx.rdma <= B + 65536' 'sockets==[]'
+    local c
+    c=$(python3 -c "import json;print(json.loads(open('$CELL_DIR/stats.cli.json').readline())['conns']['rdma'])" 2>/dev/null)
+    soft expect_stats "$CELL_DIR/srv" srv -D B="$bytes" -D C="${c:-1}" \
+        'nproc==1' 'conns.rdma==C' 'conns.tcp==0' 'B <= rx.rdma <= B + 65536'
+    expect_qps_released
+}
+
+# socat_stats SIDE TX RX: socat ends with shutdown(2) and exit, without close(2): its socket
+# may still be listed at exit.
+socat_stats() {
+    expect_rdma "$1" 1 -D TX="$2" -D RX="$3" 'nproc==1' 'tx.rdma==TX' 'rx.rdma==RX' \
+        'len(sockets)<=1' 'all(s["tx"]==TX and s["rx"]==RX for s in sockets)'
+}
+
+cell_socat_tcp_to_file() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" socat -u TCP-LISTEN:"$PORT",bind="$A",reuseaddr CREATE:"$CELL_DIR/recv.bin"
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" socat -u OPEN:"$DATA",rdonly TCP:"$A":"$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA" recv.bin
+    soft expect_empty srv.err "server stderr"; soft expect_empty cli.err "client stderr"
+    soft rdma_end "$SIZE" 2
+    soft socat_stats srv 0 "$SIZE"
+    soft socat_stats cli "$SIZE" 0
+    expect_qps_released
+}
+
+cell_socat_file_to_tcp() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" socat -u OPEN:"$DATA",rdonly TCP-LISTEN:"$PORT",bind="$A",reuseaddr
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" socat -u TCP:"$A":"$PORT" CREATE:"$CELL_DIR/recv.bin"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA" recv.bin
+    soft expect_empty srv.err "server stderr"; soft expect_empty cli.err "client stderr"
+    soft rdma_end "$SIZE" 2
+    soft socat_stats srv "$SIZE" 0
+    soft socat_stats cli 0 "$SIZE"
+    expect_qps_released
+}
+
+# client -> socat relay (TCP-LISTEN <-> TCP) -> server, all three shimmed: 2 RDMA
+# connections, 4 QPs.
+cell_socat_relay() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" socat -u TCP-LISTEN:"$PORT",bind="$A",reuseaddr CREATE:"$CELL_DIR/recv.bin"
+    wait_dual srv
+    bg relay $T shimmed "$CELL_DIR/relay" socat TCP-LISTEN:"$PORT2",bind="$A",reuseaddr TCP:"$A":"$PORT"
+    wait_listen "$PORT2" 60 relay || fail "relay did not listen"
+    wait_rdma_listen "$PORT2" 60 || fail "relay not listening on rdma_cm"
+    bg cli $T shimmed "$CELL_DIR/cli" socat -u OPEN:"$DATA",rdonly TCP:"$A":"$PORT2"
+    expect_status cli 0
+    expect_status srv 0
+    expect_status relay 0
+    expect_same_file "$DATA" recv.bin
+    soft rdma_end $((2 * SIZE)) 4
+    soft socat_stats srv 0 "$SIZE"
+    soft socat_stats cli "$SIZE" 0
+    soft expect_rdma relay 2 -D SIZE="$SIZE" 'nproc==1' 'tx.rdma==SIZE' 'rx.rdma==SIZE'
+    expect_qps_released
+}
+
+cell_curl_http_server() {
+    mkdir -p www && ln -s "$DATA" www/data.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 -m http.server --bind "$A" --directory www "$PORT"
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" curl -sS --fail -o "$CELL_DIR/got.bin" \
+        -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
+    expect_status cli 0
+    expect_same_file "$DATA" got.bin
+    local dl hdr req
+    read -r dl hdr req < cli.out || fail "no curl -w output"
+    [ "$dl" -eq "$SIZE" ] || fail "curl size_download=$dl, want $SIZE"
+    bg_stop srv
+    soft rdma_end "$SIZE" 2
+    soft expect_rdma cli 1 -D IN=$((dl + hdr)) -D OUT="$req" 'nproc==1' 'rx.rdma==IN' 'tx.rdma==OUT' 'sockets==[]'
+    soft expect_rdma srv 1 -D IN="$req" -D OUT=$((dl + hdr)) 'nproc==1' 'rx.rdma==IN' 'tx.rdma==OUT'
+    expect_qps_released
+}
+
+# stream_copy_cell MODE [FEED]: rw = read/write loop; copy = std::io::copy (sendfile from a
+# file; with FEED=pipe, splice both ways).
+stream_copy_cell() {
+    local mode=$1 feed=${2:-file}
+    [ -x "$EX/stream_copy" ] || fail "missing $EX/stream_copy (cargo build --release --examples)"
+    rdma_begin
+    if [ "$feed" = pipe ]; then
+        _cmd shimmed "$CELL_DIR/srv"
+        bg srv $T sh -c '"$@" | cat > "$0"' "$CELL_DIR/recv.bin" "${T_CMD[@]}" \
+            "$EX/stream_copy" --"$mode" server "$A:$PORT"
+    else
+        bg srv $T shimmed "$CELL_DIR/srv" "$EX/stream_copy" --"$mode" server "$A:$PORT"
+    fi
+    wait_dual srv
+    if [ "$feed" = pipe ]; then
+        _cmd shimmed "$CELL_DIR/cli"
+        bg cli $T sh -c 'f=$1; shift; cat "$f" | "$@"' sh "$DATA" "${T_CMD[@]}" \
+            "$EX/stream_copy" --"$mode" client "$A:$PORT"
+    else
+        bg_in cli $T "$DATA" shimmed "$CELL_DIR/cli" "$EX/stream_copy" --"$mode" client "$A:$PORT"
+    fi
+    expect_status cli 0
+    expect_status srv 0
+    [ "$feed" = pipe ] || mv srv.out recv.bin
+    expect_same_file "$DATA" recv.bin
+    soft rdma_end "$SIZE" 2
+    soft expect_rdma cli 1 -D SIZE="$SIZE" 'nproc==1' 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
+    soft expect_rdma srv 1 -D SIZE="$SIZE" 'nproc==1' 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
+    expect_qps_released
+}
+cell_stream_copy() { stream_copy_cell rw; }
+cell_stream_copy_sendfile() { stream_copy_cell copy file; }
+cell_stream_copy_splice() { stream_copy_cell copy pipe; }
+
+# One big stream (T_BIG_MB MiB): the data file repeated, never stored; sha256 of the
+# stream on both sides.
+cell_big_stream() {
+    local reps=$(( (BIG_MB + MB - 1) / MB )) want
+    local total=$(( reps * SIZE ))
+    echo "# $reps x $MB MiB = $total bytes"
+    want=$(for _ in $(seq "$reps"); do cat "$DATA"; done | sha256sum | cut -d' ' -f1)
+    rdma_begin
+    _cmd shimmed "$CELL_DIR/srv"
+    bg srv 600 sh -c '"$@" | sha256sum > "$0"' "$CELL_DIR/got.sha" "${T_CMD[@]}" \
+        "$EX/stream_copy" server "$A:$PORT"
+    wait_dual srv
+    _cmd shimmed "$CELL_DIR/cli"
+    local t0=$SECONDS
+    bg cli 600 sh -c 'f=$1; n=$2; shift 2; for i in $(seq "$n"); do cat "$f"; done | "$@"' sh "$DATA" "$reps" \
+        "${T_CMD[@]}" "$EX/stream_copy" client "$A:$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    local secs=$((SECONDS - t0))
+    echo "# big stream: $total bytes in ${secs}s ($(( total * 8 / (secs > 0 ? secs : 1) / 1000000 )) Mbit/s)"
+    [ "$(cut -d' ' -f1 got.sha)" = "$want" ] || fail "big stream sha256 differs: $(cut -c1-12 got.sha), want ${want:0:12}"
+    soft rdma_end "$total" 2
+    soft expect_rdma cli 1 -D SIZE="$total" 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
+    soft expect_rdma srv 1 -D SIZE="$total" 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
+    expect_qps_released
+}
+
+# ---- 2. shimmed client -> plain server ----------------------------------------------------------
+
+# The server (no shim) in the same namespace: nothing listens on rdma_cm, the CM rejects.
+# curl fetches twice in one process: the second connect hits the negative cache.
+cell_fallback_rejected() {
+    mkdir -p www && ln -s "$DATA2" www/data.bin
+    bg srv $T python3 -m http.server --bind "$A" --directory www "$PORT"
+    wait_listen "$PORT" 60 srv || fail "http.server did not listen"
+    rdma_begin
+    bg cli $T shimmed "$CELL_DIR/cli" curl -sS --fail -o "$CELL_DIR/got1.bin" "http://$A:$PORT/data.bin" \
+        -o "$CELL_DIR/got2.bin" "http://$A:$PORT/data.bin"
+    expect_status cli 0
+    bg_stop srv
+    expect_same_file "$DATA2" got1.bin "first fetch"
+    expect_same_file "$DATA2" got2.bin "second fetch"
+    bg_stop qps
+    soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE2" 'nproc==1' 'conns.tcp==2' 'conns.rdma==0' \
+        'fallback.rejected==1' 'fallback.negative_cache==1' \
+        'sum(vars(fallback).values())==2' 'rx.tcp > 2*SIZE' 'rx.rdma==0' 'sockets==[]'
+    expect_qps_released
+}
+
+# The server (no shim) in namespace plain (10.77.0.2): the rdma_cm attempt gets no answer
+# (unreachable or timeout), then kernel TCP; the second fetch hits the negative cache.
+cell_fallback_plain_ns() {
+    mkdir -p www && ln -s "$DATA2" www/data.bin
+    bg srv $T "$T_ROOT/tests/rdma-vm/in-plain.sh" python3 -m http.server --bind "$P_ADDR" --directory www "$PORT"
+    wait_tcp_listen "$PORT" 60 plain || fail "http.server in namespace plain did not listen"
+    local t0=$SECONDS
+    bg cli $T shimmed "$CELL_DIR/cli" curl -sS --fail -o "$CELL_DIR/got1.bin" "http://$P_ADDR:$PORT/data.bin" \
+        -o "$CELL_DIR/got2.bin" "http://$P_ADDR:$PORT/data.bin"
+    expect_status cli 0
+    echo "# two fetches took $((SECONDS - t0))s"
+    bg_stop srv
+    expect_same_file "$DATA2" got1.bin "first fetch"
+    expect_same_file "$DATA2" got2.bin "second fetch"
+    soft expect_stats "$CELL_DIR/cli" cli 'nproc==1' 'conns.tcp==2' 'conns.rdma==0' \
+        'fallback.unreachable + fallback.timeout==1' 'fallback.negative_cache==1' \
+        'sum(vars(fallback).values())==2' 'sockets==[]'
+    expect_qps_released
+}
+
+# A host without RDMA (namespace plain, /dev/infiniband hidden) runs the shimmed client.
+cell_fallback_client_no_device() {
+    bg srv $T $NC -l "$A" "$PORT"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    bg_in cli $T "$DATA2" "$T_ROOT/tests/rdma-vm/in-plain.sh" env LD_PRELOAD="$T_SO" \
+        RSOCK_STATS_DIR="$CELL_DIR/cli" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO $NC -N "$A" "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA2" srv.out
+    soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE2" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
+        'fallback.no_device==1' 'tx.tcp==SIZE' 'sockets==[]'
+}
+
+# ---- 3. plain client -> shimmed server (dual listen) ----------------------------------------------
+
+# A plain curl (rate-limited, so it is still running) and then a shimmed curl at the same time
+# against one shimmed http.server: one connection on kernel TCP (peer_tcp), one on RDMA.
+cell_dual_listen() {
+    mkdir -p www && ln -s "$DATA2" www/data.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 -m http.server --bind "$A" --directory www "$PORT"
+    wait_dual srv
+    bg plain $T curl -sS --fail --limit-rate 2M -o "$CELL_DIR/plain.bin" \
+        -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
+    wait_until 30 test -s plain.bin || fail "plain curl got no data"
+    bg cli $T shimmed "$CELL_DIR/cli" curl -sS --fail -o "$CELL_DIR/got.bin" \
+        -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
+    expect_status cli 0
+    bg_alive plain || echo "# note: the plain curl ended before the shimmed one"
+    expect_status plain 0
+    bg_stop srv
+    expect_same_file "$DATA2" plain.bin "plain client"
+    expect_same_file "$DATA2" got.bin "shimmed client"
+    local dl1 hdr1 req1 dl2 hdr2 req2
+    read -r dl1 hdr1 req1 < plain.out || fail "no curl -w output (plain)"
+    read -r dl2 hdr2 req2 < cli.out || fail "no curl -w output (shimmed)"
+    soft rdma_end "$SIZE2" 2
+    soft expect_stats "$CELL_DIR/srv" srv -D TX_TCP=$((dl1 + hdr1)) -D TX_RDMA=$((dl2 + hdr2)) \
+        -D RX_TCP="$req1" -D RX_RDMA="$req2" 'nproc==1' 'conns.tcp==1' 'conns.rdma==1' \
+        'fallback.peer_tcp==1' 'sum(vars(fallback).values())==1' \
+        'tx.tcp==TX_TCP' 'tx.rdma==TX_RDMA' 'rx.tcp==RX_TCP' 'rx.rdma==RX_RDMA'
+    soft expect_rdma cli 1 'nproc==1' 'sockets==[]'
+    expect_qps_released
+}
+
+# Plain nc client -> shimmed nc server: kernel TCP, reason peer_tcp, exact bytes.
+cell_plain_client_nc() {
+    bg srv $T shimmed "$CELL_DIR/srv" $NC -l "$A" "$PORT"
+    wait_dual srv
+    bg_in cli $T "$DATA" $NC -N "$A" "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA" srv.out
+    soft expect_stats "$CELL_DIR/srv" srv -D SIZE="$SIZE" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
+        'fallback.peer_tcp==1' 'rx.tcp==SIZE' 'sockets==[]'
+    expect_qps_released
+}
+
+# ---- 4. RSOCK_ENABLE=0 ----------------------------------------------------------------------------
+
+cell_enable_0() {
+    rdma_begin
+    bg srv $T env RSOCK_ENABLE=0 LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" RSOCK_STATS_KEEP=1 \
+        $NC -l "$A" "$PORT"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    bg_in cli $T "$DATA" env RSOCK_ENABLE=0 LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" \
+        RSOCK_STATS_KEEP=1 $NC -N "$A" "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA" srv.out
+    bg_stop qps
+    [ ! -e "$CELL_DIR/st" ] || fail "RSOCK_ENABLE=0 created stats: $(ls -A "$CELL_DIR/st" | paste -sd' ')"
+    local maxqp sent
+    maxqp=$(sort -n qps.out | tail -n1)
+    [ "${maxqp:-0}" -eq 0 ] || fail "RSOCK_ENABLE=0: $maxqp RC QPs seen"
+    rxe_counters_delta rxe.before > rxe.delta
+    sent=$(awk '$1 == "sent_pkts" { print $2 }' rxe.delta)
+    [ "${sent:-0}" -lt 100 ] || fail "RSOCK_ENABLE=0: rxe0 sent $sent packets"
+    [ -z "$(rdma resource show cm_id 2>/dev/null | grep -E "src-addr [^ ]*:$PORT ")" ] || fail "an rdma_cm id on port $PORT"
+}
+
+# ---- 5. epoll / poll / select ---------------------------------------------------------------------
+
+cell_epoll_modes() {
+    [ -x "$EX/epoll_modes" ] || fail "missing $EX/epoll_modes"
+    timeout $T "$EX/epoll_modes" "$A" "$PORT" > plain.out 2> plain.err ||
+        fail "epoll_modes failed on kernel TCP: $(tail -c 300 plain.err)"
+    rdma_begin
+    local rc=0
+    timeout $T env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" RSOCK_STATS_KEEP=1 \
+        RSOCK_CONNECT_TIMEOUT_MS=$CTO RSOCK_LOG="$CELL_DIR/st.log" \
+        "$EX/epoll_modes" "$A" "$PORT2" > shim.out 2> shim.err || rc=$?
+    diff plain.out shim.out > diff.out
+    [ $rc -eq 0 ] || fail "epoll_modes failed under the shim (status $rc): $(tail -c 300 shim.err); first difference: $(grep -m3 '^[<>]' diff.out | paste -sd' ')"
+    [ -s diff.out ] && fail "output differs under the shim: $(grep '^[<>]' diff.out | head -8 | paste -sd'|')"
+    grep -q '^done$' shim.out || fail "epoll_modes did not finish"
+    soft rdma_end 0 2
+    soft expect_rdma st 2 'nproc==1' 'sockets==[]'
+    expect_qps_released
+}
+
+# ---- 6. peer killed mid-stream --------------------------------------------------------------------
+
+# A slow reader (python) that prints its pid, then reads 4 KiB every 10 ms.
+SLOW_READER='import os, socket, sys, time
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((sys.argv[1], int(sys.argv[2]))); l.listen(1)
+c, _ = l.accept(); print("pid", os.getpid(), flush=True)
+n = 0
+while True:
+    d = c.recv(4096)
+    if not d: break
+    n += len(d); time.sleep(0.01)
+print("eof after", n, flush=True)'
+
+# A sender that writes forever (prints its pid once connected).
+FOREVER_SENDER='import os, socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+print("pid", os.getpid(), flush=True)
+b = b"x" * 65536
+while True: c.sendall(b)'
+
+# wait_exit NAME SECS: true once background NAME has exited (within SECS).
+wait_exit() {
+    local i
+    for i in $(seq $(( $2 * 10 ))); do bg_alive "$1" || return 0; sleep 0.1; done
+    return 1
+}
+
+cell_kill_receiver() {
+    rdma_begin
+    bg rcv $T shimmed "$CELL_DIR/rcv" python3 -c "$SLOW_READER" "$A" "$PORT"
+    wait_dual rcv
+    bg snd $T sh -c 'exec "$@" < /dev/zero' sh env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/snd" \
+        RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO RSOCK_LOG="$CELL_DIR/snd.log" \
+        "$EX/stream_copy" client "$A:$PORT"
+    wait_until 60 grep -q '^pid ' rcv.out || fail "receiver never accepted"
+    sleep 3
+    bg_alive snd || fail "sender exited before the receiver was killed: $(tail -c 200 snd.err)"
+    local pid t0 rc=0
+    pid=$(awk '/^pid /{print $2}' rcv.out)
+    soft expect_rdma rcv 1
+    soft expect_rdma snd 1
+    kill -KILL "$pid"
+    t0=$SECONDS
+    wait_exit snd 30 || fail "sender still running 30 s after the receiver was killed (hang)"
+    bg_wait snd || rc=$?
+    echo "# sender exited with status $rc after $((SECONDS - t0))s: $(tail -c 200 snd.err)"
+    [ $rc -ne 0 ] || fail "sender exited 0 although its receiver was killed mid-stream"
+    grep -qiE 'broken pipe|reset|EPIPE|ECONNRESET' snd.err || fail "sender's error is not EPIPE/ECONNRESET: $(tail -c 200 snd.err)"
+    soft rdma_end 0 2
+    expect_qps_released 30
+}
+
+cell_kill_sender() {
+    rdma_begin
+    bg rcv $T shimmed "$CELL_DIR/rcv" "$EX/stream_copy" server "$A:$PORT"
+    wait_dual rcv
+    bg snd $T shimmed "$CELL_DIR/snd" python3 -c "$FOREVER_SENDER" "$A" "$PORT"
+    wait_until 60 grep -q '^pid ' snd.out || fail "sender never connected"
+    sleep 3
+    bg_alive rcv || fail "receiver exited before the sender was killed: $(tail -c 200 rcv.err)"
+    local pid t0 rc=0
+    pid=$(awk '/^pid /{print $2}' snd.out)
+    soft expect_rdma rcv 1
+    soft expect_rdma snd 1
+    kill -KILL "$pid"
+    t0=$SECONDS
+    wait_exit rcv 30 || fail "receiver still running 30 s after the sender was killed (hang)"
+    bg_wait rcv || rc=$?
+    echo "# receiver exited with status $rc after $((SECONDS - t0))s: $(tail -c 200 rcv.err)"
+    # EOF (status 0, "received N bytes") or ECONNRESET (status 1) are both fine.
+    [ $rc -eq 0 ] || grep -qiE 'reset' rcv.err || fail "receiver: status $rc, neither EOF nor ECONNRESET: $(tail -c 200 rcv.err)"
+    soft rdma_end 0 2
+    expect_qps_released 30
+}
+
+# ---- 7. many concurrent connections ---------------------------------------------------------------
+
+cell_many_conns() {
+    [ -x "$EX/many_conns" ] || fail "missing $EX/many_conns"
+    rdma_begin
+    bg srv 400 shimmed "$CELL_DIR/srv" "$EX/many_conns" server "$A:$PORT" "$MANY" 4096
+    wait_dual srv
+    local t0=$SECONDS
+    bg cli 400 shimmed "$CELL_DIR/cli" "$EX/many_conns" client "$A:$PORT" "$MANY" 4096
+    local rc=0
+    bg_wait cli || rc=$?
+    echo "# client: status $rc after $((SECONDS - t0))s: $(tail -n 3 cli.out | paste -sd'|')"
+    [ $rc -eq 0 ] || fail "client failed (status $rc): $(head -n 5 cli.out | paste -sd'|') $(tail -c 200 cli.err)"
+    expect_status srv 0
+    grep -q "^ok $MANY connections" cli.out || fail "client: $(tail -n1 cli.out)"
+    soft rdma_end $((MANY * 4096 * 2)) $((2 * MANY))
+    # All on RDMA, or (if the device ran out) the rest on TCP with reason resources.
+    local side
+    for side in cli srv; do
+        soft expect_stats "$CELL_DIR/$side" "$side" -D N="$MANY" 'nproc==1' 'conns.rdma + conns.tcp==N' \
+            'conns.tcp==fallback.resources' 'sum(vars(fallback).values())==fallback.resources' \
+            'tx.rdma + tx.tcp==N*4096' 'rx.rdma + rx.tcp==N*4096'
+    done
+    echo "# conns: cli $(json_get stats.cli.json 'j["conns"]' 2>/dev/null) srv $(json_get stats.srv.json 'j["conns"]' 2>/dev/null)"
+    expect_stats "$CELL_DIR/cli" cli-all-rdma -D N="$MANY" 'conns.rdma==N'
+    expect_qps_released 90
+}
+
+# ---- 8. foreign rdma_cm listener ------------------------------------------------------------------
+
+# rping (persistent server) listens on rdma_cm port PORT, a plain socat on TCP port PORT.
+# The shimmed client's RDMA attempt reaches rping, which is no rsock peer: the client must
+# fall back to TCP (rejected or bad_handshake), the data must arrive at socat, and rping must
+# still serve a real rping client afterwards.
+cell_foreign_listener() {
+    bg rping 300 rping -s -P -a "$A" -p "$PORT"
+    wait_rdma_listen "$PORT" 60 || fail "rping did not listen"
+    bg srv $T socat -u TCP-LISTEN:"$PORT",bind="$A",reuseaddr CREATE:"$CELL_DIR/recv.bin"
+    wait_listen "$PORT" 60 srv || fail "socat did not listen"
+    bg cli $T shimmed "$CELL_DIR/cli" socat -u OPEN:"$DATA2",rdonly TCP:"$A":"$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA2" recv.bin
+    soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE2" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
+        'fallback.rejected + fallback.bad_handshake==1' 'tx.tcp==SIZE'
+    bg_alive rping || fail "rping (the foreign listener) died: $(tail -c 300 rping.err)"
+    wait_rdma_listen "$PORT" 10 || fail "rping no longer listens"
+    timeout 60 rping -c -a "$A" -p "$PORT" -C 3 > rping_cli.out 2>&1 ||
+        fail "a real rping client failed against the foreign listener afterwards: $(tail -c 200 rping_cli.out)"
+    bg_stop rping
+    expect_qps_released
+}
+
+# ---- 9. leaks ---------------------------------------------------------------------------------------
+
+# `rdma resource show` summary numbers (pd cq qp cm_id mr ctx ...) as "name value" lines.
+res_summary() {
+    rdma resource show 2>/dev/null | awk '$2 == "rxe0:" { for (i = 3; i < NF; i += 2) print $i, $(i + 1) }'
+}
+
+cell_leaks() {
+    res_summary > now.txt
+    echo "# at start: $(paste -sd' ' "$T_WORK/res.start")"
+    echo "# now:      $(paste -sd' ' now.txt)"
+    wait_until 30 no_rc_qps || fail "RC QPs left: $(rdma resource show qp | grep ' type RC ' | head -5 | paste -sd'|')"
+    local mrs
+    mrs=$(rdma resource show mr 2>/dev/null | grep -c 'mrn' || true)
+    [ "$mrs" -eq 0 ] || fail "$mrs MR(s) left: $(rdma resource show mr | head -3 | paste -sd'|')"
+    local name v start
+    while read -r name v; do
+        start=$(awk -v n="$name" '$1 == n { print $2 }' "$T_WORK/res.start")
+        [ "$v" -le "${start:-0}" ] || fail "rxe0 $name: $v now, ${start:-0} at the start of the matrix"
+    done < now.txt
+    local ids
+    ids=$(rdma resource show cm_id 2>/dev/null | grep -c 'cm-idn' || true)
+    [ "$ids" -eq 0 ] || fail "$ids cm_id(s) left: $(rdma resource show cm_id | head -3 | paste -sd'|')"
+}
+
+# ---- run ------------------------------------------------------------------------------------------
+
+CELLS=(
+    nc_client_to_server nc_server_to_client
+    iperf3 iperf3_reverse iperf3_parallel4 iperf2
+    socat_tcp_to_file socat_file_to_tcp socat_relay
+    curl_http_server
+    stream_copy stream_copy_sendfile stream_copy_splice
+    big_stream
+    fallback_rejected fallback_plain_ns fallback_client_no_device
+    dual_listen plain_client_nc
+    enable_0
+    epoll_modes
+    kill_receiver kill_sender
+    many_conns
+    foreign_listener
+)
+
+# keep_logs NAME: copies a failed cell's directory (files up to 1 MiB) into the project.
+keep_logs() {
+    local src=$T_WORK/$1 dst=$KEEP_DIR/$1
+    mkdir -p "$dst" && (cd "$src" && find . -type f -size -1025k -print0 | xargs -0r cp --parents -t "$dst") 2>/dev/null
+}
+
+run_cell() {
+    local before=$T_FAIL
+    t_cell "$1" "cell_$1"
+    if [ "$T_FAIL" -gt "$before" ]; then
+        keep_logs "$1"
+        tail -n 15 "$T_WORK/$1/cell.log" | sed 's/^/    | /'
+    fi
+}
+
+res_summary > "$T_WORK/res.start"
+t0=$SECONDS
+for c in "${CELLS[@]}"; do
+    [ -z "$PATTERN" ] || [[ $c == *$PATTERN* ]] || continue
+    run_cell "$c"
+done
+run_cell leaks
+echo "# matrix took $((SECONDS - t0))s (work dir $T_WORK)"
+[ "$T_FAIL" -eq 0 ] || echo "# logs of failed cells: $KEEP_DIR"
+t_summary
