@@ -68,7 +68,10 @@ fn pair() -> Pair {
 }
 
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -77,7 +80,11 @@ fn thread_cpu_ns() -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let [mode, size, count] = &args[..] {
-        let mode = if mode == "stream" { Mode::Stream } else { Mode::Msg };
+        let mode = if mode == "stream" {
+            Mode::Stream
+        } else {
+            Mode::Msg
+        };
         let (size, count) = (size.parse().unwrap(), count.parse().unwrap());
         let got = run(&mut pair(), mode, size, count);
         assert_eq!(got, (size * count) as u64);
@@ -86,7 +93,15 @@ fn main() {
     println!("config: {:?}", Config::default());
     println!(
         "{:>6} {:>6} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9}",
-        "mode", "size", "messages", "wall ns", "cpu ns", "cpu MB/s", "WRs/msg", "sig/msg", "cred/msg"
+        "mode",
+        "size",
+        "messages",
+        "wall ns",
+        "cpu ns",
+        "cpu MB/s",
+        "WRs/msg",
+        "sig/msg",
+        "cred/msg"
     );
     let cases = [(64usize, 1_000_000usize), (4096, 200_000), (65536, 20_000)];
     for mode in [Mode::Msg, Mode::Stream] {
@@ -95,7 +110,10 @@ fn main() {
             let mut p = pair();
             let (start, cpu0) = (Instant::now(), thread_cpu_ns());
             let got = run(&mut p, mode, size, count);
-            let (wall, cpu) = (start.elapsed().as_nanos() as f64, (thread_cpu_ns() - cpu0) as f64);
+            let (wall, cpu) = (
+                start.elapsed().as_nanos() as f64,
+                (thread_cpu_ns() - cpu0) as f64,
+            );
             let s = p.a.conn.stats();
             let n = count as f64;
             println!(

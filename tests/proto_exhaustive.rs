@@ -73,7 +73,14 @@ fn i(s: Side) -> usize {
 
 impl Model {
     fn new(a: Config, b: Config, len: [usize; 2]) -> Model {
-        Model { p: Pair::new(a, b), len, written: [0; 2], read: [0; 2], shut: [false; 2], eof: [false; 2] }
+        Model {
+            p: Pair::new(a, b),
+            len,
+            written: [0; 2],
+            read: [0; 2],
+            shut: [false; 2],
+            eof: [false; 2],
+        }
     }
 
     fn data(&self, s: Side) -> &'static [u8] {
@@ -130,12 +137,19 @@ impl Model {
                 let mut buf = [0u8; 8];
                 match self.p.read(s, &mut buf[..n]) {
                     Ok(0) => {
-                        assert!(self.shut[from] && self.read[from] == self.written[from], "early EOF");
+                        assert!(
+                            self.shut[from] && self.read[from] == self.written[from],
+                            "early EOF"
+                        );
                         self.eof[from] = true;
                     }
                     Ok(k) => {
                         let r = self.read[from];
-                        assert_eq!(&buf[..k], &DATA[from][..self.len[from]][r..r + k], "stream corrupted");
+                        assert_eq!(
+                            &buf[..k],
+                            &DATA[from][..self.len[from]][r..r + k],
+                            "stream corrupted"
+                        );
                         self.read[from] += k;
                         assert!(self.read[from] <= self.written[from]);
                     }
@@ -208,7 +222,12 @@ fn explore(a: Config, b: Config, len: [usize; 2], limit: usize) -> usize {
             done.push(key);
         }
         if key % 8 == 0 {
-            assert!(m.clone().drains(), "stuck: A {:?} B {:?}", m.p.a.conn.counters(), m.p.b.conn.counters());
+            assert!(
+                m.clone().drains(),
+                "stuck: A {:?} B {:?}",
+                m.p.a.conn.counters(),
+                m.p.b.conn.counters()
+            );
         }
         for a in m.enabled() {
             let mut next = m.clone();
@@ -233,12 +252,23 @@ fn explore(a: Config, b: Config, len: [usize; 2], limit: usize) -> usize {
         }
     }
     assert!(!live.is_empty(), "no finished state reachable");
-    assert_eq!(live.len(), seen.len(), "{} states cannot finish", seen.len() - live.len());
+    assert_eq!(
+        live.len(),
+        seen.len(),
+        "{} states cannot finish",
+        seen.len() - live.len()
+    );
     seen.len()
 }
 
 fn tiny(ring_size: u32, send_buf_size: u32, max_inline: u32) -> Config {
-    Config { ring_size, recv_credits: 4, send_buf_size, send_queue_depth: 4, max_inline }
+    Config {
+        ring_size,
+        recv_credits: 4,
+        send_buf_size,
+        send_queue_depth: 4,
+        max_inline,
+    }
 }
 
 // Sizes are chosen so the debug-build run stays within a few seconds; the ignored tests below

@@ -26,13 +26,15 @@ fn config() -> impl Strategy<Value = Config> {
         4u32..=12,
         prop_oneof![Just(0u32), 0u32..=8],
     )
-        .prop_map(|(ring_size, recv_credits, send_buf_size, send_queue_depth, max_inline)| Config {
-            ring_size,
-            recv_credits,
-            send_buf_size,
-            send_queue_depth,
-            max_inline,
-        })
+        .prop_map(
+            |(ring_size, recv_credits, send_buf_size, send_queue_depth, max_inline)| Config {
+                ring_size,
+                recv_credits,
+                send_buf_size,
+                send_queue_depth,
+                max_inline,
+            },
+        )
 }
 
 fn side() -> impl Strategy<Value = Side> {
@@ -106,7 +108,8 @@ impl World {
                 src = &src[k..];
                 placed += k;
             }
-            ep.conn.commit_write(placed.max(usize::from(end > st.written)))
+            ep.conn
+                .commit_write(placed.max(usize::from(end > st.written)))
         } else {
             self.p.write(side, &st.data[st.written..end])
         };
@@ -130,7 +133,10 @@ impl World {
         let st = &mut self.s[idx(side.peer())];
         let (mut x, mut y) = (vec![0u8; a], vec![0u8; b]);
         let ep = self.p.ep_mut(side);
-        let mut bufs = [std::io::IoSliceMut::new(&mut x), std::io::IoSliceMut::new(&mut y)];
+        let mut bufs = [
+            std::io::IoSliceMut::new(&mut x),
+            std::io::IoSliceMut::new(&mut y),
+        ];
         let result = if a == 0 && b > 0 {
             // Zero-copy path: read the ranges in place, then consume.
             let mut k = 0;
@@ -231,7 +237,10 @@ impl World {
                 }
                 self.read(side, 17, 9)?;
             }
-            let moved = self.p.step().map_err(|f| TestCaseError::fail(format!("{f:?}")))?;
+            let moved = self
+                .p
+                .step()
+                .map_err(|f| TestCaseError::fail(format!("{f:?}")))?;
             self.p.check_invariants().map_err(TestCaseError::fail)?;
             let finished = self.p.a.conn.is_finished() && self.p.b.conn.is_finished();
             if finished && !moved && (self.broken || self.s.iter().all(|s| s.eof)) {
@@ -246,7 +255,13 @@ impl World {
     }
 }
 
-fn run(ca: Config, cb: Config, la: usize, lb: usize, actions: Vec<Action>) -> Result<(), TestCaseError> {
+fn run(
+    ca: Config,
+    cb: Config,
+    la: usize,
+    lb: usize,
+    actions: Vec<Action>,
+) -> Result<(), TestCaseError> {
     run_with_cut(ca, cb, la, lb, actions, None)
 }
 
@@ -293,14 +308,24 @@ fn run_with_cut(
     actions: Vec<Action>,
     cut: Option<(usize, Cut)>,
 ) -> Result<(), TestCaseError> {
-    let gen = |n: usize, salt: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect();
+    let gen = |n: usize, salt: u8| {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+            .collect()
+    };
     let mut w = World {
         broken: false,
         closed: [false; 2],
         p: Pair::new(ca, cb),
         s: [
-            Stream { data: gen(la, 1), ..Stream::default() },
-            Stream { data: gen(lb, 2), ..Stream::default() },
+            Stream {
+                data: gen(la, 1),
+                ..Stream::default()
+            },
+            Stream {
+                data: gen(lb, 2),
+                ..Stream::default()
+            },
         ],
     };
     for (n, a) in actions.iter().enumerate() {

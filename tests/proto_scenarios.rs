@@ -7,7 +7,13 @@ use rsock_core::proto::{
 use rsock_core::transport::mem::{Fault, Pair, Side};
 
 fn small_config() -> Config {
-    Config { ring_size: 64, recv_credits: 8, send_buf_size: 64, send_queue_depth: 8, max_inline: 8 }
+    Config {
+        ring_size: 64,
+        recv_credits: 8,
+        send_buf_size: 64,
+        send_queue_depth: 8,
+        max_inline: 8,
+    }
 }
 
 fn pair() -> Pair {
@@ -80,8 +86,20 @@ fn test_established_stream_larger_than_ring_wraps() {
 
 #[test]
 fn test_established_odd_sizes_wrap_everywhere() {
-    let a = Config { ring_size: 7, recv_credits: 4, send_buf_size: 5, send_queue_depth: 4, max_inline: 2 };
-    let b = Config { ring_size: 11, recv_credits: 4, send_buf_size: 13, send_queue_depth: 5, max_inline: 0 };
+    let a = Config {
+        ring_size: 7,
+        recv_credits: 4,
+        send_buf_size: 5,
+        send_queue_depth: 4,
+        max_inline: 2,
+    };
+    let b = Config {
+        ring_size: 11,
+        recv_credits: 4,
+        send_buf_size: 13,
+        send_queue_depth: 5,
+        max_inline: 0,
+    };
     let mut p = Pair::new(a, b);
     let data = pattern(500);
     assert_eq!(transfer(&mut p, Side::A, &data), data);
@@ -91,7 +109,10 @@ fn test_established_odd_sizes_wrap_everywhere() {
 #[test]
 fn test_established_writer_stops_at_the_granted_window() {
     let mut p = Pair::new(
-        Config { send_buf_size: 256, ..small_config() },
+        Config {
+            send_buf_size: 256,
+            ..small_config()
+        },
         small_config(),
     );
     assert_eq!(p.write(Side::A, &pattern(200)), Ok(200));
@@ -124,7 +145,10 @@ fn test_established_credits_are_returned_in_batches() {
     assert_eq!(transfer(&mut p, Side::A, &data), data);
     let credits = p.b.conn.stats().credit_messages;
     // Half a ring (32 bytes) or half the receives (4) per update, never one per message.
-    assert!(credits > 0 && credits <= 64 * 20 / 32 + 2, "{credits} credit messages");
+    assert!(
+        credits > 0 && credits <= 64 * 20 / 32 + 2,
+        "{credits} credit messages"
+    );
 }
 
 #[test]
@@ -137,7 +161,10 @@ fn test_established_vectored_and_peek() {
     assert_eq!(&x, b"abc");
     assert_eq!(p.b.conn.readable(), 8);
     let (mut y, mut z) = ([0u8; 2], [0u8; 4]);
-    let mut bufs = [std::io::IoSliceMut::new(&mut y), std::io::IoSliceMut::new(&mut z)];
+    let mut bufs = [
+        std::io::IoSliceMut::new(&mut y),
+        std::io::IoSliceMut::new(&mut z),
+    ];
     assert_eq!(p.b.conn.read_vectored(&p.b.ring, &mut bufs), Ok(6));
     assert_eq!((&y, &z), (b"ab", b"cdef"));
     let (s1, s2) = p.b.conn.readable_slices(&p.b.ring).unwrap();
@@ -203,8 +230,18 @@ fn test_established_wrapping_burst_is_two_writes_last_with_imm() {
 #[test]
 fn test_established_selective_signaling() {
     let mut p = Pair::new(
-        Config { ring_size: 4096, send_buf_size: 4096, recv_credits: 64, ..small_config() },
-        Config { ring_size: 4096, send_buf_size: 4096, recv_credits: 64, ..small_config() },
+        Config {
+            ring_size: 4096,
+            send_buf_size: 4096,
+            recv_credits: 64,
+            ..small_config()
+        },
+        Config {
+            ring_size: 4096,
+            send_buf_size: 4096,
+            recv_credits: 64,
+            ..small_config()
+        },
     );
     for i in 0..40 {
         p.write(Side::A, &[i]).unwrap();
@@ -225,7 +262,13 @@ fn test_established_selective_signaling() {
 
 #[test]
 fn test_established_fence_when_writer_waits_on_unsignaled_space() {
-    let cfg = Config { ring_size: 30, recv_credits: 64, send_buf_size: 64, send_queue_depth: 64, max_inline: 0 };
+    let cfg = Config {
+        ring_size: 30,
+        recv_credits: 64,
+        send_buf_size: 64,
+        send_queue_depth: 64,
+        max_inline: 0,
+    };
     let mut p = Pair::new(cfg.clone(), cfg);
     // Five unsignaled 6-byte messages fill B's ring (B does not read) and hold 30 of A's 64
     // send-buffer bytes, under the half-buffer signaling threshold.
@@ -247,7 +290,13 @@ fn test_established_fence_when_writer_waits_on_unsignaled_space() {
 
 #[test]
 fn test_established_both_directions_with_starved_credits() {
-    let cfg = Config { ring_size: 3, recv_credits: 4, send_buf_size: 4, send_queue_depth: 4, max_inline: 1 };
+    let cfg = Config {
+        ring_size: 3,
+        recv_credits: 4,
+        send_buf_size: 4,
+        send_queue_depth: 4,
+        max_inline: 1,
+    };
     let mut p = Pair::new(cfg.clone(), cfg);
     let (da, db) = (pattern(300), pattern(301));
     let (mut sa, mut sb, mut ga, mut gb) = (0, 0, Vec::new(), Vec::new());
@@ -312,7 +361,13 @@ fn test_fin_half_closed_side_still_receives() {
 
 #[test]
 fn test_fin_waits_behind_data_blocked_on_credits() {
-    let mut p = Pair::new(Config { send_buf_size: 256, ..small_config() }, small_config());
+    let mut p = Pair::new(
+        Config {
+            send_buf_size: 256,
+            ..small_config()
+        },
+        small_config(),
+    );
     let data = pattern(200);
     p.write(Side::A, &data).unwrap();
     p.a.conn.close();
@@ -350,7 +405,13 @@ fn test_fin_finished_waits_for_unread_bytes() {
 fn test_fin_fin_needs_no_data_credits() {
     // Two data messages leave A at the control reserve (B's credits are not processed), yet
     // FIN still goes out.
-    let cfg = Config { ring_size: 16, recv_credits: 4, send_buf_size: 64, send_queue_depth: 8, max_inline: 0 };
+    let cfg = Config {
+        ring_size: 16,
+        recv_credits: 4,
+        send_buf_size: 64,
+        send_queue_depth: 8,
+        max_inline: 0,
+    };
     let mut p = Pair::new(cfg.clone(), cfg.clone());
     for _ in 0..2 {
         p.write(Side::A, b"data").unwrap();
@@ -433,7 +494,10 @@ fn test_malformed_imm_claims_more_than_granted() {
         &mut p,
         Side::B,
         Imm::Data { len: 65 }.encode(),
-        ProtocolError::DataBeyondCredit { len: 65, window: 64 },
+        ProtocolError::DataBeyondCredit {
+            len: 65,
+            window: 64,
+        },
     );
 }
 
@@ -444,7 +508,10 @@ fn test_malformed_imm_huge_length() {
         &mut p,
         Side::B,
         0x7fff_ffff,
-        ProtocolError::DataBeyondCredit { len: 0x7fff_ffff, window: 64 },
+        ProtocolError::DataBeyondCredit {
+            len: 0x7fff_ffff,
+            window: 64,
+        },
     );
 }
 
@@ -477,7 +544,12 @@ fn test_malformed_too_many_messages() {
         p.inject_imm(Side::B, Imm::Data { len: 1 }.encode());
         p.recv(Side::B).unwrap();
     }
-    expect_protocol_error(&mut p, Side::B, Imm::Data { len: 1 }.encode(), ProtocolError::TooManyMessages);
+    expect_protocol_error(
+        &mut p,
+        Side::B,
+        Imm::Data { len: 1 }.encode(),
+        ProtocolError::TooManyMessages,
+    );
 }
 
 #[test]
@@ -485,11 +557,21 @@ fn test_malformed_data_after_fin_and_duplicate_fin() {
     let mut p = pair();
     p.inject_imm(Side::B, Imm::Fin.encode());
     p.recv(Side::B).unwrap();
-    expect_protocol_error(&mut p, Side::B, Imm::Data { len: 1 }.encode(), ProtocolError::DataAfterFin);
+    expect_protocol_error(
+        &mut p,
+        Side::B,
+        Imm::Data { len: 1 }.encode(),
+        ProtocolError::DataAfterFin,
+    );
     let mut p = pair();
     p.inject_imm(Side::B, Imm::Fin.encode());
     p.recv(Side::B).unwrap();
-    expect_protocol_error(&mut p, Side::B, Imm::Fin.encode(), ProtocolError::DuplicateFin);
+    expect_protocol_error(
+        &mut p,
+        Side::B,
+        Imm::Fin.encode(),
+        ProtocolError::DuplicateFin,
+    );
 }
 
 #[test]
@@ -508,7 +590,13 @@ fn test_malformed_completion_for_unknown_wr() {
 
 #[test]
 fn test_established_send_buffer_not_reused_before_its_completion() {
-    let cfg = Config { ring_size: 64, recv_credits: 8, send_buf_size: 16, send_queue_depth: 8, max_inline: 0 };
+    let cfg = Config {
+        ring_size: 64,
+        recv_credits: 8,
+        send_buf_size: 16,
+        send_queue_depth: 8,
+        max_inline: 0,
+    };
     let mut p = Pair::new(cfg.clone(), cfg);
     p.write(Side::A, b"AAAAAAAA").unwrap();
     p.post(Side::A).unwrap();
@@ -551,7 +639,11 @@ fn test_established_credit_backlog_larger_than_one_message() {
             got += n;
         }
     }
-    assert!(p.b.conn.stats().credit_messages >= 8, "{:?}", p.b.conn.stats());
+    assert!(
+        p.b.conn.stats().credit_messages >= 8,
+        "{:?}",
+        p.b.conn.stats()
+    );
     // Many one-byte messages: the receive backlog crosses 1023 before it is returned.
     let mut p = Pair::new(small_config(), big);
     for i in 0..2000u32 {
@@ -572,14 +664,22 @@ fn test_established_credit_backlog_larger_than_one_message() {
 #[test]
 fn test_established_waitall_is_a_loop_over_read() {
     // MSG_WAITALL for 100 bytes: keep reading until 100 arrived, however they trickle in.
-    let mut p = Pair::new(small_config(), Config { ring_size: 7, ..small_config() });
+    let mut p = Pair::new(
+        small_config(),
+        Config {
+            ring_size: 7,
+            ..small_config()
+        },
+    );
     let data = pattern(100);
     let mut sent = 0;
     let mut want = [0u8; 100];
     let mut have = 0;
     while have < want.len() {
         if sent < data.len() {
-            sent += p.write(Side::A, &data[sent..sent + 3.min(data.len() - sent)]).unwrap_or(0);
+            sent += p
+                .write(Side::A, &data[sent..sent + 3.min(data.len() - sent)])
+                .unwrap_or(0);
         }
         drive(&mut p);
         match p.read(Side::B, &mut want[have..]) {

@@ -72,14 +72,16 @@ fn valid_hello() -> impl Strategy<Value = Hello> {
         1u32..=(1 << 30),
         4u32..=(1 << 16),
     )
-        .prop_map(|(kind, flags, ring_addr, rkey, ring_size, recv_credits)| Hello {
-            kind,
-            flags,
-            ring_addr,
-            rkey,
-            ring_size,
-            recv_credits,
-        })
+        .prop_map(
+            |(kind, flags, ring_addr, rkey, ring_size, recv_credits)| Hello {
+                kind,
+                flags,
+                ring_addr,
+                rkey,
+                ring_size,
+                recv_credits,
+            },
+        )
 }
 
 proptest! {
@@ -175,7 +177,9 @@ proptest! {
 
 #[test]
 fn wrong_magic_and_version_are_distinct_errors() {
-    let good = Config::default().hello(HelloKind::Connect, 0x1000, 7).to_bytes();
+    let good = Config::default()
+        .hello(HelloKind::Connect, 0x1000, 7)
+        .to_bytes();
     let mut foreign = good;
     foreign[..4].copy_from_slice(b"SSH-");
     assert_eq!(Hello::parse(&foreign), Err(HelloError::BadMagic(*b"SSH-")));
@@ -187,9 +191,15 @@ fn wrong_magic_and_version_are_distinct_errors() {
     let rej = Reject::new(RejectReason::for_error(&err)).to_bytes();
     assert_eq!(
         Hello::parse_kind(&rej, HelloKind::Accept),
-        Err(HelloError::Rejected(Reject { version: VERSION, reason: RejectReason::UnsupportedVersion }))
+        Err(HelloError::Rejected(Reject {
+            version: VERSION,
+            reason: RejectReason::UnsupportedVersion
+        }))
     );
-    assert_eq!(Hello::parse(&[]), Err(HelloError::Truncated { needed: 4, got: 0 }));
+    assert_eq!(
+        Hello::parse(&[]),
+        Err(HelloError::Truncated { needed: 4, got: 0 })
+    );
 }
 
 #[test]
@@ -197,5 +207,8 @@ fn imm_errors_are_specific() {
     assert_eq!(Imm::decode(0), Err(ImmError::EmptyData));
     assert_eq!(Imm::decode(0x8000_0000), Err(ImmError::EmptyCredit));
     assert_eq!(Imm::decode(0xc300_0000), Err(ImmError::UnknownOp(3)));
-    assert_eq!(Imm::decode(0xc1ff_ffff), Err(ImmError::ReservedBits(0xc1ff_ffff)));
+    assert_eq!(
+        Imm::decode(0xc1ff_ffff),
+        Err(ImmError::ReservedBits(0xc1ff_ffff))
+    );
 }

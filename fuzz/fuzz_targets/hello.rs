@@ -12,7 +12,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Hello::parse(&hello.to_bytes()), Ok(hello));
         let out = hello.to_bytes();
         assert_eq!(out[..field::LEN.start], data[..field::LEN.start]);
-        assert_eq!(out[field::RKEY.start..], data[field::RKEY.start..Hello::LEN]);
+        assert_eq!(
+            out[field::RKEY.start..],
+            data[field::RKEY.start..Hello::LEN]
+        );
     }
     if let Ok(reject) = Reject::parse(data) {
         assert_eq!(Reject::parse(&reject.to_bytes()), Ok(reject));

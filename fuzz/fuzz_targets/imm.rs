@@ -7,8 +7,21 @@ use rsock_core::proto::wire::{Hello, HelloKind, Imm};
 use rsock_core::proto::{Config, Conn};
 
 fuzz_target!(|data: &[u8]| {
-    let cfg = Config { ring_size: 61, recv_credits: 5, send_buf_size: 37, send_queue_depth: 6, max_inline: 4 };
-    let peer = Hello { kind: HelloKind::Accept, flags: 0, ring_addr: 0, rkey: 0, ring_size: 29, recv_credits: 4 };
+    let cfg = Config {
+        ring_size: 61,
+        recv_credits: 5,
+        send_buf_size: 37,
+        send_queue_depth: 6,
+        max_inline: 4,
+    };
+    let peer = Hello {
+        kind: HelloKind::Accept,
+        flags: 0,
+        ring_addr: 0,
+        rkey: 0,
+        ring_size: 29,
+        recv_credits: 4,
+    };
     let mut conn = Conn::new(&cfg, &peer).unwrap();
     let mut ring = vec![0u8; 61];
     let mut send_buf = vec![0u8; 37];

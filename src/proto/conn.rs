@@ -340,7 +340,11 @@ impl Conn {
         send_buf: &mut [u8],
         bufs: &[IoSlice<'_>],
     ) -> Result<usize, WriteError> {
-        assert_eq!(send_buf.len(), self.send_ring.size() as usize, "send buffer size");
+        assert_eq!(
+            send_buf.len(),
+            self.send_ring.size() as usize,
+            "send buffer size"
+        );
         if self.is_reset() {
             return Err(WriteError::Reset);
         }
@@ -352,7 +356,13 @@ impl Conn {
             return Ok(0);
         }
         let free = self.writable();
-        let n = gather_into(self.send_ring, send_buf, self.tx_queued, bufs, wanted.min(free));
+        let n = gather_into(
+            self.send_ring,
+            send_buf,
+            self.tx_queued,
+            bufs,
+            wanted.min(free),
+        );
         self.tx_queued += n as u64;
         if n < wanted {
             // Space comes back only through completions: make sure one is coming.
@@ -394,7 +404,11 @@ impl Conn {
     }
 
     /// Like [`read_vectored`](Self::read_vectored) without consuming (MSG_PEEK).
-    pub fn peek_vectored(&self, ring: &[u8], bufs: &mut [IoSliceMut<'_>]) -> Result<usize, ReadError> {
+    pub fn peek_vectored(
+        &self,
+        ring: &[u8],
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, ReadError> {
         let (a, b) = self.readable_slices(ring)?;
         if a.is_empty() && !bufs.iter().all(|b| b.is_empty()) && !self.fin_received {
             return Err(ReadError::Blocked);
@@ -409,7 +423,11 @@ impl Conn {
         if self.is_reset() {
             return Err(ReadError::Reset);
         }
-        let unread = if self.read_closed { 0 } else { self.rx.unread() };
+        let unread = if self.read_closed {
+            0
+        } else {
+            self.rx.unread()
+        };
         Ok(self.ring.slices(ring, self.rx.consumed(), unread))
     }
 
@@ -425,7 +443,8 @@ impl Conn {
     /// the zero-copy form of [`write`](Self::write), which never touches bytes the NIC may
     /// still be reading.
     pub fn send_space(&self) -> [Range<usize>; 2] {
-        self.send_ring.ranges(self.tx_queued, self.writable() as u64)
+        self.send_ring
+            .ranges(self.tx_queued, self.writable() as u64)
     }
 
     /// Queues `n` bytes the caller placed at the start of [`send_space`](Self::send_space);
@@ -646,9 +665,11 @@ impl Conn {
         if self.events == 0 && (self.finished_reported || !self.is_finished()) {
             return None;
         }
-        for (bit, ev) in
-            [(EV_RESET, Event::Reset), (EV_READABLE, Event::Readable), (EV_WRITABLE, Event::Writable)]
-        {
+        for (bit, ev) in [
+            (EV_RESET, Event::Reset),
+            (EV_READABLE, Event::Readable),
+            (EV_WRITABLE, Event::Writable),
+        ] {
             if self.events & bit != 0 {
                 self.events &= !bit;
                 return Some(ev);
@@ -674,7 +695,9 @@ impl Conn {
         if unsent == 0 || !self.tx.allows(MsgClass::Data) {
             return None;
         }
-        let len = unsent.min(self.tx.bytes_after(self.tx_posted)).min(u64::from(MAX_DATA_LEN));
+        let len = unsent
+            .min(self.tx.bytes_after(self.tx_posted))
+            .min(u64::from(MAX_DATA_LEN));
         if len == 0 {
             return None;
         }

@@ -50,7 +50,12 @@ pub(crate) struct TxCredits {
 
 impl TxCredits {
     pub(crate) fn new(peer_ring: u32, peer_recvs: u32) -> TxCredits {
-        TxCredits { peer_ring, peer_recvs, granted_end: u64::from(peer_ring), wrs: peer_recvs }
+        TxCredits {
+            peer_ring,
+            peer_recvs,
+            granted_end: u64::from(peer_ring),
+            wrs: peer_recvs,
+        }
     }
 
     pub(crate) fn granted_end(&self) -> u64 {
@@ -78,7 +83,12 @@ impl TxCredits {
 
     /// Applies a credit message. `announced` is the stream position our last data immediate
     /// covered: the peer cannot have freed bytes beyond it.
-    pub(crate) fn grant(&mut self, wrs: u32, bytes: u32, announced: u64) -> Result<(), ProtocolError> {
+    pub(crate) fn grant(
+        &mut self,
+        wrs: u32,
+        bytes: u32,
+        announced: u64,
+    ) -> Result<(), ProtocolError> {
         let new_wrs = self.wrs.checked_add(wrs).filter(|&w| w <= self.peer_recvs);
         let new_end = self
             .granted_end
@@ -124,7 +134,9 @@ impl RxCredits {
             // never triggers an answer on its own: with 1, two idle peers would trade credit
             // messages forever.
             byte_threshold: u64::from(ring / 2).max(1),
-            wr_threshold: (recvs / 2).min(recvs.saturating_sub(CONTROL_RESERVE)).max(2),
+            wr_threshold: (recvs / 2)
+                .min(recvs.saturating_sub(CONTROL_RESERVE))
+                .max(2),
             received_end: 0,
             consumed: 0,
             returned: 0,
@@ -186,7 +198,11 @@ impl RxCredits {
         }
         let wrs = self.wrs_pending.min(MAX_CREDIT_WRS);
         let bytes = pending_bytes.min(u64::from(MAX_CREDIT_BYTES)) as u32;
-        let class = if wrs > 0 { MsgClass::CreditWithWrs } else { MsgClass::CreditBytesOnly };
+        let class = if wrs > 0 {
+            MsgClass::CreditWithWrs
+        } else {
+            MsgClass::CreditBytesOnly
+        };
         if !tx.allows(class) {
             return None;
         }
@@ -218,8 +234,14 @@ mod tests {
     #[test]
     fn grant_beyond_what_was_sent_is_refused() {
         let mut tx = TxCredits::new(100, 8);
-        assert_eq!(tx.grant(1, 0, 0), Err(ProtocolError::CreditOverflow { wrs: 1, bytes: 0 }));
-        assert_eq!(tx.grant(0, 1, 0), Err(ProtocolError::CreditOverflow { wrs: 0, bytes: 1 }));
+        assert_eq!(
+            tx.grant(1, 0, 0),
+            Err(ProtocolError::CreditOverflow { wrs: 1, bytes: 0 })
+        );
+        assert_eq!(
+            tx.grant(0, 1, 0),
+            Err(ProtocolError::CreditOverflow { wrs: 0, bytes: 1 })
+        );
         tx.spend_wr();
         assert_eq!(tx.grant(1, 40, 40), Ok(()));
         assert_eq!(tx.bytes_after(40), 100);
@@ -229,7 +251,10 @@ mod tests {
     fn data_beyond_window_is_refused() {
         let mut rx = RxCredits::new(10, 4);
         assert_eq!(rx.on_data(6), Ok(()));
-        assert_eq!(rx.on_data(5), Err(ProtocolError::DataBeyondCredit { len: 5, window: 4 }));
+        assert_eq!(
+            rx.on_data(5),
+            Err(ProtocolError::DataBeyondCredit { len: 5, window: 4 })
+        );
         assert_eq!(rx.on_data(4), Ok(()));
     }
 
@@ -244,7 +269,10 @@ mod tests {
         rx.on_message().unwrap();
         rx.on_data(1).unwrap();
         rx.consume(1);
-        assert_eq!(rx.take_update(&mut tx), Some(Imm::Credit { wrs: 2, bytes: 5 }));
+        assert_eq!(
+            rx.take_update(&mut tx),
+            Some(Imm::Credit { wrs: 2, bytes: 5 })
+        );
         assert_eq!(tx.wrs(), 7);
         assert_eq!(rx.granted_end(), 15);
     }
@@ -256,7 +284,10 @@ mod tests {
         rx.on_message().unwrap();
         assert_eq!(rx.take_update(&mut tx), None);
         rx.on_message().unwrap();
-        assert_eq!(rx.take_update(&mut tx), Some(Imm::Credit { wrs: 2, bytes: 0 }));
+        assert_eq!(
+            rx.take_update(&mut tx),
+            Some(Imm::Credit { wrs: 2, bytes: 0 })
+        );
     }
 
     #[test]

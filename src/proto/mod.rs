@@ -22,9 +22,9 @@ pub mod wire;
 
 use core::fmt;
 
-pub use credits::CONTROL_RESERVE;
 pub use config::{Config, ConfigError, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH};
-pub use conn::{Conn, Counters, Event, State, Stats, Write, WrId};
+pub use conn::{Conn, Counters, Event, State, Stats, WrId, Write};
+pub use credits::CONTROL_RESERVE;
 pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason};
 
 /// Why an application write did not copy anything.
@@ -87,7 +87,10 @@ impl fmt::Display for ProtocolError {
             ProtocolError::DataAfterFin => f.write_str("data after FIN"),
             ProtocolError::DuplicateFin => f.write_str("duplicate FIN"),
             ProtocolError::CreditOverflow { wrs, bytes } => {
-                write!(f, "peer returned {wrs} WRs / {bytes} bytes it was never given")
+                write!(
+                    f,
+                    "peer returned {wrs} WRs / {bytes} bytes it was never given"
+                )
             }
             ProtocolError::TransportFailed => f.write_str("send completed in error"),
         }

@@ -125,7 +125,10 @@ mod tests {
         let r = Ring::new(5);
         let mut buf = [0u8; 5];
         r.copy_in(&mut buf, 13, b"abcd"); // offset 3
-        assert_eq!(&buf, b"cdxab".map(|c| if c == b'x' { 0 } else { c }).as_slice());
+        assert_eq!(
+            &buf,
+            b"cdxab".map(|c| if c == b'x' { 0 } else { c }).as_slice()
+        );
         let (a, b) = r.slices(&buf, 13, 4);
         assert_eq!((a, b), (&b"ab"[..], &b"cd"[..]));
     }

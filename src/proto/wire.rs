@@ -127,7 +127,11 @@ impl fmt::Display for HelloError {
             HelloError::BadRingAddr(a) => write!(f, "peer ring address {a:#x} overflows"),
             HelloError::BadRecvCredits(c) => write!(f, "peer receive credits {c} out of range"),
             HelloError::Rejected(r) => {
-                write!(f, "peer (version {}) rejected us: {:?}", r.version, r.reason)
+                write!(
+                    f,
+                    "peer (version {}) rejected us: {:?}",
+                    r.version, r.reason
+                )
             }
         }
     }
@@ -197,7 +201,11 @@ impl Hello {
         if !(MIN_RING_SIZE..=MAX_RING_SIZE).contains(&self.ring_size) {
             return Err(HelloError::BadRingSize(self.ring_size));
         }
-        if self.ring_addr.checked_add(u64::from(self.ring_size)).is_none() {
+        if self
+            .ring_addr
+            .checked_add(u64::from(self.ring_size))
+            .is_none()
+        {
             return Err(HelloError::BadRingAddr(self.ring_addr));
         }
         if !(MIN_RECV_CREDITS..=MAX_RECV_CREDITS).contains(&self.recv_credits) {
@@ -290,7 +298,10 @@ impl Reject {
 
     /// A reject from this build.
     pub fn new(reason: RejectReason) -> Reject {
-        Reject { version: VERSION, reason }
+        Reject {
+            version: VERSION,
+            reason,
+        }
     }
 
     /// Parses a reject of any version.
@@ -311,7 +322,10 @@ impl Reject {
             return Err(HelloError::BadLength(len));
         }
         let body = need(buf, usize::from(len))?;
-        Ok(Reject { version: body[field::VERSION], reason: be_u16(body, field::REASON).into() })
+        Ok(Reject {
+            version: body[field::VERSION],
+            reason: be_u16(body, field::REASON).into(),
+        })
     }
 
     /// Encodes into the first [`Reject::LEN`] bytes of `buf`.
@@ -359,7 +373,10 @@ fn emit_header(buf: &mut [u8], kind: u8, flags: u16, len: u16) {
 
 /// The first `n` bytes of `buf`, or `Truncated`.
 fn need(buf: &[u8], n: usize) -> Result<&[u8], HelloError> {
-    buf.get(..n).ok_or(HelloError::Truncated { needed: n, got: buf.len() })
+    buf.get(..n).ok_or(HelloError::Truncated {
+        needed: n,
+        got: buf.len(),
+    })
 }
 
 fn first4(buf: &[u8]) -> [u8; 4] {
@@ -462,7 +479,11 @@ impl Imm {
     /// Decodes an immediate value.
     pub fn decode(v: u32) -> Result<Imm, ImmError> {
         if v & IMM_CTRL == 0 {
-            return if v == 0 { Err(ImmError::EmptyData) } else { Ok(Imm::Data { len: v }) };
+            return if v == 0 {
+                Err(ImmError::EmptyData)
+            } else {
+                Ok(Imm::Data { len: v })
+            };
         }
         if v & IMM_TAG_MASK == IMM_CREDIT_TAG {
             let wrs = (v >> CREDIT_WRS_SHIFT) & MAX_CREDIT_WRS;
@@ -570,7 +591,10 @@ mod tests {
         let mut b = HELLO_BYTES;
         b[0] = b'G';
         assert_eq!(Hello::parse(&b), Err(HelloError::BadMagic(*b"GSCK")));
-        assert_eq!(Hello::parse(b"GET / HTTP/1.1\r\n"), Err(HelloError::BadMagic(*b"GET ")));
+        assert_eq!(
+            Hello::parse(b"GET / HTTP/1.1\r\n"),
+            Err(HelloError::BadMagic(*b"GET "))
+        );
     }
 
     #[test]
@@ -586,7 +610,13 @@ mod tests {
         b[9] = 31;
         assert_eq!(Hello::parse(&b), Err(HelloError::BadLength(31)));
         b[9] = 33;
-        assert_eq!(Hello::parse(&b), Err(HelloError::Truncated { needed: 33, got: 32 }));
+        assert_eq!(
+            Hello::parse(&b),
+            Err(HelloError::Truncated {
+                needed: 33,
+                got: 32
+            })
+        );
     }
 
     #[test]
@@ -595,13 +625,22 @@ mod tests {
         h.ring_size = 0;
         assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRingSize(0)));
         h.ring_size = MAX_RING_SIZE + 1;
-        assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRingSize(MAX_RING_SIZE + 1)));
+        assert_eq!(
+            Hello::parse(&h.to_bytes()),
+            Err(HelloError::BadRingSize(MAX_RING_SIZE + 1))
+        );
         h = hello();
         h.ring_addr = u64::MAX - 10;
-        assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRingAddr(u64::MAX - 10)));
+        assert_eq!(
+            Hello::parse(&h.to_bytes()),
+            Err(HelloError::BadRingAddr(u64::MAX - 10))
+        );
         h = hello();
         h.recv_credits = 2;
-        assert_eq!(Hello::parse(&h.to_bytes()), Err(HelloError::BadRecvCredits(2)));
+        assert_eq!(
+            Hello::parse(&h.to_bytes()),
+            Err(HelloError::BadRecvCredits(2))
+        );
     }
 
     #[test]
@@ -616,8 +655,9 @@ mod tests {
         assert_eq!(Hello::parse(&b), Err(HelloError::UnknownKind(9)));
     }
 
-    const REJECT_BYTES: [u8; 12] =
-        [b'R', b'S', b'C', b'K', 0x01, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01];
+    const REJECT_BYTES: [u8; 12] = [
+        b'R', b'S', b'C', b'K', 0x01, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01,
+    ];
 
     #[test]
     fn reject_golden() {
@@ -632,7 +672,10 @@ mod tests {
         let mut b = REJECT_BYTES;
         b[4] = 7;
         b[11] = 3;
-        let r = Reject { version: 7, reason: RejectReason::NoResources };
+        let r = Reject {
+            version: 7,
+            reason: RejectReason::NoResources,
+        };
         assert_eq!(Reject::parse(&b), Ok(r));
         assert_eq!(Hello::parse(&b), Err(HelloError::Rejected(r)));
     }
@@ -642,8 +685,22 @@ mod tests {
         assert_eq!(Imm::Data { len: 1 }.encode(), 0x0000_0001);
         assert_eq!(Imm::Data { len: MAX_DATA_LEN }.encode(), 0x7fff_ffff);
         assert_eq!(Imm::Credit { wrs: 1, bytes: 0 }.encode(), 0x8010_0000);
-        assert_eq!(Imm::Credit { wrs: 0, bytes: 4096 }.encode(), 0x8000_1000);
-        assert_eq!(Imm::Credit { wrs: 1023, bytes: MAX_CREDIT_BYTES }.encode(), 0xbfff_ffff);
+        assert_eq!(
+            Imm::Credit {
+                wrs: 0,
+                bytes: 4096
+            }
+            .encode(),
+            0x8000_1000
+        );
+        assert_eq!(
+            Imm::Credit {
+                wrs: 1023,
+                bytes: MAX_CREDIT_BYTES
+            }
+            .encode(),
+            0xbfff_ffff
+        );
         assert_eq!(Imm::Fin.encode(), 0xc100_0000);
         assert_eq!(Imm::Reset.encode(), 0xc200_0000);
     }
@@ -653,7 +710,10 @@ mod tests {
         for imm in [
             Imm::Data { len: 77 },
             Imm::Credit { wrs: 3, bytes: 5 },
-            Imm::Credit { wrs: 1023, bytes: 0 },
+            Imm::Credit {
+                wrs: 1023,
+                bytes: 0,
+            },
             Imm::Fin,
             Imm::Reset,
         ] {
@@ -663,6 +723,9 @@ mod tests {
         assert_eq!(Imm::decode(0x8000_0000), Err(ImmError::EmptyCredit));
         assert_eq!(Imm::decode(0xc000_0000), Err(ImmError::UnknownOp(0)));
         assert_eq!(Imm::decode(0xff00_0000), Err(ImmError::UnknownOp(0x3f)));
-        assert_eq!(Imm::decode(0xc100_0001), Err(ImmError::ReservedBits(0xc100_0001)));
+        assert_eq!(
+            Imm::decode(0xc100_0001),
+            Err(ImmError::ReservedBits(0xc100_0001))
+        );
     }
 }

@@ -15,9 +15,7 @@
 use std::collections::VecDeque;
 
 use crate::proto::wire::{Hello, HelloKind, Imm};
-use crate::proto::{
-    Config, Conn, Event, ProtocolError, ReadError, Write, WriteError,
-};
+use crate::proto::{Config, Conn, Event, ProtocolError, ReadError, Write, WriteError};
 
 /// One of the two ends of a [`Pair`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,13 +165,21 @@ impl Pair {
     /// # Panics
     /// If either config is invalid.
     pub fn new(config_a: Config, config_b: Config) -> Pair {
-        let req = config_a.hello(HelloKind::Connect, RING_ADDR[0], RKEY[0]).to_bytes();
-        let rep = config_b.hello(HelloKind::Accept, RING_ADDR[1], RKEY[1]).to_bytes();
+        let req = config_a
+            .hello(HelloKind::Connect, RING_ADDR[0], RKEY[0])
+            .to_bytes();
+        let rep = config_b
+            .hello(HelloKind::Accept, RING_ADDR[1], RKEY[1])
+            .to_bytes();
         let a_peer = Hello::parse_kind(&rep, HelloKind::Accept).expect("accept parses");
         let b_peer = Hello::parse_kind(&req, HelloKind::Connect).expect("connect parses");
         let a = Conn::new(&config_a, &a_peer).expect("config A");
         let b = Conn::new(&config_b, &b_peer).expect("config B");
-        Pair { a: Endpoint::new(config_a, a), b: Endpoint::new(config_b, b), check_grants: true }
+        Pair {
+            a: Endpoint::new(config_a, a),
+            b: Endpoint::new(config_b, b),
+            check_grants: true,
+        }
     }
 
     /// One end.
@@ -233,9 +239,13 @@ impl Pair {
             if ep.outstanding > u64::from(ep.config.send_queue_depth) {
                 return Err(Fault::SendQueueOverflow { side });
             }
-            let inline_payload =
-                w.inline.then(|| ep.send_buf[w.local_offset as usize..local_end].to_vec());
-            ep.wire.push_back(InFlight { write: w, inline_payload });
+            let inline_payload = w
+                .inline
+                .then(|| ep.send_buf[w.local_offset as usize..local_end].to_vec());
+            ep.wire.push_back(InFlight {
+                write: w,
+                inline_payload,
+            });
             n += 1;
         }
         ep.drain_events();
@@ -265,7 +275,9 @@ impl Pair {
     pub fn deliver(&mut self, from: Side) -> Result<bool, Fault> {
         let check = self.check_grants;
         let (src, dst) = self.both(from);
-        let Some(f) = src.wire.pop_front() else { return Ok(false) };
+        let Some(f) = src.wire.pop_front() else {
+            return Ok(false);
+        };
         if src.fail_next {
             src.send_cq.push_back(Completion::Err);
             for _ in src.wire.drain(..) {
@@ -276,13 +288,19 @@ impl Pair {
         let w = f.write;
         let remote_end = w.remote_offset as usize + w.len as usize;
         if w.len > 0 && remote_end > dst.ring.len() {
-            return Err(Fault::OutOfBounds { side: from, write: w });
+            return Err(Fault::OutOfBounds {
+                side: from,
+                write: w,
+            });
         }
         if w.len > 0 {
             let range = w.remote_offset as usize..remote_end;
             if check {
                 if !dst.granted[range.clone()].iter().all(|&g| g) {
-                    return Err(Fault::OutsideGrant { side: from, write: w });
+                    return Err(Fault::OutsideGrant {
+                        side: from,
+                        write: w,
+                    });
                 }
                 dst.granted[range.clone()].fill(false);
             }
@@ -321,20 +339,27 @@ impl Pair {
     /// Hands `side`'s oldest receive completion to its connection and reposts the receive.
     pub fn recv(&mut self, side: Side) -> Result<bool, Fault> {
         let ep = self.ep_mut(side);
-        let Some(imm) = ep.recv_cq.pop_front() else { return Ok(false) };
+        let Some(imm) = ep.recv_cq.pop_front() else {
+            return Ok(false);
+        };
         let r = ep.conn.handle_imm(imm);
         ep.posted_recvs += 1;
         ep.drain_events();
-        r.map(|()| true).map_err(|error| Fault::Protocol { side, error })
+        r.map(|()| true)
+            .map_err(|error| Fault::Protocol { side, error })
     }
 
     /// Hands `side`'s oldest send completion to its connection.
     pub fn complete(&mut self, side: Side) -> bool {
         let ep = self.ep_mut(side);
-        let Some(c) = ep.send_cq.pop_front() else { return false };
+        let Some(c) = ep.send_cq.pop_front() else {
+            return false;
+        };
         match c {
             Completion::Ok(id) => {
-                ep.conn.handle_send_complete(id).expect("completion for a posted WR");
+                ep.conn
+                    .handle_send_complete(id)
+                    .expect("completion for a posted WR");
                 ep.outstanding = ep.posted - (id.0 + 1).min(ep.posted);
             }
             Completion::Err => ep.conn.handle_send_error(),
@@ -401,7 +426,11 @@ impl Pair {
             // Credits from y to x still travelling: on y's wire or in x's receive queue.
             let mut credit_bytes = 0u64;
             let mut credit_wrs = 0u64;
-            let travelling = y.wire.iter().filter_map(|f| f.write.imm).chain(x.recv_cq.iter().copied());
+            let travelling = y
+                .wire
+                .iter()
+                .filter_map(|f| f.write.imm)
+                .chain(x.recv_cq.iter().copied());
             for imm in travelling {
                 if let Ok(Imm::Credit { wrs, bytes }) = Imm::decode(imm) {
                     credit_bytes += u64::from(bytes);
@@ -416,24 +445,31 @@ impl Pair {
             }
             let imms_to_y = x.wire.iter().filter(|f| f.write.imm.is_some()).count() as u64
                 + y.recv_cq.len() as u64;
-            let total = u64::from(cx.tx_wr_credits)
-                + imms_to_y
-                + u64::from(cy.rx_wrs_pending)
-                + credit_wrs;
+            let total =
+                u64::from(cx.tx_wr_credits) + imms_to_y + u64::from(cy.rx_wrs_pending) + credit_wrs;
             if total != u64::from(y.config.recv_credits) {
                 return Err(format!(
                     "{from:?}->peer WRs: {} credits + {} imms + {} pending + {} returning != {}",
-                    cx.tx_wr_credits, imms_to_y, cy.rx_wrs_pending, credit_wrs, y.config.recv_credits
+                    cx.tx_wr_credits,
+                    imms_to_y,
+                    cy.rx_wrs_pending,
+                    credit_wrs,
+                    y.config.recv_credits
                 ));
             }
-            if u64::from(y.posted_recvs) + y.recv_cq.len() as u64 != u64::from(y.config.recv_credits)
+            if u64::from(y.posted_recvs) + y.recv_cq.len() as u64
+                != u64::from(y.config.recv_credits)
             {
                 return Err(format!("{:?} posted receives out of step", from.peer()));
             }
             if cx.tx_posted > cx.tx_granted_end || cy.rx_received_end > cx.tx_posted {
-                return Err(format!("{from:?} wrote outside its window: {cx:?} / {cy:?}"));
+                return Err(format!(
+                    "{from:?} wrote outside its window: {cx:?} / {cy:?}"
+                ));
             }
-            if cx.tx_acked > cx.tx_posted || cx.tx_queued - cx.tx_acked > u64::from(x.config.send_buf_size) {
+            if cx.tx_acked > cx.tx_posted
+                || cx.tx_queued - cx.tx_acked > u64::from(x.config.send_buf_size)
+            {
                 return Err(format!("{from:?} send buffer accounting: {cx:?}"));
             }
         }
