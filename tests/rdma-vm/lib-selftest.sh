@@ -25,11 +25,11 @@ within() {
 check_wait_tcp_listen() {
   nc -l "$A" 7100 >/dev/null &
   within 30 0 wait_tcp_listen 7100 30 || return 1
-  within 6 1 wait_tcp_listen 7101 2 || return 1
+  within 20 1 wait_tcp_listen 7101 2 || return 1
   ip netns exec plain nc -l "$RDMA_VM_PLAIN_ADDR" 7102 >/dev/null &
   within 30 0 wait_tcp_listen 7102 30 plain || return 1
   # Not listening in the initial namespace.
-  within 6 1 wait_tcp_listen 7102 1
+  within 20 1 wait_tcp_listen 7102 1
 }
 t_check "wait_tcp_listen (+ timeout, + netns)" check_wait_tcp_listen
 
@@ -38,7 +38,7 @@ check_rdma_helpers() {
   rping -s -P -a "$A" -p 7103 >/dev/null 2>&1 &
   srv=$!
   within 30 0 wait_rdma_listen 7103 30 || return 1
-  within 6 1 wait_rdma_listen 7104 2 || return 1
+  within 20 1 wait_rdma_listen 7104 2 || return 1
   before=$(rxe_counter sent_pkts)
   rping -c -a "$A" -p 7103 >/dev/null 2>&1 &   # pings until killed
   cli=$!
@@ -48,7 +48,7 @@ check_rdma_helpers() {
   (($(rdma_qp_count all) > $(rdma_qp_count RC))) || return 1  # + the GSI QP
   wait_cond 30 "(( \$(rxe_counter sent_pkts) > $before ))" || return 1
   # wait_until expands its arguments once: this must time out.
-  within 6 1 wait_until 2 test "$(rdma_qp_count RC)" = 0 || return 1
+  within 20 1 wait_until 2 test "$(rdma_qp_count RC)" = 0 || return 1
   kill "$cli"
   wait "$cli"
   wait_qp_count 0 30 || return 1
@@ -104,8 +104,8 @@ check_bg() {
 t_check "t_bg / t_stop" check_bg
 
 check_retry() {
-  within 5 1 retry 2 false || return 1
-  within 5 0 retry 2 true || return 1
+  within 20 1 retry 2 false || return 1
+  within 20 0 retry 2 true || return 1
   [[ $(retry 2 echo hello) == hello ]]
 }
 t_check "retry" check_retry
