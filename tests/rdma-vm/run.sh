@@ -342,6 +342,15 @@ for ((i = 0; i < nodes; i++)); do
   fi
   break
 done
+if [[ $kind == bed ]]; then
+  # The end of the serial console usually says what went wrong.
+  for ((i = 0; i < nodes; i++)); do
+    if [[ -s $run_dir/node$i/ctl/console.log ]]; then
+      rdma_vm_log "node$i: last lines of the guest console:"
+      tail -n 15 "$run_dir/node$i/ctl/console.log" | sed 's/^/  | /' >&2
+    fi
+  done
+fi
 case "$kind" in
   timeout)
     if [[ $outcome == timeout ]]; then
