@@ -1,7 +1,7 @@
 //! End-to-end check of `rsock_core::rdma` on a real device (Soft-RoCE in the test bed).
 //!
 //! ```text
-//! rdma_pingpong server ADDR PORT [--timeout SECS] [--linger SECS]
+//! rdma_pingpong server ADDR PORT [--timeout SECS] [--linger SECS] [--reject]
 //! rdma_pingpong client ADDR PORT [--size N] [--iters N] [--bytes N] [--ring N]
 //!                                [--events] [--timeout SECS] [--linger SECS]
 //! ```
@@ -17,6 +17,7 @@
 //! `--events` sleeps on the completion channel instead of busy-polling the CQ (the client
 //! passes it to the server). `--linger SECS` keeps the process alive after teardown and
 //! prints `LINGER pid=N`, so a test can check that no RDMA object of it is left.
+//! `server --reject` rejects the first request with private data, which the client prints.
 //!
 //! Exit status: 0 = all checks passed; 1 = failure; 2 = usage; 3 = no RDMA (fallback case).
 
@@ -35,6 +36,9 @@ const T_PONG: u32 = 2;
 const T_DATA: u32 = 3;
 const T_CREDIT: u32 = 4;
 const T_SUM: u32 = 5;
+
+/// What `server --reject` sends in its REJ private data
+const REJECT_NOTE: &[u8] = b"RSPP:reject:test";
 
 const WR_SEND: u64 = 1;
 const WR_RECV: u64 = 2;
@@ -96,10 +100,11 @@ struct Opts {
     events: bool,
     timeout: Duration,
     linger: u64,
+    reject: bool,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: rdma_pingpong server ADDR PORT [--timeout SECS] [--linger SECS]");
+    eprintln!("usage: rdma_pingpong server ADDR PORT [--timeout SECS] [--linger SECS] [--reject]");
     eprintln!("       rdma_pingpong client ADDR PORT [--size N] [--iters N] [--bytes N] [--ring N] [--events] [--timeout SECS] [--linger SECS]");
     exit(2)
 }
@@ -265,6 +270,12 @@ fn server(addr: SocketAddr, o: &Opts) {
         Ok(None) => die("no connect request in time"),
         Err(e) => fail("next_request", e),
     };
+    if o.reject {
+        let mut id = inc.id;
+        id.reject(REJECT_NOTE).unwrap_or_else(|e| fail("reject", e));
+        println!("server: rejected the request with private data");
+        return;
+    }
     let Some(hello) = Hello::decode(inc.event.private_data()) else {
         let mut id = inc.id;
         let _ = id.reject(b"bad hello");
@@ -383,7 +394,17 @@ fn client(addr: SocketAddr, o: &Opts) {
     };
     let req = hello.encode();
     let param = ConnParam { private_data: &req, ..Default::default() };
-    let est = rdma::connect(&mut conn, &param, o.timeout).unwrap_or_else(|e| fail("connect", e));
+    let est = rdma::connect_event(&mut conn, &param, o.timeout).unwrap_or_else(|e| fail("connect", e));
+    if est.kind != rdma::EventKind::Established {
+        let note = String::from_utf8_lossy(est.private_data());
+        println!(
+            "client: {} (status {}), peer private data: {:?}",
+            est.name(),
+            est.status,
+            note.trim_end_matches('\0')
+        );
+        fail("connect", est.to_error("rdma_connect"));
+    }
     let Some(peer) = Hello::decode(est.private_data()) else { die("bad handshake: server private data") };
     println!(
         "client: established in {:.1} ms; peer ring addr={:#x} rkey={:#x} len={}",
@@ -526,6 +547,7 @@ fn main() {
         events: false,
         timeout: Duration::from_secs(120),
         linger: 0,
+        reject: false,
     };
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -536,6 +558,7 @@ fn main() {
             "--events" => o.events = true,
             "--timeout" => o.timeout = Duration::from_secs(parse_num(args.next())),
             "--linger" => o.linger = parse_num(args.next()),
+            "--reject" => o.reject = true,
             _ => usage(),
         }
     }
