@@ -13,5 +13,10 @@ for t in tests/rdma/*.sh; do
   echo "--- $t"
   if "$t"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "--- $t FAILED"; fi
 done
+# The benchmark's smoke run: seconds per measurement, no speed assertions, but it fails if a
+# measurement cannot run or if rsock's figures did not go over RDMA (keeps the bench alive).
+echo "--- bench/rdma/guest.sh --smoke"
+if bench/rdma/guest.sh --smoke --out /tmp/rsock-bench-smoke; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "--- bench smoke FAILED"; fi
+
 echo "guest suites: $passed passed, $failed failed"
 ((failed == 0))
