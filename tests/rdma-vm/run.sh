@@ -11,7 +11,7 @@
 # PORT_ACTIVE; its stdout and stderr are streamed to ours. Run many tests in one boot
 # by giving a script as CMD.
 #
-# Options (environment variable in brackets):
+# Options (environment variable in brackets; --option=value works too):
 #   -t, --timeout SECS       overall limit, boot included [RSOCK_VM_TIMEOUT, 1200]
 #       --boot-timeout SECS  limit for the bed to come up [RSOCK_VM_BOOT_TIMEOUT, 300]
 #   -m, --mem MIB            guest memory [RSOCK_VM_MEM, 2048]
@@ -50,6 +50,10 @@ env_sets=()
 
 bad_usage() { echo "run.sh: $*" >&2; echo "try: $0 --help" >&2; exit "$RDMA_VM_EXIT_USAGE"; }
 while (($#)); do
+  # --option=value is the same as --option value.
+  if [[ $1 == --?*=* ]]; then
+    set -- "${1%%=*}" "${1#*=}" "${@:2}"
+  fi
   case "$1" in
     -t | --timeout) timeout_s=${2:?}; shift 2 ;;
     --boot-timeout) boot_timeout_s=${2:?}; shift 2 ;;
