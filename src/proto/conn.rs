@@ -277,6 +277,9 @@ impl Conn {
     /// True when the driver may disconnect and free the memory: nothing more will be posted
     /// and every posted work request has completed (or the connection is reset).
     pub fn is_finished(&self) -> bool {
+        if !(self.fin_received || self.reset_sent || self.peer_reset || self.failed.is_some()) {
+            return false; // the common case while open, checked on every poll_event
+        }
         let drained = self.planned.is_empty() && self.wrs_retired == self.next_wr;
         if self.failed.is_some() || self.peer_reset {
             return true;
@@ -409,10 +412,19 @@ impl Conn {
         ring: &[u8],
         bufs: &mut [IoSliceMut<'_>],
     ) -> Result<usize, ReadError> {
-        let (a, b) = self.readable_slices(ring)?;
-        if a.is_empty() && !bufs.iter().all(|b| b.is_empty()) && !self.fin_received {
-            return Err(ReadError::Blocked);
+        assert_eq!(ring.len(), self.ring.size() as usize, "ring size");
+        if self.is_reset() {
+            return Err(ReadError::Reset);
         }
+        if self.readable() == 0 {
+            let empty = bufs.iter().all(|b| b.is_empty());
+            return if empty || self.fin_received {
+                Ok(0)
+            } else {
+                Err(ReadError::Blocked)
+            };
+        }
+        let (a, b) = self.readable_slices(ring)?;
         Ok(scatter([a, b], bufs))
     }
 
@@ -703,34 +715,38 @@ impl Conn {
         }
         // Split where either the send buffer or the peer ring wraps; each wraps at most once
         // because len <= both sizes.
-        let mut pieces = [(0u64, 0u32); 3];
-        let (mut count, mut pos, end) = (0, self.tx_posted, self.tx_posted + len);
-        while pos < end {
-            let n = (end - pos)
-                .min(u64::from(self.send_ring.contiguous(pos)))
-                .min(u64::from(self.peer_ring.contiguous(pos))) as u32;
-            pieces[count] = (pos, n);
+        // Offsets are computed once (two divisions) and then advanced with wrap checks.
+        let mut pieces = [(0u32, 0u32, 0u32); 3];
+        let (mut count, mut left) = (0, len);
+        let mut local = self.send_ring.offset(self.tx_posted);
+        let mut remote = self.peer_ring.offset(self.tx_posted);
+        while left > 0 {
+            let n = left
+                .min(u64::from(self.send_ring.size() - local))
+                .min(u64::from(self.peer_ring.size() - remote)) as u32;
+            pieces[count] = (local, remote, n);
             count += 1;
-            pos += u64::from(n);
+            left -= u64::from(n);
+            local = self.send_ring.advance(local, n);
+            remote = self.peer_ring.advance(remote, n);
         }
         if !self.sq_room(count as u64) {
             return None;
         }
         self.tx.spend_wr();
         self.stats.data_messages += 1;
-        for (i, &(pos, n)) in pieces[..count].iter().enumerate() {
+        let mut first = None;
+        for (i, &(local, remote, n)) in pieces[..count].iter().enumerate() {
             let imm = (i + 1 == count).then(|| Imm::Data { len: len as u32 }.encode());
-            self.tx_posted = pos + u64::from(n);
-            let w = self.work_request(
-                self.send_ring.offset(pos),
-                n,
-                self.peer_ring.offset(pos),
-                imm,
-                false,
-            );
-            self.planned.push_back(w);
+            self.tx_posted += u64::from(n);
+            let w = self.work_request(local, n, remote, imm, false);
+            // The first piece is returned directly; only wrapped bursts queue the rest.
+            match first {
+                None => first = Some(w),
+                Some(_) => self.planned.push_back(w),
+            }
         }
-        self.planned.pop_front()
+        first
     }
 
     fn control(&mut self, imm: Imm, signal: bool) -> Write {

@@ -29,6 +29,17 @@ impl Ring {
         (pos % u64::from(self.size)) as u32
     }
 
+    /// The offset `n <= size - offset` bytes after `offset`, wrapping to 0 at the end.
+    pub(crate) fn advance(self, offset: u32, n: u32) -> u32 {
+        debug_assert!(offset < self.size && n <= self.size - offset);
+        let next = offset + n;
+        if next == self.size {
+            0
+        } else {
+            next
+        }
+    }
+
     /// Bytes from `pos` to the end of the ring, before the wrap.
     pub(crate) fn contiguous(self, pos: u64) -> u32 {
         self.size - self.offset(pos)
