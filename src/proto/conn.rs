@@ -4,15 +4,20 @@
 //! `Conn` performs no I/O, reads no clock, spawns nothing and holds no registered memory: the
 //! driver owns the send buffer and the receive ring and lends them on each call. It does not
 //! time out idle peers (RC retries and rdma_cm events do that) and has no keepalive.
+//!
+//! This file holds the state, lifecycle and output polling; the send path (send buffer, bursts,
+//! signaling, completions) is in `conn/send.rs` and the receive path (immediates, reads) in
+//! `conn/recv.rs`.
+
+mod recv;
+mod send;
 
 use std::collections::VecDeque;
-use std::io::{IoSlice, IoSliceMut};
-use std::ops::Range;
 
 use super::credits::{MsgClass, RxCredits, TxCredits};
-use super::ring::{gather_into, scatter, Ring};
-use super::wire::{Hello, Imm, MAX_DATA_LEN};
-use super::{CompletionError, Config, ConfigError, ProtocolError, ReadError, WriteError};
+use super::ring::Ring;
+use super::wire::{Hello, Imm};
+use super::{Config, ConfigError, ProtocolError};
 
 /// Identifies one posted work request; the driver stores it in `wr_id` and hands it back in
 /// [`Conn::handle_send_complete`]. Sequential per connection, starting at 0.
@@ -323,171 +328,7 @@ impl Conn {
         self.failed.is_some() || self.peer_reset || self.reset_queued
     }
 
-    // ---- application commands -------------------------------------------------------------
-
-    /// Copies as much of `data` as fits into the send buffer; see [`write_vectored`](Self::write_vectored).
-    pub fn write(&mut self, send_buf: &mut [u8], data: &[u8]) -> Result<usize, WriteError> {
-        self.write_vectored(send_buf, &[IoSlice::new(data)])
-    }
-
-    /// Copies as much of `bufs` as fits into the send buffer and returns the count; the bytes
-    /// go out on later `poll_write` calls as credits allow.
-    ///
-    /// `Blocked` when no space is free (EAGAIN), `Closed` after `shutdown_write`/`close`
-    /// (EPIPE), `Reset` after a reset (ECONNRESET). Empty input returns `Ok(0)`.
-    ///
-    /// # Panics
-    /// If `send_buf` is not exactly `config.send_buf_size` bytes.
-    pub fn write_vectored(
-        &mut self,
-        send_buf: &mut [u8],
-        bufs: &[IoSlice<'_>],
-    ) -> Result<usize, WriteError> {
-        assert_eq!(
-            send_buf.len(),
-            self.send_ring.size() as usize,
-            "send buffer size"
-        );
-        if self.is_reset() {
-            return Err(WriteError::Reset);
-        }
-        if self.write_shut {
-            return Err(WriteError::Closed);
-        }
-        let wanted: usize = bufs.iter().map(|b| b.len()).sum();
-        if wanted == 0 {
-            return Ok(0);
-        }
-        let free = self.writable();
-        let n = gather_into(
-            self.send_ring,
-            send_buf,
-            self.tx_queued,
-            bufs,
-            wanted.min(free),
-        );
-        self.tx_queued += n as u64;
-        if n < wanted {
-            // Space comes back only through completions: make sure one is coming.
-            self.need_signal = true;
-            self.writer_waiting = true;
-        }
-        if n == 0 {
-            return Err(WriteError::Blocked);
-        }
-        Ok(n)
-    }
-
-    /// Copies readable bytes into `buf` and consumes them; see [`read_vectored`](Self::read_vectored).
-    pub fn read(&mut self, ring: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
-        self.read_vectored(ring, &mut [IoSliceMut::new(buf)])
-    }
-
-    /// Copies readable bytes into `bufs` in order and consumes them.
-    ///
-    /// `Ok(0)` for empty `bufs` or at end of stream, `Blocked` when nothing is readable yet
-    /// (EAGAIN), `Reset` after a reset. MSG_WAITALL is the caller looping until enough
-    /// arrived or `at_eof`.
-    ///
-    /// # Panics
-    /// If `ring` is not exactly `config.ring_size` bytes.
-    pub fn read_vectored(
-        &mut self,
-        ring: &[u8],
-        bufs: &mut [IoSliceMut<'_>],
-    ) -> Result<usize, ReadError> {
-        let n = self.peek_vectored(ring, bufs)?;
-        self.rx.consume(n as u64);
-        Ok(n)
-    }
-
-    /// Like [`read`](Self::read) without consuming (MSG_PEEK).
-    pub fn peek(&self, ring: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
-        self.peek_vectored(ring, &mut [IoSliceMut::new(buf)])
-    }
-
-    /// Like [`read_vectored`](Self::read_vectored) without consuming (MSG_PEEK).
-    pub fn peek_vectored(
-        &self,
-        ring: &[u8],
-        bufs: &mut [IoSliceMut<'_>],
-    ) -> Result<usize, ReadError> {
-        assert_eq!(ring.len(), self.ring.size() as usize, "ring size");
-        if self.is_reset() {
-            return Err(ReadError::Reset);
-        }
-        if self.readable() == 0 {
-            let empty = bufs.iter().all(|b| b.is_empty());
-            return if empty || self.fin_received {
-                Ok(0)
-            } else {
-                Err(ReadError::Blocked)
-            };
-        }
-        let (a, b) = self.readable_slices(ring)?;
-        Ok(scatter([a, b], bufs))
-    }
-
-    /// The readable bytes in place, as one or two slices of `ring` (zero-copy read); follow
-    /// with [`consume`](Self::consume).
-    pub fn readable_slices<'r>(&self, ring: &'r [u8]) -> Result<(&'r [u8], &'r [u8]), ReadError> {
-        assert_eq!(ring.len(), self.ring.size() as usize, "ring size");
-        if self.is_reset() {
-            return Err(ReadError::Reset);
-        }
-        let unread = if self.read_closed {
-            0
-        } else {
-            self.rx.unread()
-        };
-        Ok(self.ring.slices(ring, self.rx.consumed(), unread))
-    }
-
-    /// Offsets in the ring of the readable bytes, in stream order (the second range is empty
-    /// unless they wrap). For drivers that must not form a slice over the whole ring while
-    /// the NIC writes into its free part: read these ranges, then [`consume`](Self::consume).
-    pub fn readable_ranges(&self) -> [Range<usize>; 2] {
-        self.ring.ranges(self.rx.consumed(), self.readable() as u64)
-    }
-
-    /// Offsets in the send buffer of the free space, in stream order (the second range is
-    /// empty unless it wraps). Copy bytes there, then [`commit_write`](Self::commit_write):
-    /// the zero-copy form of [`write`](Self::write), which never touches bytes the NIC may
-    /// still be reading.
-    pub fn send_space(&self) -> [Range<usize>; 2] {
-        self.send_ring
-            .ranges(self.tx_queued, self.writable() as u64)
-    }
-
-    /// Queues `n` bytes the caller placed at the start of [`send_space`](Self::send_space);
-    /// `n` larger than the free space is clamped. Errors as [`write_vectored`](Self::write_vectored).
-    pub fn commit_write(&mut self, n: usize) -> Result<usize, WriteError> {
-        if self.is_reset() {
-            return Err(WriteError::Reset);
-        }
-        if self.write_shut {
-            return Err(WriteError::Closed);
-        }
-        if n == 0 {
-            return Ok(0);
-        }
-        let free = self.writable();
-        if free == 0 {
-            self.need_signal = true;
-            self.writer_waiting = true;
-            return Err(WriteError::Blocked);
-        }
-        let n = n.min(free);
-        self.tx_queued += n as u64;
-        Ok(n)
-    }
-
-    /// Consumes up to `n` readable bytes without copying them; returns how many.
-    pub fn consume(&mut self, n: usize) -> usize {
-        let n = (n as u64).min(self.readable() as u64);
-        self.rx.consume(n);
-        n as usize
-    }
+    // ---- application commands (reads and writes are in recv.rs and send.rs) ---------------
 
     /// Half-close (SHUT_WR): queued bytes still go out, then FIN. Later writes fail with
     /// `Closed`. Idempotent.
@@ -517,93 +358,7 @@ impl Conn {
         self.events |= EV_RESET;
     }
 
-    // ---- inputs -------------------------------------------------------------------------
-
-    /// Processes the immediate of a completed receive (a peer WRITE_WITH_IMM).
-    ///
-    /// On `Err` the connection is failed: reads and writes return `Reset`, nothing more is
-    /// posted, and the driver should disconnect. After a reset, input is ignored.
-    pub fn handle_imm(&mut self, imm: u32) -> Result<(), ProtocolError> {
-        if self.failed.is_some() || self.peer_reset {
-            return Ok(());
-        }
-        self.stats.imms_received += 1;
-        let result = self.process_imm(imm);
-        if let Err(e) = result {
-            self.failed = Some(e);
-            self.planned.clear();
-            self.events |= EV_RESET;
-        }
-        result
-    }
-
-    fn process_imm(&mut self, raw: u32) -> Result<(), ProtocolError> {
-        let imm = Imm::decode(raw).map_err(ProtocolError::BadImm)?;
-        self.rx.on_message()?;
-        match imm {
-            Imm::Data { len } => {
-                if self.fin_received {
-                    return Err(ProtocolError::DataAfterFin);
-                }
-                self.rx.on_data(len)?;
-                if self.read_closed {
-                    // Nobody will read this: discard, and tell the writer like a TCP RST.
-                    self.rx.consume(self.rx.unread());
-                    if !self.reset_queued {
-                        self.reset_queued = true;
-                        self.tx_queued = self.tx_posted;
-                    }
-                } else {
-                    self.events |= EV_READABLE;
-                }
-            }
-            Imm::Credit { wrs, bytes } => self.tx.grant(wrs, bytes, self.tx_posted)?,
-            Imm::Fin => {
-                if self.fin_received {
-                    return Err(ProtocolError::DuplicateFin);
-                }
-                self.fin_received = true;
-                self.events |= EV_READABLE;
-            }
-            Imm::Reset => {
-                self.peer_reset = true;
-                self.planned.clear();
-                self.events |= EV_RESET;
-            }
-        }
-        Ok(())
-    }
-
-    /// Processes a successful signaled send completion. Completions are cumulative (an RC
-    /// completion implies every earlier work request finished), so stale or duplicate ids are
-    /// ignored.
-    pub fn handle_send_complete(&mut self, wr_id: WrId) -> Result<(), CompletionError> {
-        if wr_id.0 >= self.next_wr {
-            return Err(CompletionError::UnknownWr(wr_id));
-        }
-        if wr_id.0 < self.wrs_retired {
-            return Ok(());
-        }
-        self.wrs_retired = wr_id.0 + 1;
-        while let Some(&(id, pos)) = self.signaled.front() {
-            if id > wr_id.0 {
-                break;
-            }
-            self.tx_acked = self.tx_acked.max(pos);
-            self.signaled.pop_front();
-        }
-        if self.wrs_retired == self.next_wr {
-            // Everything retired: the unsignaled tail completed too.
-            self.tx_acked = self.tx_posted;
-            self.unsignaled_wrs = 0;
-            self.unsignaled_bytes = 0;
-        }
-        if self.writer_waiting && self.writable() > 0 {
-            self.writer_waiting = false;
-            self.events |= EV_WRITABLE;
-        }
-        Ok(())
-    }
+    // ---- inputs (immediates in recv.rs, completions in send.rs) ---------------------------
 
     /// Processes a failed send completion (flush, retry exceeded, remote access error): the
     /// connection is over.
@@ -692,104 +447,5 @@ impl Conn {
             return Some(Event::Finished);
         }
         None
-    }
-
-    // ---- internals ----------------------------------------------------------------------
-
-    fn sq_room(&self, n: u64) -> bool {
-        self.next_wr - self.wrs_retired + n <= u64::from(self.sq_depth)
-    }
-
-    /// Plans the next data burst (one to three writes, the last carrying the immediate) and
-    /// returns its first write.
-    fn plan_burst(&mut self) -> Option<Write> {
-        let unsent = self.tx_queued - self.tx_posted;
-        if unsent == 0 || !self.tx.allows(MsgClass::Data) {
-            return None;
-        }
-        let len = unsent
-            .min(self.tx.bytes_after(self.tx_posted))
-            .min(u64::from(MAX_DATA_LEN));
-        if len == 0 {
-            return None;
-        }
-        // Split where either the send buffer or the peer ring wraps; each wraps at most once
-        // because len <= both sizes.
-        // Offsets are computed once (two divisions) and then advanced with wrap checks.
-        let mut pieces = [(0u32, 0u32, 0u32); 3];
-        let (mut count, mut left) = (0, len);
-        let mut local = self.send_ring.offset(self.tx_posted);
-        let mut remote = self.peer_ring.offset(self.tx_posted);
-        while left > 0 {
-            let n = left
-                .min(u64::from(self.send_ring.size() - local))
-                .min(u64::from(self.peer_ring.size() - remote)) as u32;
-            pieces[count] = (local, remote, n);
-            count += 1;
-            left -= u64::from(n);
-            local = self.send_ring.advance(local, n);
-            remote = self.peer_ring.advance(remote, n);
-        }
-        if !self.sq_room(count as u64) {
-            return None;
-        }
-        self.tx.spend_wr();
-        self.stats.data_messages += 1;
-        let mut first = None;
-        for (i, &(local, remote, n)) in pieces[..count].iter().enumerate() {
-            let imm = (i + 1 == count).then(|| Imm::Data { len: len as u32 }.encode());
-            self.tx_posted += u64::from(n);
-            let w = self.work_request(local, n, remote, imm, false);
-            // The first piece is returned directly; only wrapped bursts queue the rest.
-            match first {
-                None => first = Some(w),
-                Some(_) => self.planned.push_back(w),
-            }
-        }
-        first
-    }
-
-    fn control(&mut self, imm: Imm, signal: bool) -> Write {
-        self.work_request(0, 0, 0, Some(imm.encode()), signal)
-    }
-
-    /// Allocates a work request id and decides signaling. Called with `tx_posted` already
-    /// covering this write's payload.
-    fn work_request(
-        &mut self,
-        local_offset: u32,
-        len: u32,
-        remote_offset: u32,
-        imm: Option<u32>,
-        force_signal: bool,
-    ) -> Write {
-        let wr_id = WrId(self.next_wr);
-        self.next_wr += 1;
-        self.unsignaled_wrs += 1;
-        self.unsignaled_bytes += u64::from(len);
-        // Signal often enough that neither the send queue nor the send buffer can fill with
-        // work whose completion would never be reported.
-        let signaled = force_signal
-            || self.need_signal
-            || self.unsignaled_wrs >= self.signal_every
-            || self.unsignaled_bytes >= u64::from(self.send_ring.size() / 2).max(1);
-        if signaled {
-            self.signaled.push_back((wr_id.0, self.tx_posted));
-            self.unsignaled_wrs = 0;
-            self.unsignaled_bytes = 0;
-            self.need_signal = false;
-            self.stats.signaled += 1;
-        }
-        self.stats.writes_posted += 1;
-        self.stats.bytes_posted += u64::from(len);
-        Write {
-            wr_id,
-            local_offset,
-            len,
-            remote_offset,
-            imm,
-            inline: len > 0 && len <= self.max_inline,
-            signaled,
-        }
     }
 }

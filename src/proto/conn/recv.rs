@@ -1,0 +1,146 @@
+//! The receive path of [`Conn`]: processing the peer's immediates and copying readable bytes
+//! out of the ring.
+
+use std::io::IoSliceMut;
+use std::ops::Range;
+
+use super::{Conn, EV_READABLE, EV_RESET};
+use crate::proto::ring::scatter;
+use crate::proto::wire::Imm;
+use crate::proto::{ProtocolError, ReadError};
+
+impl Conn {
+    /// Copies readable bytes into `buf` and consumes them; see [`read_vectored`](Self::read_vectored).
+    pub fn read(&mut self, ring: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
+        self.read_vectored(ring, &mut [IoSliceMut::new(buf)])
+    }
+
+    /// Copies readable bytes into `bufs` in order and consumes them.
+    ///
+    /// `Ok(0)` for empty `bufs` or at end of stream, `Blocked` when nothing is readable yet
+    /// (EAGAIN), `Reset` after a reset. MSG_WAITALL is the caller looping until enough
+    /// arrived or `at_eof`.
+    ///
+    /// # Panics
+    /// If `ring` is not exactly `config.ring_size` bytes.
+    pub fn read_vectored(
+        &mut self,
+        ring: &[u8],
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, ReadError> {
+        let n = self.peek_vectored(ring, bufs)?;
+        self.rx.consume(n as u64);
+        Ok(n)
+    }
+
+    /// Like [`read`](Self::read) without consuming (MSG_PEEK).
+    pub fn peek(&self, ring: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
+        self.peek_vectored(ring, &mut [IoSliceMut::new(buf)])
+    }
+
+    /// Like [`read_vectored`](Self::read_vectored) without consuming (MSG_PEEK).
+    pub fn peek_vectored(
+        &self,
+        ring: &[u8],
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, ReadError> {
+        assert_eq!(ring.len(), self.ring.size() as usize, "ring size");
+        if self.is_reset() {
+            return Err(ReadError::Reset);
+        }
+        if self.readable() == 0 {
+            let empty = bufs.iter().all(|b| b.is_empty());
+            return if empty || self.fin_received {
+                Ok(0)
+            } else {
+                Err(ReadError::Blocked)
+            };
+        }
+        let (a, b) = self.readable_slices(ring)?;
+        Ok(scatter([a, b], bufs))
+    }
+
+    /// The readable bytes in place, as one or two slices of `ring` (zero-copy read); follow
+    /// with [`consume`](Self::consume).
+    pub fn readable_slices<'r>(&self, ring: &'r [u8]) -> Result<(&'r [u8], &'r [u8]), ReadError> {
+        assert_eq!(ring.len(), self.ring.size() as usize, "ring size");
+        if self.is_reset() {
+            return Err(ReadError::Reset);
+        }
+        let unread = if self.read_closed {
+            0
+        } else {
+            self.rx.unread()
+        };
+        Ok(self.ring.slices(ring, self.rx.consumed(), unread))
+    }
+
+    /// Offsets in the ring of the readable bytes, in stream order (the second range is empty
+    /// unless they wrap). For drivers that must not form a slice over the whole ring while
+    /// the NIC writes into its free part: read these ranges, then [`consume`](Self::consume).
+    pub fn readable_ranges(&self) -> [Range<usize>; 2] {
+        self.ring.ranges(self.rx.consumed(), self.readable() as u64)
+    }
+
+    /// Consumes up to `n` readable bytes without copying them; returns how many.
+    pub fn consume(&mut self, n: usize) -> usize {
+        let n = (n as u64).min(self.readable() as u64);
+        self.rx.consume(n);
+        n as usize
+    }
+
+    /// Processes the immediate of a completed receive (a peer WRITE_WITH_IMM).
+    ///
+    /// On `Err` the connection is failed: reads and writes return `Reset`, nothing more is
+    /// posted, and the driver should disconnect. After a reset, input is ignored.
+    pub fn handle_imm(&mut self, imm: u32) -> Result<(), ProtocolError> {
+        if self.failed.is_some() || self.peer_reset {
+            return Ok(());
+        }
+        self.stats.imms_received += 1;
+        let result = self.process_imm(imm);
+        if let Err(e) = result {
+            self.failed = Some(e);
+            self.planned.clear();
+            self.events |= EV_RESET;
+        }
+        result
+    }
+
+    fn process_imm(&mut self, raw: u32) -> Result<(), ProtocolError> {
+        let imm = Imm::decode(raw).map_err(ProtocolError::BadImm)?;
+        self.rx.on_message()?;
+        match imm {
+            Imm::Data { len } => {
+                if self.fin_received {
+                    return Err(ProtocolError::DataAfterFin);
+                }
+                self.rx.on_data(len)?;
+                if self.read_closed {
+                    // Nobody will read this: discard, and tell the writer like a TCP RST.
+                    self.rx.consume(self.rx.unread());
+                    if !self.reset_queued {
+                        self.reset_queued = true;
+                        self.tx_queued = self.tx_posted;
+                    }
+                } else {
+                    self.events |= EV_READABLE;
+                }
+            }
+            Imm::Credit { wrs, bytes } => self.tx.grant(wrs, bytes, self.tx_posted)?,
+            Imm::Fin => {
+                if self.fin_received {
+                    return Err(ProtocolError::DuplicateFin);
+                }
+                self.fin_received = true;
+                self.events |= EV_READABLE;
+            }
+            Imm::Reset => {
+                self.peer_reset = true;
+                self.planned.clear();
+                self.events |= EV_RESET;
+            }
+        }
+        Ok(())
+    }
+}
