@@ -397,7 +397,7 @@ impl Pair {
         Ok(progress)
     }
 
-    /// Steps until nothing moves (at most `limit` rounds; more is [`Fault::Stalled`]).
+    /// Steps until nothing moves (more than 100 000 rounds is [`Fault::Stalled`]).
     pub fn drive(&mut self) -> Result<(), Fault> {
         for _ in 0..100_000 {
             if !self.step()? {
