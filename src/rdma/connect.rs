@@ -160,10 +160,12 @@ impl Listener {
 /// the QP is destroyed anyway; late completions of it must be ignored by the poller).
 pub fn close(mut conn: Conn, timeout: Duration, other: &mut dyn FnMut(&Wc)) -> Result<bool> {
     let deadline = Instant::now() + timeout;
-    // The peer may have disconnected first: then rdma_disconnect may fail; go on.
-    let _ = conn.disconnect();
+    // rdma_disconnect moves the QP to the error state first (so its WRs flush), then asks
+    // the CM; that step fails on an id that never connected or whose peer left first,
+    // and then no DISCONNECTED event is coming: don't wait for one.
+    let expect_event = conn.disconnect().is_ok();
     let ch = conn.id().channel().clone();
-    while !conn.is_disconnected() {
+    while expect_event && !conn.is_disconnected() {
         match ch.get_event(fd::remaining(Some(deadline)))? {
             Some(ev) if ev.kind == EventKind::Disconnected => conn.set_disconnected(),
             Some(_) => continue,
