@@ -45,11 +45,14 @@ extern "C" fn after_fork_child() {
     crate::stats::after_fork_child();
 }
 
-/// Whether this host has an RDMA device (read once from sysfs, without loading libibverbs).
+/// Whether this host has a usable RDMA device: one listed in sysfs and the rdma_cm device
+/// node to reach it (a container or namespace may see the first without the second). Read
+/// once, without loading libibverbs.
 pub fn rdma_device_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     *PRESENT.get_or_init(|| {
-        let present = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+        let listed = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+        let present = listed && std::path::Path::new("/dev/infiniband/rdma_cm").exists();
         log::info!("RDMA device present: {present}");
         present
     })

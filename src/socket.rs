@@ -79,6 +79,9 @@ pub struct Socket {
     attached: Mutex<Option<Attachment>>,
     /// A kernel TCP connect in progress, counted once it is known to have succeeded.
     pending: Mutex<Option<Pending>>,
+    /// The program's epoll registrations of this socket: (epoll fd, event), kept so they can
+    /// be moved when the fd's file is replaced by a doorbell.
+    epoll: Mutex<Vec<(i32, libc::epoll_event)>>,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -93,6 +96,7 @@ impl Socket {
             slot: AtomicU64::new(0),
             attached: Mutex::new(None),
             pending: Mutex::new(None),
+            epoll: Mutex::new(Vec::new()),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -101,6 +105,7 @@ impl Socket {
         self.fds.reset();
         *self.attached.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.epoll.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.state.store(State::Created as u32, Relaxed);
         self.path.store(Path::Passthrough as u32, Relaxed);
         self.slot.store(0, Relaxed);
@@ -163,6 +168,22 @@ impl Socket {
             return None;
         }
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Records a successful `epoll_ctl` on this socket.
+    pub fn note_epoll(&self, epfd: i32, op: i32, ev: Option<libc::epoll_event>) {
+        let mut regs = self.epoll.lock().unwrap_or_else(|e| e.into_inner());
+        regs.retain(|(e, _)| *e != epfd);
+        if op != libc::EPOLL_CTL_DEL {
+            if let Some(ev) = ev {
+                regs.push((epfd, ev));
+            }
+        }
+    }
+
+    /// The program's epoll registrations of this socket.
+    pub fn epoll_regs(&self) -> Vec<(i32, libc::epoll_event)> {
+        self.epoll.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What carries this socket, if RDMA is engaged.

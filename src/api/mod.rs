@@ -124,7 +124,10 @@ fn connect_rdma(s: &crate::socket::Socket, fd: c_int, dest: SocketAddr) -> Resul
     };
     let (nonblock, cloexec) = fd_flags(fd);
     stream.set_nonblocking(nonblock);
-    let installed = stream.bell().set_file_nonblocking(nonblock).and_then(|_| stream.bell().install_at(fd, cloexec));
+    let installed = stream
+        .bell()
+        .set_file_nonblocking(nonblock)
+        .and_then(|_| swap_file(s, fd, || stream.bell().install_at(fd, cloexec)));
     if let Err(e) = installed {
         log::warn!("fd {fd}: cannot install the RDMA doorbell ({e}); using kernel TCP");
         stream.app_closed(true);
@@ -244,7 +247,12 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
         if Config::get().excludes(&local) {
             return;
         }
-        match Listener::start(engine, fd, local, backlog) {
+        let mut started = Err(String::new());
+        let _ = swap_file(&s, fd, || {
+            started = Listener::start(engine, fd, local, backlog);
+            Ok(())
+        });
+        match started {
             Ok(l) => {
                 s.attach(Attachment::Listener(l));
                 log::debug!("fd {fd}: listening on {local} over kernel TCP and RDMA");
@@ -552,7 +560,32 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    real::epoll_ctl(epfd, op, fd, ev)
+    let r = real::epoll_ctl(epfd, op, fd, ev);
+    if r == 0 && fdtable::owns(fd) {
+        if let Some(s) = fdtable::get(fd) {
+            s.note_epoll(epfd, op, (!ev.is_null()).then(|| *ev));
+        }
+    }
+    r
+}
+
+/// Replaces the file behind the program's `fd` with a doorbell's A (`install`), carrying
+/// the program's epoll registrations of `fd` over: epoll keys them by file, so they are taken
+/// off the old file first and put back, with the same events and data, on the new one.
+fn swap_file(s: &crate::socket::Socket, fd: c_int, install: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+    let regs = s.epoll_regs();
+    for (epfd, _) in &regs {
+        // SAFETY: removing fd from an epoll set the program put it in.
+        unsafe { real::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+    }
+    let r = install();
+    for (epfd, mut ev) in regs {
+        // SAFETY: re-adding with the program's own event mask and data.
+        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            log::warn!("fd {fd}: could not carry its registration in epoll fd {epfd} over");
+        }
+    }
+    r
 }
 
 #[inline]
