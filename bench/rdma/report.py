@@ -93,7 +93,7 @@ def hsize(s):
 
 
 lat_sizes = sorted({int(k[2]) for k in series if k[0] == "lat"})
-bw_sizes = sorted({int(k[2]) for k in series if k[0] == "bw" and k[2].isdigit()})
+bw_sizes = sorted({int(k[2]) for k in series if k[0] == "bw" and k[2].isdigit() and k[1] in ("verbs", "rsocket")})
 # rsocket's latency: pingpong under librspreload (same program as rsock and TCP) where it
 # worked, else rstream (mean only).
 rsp_ok = any(k[1] == "rspreload" for k in series)
@@ -167,16 +167,26 @@ for P in (1, 4):
     rc, rsv = bwcell("rsocket", big) if big else ("—", None)
     w(f"| streaming, iperf3 -P {P} (Mbit/s) | {vc} | {rc} | {tc} | **{kc}** | {ratio(k, v)} | {ratio(k, rsv)} | "
       f"{ratio(k, t)} | {'≥ 0.9× verbs, > rsocket' if P == 1 else ''} |")
+for size in (64, 4096):
+    k = med("lat", "rsock", size, "median_us")
+    for path, what in (("rdmapp", "rsock's verbs layer alone, busy-polling (`rdma_pingpong`)"),
+                       ("rdmapp-events", "rsock's verbs layer alone, sleeping on CQ events (`rdma_pingpong --events`)"),
+                       ("verbs-events", "perftest sleeping on CQ events (`ib_send_lat -e`)")):
+        ve = med("lat", path, size, "median_us")
+        if ve is not None:
+            w(f"| reference: RTT {hsize(size)}, {what}, median (µs) | {f(ve)} | | | **{f(k)}** | {ratio(k, ve)} | | | |")
+for path, what in (("rdmapp", "credit-limited 64 KiB stream on rsock's verbs layer (`rdma_pingpong`)"),
+                   ("rdmapp-events", "the same, sleeping on CQ events")):
+    ve = med("bw", path, 65536, "mbps")
+    k = med("bw", "rsock", "iperf3-P1", "mbps")
+    if ve is not None:
+        w(f"| reference: {what} vs iperf3 -P 1 (Mbit/s) | {f(ve)} | | | **{f(k)}** | {ratio(k, ve)} | | | |")
 kc = med("bw", "rsock", "iperf3-P1", "cpu_s_gb")
 tc = med("bw", "tcp", "iperf3-P1", "cpu_s_gb")
 w(f"| CPU s per GB moved (iperf3 -P 1, both ends) | — | — | {f(tc, 2)} | **{f(kc, 2)}** | | | {ratio(kc, tc)} | |")
 kc = med("lat", "rsock", 64, "cpu_us_rt")
 tc = med("lat", "tcp", 64, "cpu_us_rt")
 rsc = med("lat", "rspreload", 64, "cpu_us_rt")
-ve = med("lat", "verbs-events", 64, "median_us")
-if ve is not None:
-    k = med("lat", "rsock", 64, "median_us")
-    w(f"| reference: verbs RTT 64 B sleeping on CQ events (`ib_send_lat -e`), median (µs) | {f(ve)} | | | **{f(k)}** | {ratio(k, ve)} | | | |")
 w(f"| CPU s per 1 M round trips (64 B, both ends) | — | {f(rsc)} | {f(tc)} | **{f(kc)}** | | {ratio(kc, rsc)} | {ratio(kc, tc)} | |")
 w("")
 w(f"verbs: `ib_write_lat -R` (RTT = 2 × its one-way t_typical / 99% figures) and `ib_write_bw -R` at "
@@ -194,8 +204,8 @@ w("![latency vs size](latency.png)")
 w("")
 w("Median RTT in µs [p99]; ranges are the spread of run medians.")
 w("")
-w("| size | verbs | verbs, sleeping (`ib_send_lat -e`) | rstream (mean) | librspreload pingpong | TCP pingpong | rsock pingpong | rsock/verbs | rsock/rsocket | rsock/TCP |")
-w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+w("| size | verbs `ib_write_lat` | verbs layer, polling (`rdma_pingpong`) | verbs layer, sleeping (`--events`) | `ib_send_lat -e` (sleeping) | rstream (mean) | librspreload pingpong | TCP pingpong | rsock pingpong | rsock/verbs | rsock/rsocket | rsock/TCP |")
+w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 dat = ["# size verbs rstream_mean rspreload tcp rsock   (median RTT, µs)"]
 
 
@@ -215,7 +225,7 @@ def latcell(path, size, field="median_us"):
 
 for size in lat_sizes:
     k = med("lat", "rsock", size, "median_us")
-    w(f"| {hsize(size)} | {latcell('verbs', size)} | {latcell('verbs-events', size)} | {latcell('rstream', size, 'mean_us')} | {latcell('rspreload', size)} | "
+    w(f"| {hsize(size)} | {latcell('verbs', size)} | {latcell('rdmapp', size)} | {latcell('rdmapp-events', size)} | {latcell('verbs-events', size)} | {latcell('rstream', size, 'mean_us')} | {latcell('rspreload', size)} | "
       f"{latcell('tcp', size)} | {latcell('rsock', size)} | {ratio(k, med('lat', 'verbs', size, 'median_us'))} | "
       f"{ratio(k, rsocket_lat(size, 'median_us'))} | {ratio(k, med('lat', 'tcp', size, 'median_us'))} |")
     vals = [med("lat", "verbs", size, "median_us"), med("lat", "rstream", size, "mean_us"),
@@ -242,6 +252,10 @@ def bwr(path, size):
 
 for size in bw_sizes:
     w(f"| {hsize(size)} messages | {bwr('verbs', size)} | {bwr('rsocket', size)} | | | | | |")
+for path, what in (("rdmapp", "rsock's verbs layer alone, 64 KiB credit-limited stream (`rdma_pingpong`)"),
+                   ("rdmapp-events", "the same, sleeping on CQ events")):
+    if med("bw", path, 65536, "mbps") is not None:
+        w(f"| {what} | {bwr(path, 65536)} | | | | | | |")
 for P in (1, 4):
     k = med("bw", "rsock", f"iperf3-P{P}", "mbps")
     t = med("bw", "tcp", f"iperf3-P{P}", "mbps")

@@ -11,7 +11,11 @@
 #
 # Options: --runs N (default 5), --out DIR (raw data; default bench/rdma/results/raw for a
 # full run, .cache/rdma-bench-smoke for --smoke), --no-build (skip cargo build),
+# --rev REV (build and measure git revision REV from a private copy in
+# .cache/rdma-bench-build/, so that other work in the tree cannot change what is measured),
 # --vm-opt OPT (passed to tests/rdma-vm/run.sh, repeatable, e.g. --vm-opt --smp=2).
+# The binaries are copied to DIR/bin before the boot and the guest uses that copy: a
+# rebuild in the shared tree during the run cannot swap them.
 # Installs what it needs (gnuplot-nox; the bed's packages through tests/rdma-vm/setup.sh).
 # Exit status: 0 = every measurement ran and rsock's went over RDMA; 1 = some failed;
 # 97/98 = test-bed failure/timeout (from tests/rdma-vm/run.sh); 2 = usage.
@@ -19,16 +23,17 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
 
-SMOKE=0 RUNS= OUT= BUILD=1 VMOPTS=()
+SMOKE=0 RUNS= OUT= BUILD=1 VMOPTS=() REV=
 while (($#)); do
   case $1 in
     --smoke) SMOKE=1 ;;
     --runs) RUNS=${2:?}; shift ;;
     --out) OUT=${2:?}; shift ;;
     --no-build) BUILD=0 ;;
+    --rev) REV=${2:?}; shift ;;
     --vm-opt) VMOPTS+=("${2:?}"); shift ;;
     -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "usage: $0 [--smoke] [--runs N] [--out DIR] [--no-build] [--vm-opt OPT]..." >&2; exit 2 ;;
+    *) echo "usage: $0 [--smoke] [--runs N] [--out DIR] [--no-build] [--rev REV] [--vm-opt OPT]..." >&2; exit 2 ;;
   esac
   shift
 done
@@ -42,12 +47,26 @@ case $OUT in "$ROOT"/*) ;; *) echo "--out must be inside $ROOT (the guest sees o
 log() { printf 'rdma-bench: %s\n' "$*" >&2; }
 
 # --- what the host needs ---------------------------------------------------------------
-if ((BUILD)); then
+TGT=$ROOT/target/release
+if [[ -n $REV ]]; then
+  sha=$(git rev-parse --verify "$REV^{commit}") || { log "unknown revision $REV"; exit 2; }
+  src=$ROOT/.cache/rdma-bench-build/src-${sha:0:12}
+  if [[ ! -f $src/target/release/librsock.so ]] || ((BUILD)); then
+    log "building $REV (${sha:0:12}) in ${src#"$ROOT"/}"
+    mkdir -p "$src"
+    git archive "$sha" | tar -x -C "$src" || exit 1
+    (cd "$src" && CARGO_TARGET_DIR=$src/target cargo build --release --workspace --examples >&2) || { log "build failed"; exit 1; }
+  fi
+  TGT=$src/target/release
+elif ((BUILD)); then
   log "cargo build --release --workspace --examples"
   cargo build --release --workspace --examples >&2 || { log "build failed"; exit 1; }
 fi
-for f in target/release/librsock.so target/release/rsock target/release/examples/pingpong; do
-  [[ -e $f ]] || { log "missing $f (cargo build --release --workspace --examples)"; exit 2; }
+rm -rf "$OUT/bin"
+mkdir -p "$OUT/bin"
+for f in librsock.so rsock examples/pingpong examples/rdma_pingpong; do
+  [[ -e $TGT/$f ]] || { log "missing $TGT/$f (cargo build --release --workspace --examples)"; exit 2; }
+  cp "$TGT/$f" "$OUT/bin/" || exit 1
 done
 tests/rdma-vm/setup.sh >&2 || { log "test bed setup failed"; exit 97; }
 if ((!SMOKE)) && ! command -v gnuplot >/dev/null; then
@@ -62,7 +81,11 @@ command -v python3 >/dev/null || { log "python3 is needed for the report"; exit 
 # --- machine description ---------------------------------------------------------------
 {
   echo "date_utc=$(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src preload 2>/dev/null || echo '+dirty(src/preload)')"
+  if [[ -n $REV ]]; then
+    echo "commit=$(git rev-parse --short "$REV") (built from a clean copy)"
+  else
+    echo "commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- src preload 2>/dev/null || echo ' + uncommitted changes in src/ or preload/')"
+  fi
   echo "host_cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)"
   echo "host_cpus=$(nproc)"
   echo "host_kernel=$(uname -r)"
@@ -81,7 +104,7 @@ args=(--out "$OUT")
 start=$SECONDS
 log "booting the test bed: bench/rdma/guest.sh ${args[*]}"
 rc=0
-tests/rdma-vm/run.sh --timeout 2400 "${VMOPTS[@]}" -- bench/rdma/guest.sh "${args[@]}" || rc=$?
+tests/rdma-vm/run.sh --timeout 2400 -e BENCH_BIN="$OUT/bin" "${VMOPTS[@]}" -- bench/rdma/guest.sh "${args[@]}" || rc=$?
 echo "host_load_after=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/host.txt"
 echo "wall_s=$((SECONDS - start))" >>"$OUT/host.txt"
 log "guest finished with status $rc after $((SECONDS - start)) s"
