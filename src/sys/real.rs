@@ -82,53 +82,63 @@ macro_rules! real_functions {
     }};
 }
 
-real_functions! {
-    fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
-    fn socketpair(domain: c_int, ty: c_int, protocol: c_int, sv: *mut c_int) -> c_int;
-    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
-    fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
-    fn listen(fd: c_int, backlog: c_int) -> c_int;
-    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
-    fn shutdown(fd: c_int, how: c_int) -> c_int;
-    fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
-    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
-    fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-    fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
-    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
-    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
-    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
-    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
-    fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
-    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
-    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
-    fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
-    fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
-    fn close(fd: c_int) -> c_int;
-    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
-    fn dup(fd: c_int) -> c_int;
-    fn dup2(old: c_int, new: c_int) -> c_int;
-    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
-    fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int, variadic usize;
-    fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int, variadic usize;
-    fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int, variadic usize;
-    fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
-    fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int;
-    fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int;
-    fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int;
-    fn epoll_create(size: c_int) -> c_int;
-    fn epoll_create1(flags: c_int) -> c_int;
-    fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
-    fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
-    fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
-    fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t;
-    fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
-    fn fork() -> pid_t;
-    fn fclose(stream: *mut libc::FILE) -> c_int;
-    fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t;
-    fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
-    fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
-    fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
-    fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+/// Invokes `$m!` with the signature of every libc function the shim hooks: the one list
+/// both the real-function table here and the exported hooks in `preload/` are made from.
+/// Variadic functions are marked `, variadic usize` (their optional argument as one word).
+#[macro_export]
+macro_rules! with_hooked_functions {
+    ($m:ident) => {
+        $m! {
+            fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
+            fn socketpair(domain: c_int, ty: c_int, protocol: c_int, sv: *mut c_int) -> c_int;
+            fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+            fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+            fn listen(fd: c_int, backlog: c_int) -> c_int;
+            fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+            fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+            fn shutdown(fd: c_int, how: c_int) -> c_int;
+            fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
+            fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+            fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+            fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+            fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+            fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+            fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+            fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+            fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+            fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+            fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+            fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+            fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+            fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+            fn close(fd: c_int) -> c_int;
+            fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+            fn dup(fd: c_int) -> c_int;
+            fn dup2(old: c_int, new: c_int) -> c_int;
+            fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+            fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int, variadic usize;
+            fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int, variadic usize;
+            fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int, variadic usize;
+            fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
+            fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int;
+            fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int;
+            fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int;
+            fn epoll_create(size: c_int) -> c_int;
+            fn epoll_create1(flags: c_int) -> c_int;
+            fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
+            fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
+            fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+            fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+            fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
+            fn fork() -> pid_t;
+            fn fclose(stream: *mut libc::FILE) -> c_int;
+            fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t;
+            fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
+            fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
+            fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+            fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+        }
+    };
 }
+
+with_hooked_functions!(real_functions);
