@@ -18,7 +18,9 @@
 #
 # Environment: RDMA_TEST_ADDR (10.77.0.1), RDMA_TEST_ITERS (1000), RDMA_TEST_BYTES (32M),
 # RDMA_TEST_SIZE (65536), RDMA_TEST_RING (4M, receive ring = credit window),
-# RDMA_TEST_TIMEOUT (240 s per program), RDMA_TEST_PERFTEST (1).
+# RDMA_TEST_TIMEOUT (240 s per program), RDMA_TEST_PERFTEST (1), RDMA_TEST_ROUNDS (0:
+# extra alternating latency rounds, perftest then rsock, 300 iterations each, to see the
+# spread of the ratio within one boot).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 
@@ -30,6 +32,7 @@ SIZE=${RDMA_TEST_SIZE:-65536}
 RING=${RDMA_TEST_RING:-4M}
 TMO=${RDMA_TEST_TIMEOUT:-240}
 PERF=${RDMA_TEST_PERFTEST:-1}
+ROUNDS=${RDMA_TEST_ROUNDS:-0}
 OUT=$(mktemp -d /tmp/rdma-verbs.XXXXXX)
 pass=0 fail=0
 ok() { echo "PASS $*"; pass=$((pass + 1)); }
@@ -224,6 +227,35 @@ fi
 wait "$rpid"
 expect_failure no-listener '\(errno 111, rejected\)' "$ADDR" 7479 --iters 1 --bytes 8 --size 8 --timeout 60
 expect_failure no-host '(unreachable|timeout)\)' 10.77.0.99 7479 --iters 1 --bytes 8 --size 8 --timeout 8
+
+# Alternating latency rounds: perftest, then rsock, same sizes, 300 iterations each.
+for ((r = 1; r <= ROUNDS; r++)); do
+  line="ROUND $r one-way median us (rsock/perftest):"
+  declare -A RP=()
+  for s in 64 4096; do
+    if perf_run "r$r-lat$s" $((18700 + r * 10 + s % 7)) ib_write_lat -s "$s" -n 300 >/dev/null; then
+      read -r _ _ _ _ typ _ < <(grep -E "^ +$s +[0-9]+" "$OUT/r$r-lat$s.client.log" | head -1)
+      RP[$s]=$typ
+    fi
+  done
+  port=$((7500 + r))
+  timeout "$TMO" "$BIN" server "$ADDR" "$port" --timeout "$TMO" >"$OUT/r$r.server.log" 2>&1 &
+  spid=$!
+  if wait_listener "$port" "$spid"; then
+    timeout "$TMO" "$BIN" client "$ADDR" "$port" --timeout "$TMO" --iters 300 --bytes 64K --size 65536 --ring 1M \
+      >"$OUT/r$r.client.log" 2>&1
+  fi
+  wait "$spid"
+  for s in 64 4096; do
+    med=$(sed -n "s/^RESULT lat size=$s .*one_way_us median=\([0-9.]*\) avg=.*/\1/p" "$OUT/r$r.client.log")
+    if [[ -n $med && -n ${RP[$s]:-} ]]; then
+      line+=" ${s}B ${med}/${RP[$s]}=$(awk "BEGIN{printf \"%.2f\", $med/${RP[$s]}}")"
+    else
+      line+=" ${s}B n/a"
+    fi
+  done
+  echo "$line"
+done
 
 sleep 1
 left=$(rdma res show qp 2>/dev/null | grep -v "type GSI" | grep -c "type")
