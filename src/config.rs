@@ -40,7 +40,7 @@ pub struct Config {
     pub ring_size: u32,
     /// `RSOCK_SEND_BUF` (default 262144, 4096–1073741824): bytes of each send buffer.
     pub send_buf: u32,
-    /// `RSOCK_RECV_CREDITS` (default 128, 4–65536): receives posted per connection.
+    /// `RSOCK_RECV_CREDITS` (default 64, 4–65536): receives posted per connection.
     pub recv_credits: u32,
     /// `RSOCK_INLINE` (default 128, 0–1024): largest write posted inline (capped by the device).
     pub max_inline: u32,
@@ -129,7 +129,7 @@ impl Default for Config {
             neg_cache_ms: 30_000,
             ring_size: 256 * 1024,
             send_buf: 256 * 1024,
-            recv_credits: 128,
+            recv_credits: 64,
             max_inline: 128,
             spin_us: 20,
             exclude: DEFAULT_EXCLUDE.split(',').filter_map(Exclude::parse).collect(),
@@ -305,16 +305,16 @@ mod tests {
             ("RSOCK_NEG_CACHE_MS", "0"),
             ("RSOCK_RING_SIZE", "1048576"),
             ("RSOCK_SEND_BUF", "65536"),
-            ("RSOCK_RECV_CREDITS", "64"),
+            ("RSOCK_RECV_CREDITS", "32"),
             ("RSOCK_INLINE", "0"),
             ("RSOCK_SPIN_US", "5"),
         ]);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!((c.connect_timeout_ms, c.neg_cache_ms, c.ring_size), (250, 0, 1 << 20));
-        assert_eq!((c.send_buf, c.recv_credits, c.max_inline, c.spin_us), (65536, 64, 0, 5));
+        assert_eq!((c.send_buf, c.recv_credits, c.max_inline, c.spin_us), (65536, 32, 0, 5));
         let (c, w) = parse(&[("RSOCK_CONNECT_TIMEOUT_MS", "0"), ("RSOCK_RING_SIZE", "12"), ("RSOCK_RECV_CREDITS", "x")]);
         assert_eq!(w.len(), 3, "{w:?}");
-        assert_eq!((c.connect_timeout_ms, c.ring_size, c.recv_credits), (500, 256 * 1024, 128));
+        assert_eq!((c.connect_timeout_ms, c.ring_size, c.recv_credits), (500, 256 * 1024, 64));
     }
 
     #[test]

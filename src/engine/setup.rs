@@ -44,7 +44,9 @@ fn memory(engine: &Engine, dev: &Arc<Device>) -> Result<Memory, rdma::Error> {
         ring_size: c.ring_size,
         recv_credits: c.recv_credits,
         send_buf_size: c.send_buf,
-        send_queue_depth: 128,
+        // Half the ring's worth of writes in flight is plenty (bursts merge); a smaller queue
+        // leaves room in the device's shared CQ for more connections.
+        send_queue_depth: 64,
         max_inline: c.max_inline,
     };
     Ok(Memory { ring, send, cfg })

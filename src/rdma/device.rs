@@ -19,8 +19,10 @@ use super::error::{Error, Reason, Result};
 use super::fd;
 use super::ffi::{self, lib};
 
-/// Default number of CQ entries per device (capped at the device's `max_cqe`)
-pub const DEFAULT_CQ_ENTRIES: u32 = 8192;
+/// CQ entries per device (capped at the device's `max_cqe`): the CQ is shared by all of the
+/// device's connections, each reserving its send + receive queue depth (128 with the
+/// defaults), so this bounds RDMA connections per process per device (255 on rxe).
+pub const DEFAULT_CQ_ENTRIES: u32 = 65536;
 
 /// Limits of a device that callers size things by
 #[derive(Clone, Copy, Debug, Default)]
