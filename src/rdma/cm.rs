@@ -7,7 +7,7 @@
 //! [`CmId`].
 
 use std::ffi::c_void;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -408,28 +408,8 @@ impl SockAddr {
 ///
 /// SAFETY: `sa` points to at least a `sockaddr_in6`-sized readable buffer.
 pub(crate) unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<SocketAddr> {
-    // SAFETY: per the contract.
-    unsafe {
-        match (*sa).sa_family as i32 {
-            libc::AF_INET => {
-                let s = &*(sa as *const libc::sockaddr_in);
-                Some(SocketAddr::V4(SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
-                    u16::from_be(s.sin_port),
-                )))
-            }
-            libc::AF_INET6 => {
-                let s = &*(sa as *const libc::sockaddr_in6);
-                Some(SocketAddr::V6(SocketAddrV6::new(
-                    Ipv6Addr::from(s.sin6_addr.s6_addr),
-                    u16::from_be(s.sin6_port),
-                    s.sin6_flowinfo,
-                    s.sin6_scope_id,
-                )))
-            }
-            _ => None,
-        }
-    }
+    // SAFETY: per the contract, the buffer holds a full sockaddr_in6.
+    unsafe { crate::sys::sockaddr::read(sa, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t) }
 }
 
 fn timeout_ms(t: Duration) -> i32 {
