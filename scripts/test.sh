@@ -40,7 +40,7 @@ if ((host_only)); then
   echo "test bed suite skipped (--host-only): nothing about the RDMA path was tested"
 else
   suite testbed-setup tests/rdma-vm/setup.sh
-  suite rdma tests/rdma-vm/run.sh -- tests/guest-suite.sh
+  suite rdma tests/rdma-vm/run.sh --timeout 3600 -- tests/guest-suite.sh
 fi
 
 ((failed)) && printf 'failed: %s\n' "${failures[@]}"
