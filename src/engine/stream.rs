@@ -226,7 +226,7 @@ impl Stream {
                 }
                 return;
             }
-            if wc.wr_id() & PROTO_SIGNALED != 0 {
+            if wc.wr_id() & PROTO_SIGNALED != 0 && wc.wr_id() != rdma::DRAIN_SEND_WR_ID {
                 let id = WrId(wc.wr_id() & !PROTO_SIGNALED);
                 if let Err(e) = inner.proto.handle_send_complete(id) {
                     log::error!("rdma stream {}: completion out of order: {e:?}", self.peer);
