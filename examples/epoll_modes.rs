@@ -273,7 +273,13 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
     say!("connect: returned {how}");
     say!("connect: wait {}", ep.wait(LONG_MS)?);
     say!("connect: SO_ERROR {}", so_error(c)?);
-    ep.ctl(libc::EPOLL_CTL_DEL, c, 0)?;
+    // The registration must still be the program's fd's: DEL succeeds, and a fresh wait on
+    // the same epoll set reports nothing for it afterwards.
+    match ep.ctl(libc::EPOLL_CTL_DEL, c, 0) {
+        Ok(()) => say!("connect: EPOLL_CTL_DEL ok"),
+        Err(e) => say!("connect: EPOLL_CTL_DEL failed: {}", e.kind()),
+    }
+    say!("connect: after DEL {}", ep.wait(SHORT_MS)?);
     drop(ep);
     let s = cvt(unsafe { libc::accept4(lfd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) }, "accept4")?;
     set_nonblock(s, true)?;
