@@ -423,7 +423,7 @@ strace_count() {
 }
 
 profile_path() { # PATH
-  local path=$1 n=1000 port envs=() envc=() pre=() sd
+  local path=$1 n=${BENCH_PROF_ITERS:-300} port envs=() envc=() pre=() sd
   next_port; port=$PORT
   case $path in
     rsock)

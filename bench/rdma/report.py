@@ -292,7 +292,8 @@ prof = [r for r in recs if r["kind"] == "prof"]
 if prof:
     w("## Where the time goes: syscalls per round trip")
     w("")
-    w("`strace -f` of one 64 B ping-pong client and its server (1000 timed round trips after 50 "
+    piters = next((r.get("iters") for r in recs if r["kind"] == "profrun"), "?")
+    w(f"`strace -f` of one 64 B ping-pong client and its server ({piters} timed round trips after 50 "
       "warm-up ones; only the calls between pingpong's two `getrusage` calls count). `main` = the "
       "program's thread, `other` = threads the shim (or librspreload) started. strace slows every "
       "call, so these runs' latencies are not comparable; the counts are.")
