@@ -33,3 +33,15 @@ macro_rules! hooks {
 }
 
 rsock_core::with_hooked_functions!(hooks);
+
+/// `_exit` (and `_Exit`, its alias): RDMA streams' queued bytes are delivered before the
+/// process ends, as the kernel would deliver a TCP socket's.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    api::exit_now(status)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    api::exit_now(status)
+}

@@ -445,6 +445,14 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     r
 }
 
+/// `_exit`/`_Exit`: bytes the shim still holds for RDMA streams are delivered first (see
+/// [`engine::drain_at_exit`]; `exit` does the same through `atexit`), then the process ends.
+pub unsafe fn exit_now(status: c_int) -> ! {
+    engine::drain_at_exit();
+    libc::syscall(libc::SYS_exit_group, status as libc::c_long);
+    libc::abort() // not reached
+}
+
 /// The child's state is reset by the `pthread_atfork` handler registered at start-up, which
 /// also covers forks made inside libraries; this hook only has to forward.
 #[inline]

@@ -118,6 +118,42 @@ pub fn spin_then<T>(mut probe: impl FnMut() -> Option<T>, block: impl FnOnce() -
     block()
 }
 
+/// At process exit (`exit`, return from `main`, `_exit`): give every stream a graceful close
+/// and wait — bounded by the linger time — until the bytes it holds and its FIN have reached
+/// the peer. The kernel keeps delivering a TCP socket's queued bytes after its process is
+/// gone; ours live in this process's memory, so the process waits for them instead.
+pub fn drain_at_exit() {
+    if !active() {
+        return;
+    }
+    let Some(e) = get() else { return };
+    let Some(_g) = crate::guard::enter() else { return }; // inside the shim (a signal handler?)
+    let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
+    for s in &streams {
+        s.close_for_exit();
+    }
+    let deadline = std::time::Instant::now() + e.linger();
+    loop {
+        let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
+        for d in &devs {
+            e.progress(d);
+        }
+        let left = streams.iter().filter(|s| !s.flushed()).count();
+        if left == 0 {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            log::warn!("exit: {left} RDMA stream(s) still had unacknowledged bytes after {:?}", e.linger());
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+extern "C" fn drain_at_exit_c() {
+    drain_at_exit();
+}
+
 /// The engine, if this process can do RDMA (made on first call; call inside the guard).
 pub fn get() -> Option<&'static Engine> {
     static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
@@ -177,6 +213,8 @@ impl Engine {
         };
         e.watch(wake_fd, TAG_WAKE)?;
         e.watch(e.ch.fd(), TAG_CM)?;
+        // SAFETY: registering a plain extern "C" fn.
+        unsafe { libc::atexit(drain_at_exit_c) };
         Ok(e)
     }
 

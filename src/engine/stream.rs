@@ -421,6 +421,29 @@ impl Stream {
         });
     }
 
+    /// At process exit: a graceful close for a stream the program never closed (as the
+    /// kernel closes a dying process's sockets).
+    pub(super) fn close_for_exit(&self) {
+        self.with(|inner| {
+            if inner.closed_at.is_none() {
+                inner.proto.close();
+                self.pump(inner);
+            }
+        });
+    }
+
+    /// Whether everything queued, FIN included, has been acknowledged (or can never be).
+    pub(super) fn flushed(&self) -> bool {
+        let inner = self.lock();
+        let p = &inner.proto;
+        let c = p.counters();
+        let fin_queued = !matches!(p.state(), proto::State::Open | proto::State::ReadClosed);
+        inner.dead.is_some()
+            || inner.rc.is_none()
+            || p.state() == proto::State::Reset
+            || (fin_queued && c.tx_acked == c.tx_queued && c.wrs_posted == c.wrs_retired)
+    }
+
     /// Whether `want` can proceed without blocking.
     fn ready(&self, want: Want) -> bool {
         let inner = self.lock();
