@@ -42,6 +42,7 @@ fn start() {
 /// In a forked child: the child gets its own stats region (the parent's mapping is shared).
 /// Only atomic stores: the child of a multi-threaded parent may find locks held.
 extern "C" fn after_fork_child() {
+    crate::sys::raw::forget_pid();
     crate::stats::after_fork_child();
 }
 

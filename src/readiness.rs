@@ -115,7 +115,8 @@ impl Doorbell {
             if on {
                 real::send(self.shim, b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
             } else {
-                while real::recv(app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
+                // Tokens are single bytes: a short read means the queue is empty.
+                while real::recv(app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) == buf.len() as isize {}
             }
         }
         set_errno(e);

@@ -460,12 +460,13 @@ impl Stream {
     /// which the engine's helper thread rings. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
     fn wait(&self, engine: &'static Engine, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
         let spin_until = Instant::now() + self.spin;
-        loop {
+        for i in 0u32.. {
             engine.progress(&self.dev);
             if self.ready(want) {
                 return Ok(());
             }
-            if Instant::now() >= spin_until {
+            // The clock can be a syscall (hpet); reading it every pass would be the spin.
+            if i % 8 == 7 && Instant::now() >= spin_until {
                 break;
             }
             std::hint::spin_loop();

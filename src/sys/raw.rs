@@ -94,10 +94,32 @@ pub fn gettid() -> i64 {
     unsafe { libc::syscall(libc::SYS_gettid) }
 }
 
-/// Process id of the caller.
+/// Process id of the caller (a syscall: glibc does not cache it).
 pub fn getpid() -> i32 {
     // SAFETY: getpid has no arguments and cannot fail.
     unsafe { libc::getpid() }
+}
+
+static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Process id, cached for hot paths; [`forget_pid`] runs in every fork child (the shim's
+/// `pthread_atfork` handler). A child made without fork handlers (`vfork`, raw `clone`) must
+/// not use the shim's RDMA state anyway and execs or exits at once.
+#[inline]
+pub fn pid() -> i32 {
+    match PID.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => {
+            let p = getpid();
+            PID.store(p, std::sync::atomic::Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
+
+/// Drops the cached pid (in a fork child).
+pub fn forget_pid() {
+    PID.store(0, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Wall-clock time as (seconds, nanoseconds) since the epoch.
