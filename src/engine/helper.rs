@@ -46,16 +46,10 @@ fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<super::Listene
     }
 }
 
-/// CQ event on device `i`: ack it, poll everything, re-arm, poll again (a completion that
-/// landed before the re-arm raises no event).
+/// CQ event on device `i`.
 fn completions(engine: &Engine, i: usize) {
     let Some(d) = lock(&engine.devices).get(i).cloned() else { return };
-    let _ = d.dev.take_cq_events();
-    engine.progress_all(&d);
-    if let Err(e) = d.dev.arm() {
-        log::error!("re-arming the CQ failed: {e}");
-    }
-    engine.progress_all(&d);
+    engine.on_cq_event(&d);
 }
 
 /// Events of connected and accepting ids: establishment of accepted streams, disconnects.

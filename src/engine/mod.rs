@@ -316,6 +316,18 @@ impl Engine {
         setup::connect(self, dest, opts_fd)
     }
 
+    /// A completion-channel event on `d` (whoever saw it: the helper or a blocked caller):
+    /// consume and ack it, poll, re-arm, poll again (a completion that landed before the
+    /// re-arm raises no event).
+    pub(crate) fn on_cq_event(&self, d: &Dev) {
+        let _ = d.dev.take_cq_events();
+        self.progress_all(d);
+        if let Err(e) = d.dev.arm() {
+            log::error!("re-arming the CQ failed: {e}");
+        }
+        self.progress_all(d);
+    }
+
     /// Starts the helper thread (once).
     pub fn ensure_helper(&'static self) {
         self.helper.call_once(|| {

@@ -278,7 +278,10 @@ impl Stream {
             inner.shown.writable = writable;
             self.bell.set_writable(writable);
         }
-        if reset && !inner.shown.hangup {
+        // Both directions shut (our FIN queued, theirs received) reads as a hang-up, as the
+        // kernel reports POLLHUP for a TCP socket shut both ways.
+        let both_shut = matches!(p.state(), proto::State::Closing | proto::State::Closed);
+        if (reset || both_shut) && !inner.shown.hangup {
             inner.shown.hangup = true;
             self.bell.set_hangup();
         }
@@ -485,10 +488,19 @@ impl Stream {
                 }
                 ms = ms.min(left.as_millis().max(1) as c_int);
             }
-            let mut p = libc::pollfd { fd: self.bell.app_fd(), events, revents: 0 };
-            // SAFETY: one valid pollfd; EINTR just loops.
-            unsafe { crate::sys::real::poll(&mut p, 1, ms) };
-            engine.progress(&self.dev);
+            // Sleep on our doorbell and on the device's completion channel: a completion wakes
+            // this thread directly rather than through the helper thread and the doorbell.
+            let mut p = [
+                libc::pollfd { fd: self.bell.app_fd(), events, revents: 0 },
+                libc::pollfd { fd: self.dev.dev.comp_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: two valid pollfds; EINTR just loops.
+            unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
+            if p[1].revents & libc::POLLIN != 0 {
+                engine.on_cq_event(&self.dev);
+            } else {
+                engine.progress(&self.dev);
+            }
         }
     }
 
