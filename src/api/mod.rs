@@ -228,28 +228,22 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     if let Some(Attachment::Listener(l)) = s.attachment() {
         return real::listen(l.tcp_fd, backlog); // a new backlog for the kernel side
     }
+    if s.state() != State::Created {
+        return real::listen(fd, backlog);
+    }
+    let Some(_g) = guard::enter() else { return real::listen(fd, backlog) };
+    // The rdma_cm side listens first: once the kernel listener is visible, an rsock client
+    // must find the RDMA one too (else it falls back to TCP and caches the failure).
+    let rdma = keep_errno(|| rdma_listen(fd, backlog));
     let r = real::listen(fd, backlog);
     if r != 0 || !s.transition(State::Created, State::Listening) {
-        return r;
+        return r; // the prepared rdma_cm listener is dropped
     }
-    let Some(_g) = guard::enter() else { return r };
+    let Some((engine, local, rl)) = rdma else { return r };
     keep_errno(|| {
-        let Some(engine) = engine::get() else { return };
-        let mut a = [0u8; 28];
-        let mut alen = a.len() as socklen_t;
-        // SAFETY: valid buffer.
-        let local = if real::getsockname(fd, a.as_mut_ptr().cast(), &mut alen) == 0 {
-            saddr::read(a.as_ptr().cast(), alen)
-        } else {
-            None
-        };
-        let Some(local) = local else { return };
-        if Config::get().excludes(&local) {
-            return;
-        }
         let mut started = Err(String::new());
         let _ = swap_file(&s, fd, || {
-            started = Listener::start(engine, fd, local, backlog);
+            started = Listener::start(engine, fd, rl, backlog);
             Ok(())
         });
         match started {
@@ -261,6 +255,30 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
         }
     });
     r
+}
+
+/// The rdma_cm half of a dual listener on `fd`'s bound address, if RDMA can serve it.
+fn rdma_listen(fd: c_int, backlog: c_int) -> Option<(&'static engine::Engine, SocketAddr, engine::RdmaListen)> {
+    let engine = engine::get()?;
+    let mut a = [0u8; 28];
+    let mut alen = a.len() as socklen_t;
+    // SAFETY: valid buffer of alen bytes.
+    let local = unsafe {
+        if real::getsockname(fd, a.as_mut_ptr().cast(), &mut alen) != 0 {
+            return None;
+        }
+        saddr::read(a.as_ptr().cast(), alen)?
+    };
+    if local.port() == 0 || Config::get().excludes(&local) {
+        return None; // unbound (the kernel picks the port at listen) or excluded
+    }
+    match Listener::prepare(engine, local, backlog) {
+        Ok(rl) => Some((engine, local, rl)),
+        Err(e) => {
+            log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}");
+            None
+        }
+    }
 }
 
 /// Owns a kernel TCP socket just accepted on an owned listener.

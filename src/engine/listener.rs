@@ -18,6 +18,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// An rdma_cm listener made by [`Listener::prepare`], waiting for [`Listener::start`].
+pub struct RdmaListen {
+    rl: rdma::Listener,
+    token: u64,
+}
+
 /// A connection waiting for `accept()`.
 pub enum Accepted {
     /// A kernel TCP connection (a peer without rsock): its fd.
@@ -49,12 +55,19 @@ struct Queue {
 }
 
 impl Listener {
-    /// Dual-listens on the program's bound, listening TCP socket `fd` and makes `fd` the
-    /// doorbell. On error nothing changed: `fd` is still the plain kernel listener.
-    pub fn start(engine: &'static Engine, fd: c_int, addr: SocketAddr, backlog: c_int) -> Result<Arc<Listener>, String> {
+    /// First half of a dual listen, before the kernel socket listens: an rdma_cm listener on
+    /// the same address and port, so that it is there as soon as the kernel one is visible.
+    pub fn prepare(engine: &'static Engine, addr: SocketAddr, backlog: c_int) -> Result<RdmaListen, String> {
         let token = engine.token();
+        let rl = rdma::Listener::bind(addr, backlog.clamp(1, 4096), token).map_err(|e| e.to_string())?;
+        Ok(RdmaListen { rl, token })
+    }
+
+    /// Second half of a dual listen, once the kernel socket listens: makes the program's
+    /// `fd` the doorbell and starts feeding the accept queue. On error nothing changed.
+    pub fn start(engine: &'static Engine, fd: c_int, prepared: RdmaListen, backlog: c_int) -> Result<Arc<Listener>, String> {
+        let RdmaListen { rl, token } = prepared;
         let backlog = backlog.clamp(1, 4096) as usize;
-        let rl = rdma::Listener::bind(addr, backlog as i32, token).map_err(|e| e.to_string())?;
         // SAFETY: fcntl on the program's fd, which it gave us in listen().
         let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
         let bell = Doorbell::new(fl >= 0 && fl & libc::O_NONBLOCK != 0).map_err(|e| e.to_string())?;
@@ -87,7 +100,7 @@ impl Listener {
             .watch(l.rdma_fd, TAG_LISTEN_RDMA | token)
             .and_then(|_| engine.watch_oneshot(tcp_fd, TAG_LISTEN_TCP | token));
         if let Err(e) = watched {
-            log::error!("listener on {addr}: cannot watch its fds: {e}");
+            log::error!("listener on fd {fd}: cannot watch its fds: {e}");
         }
         engine.ensure_helper();
         Ok(l)

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 use std::time::Duration;
 
-pub use listener::{Accepted, Listener};
+pub use listener::{Accepted, Listener, RdmaListen};
 pub use stream::Stream;
 
 /// The program's last fd of an RDMA socket is closed: let the connection finish in the
@@ -113,6 +113,13 @@ pub fn spin_then<T>(mut probe: impl FnMut() -> Option<T>, block: impl FnOnce() -
                 break;
             }
             std::hint::spin_loop();
+        }
+        // About to sleep in the program's own wait: the helper must be woken by the next
+        // completion to ring the doorbells this wait is watching.
+        e.ensure_helper();
+        e.arm_all();
+        if let Some(r) = probe() {
+            return r;
         }
         drop(g);
     }
@@ -317,15 +324,31 @@ impl Engine {
     }
 
     /// A completion-channel event on `d` (whoever saw it: the helper or a blocked caller):
-    /// consume and ack it, poll, re-arm, poll again (a completion that landed before the
-    /// re-arm raises no event).
+    /// consume and ack it and poll. The CQ is *not* re-armed here: it is armed by whoever is
+    /// about to sleep waiting for completions ([`sleep_armed`](Self::sleep_armed)), so a busy
+    /// application thread that polls the CQ itself is not shadowed by a helper thread woken
+    /// for every completion.
     pub(crate) fn on_cq_event(&self, d: &Dev) {
         let _ = d.dev.take_cq_events();
         self.progress_all(d);
+    }
+
+    /// Arms `d`'s CQ for the next completion and polls once more: a completion that landed
+    /// before the arm raises no event, so it must be picked up now. Call right before
+    /// sleeping on the completion channel or on a doorbell the helper rings.
+    pub(crate) fn sleep_armed(&self, d: &Dev) {
         if let Err(e) = d.dev.arm() {
-            log::error!("re-arming the CQ failed: {e}");
+            log::error!("arming the CQ failed: {e}");
         }
         self.progress_all(d);
+    }
+
+    /// [`sleep_armed`](Self::sleep_armed) for every device.
+    fn arm_all(&self) {
+        let devs: Vec<Arc<Dev>> = lock(&self.devices).clone();
+        for d in &devs {
+            self.sleep_armed(d);
+        }
     }
 
     /// Starts the helper thread (once).

@@ -348,6 +348,10 @@ impl Stream {
                 }
             }
             if nonblock {
+                // Nobody may have polled the CQ since the data arrived: look once, then retry.
+                if engine.progress(&self.dev) > 0 && self.ready(Want::Read) {
+                    continue;
+                }
                 return Err(libc::EAGAIN);
             }
             self.wait(engine, Want::Read, deadline)?;
@@ -381,18 +385,15 @@ impl Stream {
                             return Ok(done);
                         }
                     }
-                    Err(WriteError::Blocked) => {
-                        if nonblock {
-                            self.show(inner);
-                            return if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
-                        }
-                        self.show(inner);
-                    }
+                    Err(WriteError::Blocked) => self.show(inner),
                     Err(WriteError::Closed) => return if done > 0 { Ok(done) } else { Err(libc::EPIPE) },
                     Err(WriteError::Reset) => return if done > 0 { Ok(done) } else { Err(libc::EPIPE) },
                 }
             }
             if nonblock {
+                if done == 0 && engine.progress(&self.dev) > 0 && self.ready(Want::Write) {
+                    continue; // credits had arrived unseen
+                }
                 return if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
             }
             if let Err(e) = self.wait(engine, Want::Write, deadline) {
@@ -477,6 +478,7 @@ impl Stream {
         engine.ensure_helper();
         let events = if want == Want::Read { libc::POLLIN } else { libc::POLLOUT };
         loop {
+            engine.sleep_armed(&self.dev);
             if self.ready(want) {
                 return Ok(());
             }
