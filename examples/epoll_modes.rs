@@ -386,6 +386,24 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
         say!("out: filled until EAGAIN {eagain}");
         // The initial edge was consumed; a full connection gives nothing.
         say!("out: while full {}", ep.wait(SHORT_MS)?);
+        // Fill again to EAGAIN (the kernel may take a little more by now): an edge-triggered
+        // writer now waits for the next EPOLLOUT edge, which must come once the reader drains.
+        let mut eagain2 = false;
+        while sent < (512 << 20) {
+            let n = unsafe { libc::send(c, chunk.as_ptr() as *const c_void, chunk.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            if n < 0 {
+                match io::Error::last_os_error().raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) => {
+                        eagain2 = true;
+                        break;
+                    }
+                    _ => return Err(err("send (refill)")),
+                }
+            }
+            sent += n as usize;
+        }
+        say!("out: refilled until EAGAIN {eagain2}");
         let got = read_exact(s, sent)?;
         say!("out: reader drained all {}", got.len() == sent && got.iter().all(|&b| b == b'x'));
         say!("out: after drain {}", ep.wait(LONG_MS)?);

@@ -119,6 +119,12 @@ expect_rdma() {
         'tx.tcp==0' 'rx.tcp==0' "$@"
 }
 
+# reasons SIDE: prints the non-zero fallback reasons and conns of stats.SIDE.json.
+reasons() {
+    echo "# $1: conns $(json_get "stats.$1.json" '{k: v for k, v in j["conns"].items() if v}' 2>/dev/null)" \
+        "fallback $(json_get "stats.$1.json" '{k: v for k, v in j["fallback"].items() if v}' 2>/dev/null)"
+}
+
 # wait_dual SRVNAME: the shimmed server listens on kernel TCP and rdma_cm (dual listen).
 wait_dual() {
     wait_listen "$PORT" 60 "$1" || fail "server did not listen on TCP $PORT"
@@ -149,7 +155,7 @@ cell_nc_server_to_client() {
     bg cli $T shimmed "$CELL_DIR/cli" $NC -d "$A" "$PORT"
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA" cli.out
+    soft expect_same_file "$DATA" cli.out
     soft rdma_end "$SIZE" 2
     soft expect_rdma srv 1 -D SIZE="$SIZE" 'nproc==1' 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
     soft expect_rdma cli 1 -D SIZE="$SIZE" 'nproc==1' 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
@@ -226,7 +232,7 @@ cell_socat_tcp_to_file() {
     bg cli $T shimmed "$CELL_DIR/cli" socat -u OPEN:"$DATA",rdonly TCP:"$A":"$PORT"
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA" recv.bin
+    soft expect_same_file "$DATA" recv.bin
     soft expect_empty srv.err "server stderr"; soft expect_empty cli.err "client stderr"
     soft rdma_end "$SIZE" 2
     soft socat_stats srv 0 "$SIZE"
@@ -241,7 +247,7 @@ cell_socat_file_to_tcp() {
     bg cli $T shimmed "$CELL_DIR/cli" socat -u TCP:"$A":"$PORT" CREATE:"$CELL_DIR/recv.bin"
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA" recv.bin
+    soft expect_same_file "$DATA" recv.bin
     soft expect_empty srv.err "server stderr"; soft expect_empty cli.err "client stderr"
     soft rdma_end "$SIZE" 2
     soft socat_stats srv "$SIZE" 0
@@ -262,7 +268,7 @@ cell_socat_relay() {
     expect_status cli 0
     expect_status srv 0
     expect_status relay 0
-    expect_same_file "$DATA" recv.bin
+    soft expect_same_file "$DATA" recv.bin
     soft rdma_end $((2 * SIZE)) 4
     soft socat_stats srv 0 "$SIZE"
     soft socat_stats cli "$SIZE" 0
@@ -278,7 +284,7 @@ cell_curl_http_server() {
     bg cli $T shimmed "$CELL_DIR/cli" curl -sS --fail -o "$CELL_DIR/got.bin" \
         -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
     expect_status cli 0
-    expect_same_file "$DATA" got.bin
+    soft expect_same_file "$DATA" got.bin
     local dl hdr req
     read -r dl hdr req < cli.out || fail "no curl -w output"
     [ "$dl" -eq "$SIZE" ] || fail "curl size_download=$dl, want $SIZE"
@@ -313,7 +319,7 @@ stream_copy_cell() {
     expect_status cli 0
     expect_status srv 0
     [ "$feed" = pipe ] || mv srv.out recv.bin
-    expect_same_file "$DATA" recv.bin
+    soft expect_same_file "$DATA" recv.bin
     soft rdma_end "$SIZE" 2
     soft expect_rdma cli 1 -D SIZE="$SIZE" 'nproc==1' 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
     soft expect_rdma srv 1 -D SIZE="$SIZE" 'nproc==1' 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
@@ -323,29 +329,29 @@ cell_stream_copy() { stream_copy_cell rw; }
 cell_stream_copy_sendfile() { stream_copy_cell copy file; }
 cell_stream_copy_splice() { stream_copy_cell copy pipe; }
 
-# One big stream (T_BIG_MB MiB): the data file repeated, never stored; sha256 of the
-# stream on both sides.
+# One big stream (T_BIG_MB MiB): the data file repeated, never stored. The receiver compares
+# the stream byte for byte (cmp) with the same repetition read locally, while it arrives
+# (hashing 1 GiB up front would cost ~65 s of guest CPU).
 cell_big_stream() {
-    local reps=$(( (BIG_MB + MB - 1) / MB )) want
+    local reps=$(( (BIG_MB + MB - 1) / MB ))
     local total=$(( reps * SIZE ))
     echo "# $reps x $MB MiB = $total bytes"
-    local t1=$SECONDS
-    want=$(for _ in $(seq "$reps"); do cat "$DATA"; done | sha256sum | cut -d' ' -f1)
-    echo "# expected sha256 computed in $((SECONDS - t1))s"
     rdma_begin
     _cmd shimmed "$CELL_DIR/srv"
-    bg srv 600 sh -c '"$@" | sha256sum > "$0"' "$CELL_DIR/got.sha" "${T_CMD[@]}" \
-        "$EX/stream_copy" server "$A:$PORT"
+    bg srv 600 bash -c 'set -o pipefail; f=$1; n=$2; shift 2
+        "$@" | cmp - <(for i in $(seq "$n"); do cat "$f"; done)' bash "$DATA" "$reps" \
+        "${T_CMD[@]}" "$EX/stream_copy" server "$A:$PORT"
     wait_dual srv
     _cmd shimmed "$CELL_DIR/cli"
     local t0=$SECONDS
     bg cli 600 sh -c 'f=$1; n=$2; shift 2; for i in $(seq "$n"); do cat "$f"; done | "$@"' sh "$DATA" "$reps" \
         "${T_CMD[@]}" "$EX/stream_copy" client "$A:$PORT"
     expect_status cli 0
-    expect_status srv 0
+    local rc=0
+    bg_wait srv || rc=$?
     local secs=$((SECONDS - t0))
     echo "# big stream: $total bytes in ${secs}s ($(( total * 8 / (secs > 0 ? secs : 1) / 1000000 )) Mbit/s)"
-    [ "$(cut -d' ' -f1 got.sha)" = "$want" ] || fail "big stream sha256 differs: $(cut -c1-12 got.sha), want ${want:0:12}"
+    [ $rc -eq 0 ] || fail "big stream: receiver/cmp status $rc: $(cat srv.out) $(tail -c 200 srv.err)"
     soft rdma_end "$total" 2
     soft expect_rdma cli 1 -D SIZE="$total" 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
     soft expect_rdma srv 1 -D SIZE="$total" 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
@@ -365,12 +371,13 @@ cell_fallback_rejected() {
         -o "$CELL_DIR/got2.bin" "http://$A:$PORT/data.bin"
     expect_status cli 0
     bg_stop srv
-    expect_same_file "$DATA2" got1.bin "first fetch"
-    expect_same_file "$DATA2" got2.bin "second fetch"
+    soft expect_same_file "$DATA2" got1.bin "first fetch"
+    soft expect_same_file "$DATA2" got2.bin "second fetch"
     bg_stop qps
     soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE2" 'nproc==1' 'conns.tcp==2' 'conns.rdma==0' \
         'fallback.rejected==1' 'fallback.negative_cache==1' \
         'sum(vars(fallback).values())==2' 'rx.tcp > 2*SIZE' 'rx.rdma==0' 'sockets==[]'
+    reasons cli
     expect_qps_released
 }
 
@@ -386,11 +393,12 @@ cell_fallback_plain_ns() {
     expect_status cli 0
     echo "# two fetches took $((SECONDS - t0))s"
     bg_stop srv
-    expect_same_file "$DATA2" got1.bin "first fetch"
-    expect_same_file "$DATA2" got2.bin "second fetch"
+    soft expect_same_file "$DATA2" got1.bin "first fetch"
+    soft expect_same_file "$DATA2" got2.bin "second fetch"
     soft expect_stats "$CELL_DIR/cli" cli 'nproc==1' 'conns.tcp==2' 'conns.rdma==0' \
         'fallback.unreachable + fallback.timeout==1' 'fallback.negative_cache==1' \
         'sum(vars(fallback).values())==2' 'sockets==[]'
+    reasons cli
     expect_qps_released
 }
 
@@ -404,7 +412,7 @@ cell_fallback_client_no_device() {
         RSOCK_STATS_DIR="$CELL_DIR/cli" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO $NC -N "$A" "$PORT"
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA2" srv.out
+    soft expect_same_file "$DATA2" srv.out
     soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE2" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
         'fallback.no_device + fallback.rdma_unavailable==1' 'tx.tcp==SIZE' 'sockets==[]'
     echo "# client fallback reasons: $(json_get stats.cli.json '{k: v for k, v in j["fallback"].items() if v}')"
@@ -428,8 +436,8 @@ cell_dual_listen() {
     bg_alive plain || echo "# note: the plain curl ended before the shimmed one"
     expect_status plain 0
     bg_stop srv
-    expect_same_file "$DATA2" plain.bin "plain client"
-    expect_same_file "$DATA2" got.bin "shimmed client"
+    soft expect_same_file "$DATA2" plain.bin "plain client"
+    soft expect_same_file "$DATA2" got.bin "shimmed client"
     local dl1 hdr1 req1 dl2 hdr2 req2
     read -r dl1 hdr1 req1 < plain.out || fail "no curl -w output (plain)"
     read -r dl2 hdr2 req2 < cli.out || fail "no curl -w output (shimmed)"
@@ -449,7 +457,7 @@ cell_plain_client_nc() {
     bg_in cli $T "$DATA" $NC -N "$A" "$PORT"
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA" srv.out
+    soft expect_same_file "$DATA" srv.out
     soft expect_stats "$CELL_DIR/srv" srv -D SIZE="$SIZE" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
         'fallback.peer_tcp==1' 'rx.tcp==SIZE' 'sockets==[]'
     expect_qps_released
@@ -466,7 +474,7 @@ cell_enable_0() {
         RSOCK_STATS_KEEP=1 $NC -N "$A" "$PORT"
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA" srv.out
+    soft expect_same_file "$DATA" srv.out
     bg_stop qps
     [ "$MUT" = 1 ] && mkdir -p "$CELL_DIR/st" && : > "$CELL_DIR/st/mutation.stats"
     [ ! -e "$CELL_DIR/st" ] || fail "RSOCK_ENABLE=0 created stats: $(ls -A "$CELL_DIR/st" | paste -sd' ')"
@@ -575,6 +583,45 @@ cell_kill_sender() {
     expect_qps_released 30
 }
 
+# A program writes its data and exits at once (after close(), after shutdown(SHUT_WR), or with
+# the socket still open): on kernel TCP every byte still arrives. The receiver starts reading
+# only after 3 s, so the sender's last bytes are still queued (in the shim: send buffer and
+# unreturned credits) when it exits.
+RECV_LATE='import socket, sys, time
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((sys.argv[1], int(sys.argv[2]))); l.listen(1)
+c, _ = l.accept(); time.sleep(3)
+f = open(sys.argv[3], "wb"); n = 0
+while True:
+    d = c.recv(65536)
+    if not d: break
+    f.write(d); n += len(d)
+f.close(); print("received", n, flush=True)'
+SEND_EXIT='import os, socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.sendall(open(sys.argv[3], "rb").read())
+if sys.argv[4] == "close": c.close(); sys.exit(0)
+if sys.argv[4] == "shutdown": c.shutdown(socket.SHUT_WR)
+os._exit(0)'
+
+exit_after_write_cell() {
+    rdma_begin
+    bg rcv $T shimmed "$CELL_DIR/rcv" python3 -c "$RECV_LATE" "$A" "$PORT" "$CELL_DIR/recv.bin"
+    wait_dual rcv
+    bg snd $T shimmed "$CELL_DIR/snd" python3 -c "$SEND_EXIT" "$A" "$PORT" "$DATA2" "$1"
+    expect_status snd 0
+    expect_status rcv 0
+    echo "# receiver: $(cat rcv.out)"
+    soft expect_same_file "$DATA2" recv.bin
+    soft rdma_end "$SIZE2" 2
+    soft expect_rdma snd 1 -D SIZE="$SIZE2" 'tx.rdma==SIZE'
+    soft expect_rdma rcv 1 -D SIZE="$SIZE2" 'rx.rdma==SIZE'
+    expect_qps_released
+}
+cell_exit_after_close() { exit_after_write_cell close; }
+cell_exit_after_shutdown() { exit_after_write_cell shutdown; }
+cell_exit_without_close() { exit_after_write_cell exit; }
+
 # ---- 7. many concurrent connections ---------------------------------------------------------------
 
 cell_many_conns() {
@@ -620,9 +667,10 @@ cell_foreign_listener() {
     bg cli $T shimmed "$CELL_DIR/cli" socat -u OPEN:"$DATA2",rdonly TCP:"$A":"$PORT"
     expect_status cli 0
     expect_status srv 0
-    expect_same_file "$DATA2" recv.bin
+    soft expect_same_file "$DATA2" recv.bin
     soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE2" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
         'fallback.rejected + fallback.bad_handshake==1' 'tx.tcp==SIZE'
+    reasons cli
     bg_alive rping || fail "rping (the foreign listener) died: $(tail -c 300 rping.err)"
     wait_rdma_listen "$PORT" 10 || fail "rping no longer listens"
     timeout 60 rping -c -a "$A" -p "$PORT" -C 3 > rping_cli.out 2>&1 ||
@@ -670,6 +718,7 @@ CELLS=(
     enable_0
     epoll_modes
     kill_receiver kill_sender
+    exit_after_close exit_after_shutdown exit_without_close
     many_conns
     foreign_listener
 )
