@@ -185,9 +185,15 @@ pub fn region() -> Option<&'static Header> {
 
 #[cold]
 fn create() -> Option<&'static Header> {
-    // One thread creates; a connection racing with it simply goes uncounted.
+    // One thread creates; threads racing with it wait for the outcome (a few syscalls), so
+    // no connection of a burst at start-up goes uncounted.
     if CREATE.compare_exchange(0, 1, AcqRel, Acquire).is_err() {
-        return None;
+        while CREATE.load(Acquire) == 1 {
+            std::thread::yield_now();
+        }
+        let p = REGION.load(Acquire);
+        // SAFETY: as in `region`.
+        return (!p.is_null()).then(|| unsafe { &*p });
     }
     let cfg = Config::get();
     let made = if cfg.stats { map_new(cfg) } else { Err(std::io::Error::from_raw_os_error(0)) };

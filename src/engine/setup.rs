@@ -155,10 +155,13 @@ fn answer(ev: &CmEvent) -> Result<Hello, Fallback> {
             Fallback::BadHandshake
         }),
         EventKind::Rejected => match Hello::parse(ev.private_data()) {
-            // An rsock peer refused us (other version, no resources): it speaks our magic.
+            // An rsock peer refused us: it speaks our magic and said why.
             Err(HelloError::Rejected(r)) => {
                 log::info!("rsock peer rejected us: {r:?}");
-                Err(Fallback::BadHandshake)
+                Err(match r.reason {
+                    RejectReason::NoResources => Fallback::Resources,
+                    _ => Fallback::BadHandshake,
+                })
             }
             // No listener, or a foreign one.
             _ => Err(Fallback::Rejected),
