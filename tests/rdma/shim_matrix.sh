@@ -93,10 +93,12 @@ rdma_end() {
     maxqp=$(sort -n qps.out 2>/dev/null | tail -n1)
     rxe_counters_delta rxe.before > rxe.delta
     echo "# device: max RC QPs seen $maxqp; rxe0 deltas: $(paste -sd' ' rxe.delta)"
-    [ "${maxqp:-0}" -ge "$minqp" ] || fail "device: at most ${maxqp:-0} RC QPs seen during the transfer, want >= $minqp"
+    local why=()
+    [ "${maxqp:-0}" -ge "$minqp" ] || why+=("device: at most ${maxqp:-0} RC QPs seen during the transfer, want >= $minqp")
     sent=$(awk '$1 == "sent_pkts" { print $2 }' rxe.delta)
     want=$(( bytes / MTU ))
-    [ "${sent:-0}" -ge "$want" ] || fail "device: rxe0 sent_pkts +${sent:-0}, want >= $want (bytes $bytes / active_mtu $MTU)"
+    [ "${sent:-0}" -ge "$want" ] || why+=("device: rxe0 sent_pkts +${sent:-0}, want >= $want (bytes $bytes / active_mtu $MTU)")
+    [ ${#why[@]} -eq 0 ] || fail "$(IFS=';'; echo "${why[*]}")"
 }
 
 # expect_qps_released [SECS]: no RC QP left on the device (the cell's programs have exited).
