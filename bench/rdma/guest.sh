@@ -60,8 +60,8 @@ A=$RDMA_VM_ADDR
 for f in "$SO" "$PP" "$RSOCK" "$RDMAPP"; do
   [[ -x $f || -f $f ]] || { echo "missing $f: cargo build --release --workspace --examples" >&2; exit 2; }
 done
-for c in ib_write_lat ib_write_bw ib_send_lat rstream iperf3 strace; do
-  command -v "$c" >/dev/null || { echo "missing $c (tests/rdma-vm/setup.sh installs the bed's packages)" >&2; exit 2; }
+for c in ib_write_lat ib_write_bw ib_send_lat rstream iperf3 $( ((SMOKE)) || echo strace); do
+  command -v "$c" >/dev/null || { echo "missing $c (tests/rdma-vm/setup.sh installs the bed's packages; bench/rdma/run.sh installs strace)" >&2; exit 2; }
 done
 [[ -f $RSP ]] || { echo "missing $RSP (package librdmacm1)" >&2; exit 2; }
 
@@ -150,7 +150,12 @@ check_rdma() {
 
 # ---- the limit: perftest -------------------------------------------------------------
 
-perftest_pair() { # LOGBASE PROG ARGS...: server then client; client output in LOGBASE-cli.log
+# perftest sometimes fails to connect on this bed ("Failed to connect RDMA CM events", then
+# SIGSEGV): one retry on a fresh port.
+perftest_pair() {
+  perftest_once "$@" || { echo "perftest failed once, retrying" >>"$1-cli.log"; cp "$1-cli.log" "$1-cli.try1.log"; perftest_once "$@"; }
+}
+perftest_once() { # LOGBASE PROG ARGS...: server then client; client output in LOGBASE-cli.log
   local base=$1 prog=$2 rc=0
   shift 2
   next_port
@@ -189,7 +194,10 @@ verbs_events_lat() { # SIZE RUN
   n=$(lat_iters "$s")
   base=$LOGS/verbs-ev-lat-$s-$r
   if ! perftest_pair "$base" ib_send_lat -s "$s" -n "$n" -e; then
-    fail "verbs-events-lat-$s" "ib_send_lat -e failed: $(tail -n 3 "$base-cli.log" "$base-srv.log" 2>/dev/null | tr '\n' ' ')"
+    # perftest's own crash in events mode ("Failed to connect RDMA CM events", then
+    # SIGSEGV) is not something rsock can fix: noted; rdma_pingpong --events is the
+    # reference that counts.
+    note "verbs-events-lat-$s" "run $r: ib_send_lat -e failed: $(tail -qn 2 "$base-cli.log" 2>/dev/null | tr '\n' ' ')"
     return
   fi
   line=$(awk -v s="$s" '$1 == s && NF >= 9 { print; exit }' "$base-cli.log")
@@ -456,10 +464,11 @@ profile_path() { # PATH
   say "  profile $path: $(grep "^prof path=$path side=client thread=main syscall=ALL" "$DATA" | sed 's/.*per_rt=//') syscalls/RT in the client's main thread"
 }
 
-# RSOCK_SPIN_US sweep: one run of 64 B and 4 KiB ping-pong per value.
+# RSOCK_SPIN_US sweep: one run of 64 B and 4 KiB ping-pong per value (20 = the default, as
+# the control: the sweep runs after the profile, when the host's load may differ).
 spin_sweep() {
   local spin port log
-  for spin in 0 200 2000; do
+  for spin in 0 20 200 2000; do
     next_port; port=$PORT
     RSOCK_SPIN_US=$spin pp_server rsock "$port" || { fail "spin-$spin" "server did not listen"; stop_bg "$PP_SRV"; continue; }
     log=$LOGS/pp-spin-$spin.log
@@ -483,10 +492,11 @@ rspreload_iperf_probe() {
   wait_rdma_listen "$port" 30 || { note "rspreload-iperf3" "server: no rdma_cm listener: $(tail -n 2 "$LOGS/rsp-iperf-srv.log" | tr '\n' ' ')"; stop_bg "$srv"; return; }
   log=$LOGS/rsp-iperf-cli.log
   timeout 40 env LD_PRELOAD="$RSP" iperf3 -c "$A" -p "$port" -t 3 >"$log" 2>&1 || rc=$?
+  local src=running summary
+  if ! kill -0 "$srv" 2>/dev/null; then wait "$srv" 2>/dev/null; src=$?; fi
   stop_bg "$srv"
-  local summary
-  summary=$(grep -E 'error|receiver|sender|Segmentation|not supported' "$log" "$LOGS/rsp-iperf-srv.log" | head -n 4 | sed 's/  */ /g' | tr '\n' ' ')
-  note "rspreload-iperf3" "exit $rc$( ((rc == 124)) && echo ' (timed out after 40 s)'); $summary"
+  summary=$(grep -h -E 'error|receiver|sender|not supported' "$log" "$LOGS/rsp-iperf-srv.log" | sort | uniq -c | head -n 4 | sed 's/  */ /g' | tr '\n' ';')
+  note "rspreload-iperf3" "client exit $rc$( ((rc == 124)) && echo ' (killed after 40 s)'), server exit $src$([[ $src == 139 ]] && echo ' (SIGSEGV)'); output: $summary"
 }
 
 # ---- run -----------------------------------------------------------------------------

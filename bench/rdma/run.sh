@@ -69,12 +69,16 @@ for f in librsock.so rsock examples/pingpong examples/rdma_pingpong; do
   cp "$TGT/$f" "$OUT/bin/" || exit 1
 done
 tests/rdma-vm/setup.sh >&2 || { log "test bed setup failed"; exit 97; }
-if ((!SMOKE)) && ! command -v gnuplot >/dev/null; then
-  log "installing gnuplot-nox"
+# A full run also needs strace (the profile) and gnuplot-nox (the plot).
+need=()
+((SMOKE)) || command -v strace >/dev/null || need+=(strace)
+((SMOKE)) || command -v gnuplot >/dev/null || need+=(gnuplot-nox)
+if ((${#need[@]})); then
+  log "installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y --no-install-recommends gnuplot-nox >&2 ||
-    { apt-get update >&2 && apt-get install -y --no-install-recommends gnuplot-nox >&2; } ||
-    log "could not install gnuplot-nox: no plot"
+  apt-get install -y --no-install-recommends "${need[@]}" >&2 ||
+    { apt-get update >&2 && apt-get install -y --no-install-recommends "${need[@]}" >&2; } ||
+    log "could not install ${need[*]}"
 fi
 command -v python3 >/dev/null || { log "python3 is needed for the report"; exit 2; }
 
