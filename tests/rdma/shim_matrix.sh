@@ -432,7 +432,8 @@ cell_dual_listen() {
     bg plain $T curl -sS --fail --limit-rate 2M -o "$CELL_DIR/plain.bin" \
         -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
     wait_until 30 test -s plain.bin || fail "plain curl got no data"
-    bg cli $T shimmed "$CELL_DIR/cli" curl -sS --fail -o "$CELL_DIR/got.bin" \
+    # Rate-limited too (about 4 s), so that the QP sampler sees the connection's two QPs.
+    bg cli $T shimmed "$CELL_DIR/cli" curl -sS --fail --limit-rate 4M -o "$CELL_DIR/got.bin" \
         -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
     expect_status cli 0
     bg_alive plain || echo "# note: the plain curl ended before the shimmed one"
