@@ -733,9 +733,10 @@ keep_logs() {
 }
 
 run_cell() {
-    local before=$T_FAIL
+    local before=$T_FAIL t0=$SECONDS
     t_cell "$1" "cell_$1"
     if [ "$T_FAIL" -gt "$before" ]; then
+        echo "    # failed after $((SECONDS - t0))s"
         keep_logs "$1"
         tail -n 15 "$T_WORK/$1/cell.log" | sed 's/^/    | /'
     else
