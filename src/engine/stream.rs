@@ -266,7 +266,16 @@ impl Stream {
         let reset = inner.dead.is_some() || p.state() == proto::State::Reset;
         let readable = p.readable() > 0 || p.at_eof() || reset;
         let writable = p.writable() > 0 || reset || matches!(p.state(), proto::State::WriteClosed | proto::State::Closing | proto::State::Closed);
-        if p.at_eof() && !inner.shown.eof {
+        // Both directions shut (our FIN queued, theirs received) reads as a hang-up, as the
+        // kernel reports POLLHUP for a TCP socket shut both ways. The strongest change goes
+        // first: a waiter woken by it must see the whole picture at once (HUP implies
+        // RDHUP and IN), as the kernel sets these flags together.
+        let both_shut = matches!(p.state(), proto::State::Closing | proto::State::Closed);
+        if (reset || both_shut) && !inner.shown.hangup {
+            inner.shown.hangup = true;
+            inner.shown.eof = true;
+            self.bell.set_hangup();
+        } else if p.at_eof() && !inner.shown.eof {
             inner.shown.eof = true;
             self.bell.set_eof();
         }
@@ -277,13 +286,6 @@ impl Stream {
         if writable != inner.shown.writable {
             inner.shown.writable = writable;
             self.bell.set_writable(writable);
-        }
-        // Both directions shut (our FIN queued, theirs received) reads as a hang-up, as the
-        // kernel reports POLLHUP for a TCP socket shut both ways.
-        let both_shut = matches!(p.state(), proto::State::Closing | proto::State::Closed);
-        if (reset || both_shut) && !inner.shown.hangup {
-            inner.shown.hangup = true;
-            self.bell.set_hangup();
         }
     }
 
