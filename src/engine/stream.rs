@@ -274,9 +274,11 @@ impl Stream {
         if (reset || both_shut) && !inner.shown.hangup {
             inner.shown.hangup = true;
             inner.shown.eof = true;
+            log::trace!("rdma stream {}: hang-up shown (state {:?}, reset {reset})", self.peer, p.state());
             self.bell.set_hangup();
         } else if p.at_eof() && !inner.shown.eof {
             inner.shown.eof = true;
+            log::trace!("rdma stream {}: end of stream shown (state {:?})", self.peer, p.state());
             self.bell.set_eof();
         }
         if readable != inner.shown.readable {
