@@ -44,6 +44,6 @@ rust_ok || { log "no usable Rust toolchain (need cargo/rustc >= 1.80)"; exit 1; 
 
 if [[ ${1:-} != --no-build ]]; then
   log "cargo build --release (shim, CLI, examples)"
-  cargo build --release --workspace --examples --quiet
+  cargo build --release --workspace --lib --bins --examples --quiet
   log "built target/release/librsock.so and target/release/rsock"
 fi

@@ -50,10 +50,9 @@ fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<super::Listene
 fn completions(engine: &Engine, i: usize) {
     let Some(d) = lock(&engine.devices).get(i).cloned() else { return };
     engine.on_cq_event(&d);
-    // Closing streams finish in the background: keep being woken for them.
-    if !lock(&engine.closing).is_empty() {
-        engine.sleep_armed(&d);
-    }
+    // Stay armed: a program blocked in its own poll/epoll (or one that will call a
+    // nonblocking recv later) relies on the helper to move its doorbell.
+    engine.sleep_armed(&d);
 }
 
 /// Events of connected and accepting ids: establishment of accepted streams, disconnects.

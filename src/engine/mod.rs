@@ -324,10 +324,8 @@ impl Engine {
     }
 
     /// A completion-channel event on `d` (whoever saw it: the helper or a blocked caller):
-    /// consume and ack it and poll. The CQ is *not* re-armed here: it is armed by whoever is
-    /// about to sleep waiting for completions ([`sleep_armed`](Self::sleep_armed)), so a busy
-    /// application thread that polls the CQ itself is not shadowed by a helper thread woken
-    /// for every completion.
+    /// consume and ack it and poll. Re-arming is the caller's: the helper re-arms after every
+    /// event, and a thread about to sleep arms first ([`sleep_armed`](Self::sleep_armed)).
     pub(crate) fn on_cq_event(&self, d: &Dev) {
         let _ = d.dev.take_cq_events();
         self.progress_all(d);
