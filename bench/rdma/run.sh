@@ -55,12 +55,12 @@ if [[ -n $REV ]]; then
     log "building $REV (${sha:0:12}) in ${src#"$ROOT"/}"
     mkdir -p "$src"
     git archive "$sha" | tar -x -C "$src" || exit 1
-    (cd "$src" && CARGO_TARGET_DIR=$src/target cargo build --release --workspace --examples >&2) || { log "build failed"; exit 1; }
+    (cd "$src" && CARGO_TARGET_DIR=$src/target cargo build --release --workspace --lib --bins --examples >&2) || { log "build failed"; exit 1; }
   fi
   TGT=$src/target/release
 elif ((BUILD)); then
-  log "cargo build --release --workspace --examples"
-  cargo build --release --workspace --examples >&2 || { log "build failed"; exit 1; }
+  log "cargo build --release --workspace --lib --bins --examples"
+  cargo build --release --workspace --lib --bins --examples >&2 || { log "build failed"; exit 1; }
 fi
 rm -rf "$OUT/bin"
 mkdir -p "$OUT/bin"

@@ -395,8 +395,12 @@ impl Stream {
                 }
             }
             if nonblock {
-                if done == 0 && engine.progress(&self.dev) > 0 && self.ready(Want::Write) {
-                    continue; // credits had arrived unseen
+                // "Full" is final only once the writes already posted have completed (they
+                // free send-buffer space within microseconds): settle, bounded, so that a
+                // program told EAGAIN is not told writable right after for space that was
+                // merely in flight — kernel TCP's EAGAIN likewise means "full".
+                if self.settle(engine) && self.ready(Want::Write) {
+                    continue;
                 }
                 return if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
             }
@@ -450,6 +454,22 @@ impl Stream {
             || inner.rc.is_none()
             || p.state() == proto::State::Reset
             || (fin_queued && c.tx_acked == c.tx_queued && c.wrs_posted == c.wrs_retired)
+    }
+
+    /// Polls the CQ until every posted write of this stream has completed (bounded by
+    /// 2 ms or the spin time); true if anything was processed.
+    fn settle(&self, engine: &'static Engine) -> bool {
+        let until = Instant::now() + self.spin.max(Duration::from_millis(2));
+        let mut any = false;
+        for i in 0u32.. {
+            any |= engine.progress(&self.dev) > 0;
+            let c = self.counters();
+            if c.tx_posted == c.tx_acked || (i % 8 == 7 && Instant::now() >= until) {
+                return any;
+            }
+            std::hint::spin_loop();
+        }
+        any
     }
 
     /// Whether `want` can proceed without blocking.
