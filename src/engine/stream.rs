@@ -203,7 +203,7 @@ impl Stream {
             if !wc.is_ok() {
                 // Flushed receives are expected once the connection is going down.
                 if !wc.is_flush() || !inner.proto.is_finished() {
-                    fail(inner, &self.bell, libc::ECONNRESET, "receive failed", wc);
+                    fail(inner, libc::ECONNRESET, "receive failed", wc);
                 }
                 return;
             }
@@ -215,14 +215,14 @@ impl Stream {
             if let Err(e) = r {
                 log::warn!("rdma stream {} -> {}: protocol error from peer: {e}", self.local, self.peer);
                 inner.proto.abort();
-                fail(inner, &self.bell, libc::ECONNRESET, "protocol error", wc);
+                fail(inner, libc::ECONNRESET, "protocol error", wc);
             }
         } else {
             rc.on_send_completion(wc);
             if !wc.is_ok() {
                 inner.proto.handle_send_error();
                 if !wc.is_flush() || !inner.proto.is_finished() {
-                    fail(inner, &self.bell, libc::ECONNRESET, "send failed", wc);
+                    fail(inner, libc::ECONNRESET, "send failed", wc);
                 }
                 return;
             }
@@ -230,7 +230,7 @@ impl Stream {
                 let id = WrId(wc.wr_id() & !PROTO_SIGNALED);
                 if let Err(e) = inner.proto.handle_send_complete(id) {
                     log::error!("rdma stream {}: completion out of order: {e:?}", self.peer);
-                    fail(inner, &self.bell, libc::ECONNRESET, "completion accounting", wc);
+                    fail(inner, libc::ECONNRESET, "completion accounting", wc);
                 }
             }
         }
@@ -373,8 +373,8 @@ impl Stream {
             {
                 let mut g = self.lock();
                 let inner = &mut *g;
-                if let Some(e) = inner.dead {
-                    return if done > 0 { Ok(done) } else { Err(e_write(e)) };
+                if inner.dead.is_some() {
+                    return if done > 0 { Ok(done) } else { Err(libc::EPIPE) }; // a write on a dead stream, as on a reset TCP one
                 }
                 if want == 0 {
                     return Ok(0);
@@ -562,12 +562,11 @@ impl Stream {
 }
 
 /// Marks the stream failed and logs the completion that said so.
-fn fail(inner: &mut Inner, bell: &Doorbell, errno: c_int, what: &str, wc: &Wc) {
+fn fail(inner: &mut Inner, errno: c_int, what: &str, wc: &Wc) {
     if inner.dead.is_none() {
         log::info!("rdma stream: {what}: {} (qp {})", wc.status_str(), wc.qp_num());
     }
     inner.dead.get_or_insert(errno);
-    let _ = bell;
 }
 
 /// A read on a dead stream: ECONNRESET, or EOF-like semantics are handled by the caller.
@@ -575,10 +574,6 @@ fn e_read(e: c_int) -> c_int {
     if e == libc::EPIPE { libc::ECONNRESET } else { e }
 }
 
-fn e_write(e: c_int) -> c_int {
-    let _ = e;
-    libc::EPIPE
-}
 
 /// Posts one protocol write on the QP.
 fn post(rc: &mut rdma::Conn, send: &RegBuf, remote: &RemoteBuf, w: &proto::Write) -> rdma::Result<()> {
