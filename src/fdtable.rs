@@ -79,6 +79,27 @@ pub fn remove(fd: i32) -> Option<SockRef> {
     (!old.is_null()).then(|| SockRef(unsafe { &*old }))
 }
 
+/// In a fork child: makes every owned socket's locks usable (see
+/// [`Socket::after_fork_child`]). Only loads and the sockets' own reset: no allocation.
+pub fn after_fork_child() {
+    for slot in &TABLE[..high_water().min(MAX_FDS)] {
+        let p = slot.load(Acquire);
+        if !p.is_null() {
+            // SAFETY: table entries point at never-freed sockets.
+            unsafe { &*p }.after_fork_child();
+        }
+    }
+}
+
+/// The fds of this process that refer to `sock` (a scan up to the high-water mark).
+pub fn fds_of(sock: &Socket) -> Vec<i32> {
+    let want = sock as *const Socket as *mut Socket;
+    (0..high_water().min(MAX_FDS))
+        .filter(|&i| TABLE[i].load(Acquire) == want)
+        .map(|i| i as i32)
+        .collect()
+}
+
 /// One past the highest fd ever owned.
 pub fn high_water() -> usize {
     HIGH_WATER.load(Relaxed)

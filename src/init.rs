@@ -34,16 +34,20 @@ fn start() {
         cfg.stats,
         cfg.stats_dir.display()
     );
-    // SAFETY: registering a plain extern "C" fn; runs in the child of every fork().
+    crate::sys::raw::refresh_pid(); // cached before any vfork child could fill it
+                                    // SAFETY: registering a plain extern "C" fn; runs in the child of every fork().
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     ENABLED.store(cfg.enable, Ordering::Release);
 }
 
-/// In a forked child: the child gets its own stats region (the parent's mapping is shared).
-/// Only atomic stores: the child of a multi-threaded parent may find locks held.
+/// In a forked child: the child gets its own stats region (the parent's mapping is shared),
+/// and the locks of the sockets it inherited are made usable (a thread of the parent may
+/// have held one at the fork). Everything the engine holds stays the parent's: the child
+/// never touches it (docs/DESIGN.md, "Processes").
 extern "C" fn after_fork_child() {
-    crate::sys::raw::forget_pid();
+    crate::sys::raw::refresh_pid();
     crate::stats::after_fork_child();
+    crate::fdtable::after_fork_child();
 }
 
 /// Whether this host has a usable RDMA device: one listed in sysfs and the rdma_cm device
@@ -52,7 +56,8 @@ extern "C" fn after_fork_child() {
 pub fn rdma_device_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     *PRESENT.get_or_init(|| {
-        let listed = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+        let listed =
+            std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
         let present = listed && std::path::Path::new("/dev/infiniband/rdma_cm").exists();
         log::info!("RDMA device present: {present}");
         present

@@ -45,6 +45,43 @@ pub enum State {
     Closed = 5,
 }
 
+/// A mutex that a fork child can reclaim: a thread of the parent may have held it at the fork,
+/// and that thread does not exist in the child.
+struct ForkMutex<T>(std::cell::UnsafeCell<Mutex<T>>);
+
+// SAFETY: all access goes through the inner Mutex, except `reclaim`, whose contract excludes
+// concurrent access.
+unsafe impl<T: Send> Sync for ForkMutex<T> {}
+
+impl<T> ForkMutex<T> {
+    fn new(v: T) -> Self {
+        ForkMutex(std::cell::UnsafeCell::new(Mutex::new(v)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        // SAFETY: shared access to the Mutex, which synchronises itself.
+        unsafe { &*self.0.get() }
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces a held lock by a free one with the same contents.
+    ///
+    /// # Safety
+    /// Only in a fork child before it runs anything else: no other thread may exist.
+    unsafe fn reclaim(&self) {
+        let p = self.0.get();
+        if matches!((*p).try_lock(), Err(std::sync::TryLockError::WouldBlock)) {
+            // The value is moved out of the held mutex and into a fresh one: neither lost nor
+            // dropped twice.
+            let v = std::ptr::read(p)
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner());
+            std::ptr::write(p, Mutex::new(v));
+        }
+    }
+}
+
 impl State {
     fn from_u32(v: u32) -> State {
         match v {
@@ -76,12 +113,12 @@ pub struct Socket {
     state: AtomicU32,
     path: AtomicU32,
     slot: AtomicU64,
-    attached: Mutex<Option<Attachment>>,
+    attached: ForkMutex<Option<Attachment>>,
     /// A kernel TCP connect in progress, counted once it is known to have succeeded.
-    pending: Mutex<Option<Pending>>,
+    pending: ForkMutex<Option<Pending>>,
     /// The program's epoll registrations of this socket: (epoll fd, event), kept so they can
     /// be moved when the fd's file is replaced by a doorbell.
-    epoll: Mutex<Vec<(i32, libc::epoll_event)>>,
+    epoll: ForkMutex<Vec<(i32, libc::epoll_event)>>,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -94,21 +131,33 @@ impl Socket {
             state: AtomicU32::new(State::Closed as u32),
             path: AtomicU32::new(Path::Passthrough as u32),
             slot: AtomicU64::new(0),
-            attached: Mutex::new(None),
-            pending: Mutex::new(None),
-            epoll: Mutex::new(Vec::new()),
+            attached: ForkMutex::new(None),
+            pending: ForkMutex::new(None),
+            epoll: ForkMutex::new(Vec::new()),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
     pub(crate) fn reset(&self) {
         self.fds.reset();
-        *self.attached.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.epoll.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        *self.attached.lock() = None;
+        *self.pending.lock() = None;
+        self.epoll.lock().clear();
         self.state.store(State::Created as u32, Relaxed);
         self.path.store(Path::Passthrough as u32, Relaxed);
         self.slot.store(0, Relaxed);
+    }
+
+    /// In a fork child (single-threaded, in the `pthread_atfork` handler): a lock that a
+    /// thread of the parent held at the fork is replaced by a fresh one with the same
+    /// contents, so the child can use the socket.
+    pub(crate) fn after_fork_child(&self) {
+        // SAFETY: called only from the fork child handler, before anything else runs.
+        unsafe {
+            self.attached.reclaim();
+            self.pending.reclaim();
+            self.epoll.reclaim();
+        }
     }
 
     pub(crate) fn publish(&self) {
@@ -150,7 +199,7 @@ impl Socket {
         if self.fds.sub() {
             self.set_state(State::Closed);
             stats::close_conn(SlotHandle(self.slot.swap(0, AcqRel)));
-            let a = self.attached.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let a = self.attached.lock().take();
             if let Some(a) = a {
                 crate::engine::detach(a);
             }
@@ -159,7 +208,7 @@ impl Socket {
 
     /// Remembers a connect in progress (counted by [`take_pending`](Self::take_pending)'s caller).
     pub fn set_pending(&self, p: Pending) {
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        *self.pending.lock() = Some(p);
     }
 
     /// The connect in progress, if any, now resolved (success or failure).
@@ -167,12 +216,12 @@ impl Socket {
         if self.state() != State::Connecting {
             return None;
         }
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.pending.lock().take()
     }
 
     /// Records a successful `epoll_ctl` on this socket.
     pub fn note_epoll(&self, epfd: i32, op: i32, ev: Option<libc::epoll_event>) {
-        let mut regs = self.epoll.lock().unwrap_or_else(|e| e.into_inner());
+        let mut regs = self.epoll.lock();
         regs.retain(|(e, _)| *e != epfd);
         if op != libc::EPOLL_CTL_DEL {
             if let Some(ev) = ev {
@@ -183,12 +232,12 @@ impl Socket {
 
     /// The program's epoll registrations of this socket.
     pub fn epoll_regs(&self) -> Vec<(i32, libc::epoll_event)> {
-        self.epoll.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.epoll.lock().clone()
     }
 
     /// What carries this socket, if RDMA is engaged.
     pub fn attachment(&self) -> Option<Attachment> {
-        self.attached.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.attached.lock().clone()
     }
 
     /// The RDMA stream carrying this socket, if any.
@@ -201,7 +250,7 @@ impl Socket {
 
     /// Engages RDMA for this socket.
     pub fn attach(&self, a: Attachment) {
-        *self.attached.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
+        *self.attached.lock() = Some(a);
     }
 
     /// Current state.
@@ -217,7 +266,10 @@ impl Socket {
 
     /// Moves from `from` to `to` only if the socket is in `from`; true if it moved.
     pub fn transition(&self, from: State, to: State) -> bool {
-        let moved = self.state.compare_exchange(from as u32, to as u32, AcqRel, Acquire).is_ok();
+        let moved = self
+            .state
+            .compare_exchange(from as u32, to as u32, AcqRel, Acquire)
+            .is_ok();
         if moved {
             log::trace!("socket {:p}: {from:?} => {to:?}", self);
         }
@@ -234,7 +286,15 @@ impl Socket {
     }
 
     /// Records that the socket is now a connection on `path` (counted once).
-    pub fn established(&self, fd: i32, state: State, path: Path, reason: Option<Fallback>, local: &[u8], peer: &[u8]) {
+    pub fn established(
+        &self,
+        fd: i32,
+        state: State,
+        path: Path,
+        reason: Option<Fallback>,
+        local: &[u8],
+        peer: &[u8],
+    ) {
         self.path.store(path as u32, Relaxed);
         self.set_state(state);
         let h = stats::open_conn(fd, path, reason, local, peer);

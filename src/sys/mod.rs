@@ -3,3 +3,4 @@
 pub mod raw;
 pub mod real;
 pub mod sockaddr;
+pub mod unix;

@@ -53,7 +53,13 @@ pub fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> c_int {
     debug_assert_eq!(path.last(), Some(&0));
     let saved = errno();
     // SAFETY: path is NUL-terminated.
-    let fd = unsafe { libc::open(path.as_ptr().cast(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr().cast(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
     set_errno(saved);
     fd
 }
@@ -62,7 +68,10 @@ pub fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> c_int {
 /// `RLIMIT_NOFILE`, so they never take the numbers a program expects `open`/`socket` to
 /// return next (programs may rely on getting the lowest free number).
 fn hidden_fd_base() -> c_int {
-    let mut r = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
+    let mut r = libc::rlimit {
+        rlim_cur: 1024,
+        rlim_max: 1024,
+    };
     // SAFETY: valid out-pointer.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
     let cur = r.rlim_cur.min(1 << 20) as c_int;
@@ -77,7 +86,14 @@ pub fn hide(fd: c_int) -> c_int {
     }
     let saved = errno();
     // SAFETY: F_DUPFD_CLOEXEC on our own fd, straight to the kernel (fcntl is hooked).
-    let n = unsafe { libc::syscall(libc::SYS_fcntl, fd as c_long, libc::F_DUPFD_CLOEXEC as c_long, hidden_fd_base() as c_long) };
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_fcntl,
+            fd as c_long,
+            libc::F_DUPFD_CLOEXEC as c_long,
+            hidden_fd_base() as c_long,
+        )
+    };
     let out = if n >= 0 {
         close(fd);
         n as c_int
@@ -102,29 +118,38 @@ pub fn getpid() -> i32 {
 
 static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// Process id, cached for hot paths; [`forget_pid`] runs in every fork child (the shim's
-/// `pthread_atfork` handler). A child made without fork handlers (`vfork`, raw `clone`) must
-/// not use the shim's RDMA state anyway and execs or exits at once.
+/// Process id, cached for hot paths. [`refresh_pid`] runs at start-up and in every fork
+/// child (the shim's `pthread_atfork` handler), so the cache is never filled from a `vfork`
+/// child, whose memory — this cache included — is its parent's.
 #[inline]
 pub fn pid() -> i32 {
     match PID.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => {
-            let p = getpid();
-            PID.store(p, std::sync::atomic::Ordering::Relaxed);
-            p
-        }
+        0 => refresh_pid(),
         p => p,
     }
 }
 
-/// Drops the cached pid (in a fork child).
-pub fn forget_pid() {
-    PID.store(0, std::sync::atomic::Ordering::Relaxed);
+/// Re-reads the process id into the cache (start-up, fork child).
+pub fn refresh_pid() -> i32 {
+    let p = getpid();
+    PID.store(p, std::sync::atomic::Ordering::Relaxed);
+    p
+}
+
+/// Whether the caller runs in a child that shares its parent's memory (`vfork`,
+/// `posix_spawn`, `clone(CLONE_VM)`): everything the shim holds in memory is the parent's
+/// there and must not be changed. A syscall: call it only on paths that would change state.
+pub fn in_vfork_child() -> bool {
+    let cached = PID.load(std::sync::atomic::Ordering::Relaxed);
+    cached != 0 && cached != getpid()
 }
 
 /// Wall-clock time as (seconds, nanoseconds) since the epoch.
 pub fn realtime() -> (i64, i64) {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     (ts.tv_sec, ts.tv_nsec)

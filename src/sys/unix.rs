@@ -1,0 +1,274 @@
+//! AF_UNIX calls for talking between processes of one program tree: abstract `SOCK_SEQPACKET`
+//! sockets (one message per request or reply, no file on disk) that can carry an fd
+//! (`SCM_RIGHTS`), and peer credentials. Every call goes to the real libc function.
+
+use super::raw::{errno, hide};
+use super::real;
+use libc::{c_int, c_void, sockaddr, socklen_t};
+use std::io;
+use std::time::Duration;
+
+fn last() -> io::Error {
+    io::Error::from_raw_os_error(errno())
+}
+
+/// `sockaddr_un` for the abstract name `name` (no leading NUL; it is added).
+fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, socklen_t) {
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let n = name.len().min(a.sun_path.len() - 1);
+    for (d, s) in a.sun_path[1..=n].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + n;
+    (a, len as socklen_t)
+}
+
+fn seqpacket(flags: c_int) -> io::Result<c_int> {
+    // SAFETY: plain socket(2).
+    let fd = unsafe {
+        real::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | flags,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(last());
+    }
+    Ok(hide(fd))
+}
+
+/// A nonblocking listening socket at the abstract `name`.
+pub fn listen_abstract(name: &[u8]) -> io::Result<c_int> {
+    let fd = seqpacket(libc::SOCK_NONBLOCK)?;
+    let (a, len) = abstract_addr(name);
+    // SAFETY: a is a valid sockaddr_un of len bytes; fd is ours.
+    let ok = unsafe {
+        real::bind(fd, (&a as *const libc::sockaddr_un).cast::<sockaddr>(), len) == 0
+            && real::listen(fd, 64) == 0
+    };
+    if !ok {
+        let e = last();
+        super::raw::close(fd);
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+/// A socket connected to the abstract `name`, whose receives time out after `timeout`.
+pub fn connect_abstract(name: &[u8], timeout: Duration) -> io::Result<c_int> {
+    let fd = seqpacket(0)?;
+    let (a, len) = abstract_addr(name);
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: valid sockaddr and option buffers; fd is ours.
+    let ok = unsafe {
+        real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as socklen_t,
+        );
+        real::connect(fd, (&a as *const libc::sockaddr_un).cast::<sockaddr>(), len) == 0
+    };
+    if !ok {
+        let e = last();
+        super::raw::close(fd);
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+/// The next connection on a listening socket (blocking, close-on-exec), or `None`.
+pub fn accept(fd: c_int) -> Option<c_int> {
+    // SAFETY: accept4 on our listening socket; no address wanted.
+    let c = unsafe {
+        real::accept4(
+            fd,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    (c >= 0).then(|| hide(c))
+}
+
+/// The uid of the process at the other end of `fd`.
+pub fn peer_uid(fd: c_int) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as socklen_t;
+    // SAFETY: valid out-buffer of len bytes.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// Space for one fd in a control message.
+#[repr(C)]
+union Cmsg {
+    hdr: libc::cmsghdr,
+    buf: [u8; 32],
+}
+
+/// Sends one message, with `pass` attached as `SCM_RIGHTS` if given.
+pub fn send(fd: c_int, bytes: &[u8], pass: Option<c_int>) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: msghdr and the control buffer are plain data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    let mut cm: Cmsg = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(p) = pass {
+        // SAFETY: the control buffer is large enough for one cmsghdr + one int (CMSG_SPACE(4)
+        // is 24 on x86_64); the CMSG macros compute offsets inside it.
+        unsafe {
+            msg.msg_control = (&mut cm as *mut Cmsg).cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let h = libc::CMSG_FIRSTHDR(&msg);
+            (*h).cmsg_level = libc::SOL_SOCKET;
+            (*h).cmsg_type = libc::SCM_RIGHTS;
+            (*h).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(h).cast::<c_int>(), p);
+        }
+    }
+    // SAFETY: msg points at valid buffers for the call.
+    if unsafe { real::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) } < 0 {
+        return Err(last());
+    }
+    Ok(())
+}
+
+/// Receives one message into `buf` (blocking, bounded by the socket's receive timeout), with
+/// the fd it carried, installed close-on-exec at the lowest free number.
+pub fn recv(fd: c_int, buf: &mut [u8]) -> io::Result<(usize, Option<c_int>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: as in `send`.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    let mut cm: Cmsg = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = (&mut cm as *mut Cmsg).cast();
+    msg.msg_controllen = std::mem::size_of::<Cmsg>();
+    // SAFETY: msg points at valid buffers.
+    let n = unsafe { real::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(last());
+    }
+    let mut got = None;
+    // SAFETY: walking the control data the kernel wrote into our buffer.
+    unsafe {
+        let mut h = libc::CMSG_FIRSTHDR(&msg);
+        while !h.is_null() {
+            if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
+                got = Some(std::ptr::read_unaligned(libc::CMSG_DATA(h).cast::<c_int>()));
+            }
+            h = libc::CMSG_NXTHDR(&msg, h);
+        }
+    }
+    Ok((n as usize, got))
+}
+
+/// Waits up to `ms` for `fd` to report any of `events`; the reported events (0 on timeout).
+pub fn wait(fd: c_int, events: libc::c_short, ms: c_int) -> libc::c_short {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { real::poll(&mut p, 1, ms) };
+    if r > 0 {
+        p.revents
+    } else {
+        0
+    }
+}
+
+/// A connected `AF_UNIX` stream pair `(a, b)`, both close-on-exec, `b` nonblocking.
+pub fn stream_pair() -> io::Result<(c_int, c_int)> {
+    let mut sv = [-1; 2];
+    // SAFETY: sv is a valid out-array of two ints.
+    if unsafe {
+        real::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            sv.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(last());
+    }
+    let b = hide(sv[1]);
+    // SAFETY: fcntl on our own fd.
+    unsafe { real::fcntl(b, libc::F_SETFL, (libc::O_RDWR | libc::O_NONBLOCK) as usize) };
+    Ok((sv[0], b))
+}
+
+/// A 64-bit random number from the kernel (0 if it cannot give one).
+pub fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: 8-byte out-buffer.
+    unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_reply_carries_an_fd_between_sockets() {
+        let name = format!("rsock-test.{}.{}", std::process::id(), random_u64());
+        let l = listen_abstract(name.as_bytes()).unwrap();
+        let c = connect_abstract(name.as_bytes(), Duration::from_secs(2)).unwrap();
+        assert_ne!(wait(l, libc::POLLIN, 2000) & libc::POLLIN, 0);
+        let s = accept(l).unwrap();
+        assert_eq!(peer_uid(s), Some(unsafe { libc::geteuid() }));
+        let (a, b) = stream_pair().unwrap();
+        send(s, b"hello", Some(a)).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, fd) = recv(c, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        let got = fd.expect("an fd");
+        assert_ne!(
+            unsafe { libc::fcntl(got, libc::F_GETFD) } & libc::FD_CLOEXEC,
+            0
+        );
+        // The received fd is the same socket: bytes written to it come out of b.
+        assert_eq!(unsafe { libc::write(got, b"x".as_ptr().cast(), 1) }, 1);
+        assert_ne!(wait(b, libc::POLLIN, 2000) & libc::POLLIN, 0);
+        for fd in [l, c, s, a, b, got] {
+            super::super::raw::close(fd);
+        }
+    }
+
+    #[test]
+    fn connecting_to_a_missing_name_fails_at_once() {
+        let e = connect_abstract(b"rsock-test.nobody-listens-here", Duration::from_secs(1))
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED));
+    }
+}
