@@ -52,7 +52,11 @@ fn mask_names(ev: u32) -> String {
         (libc::EPOLLHUP as u32, "HUP"),
         (libc::EPOLLRDHUP as u32, "RDHUP"),
     ];
-    let mut out: Vec<&str> = bits.iter().filter(|(b, _)| ev & b != 0).map(|(_, n)| *n).collect();
+    let mut out: Vec<&str> = bits
+        .iter()
+        .filter(|(b, _)| ev & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
     let known = bits.iter().fold(0, |a, (b, _)| a | b);
     let other = ev & !known;
     let extra;
@@ -71,11 +75,20 @@ struct Ep(c_int);
 
 impl Ep {
     fn new() -> io::Result<Ep> {
-        Ok(Ep(cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }, "epoll_create1")?))
+        Ok(Ep(cvt(
+            unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
+            "epoll_create1",
+        )?))
     }
     fn ctl(&self, op: c_int, fd: c_int, events: u32) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events, u64: fd as u64 };
-        cvt(unsafe { libc::epoll_ctl(self.0, op, fd, &mut ev) }, "epoll_ctl")?;
+        let mut ev = libc::epoll_event {
+            events,
+            u64: fd as u64,
+        };
+        cvt(
+            unsafe { libc::epoll_ctl(self.0, op, fd, &mut ev) },
+            "epoll_ctl",
+        )?;
         Ok(())
     }
     /// Waits once; returns a description "n=N MASK" (MASK of the first event).
@@ -104,7 +117,11 @@ impl Drop for Ep {
 
 fn set_nonblock(fd: c_int, on: bool) -> io::Result<()> {
     let fl = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) }, "F_GETFL")?;
-    let fl = if on { fl | libc::O_NONBLOCK } else { fl & !libc::O_NONBLOCK };
+    let fl = if on {
+        fl | libc::O_NONBLOCK
+    } else {
+        fl & !libc::O_NONBLOCK
+    };
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, fl) }, "F_SETFL")?;
     Ok(())
 }
@@ -112,7 +129,14 @@ fn set_nonblock(fd: c_int, on: bool) -> io::Result<()> {
 fn send_all(fd: c_int, data: &[u8]) -> io::Result<()> {
     let mut off = 0;
     while off < data.len() {
-        let n = unsafe { libc::send(fd, data[off..].as_ptr() as *const c_void, data.len() - off, libc::MSG_NOSIGNAL) };
+        let n = unsafe {
+            libc::send(
+                fd,
+                data[off..].as_ptr() as *const c_void,
+                data.len() - off,
+                libc::MSG_NOSIGNAL,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EINTR) {
@@ -132,7 +156,14 @@ fn send_all(fd: c_int, data: &[u8]) -> io::Result<()> {
 /// One nonblocking read: Ok(Some(n)) bytes (0 = EOF), Ok(None) = EAGAIN.
 fn read_nb(fd: c_int, buf: &mut [u8]) -> io::Result<Option<usize>> {
     loop {
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), libc::MSG_DONTWAIT) };
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr() as *mut c_void,
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
         if n >= 0 {
             return Ok(Some(n as usize));
         }
@@ -164,7 +195,12 @@ fn read_exact(fd: c_int, len: usize) -> io::Result<Vec<u8>> {
     while out.len() < len {
         let want = (len - out.len()).min(buf.len());
         match read_nb(fd, &mut buf[..want])? {
-            Some(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "EOF in read_exact")),
+            Some(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "EOF in read_exact",
+                ))
+            }
             Some(n) => out.extend_from_slice(&buf[..n]),
             None => {
                 poll1(fd, libc::POLLIN, LONG_MS)?;
@@ -176,7 +212,11 @@ fn read_exact(fd: c_int, len: usize) -> io::Result<Vec<u8>> {
 
 /// poll(2) on one fd; returns the revents (0 on timeout).
 fn poll1(fd: c_int, events: i16, ms: c_int) -> io::Result<i16> {
-    let mut p = libc::pollfd { fd, events, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
     loop {
         let n = unsafe { libc::poll(&mut p, 1, ms) };
         if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
@@ -195,7 +235,11 @@ fn poll_names(r: i16) -> String {
         (libc::POLLHUP, "HUP"),
         (libc::POLLRDHUP, "RDHUP"),
     ];
-    let v: Vec<&str> = bits.iter().filter(|(b, _)| r & b != 0).map(|(_, n)| *n).collect();
+    let v: Vec<&str> = bits
+        .iter()
+        .filter(|(b, _)| r & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
     if v.is_empty() {
         "-".into()
     } else {
@@ -210,8 +254,20 @@ fn select_readable(fd: c_int, ms: i64) -> io::Result<bool> {
         let mut set: libc::fd_set = std::mem::zeroed();
         libc::FD_ZERO(&mut set);
         libc::FD_SET(fd, &mut set);
-        let mut tv = libc::timeval { tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000 };
-        let n = cvt(libc::select(fd + 1, &mut set, std::ptr::null_mut(), std::ptr::null_mut(), &mut tv), "select")?;
+        let mut tv = libc::timeval {
+            tv_sec: ms / 1000,
+            tv_usec: (ms % 1000) * 1000,
+        };
+        let n = cvt(
+            libc::select(
+                fd + 1,
+                &mut set,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut tv,
+            ),
+            "select",
+        )?;
         Ok(n > 0 && libc::FD_ISSET(fd, &set))
     }
 }
@@ -220,7 +276,15 @@ fn so_error(fd: c_int) -> io::Result<c_int> {
     let mut v: c_int = -1;
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
     cvt(
-        unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut v as *mut c_int as *mut c_void, &mut len) },
+        unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                &mut v as *mut c_int as *mut c_void,
+                &mut len,
+            )
+        },
         "getsockopt(SO_ERROR)",
     )?;
     Ok(v)
@@ -230,7 +294,9 @@ fn sockaddr(addr: std::net::Ipv4Addr, port: u16) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: port.to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(addr).to_be() },
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(addr).to_be(),
+        },
         sin_zero: [0; 8],
     }
 }
@@ -243,20 +309,38 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
     }
 
     // Listener (blocking accept).
-    let lfd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) }, "socket")?;
+    let lfd = cvt(
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) },
+        "socket",
+    )?;
     let one: c_int = 1;
     unsafe {
-        libc::setsockopt(lfd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &one as *const c_int as *const c_void, 4);
+        libc::setsockopt(
+            lfd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            &one as *const c_int as *const c_void,
+            4,
+        );
     }
     let sa = sockaddr(addr, port);
     let salen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    cvt(unsafe { libc::bind(lfd, &sa as *const _ as *const libc::sockaddr, salen) }, "bind")?;
+    cvt(
+        unsafe { libc::bind(lfd, &sa as *const _ as *const libc::sockaddr, salen) },
+        "bind",
+    )?;
     cvt(unsafe { libc::listen(lfd, 16) }, "listen")?;
     say!("listen ok");
 
     // --- connect: registered for EPOLLOUT before connect() ---
     let c = cvt(
-        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) },
+        unsafe {
+            libc::socket(
+                libc::AF_INET,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        },
         "socket",
     )?;
     let ep = Ep::new()?;
@@ -281,7 +365,17 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
     }
     say!("connect: after DEL {}", ep.wait(SHORT_MS)?);
     drop(ep);
-    let s = cvt(unsafe { libc::accept4(lfd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) }, "accept4")?;
+    let s = cvt(
+        unsafe {
+            libc::accept4(
+                lfd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        },
+        "accept4",
+    )?;
     set_nonblock(s, true)?;
     say!("accept ok");
     // Round trip, so that both ends are known to be fully up before the timing-sensitive parts.
@@ -309,7 +403,11 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
     // --- edge-triggered ---
     {
         let ep = Ep::new()?;
-        ep.ctl(libc::EPOLL_CTL_ADD, s, (libc::EPOLLIN | libc::EPOLLET) as u32)?;
+        ep.ctl(
+            libc::EPOLL_CTL_ADD,
+            s,
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+        )?;
         say!("et: idle {}", ep.wait(SHORT_MS)?);
         for i in 1..=3 {
             let msg = format!("message {i}");
@@ -319,7 +417,11 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
             // Read exactly the message (it may arrive in pieces), then drain to EAGAIN.
             let got = read_exact(s, msg.len())?;
             let extra = drain(s)?;
-            say!("et: msg {i} read {:?} extra {}", String::from_utf8_lossy(&got), extra.len());
+            say!(
+                "et: msg {i} read {:?} extra {}",
+                String::from_utf8_lossy(&got),
+                extra.len()
+            );
             say!("et: msg {i} after drain {}", ep.wait(SHORT_MS)?);
         }
     }
@@ -340,37 +442,73 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
         say!("oneshot: after MOD {}", ep.wait(LONG_MS)?);
         say!("oneshot: after MOD again {}", ep.wait(SHORT_MS)?);
         let got = read_exact(s, 6)?;
-        say!("oneshot: read {:?} extra {}", String::from_utf8_lossy(&got), drain(s)?.len());
+        say!(
+            "oneshot: read {:?} extra {}",
+            String::from_utf8_lossy(&got),
+            drain(s)?.len()
+        );
         ep.ctl(libc::EPOLL_CTL_MOD, s, ev)?;
         say!("oneshot: re-armed, nothing pending {}", ep.wait(SHORT_MS)?);
     }
 
     // --- poll(2) and select(2) ---
     {
-        say!("poll: idle {}", poll_names(poll1(s, libc::POLLIN, SHORT_MS)?));
-        say!("poll: writable {}", poll_names(poll1(c, libc::POLLOUT, LONG_MS)?));
+        say!(
+            "poll: idle {}",
+            poll_names(poll1(s, libc::POLLIN, SHORT_MS)?)
+        );
+        say!(
+            "poll: writable {}",
+            poll_names(poll1(c, libc::POLLOUT, LONG_MS)?)
+        );
         send_all(c, b"poll!")?;
-        say!("poll: after data {}", poll_names(poll1(s, libc::POLLIN, LONG_MS)?));
-        say!("poll: read {:?}", String::from_utf8_lossy(&read_exact(s, 5)?));
-        say!("poll: drained {}", poll_names(poll1(s, libc::POLLIN, SHORT_MS)?));
+        say!(
+            "poll: after data {}",
+            poll_names(poll1(s, libc::POLLIN, LONG_MS)?)
+        );
+        say!(
+            "poll: read {:?}",
+            String::from_utf8_lossy(&read_exact(s, 5)?)
+        );
+        say!(
+            "poll: drained {}",
+            poll_names(poll1(s, libc::POLLIN, SHORT_MS)?)
+        );
         say!("select: idle {}", select_readable(s, SHORT_MS as i64)?);
         send_all(s, b"select")?;
-        say!("select: after data (other way) {}", select_readable(c, LONG_MS as i64)?);
-        say!("select: read {:?}", String::from_utf8_lossy(&read_exact(c, 6)?));
+        say!(
+            "select: after data (other way) {}",
+            select_readable(c, LONG_MS as i64)?
+        );
+        say!(
+            "select: read {:?}",
+            String::from_utf8_lossy(&read_exact(c, 6)?)
+        );
         say!("select: drained {}", select_readable(c, SHORT_MS as i64)?);
     }
 
     // --- EPOLLOUT edge after the peer drains a full connection ---
     {
         let ep = Ep::new()?;
-        ep.ctl(libc::EPOLL_CTL_ADD, c, (libc::EPOLLOUT | libc::EPOLLET) as u32)?;
+        ep.ctl(
+            libc::EPOLL_CTL_ADD,
+            c,
+            (libc::EPOLLOUT | libc::EPOLLET) as u32,
+        )?;
         say!("out: initial {}", ep.wait(LONG_MS)?);
         let chunk = vec![b'x'; 65536];
         let mut sent: usize = 0;
         let mut eagain = false;
         // Fill until EAGAIN (bounded: 256 MiB would be far beyond any buffer).
         while sent < (256 << 20) {
-            let n = unsafe { libc::send(c, chunk.as_ptr() as *const c_void, chunk.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            let n = unsafe {
+                libc::send(
+                    c,
+                    chunk.as_ptr() as *const c_void,
+                    chunk.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
             if n < 0 {
                 match io::Error::last_os_error().raw_os_error() {
                     Some(libc::EINTR) => continue,
@@ -390,7 +528,14 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
         // writer now waits for the next EPOLLOUT edge, which must come once the reader drains.
         let mut eagain2 = false;
         while sent < (512 << 20) {
-            let n = unsafe { libc::send(c, chunk.as_ptr() as *const c_void, chunk.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            let n = unsafe {
+                libc::send(
+                    c,
+                    chunk.as_ptr() as *const c_void,
+                    chunk.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
             if n < 0 {
                 match io::Error::last_os_error().raw_os_error() {
                     Some(libc::EINTR) => continue,
@@ -405,7 +550,10 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
         }
         say!("out: refilled until EAGAIN {eagain2}");
         let got = read_exact(s, sent)?;
-        say!("out: reader drained all {}", got.len() == sent && got.iter().all(|&b| b == b'x'));
+        say!(
+            "out: reader drained all {}",
+            got.len() == sent && got.iter().all(|&b| b == b'x')
+        );
         say!("out: after drain {}", ep.wait(LONG_MS)?);
         ep.ctl(libc::EPOLL_CTL_DEL, c, 0)?;
         // Nothing else is in flight.
@@ -415,7 +563,11 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
     // --- EPOLLRDHUP: client shuts down its write side ---
     {
         let ep = Ep::new()?;
-        ep.ctl(libc::EPOLL_CTL_ADD, s, (libc::EPOLLIN | libc::EPOLLRDHUP) as u32)?;
+        ep.ctl(
+            libc::EPOLL_CTL_ADD,
+            s,
+            (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        )?;
         say!("rdhup: idle {}", ep.wait(SHORT_MS)?);
         send_all(c, b"last")?;
         cvt(unsafe { libc::shutdown(c, libc::SHUT_WR) }, "shutdown")?;
@@ -425,13 +577,20 @@ fn run(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
         say!("rdhup: after shutdown {}", ep.wait(LONG_MS)?);
         let mut b = [0u8; 16];
         say!("rdhup: read returns {:?}", read_nb(s, &mut b)?);
-        say!("rdhup: poll {}", poll_names(poll1(s, libc::POLLIN | libc::POLLRDHUP, LONG_MS)?));
+        say!(
+            "rdhup: poll {}",
+            poll_names(poll1(s, libc::POLLIN | libc::POLLRDHUP, LONG_MS)?)
+        );
         // The server can still send on its side; then it closes.
         send_all(s, b"reply")?;
         let got = read_exact(c, 5)?;
         say!("rdhup: client got {:?}", String::from_utf8_lossy(&got));
         let ep2 = Ep::new()?;
-        ep2.ctl(libc::EPOLL_CTL_ADD, c, (libc::EPOLLIN | libc::EPOLLRDHUP) as u32)?;
+        ep2.ctl(
+            libc::EPOLL_CTL_ADD,
+            c,
+            (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        )?;
         unsafe { libc::close(s) };
         say!("close: client sees {}", ep2.wait(LONG_MS)?);
         say!("close: client read returns {:?}", read_nb(c, &mut b)?);

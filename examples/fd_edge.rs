@@ -66,7 +66,13 @@ impl Ctx {
                 return Err(format!("socket: {}", ename(errno())));
             }
             let one: c_int = 1;
-            libc::setsockopt(l, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const c_int).cast(), 4);
+            libc::setsockopt(
+                l,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&one as *const c_int).cast(),
+                4,
+            );
             let mut a: libc::sockaddr_in = std::mem::zeroed();
             a.sin_family = libc::AF_INET as libc::sa_family_t;
             a.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
@@ -80,7 +86,13 @@ impl Ctx {
             }
             let mut len = alen;
             libc::getsockname(l, (&mut a as *mut libc::sockaddr_in).cast(), &mut len);
-            Ok(Ctx { listener: l, addr: a, sent: 0, received: 0, out: std::io::stdout().lock() })
+            Ok(Ctx {
+                listener: l,
+                addr: a,
+                sent: 0,
+                received: 0,
+                out: std::io::stdout().lock(),
+            })
         }
     }
 
@@ -90,7 +102,8 @@ impl Ctx {
         unsafe {
             let c = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
             let alen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            if c < 0 || libc::connect(c, (&self.addr as *const libc::sockaddr_in).cast(), alen) != 0 {
+            if c < 0 || libc::connect(c, (&self.addr as *const libc::sockaddr_in).cast(), alen) != 0
+            {
                 panic!("connect for {tag}: {}", ename(errno()));
             }
             let s = libc::accept(self.listener, std::ptr::null_mut(), std::ptr::null_mut());
@@ -121,7 +134,11 @@ impl Ctx {
     }
 
     fn recv_raw(&mut self, fd: c_int, ms: c_int) -> String {
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         let ready = unsafe { libc::poll(&mut p, 1, ms) };
         if ready == 0 {
@@ -150,7 +167,11 @@ impl Ctx {
         if r < 0 {
             say!(self, "{what}: fd {fd} closed ({})", ename(errno()));
         } else {
-            say!(self, "{what}: fd {fd} open cloexec={}", r & libc::FD_CLOEXEC != 0);
+            say!(
+                self,
+                "{what}: fd {fd} open cloexec={}",
+                r & libc::FD_CLOEXEC != 0
+            );
         }
     }
 
@@ -167,14 +188,24 @@ impl Ctx {
         let list: Vec<String> = live.iter().map(|f| f.to_string()).collect();
         say!(self, "checkpoint {label} live {}", list.join(","));
         let _ = self.out.flush();
-        let (Ok(bin), Ok(dir), Ok(stats)) =
-            (std::env::var("FD_EDGE_RSOCK"), std::env::var("FD_EDGE_SNAPS"), std::env::var("RSOCK_STATS_DIR"))
-        else {
+        let (Ok(bin), Ok(dir), Ok(stats)) = (
+            std::env::var("FD_EDGE_RSOCK"),
+            std::env::var("FD_EDGE_SNAPS"),
+            std::env::var("RSOCK_STATS_DIR"),
+        ) else {
             return;
         };
-        let Ok(file) = std::fs::File::create(format!("{dir}/{label}.json")) else { return };
+        let Ok(file) = std::fs::File::create(format!("{dir}/{label}.json")) else {
+            return;
+        };
         let _ = std::process::Command::new(bin)
-            .args(["stat", "--dir", &stats, "--json", &std::process::id().to_string()])
+            .args([
+                "stat",
+                "--dir",
+                &stats,
+                "--json",
+                &std::process::id().to_string(),
+            ])
             .env_remove("LD_PRELOAD")
             .stdout(file)
             .status();
@@ -220,7 +251,15 @@ fn dup2_onto_socket(cx: &mut Ctx) {
     cx.checkpoint("before_dup2_onto_socket", &[a, a_peer, b, b_peer]);
     // SAFETY: dup2 between our own fds.
     let r = unsafe { libc::dup2(a, b) };
-    say!(cx, "dup2(a, b) -> {}", if r == b { "b".to_string() } else { r.to_string() });
+    say!(
+        cx,
+        "dup2(a, b) -> {}",
+        if r == b {
+            "b".to_string()
+        } else {
+            r.to_string()
+        }
+    );
     // b was the only fd of its connection: that connection is closed now.
     cx.recv("b's old peer", b_peer, 2000);
     cx.send("old peer of b", b_peer, "anyone?");
@@ -245,7 +284,15 @@ fn dup2_onto_socket(cx: &mut Ctx) {
     unsafe {
         let n = libc::open(path.as_ptr(), libc::O_WRONLY);
         let r = libc::dup2(n, c);
-        say!(cx, "dup2(/dev/null, c) -> {}", if r == c { "c".to_string() } else { r.to_string() });
+        say!(
+            cx,
+            "dup2(/dev/null, c) -> {}",
+            if r == c {
+                "c".to_string()
+            } else {
+                r.to_string()
+            }
+        );
         libc::close(n);
     }
     cx.recv("peer of c", s, 2000);
@@ -268,7 +315,10 @@ fn close_range(cx: &mut Ctx) {
         }
         peers.push(s);
     }
-    cx.checkpoint("before_close_range", &[peers[0], peers[1], peers[2], 3000, 3001, 3002]);
+    cx.checkpoint(
+        "before_close_range",
+        &[peers[0], peers[1], peers[2], 3000, 3001, 3002],
+    );
     // SAFETY: closes only fds this program made.
     let r = unsafe { libc::close_range(3000, 3002, 0) };
     say!(cx, "close_range(3000, 3002, 0) -> {r}");
@@ -310,19 +360,35 @@ fn fionbio(cx: &mut Ctx) {
     // SAFETY: ioctl/fcntl on our own fd with a valid int pointer.
     let r = unsafe { libc::ioctl(c, libc::FIONBIO, &mut on as *mut c_int) };
     let fl = unsafe { libc::fcntl(c, libc::F_GETFL) };
-    say!(cx, "ioctl(FIONBIO, 1) -> {r}, O_NONBLOCK={}", fl & libc::O_NONBLOCK != 0);
+    say!(
+        cx,
+        "ioctl(FIONBIO, 1) -> {r}, O_NONBLOCK={}",
+        fl & libc::O_NONBLOCK != 0
+    );
     let mut buf = [0u8; 16];
     // SAFETY: valid buffer.
     let n = unsafe { libc::recv(c, buf.as_mut_ptr().cast(), buf.len(), 0) };
-    say!(cx, "recv on empty nonblocking socket -> {}", if n < 0 { ename(errno()) } else { n.to_string() });
+    say!(
+        cx,
+        "recv on empty nonblocking socket -> {}",
+        if n < 0 { ename(errno()) } else { n.to_string() }
+    );
     // SAFETY: valid buffer.
     let n = unsafe { libc::read(c, buf.as_mut_ptr().cast(), buf.len()) };
-    say!(cx, "read on empty nonblocking socket -> {}", if n < 0 { ename(errno()) } else { n.to_string() });
+    say!(
+        cx,
+        "read on empty nonblocking socket -> {}",
+        if n < 0 { ename(errno()) } else { n.to_string() }
+    );
     let mut off: c_int = 0;
     // SAFETY: as above.
     let r = unsafe { libc::ioctl(c, libc::FIONBIO, &mut off as *mut c_int) };
     let fl = unsafe { libc::fcntl(c, libc::F_GETFL) };
-    say!(cx, "ioctl(FIONBIO, 0) -> {r}, O_NONBLOCK={}", fl & libc::O_NONBLOCK != 0);
+    say!(
+        cx,
+        "ioctl(FIONBIO, 0) -> {r}, O_NONBLOCK={}",
+        fl & libc::O_NONBLOCK != 0
+    );
     cx.send("peer", s, "late");
     // Blocking recv (no poll first): must wait for and return the data.
     // SAFETY: valid buffer.
@@ -330,13 +396,25 @@ fn fionbio(cx: &mut Ctx) {
     if n > 0 {
         cx.received += n as u64;
     }
-    say!(cx, "blocking recv -> {:?}", if n > 0 { String::from_utf8_lossy(&buf[..n as usize]).into_owned() } else { ename(errno()) });
+    say!(
+        cx,
+        "blocking recv -> {:?}",
+        if n > 0 {
+            String::from_utf8_lossy(&buf[..n as usize]).into_owned()
+        } else {
+            ename(errno())
+        }
+    );
     // FIONREAD on the peer after a send.
     cx.send("c", c, "12345");
     let mut avail: c_int = -1;
     // SAFETY: valid int pointer; wait for the bytes to arrive first.
     unsafe {
-        let mut p = libc::pollfd { fd: s, events: libc::POLLIN, revents: 0 };
+        let mut p = libc::pollfd {
+            fd: s,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         libc::poll(&mut p, 1, 2000);
         libc::ioctl(s, libc::FIONREAD, &mut avail as *mut c_int);
     }
@@ -357,7 +435,11 @@ fn dup_shared(cx: &mut Ctx) {
     cx.recv("peer (expect no eof)", s, 100);
     cx.checkpoint("dup_shared", &[s, d]);
     let d2 = unsafe { libc::fcntl(d, libc::F_DUPFD_CLOEXEC, 0) };
-    say!(cx, "F_DUPFD_CLOEXEC(d, 0) -> {}", if d2 >= 0 { "ok" } else { "failed" });
+    say!(
+        cx,
+        "F_DUPFD_CLOEXEC(d, 0) -> {}",
+        if d2 >= 0 { "ok" } else { "failed" }
+    );
     cx.fd_state("F_DUPFD_CLOEXEC copy", d2);
     cx.close("dup_shared", d);
     cx.send("via second dup", d2, "last-fd");

@@ -34,8 +34,8 @@ fn server(addr: &str, n: usize) -> io::Result<usize> {
     let mut handles = Vec::with_capacity(n);
     for _ in 0..n {
         let (mut conn, _) = listener.accept()?;
-        handles.push(
-            thread::Builder::new().stack_size(256 * 1024).spawn(move || -> io::Result<u64> {
+        handles.push(thread::Builder::new().stack_size(256 * 1024).spawn(
+            move || -> io::Result<u64> {
                 let mut buf = [0u8; 16384];
                 let mut total = 0u64;
                 loop {
@@ -50,8 +50,8 @@ fn server(addr: &str, n: usize) -> io::Result<usize> {
                 }
                 conn.shutdown(Shutdown::Write)?;
                 Ok(total)
-            })?,
-        );
+            },
+        )?);
     }
     drop(listener);
     let mut ok = 0;
@@ -82,15 +82,22 @@ fn client(addr: &str, n: usize, bytes: usize) -> usize {
                     let data = pattern(i, bytes);
                     let mut w = conn.try_clone()?;
                     let d2 = data.clone();
-                    let writer = thread::Builder::new().stack_size(128 * 1024).spawn(move || -> io::Result<()> {
-                        w.write_all(&d2)?;
-                        w.shutdown(Shutdown::Write)
-                    })?;
+                    let writer = thread::Builder::new().stack_size(128 * 1024).spawn(
+                        move || -> io::Result<()> {
+                            w.write_all(&d2)?;
+                            w.shutdown(Shutdown::Write)
+                        },
+                    )?;
                     let mut back = Vec::with_capacity(bytes);
                     conn.read_to_end(&mut back)?;
-                    writer.join().map_err(|_| io::Error::other("writer panicked"))??;
+                    writer
+                        .join()
+                        .map_err(|_| io::Error::other("writer panicked"))??;
                     if back != data {
-                        return Err(io::Error::other(format!("echo mismatch: {} bytes back", back.len())));
+                        return Err(io::Error::other(format!(
+                            "echo mismatch: {} bytes back",
+                            back.len()
+                        )));
                     }
                     Ok(())
                 })
@@ -114,8 +121,12 @@ fn main() -> ExitCode {
         eprintln!("usage: many_conns server|client ADDR:PORT N BYTES");
         ExitCode::from(2)
     };
-    let [role, addr, n, bytes] = args.as_slice() else { return usage() };
-    let (Ok(n), Ok(bytes)) = (n.parse::<usize>(), bytes.parse::<usize>()) else { return usage() };
+    let [role, addr, n, bytes] = args.as_slice() else {
+        return usage();
+    };
+    let (Ok(n), Ok(bytes)) = (n.parse::<usize>(), bytes.parse::<usize>()) else {
+        return usage();
+    };
     let ok = match role.as_str() {
         "server" => match server(addr, n) {
             Ok(ok) => ok,

@@ -57,7 +57,9 @@ fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     let len = match a {
         SocketAddr::V4(v4) => {
             // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in.
-            let sin = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
             sin.sin_family = libc::AF_INET as libc::sa_family_t;
             sin.sin_port = v4.port().to_be();
             sin.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
@@ -65,7 +67,9 @@ fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
         }
         SocketAddr::V6(v6) => {
             // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_port = v6.port().to_be();
             sin6.sin6_addr.s6_addr = v6.ip().octets();
@@ -77,7 +81,11 @@ fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 }
 
 fn tcp_socket(a: &SocketAddr) -> io::Result<libc::c_int> {
-    let dom = if a.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let dom = if a.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: plain syscall wrapper.
     let fd = unsafe { libc::socket(dom, libc::SOCK_STREAM, 0) };
     if fd < 0 {
@@ -145,7 +153,10 @@ fn usage_now() -> (u64, u64) {
     // SAFETY: valid out-pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    (us(ru.ru_utime) + us(ru.ru_stime), (ru.ru_nvcsw + ru.ru_nivcsw) as u64)
+    (
+        us(ru.ru_utime) + us(ru.ru_stime),
+        (ru.ru_nvcsw + ru.ru_nivcsw) as u64,
+    )
 }
 
 fn get_u32(b: &[u8], i: usize) -> u32 {
@@ -213,7 +224,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn client(addr: &SocketAddr, sizes: &[usize], iters: &[u32], warmup: u32, label: &str) -> io::Result<()> {
+fn client(
+    addr: &SocketAddr,
+    sizes: &[usize],
+    iters: &[u32],
+    warmup: u32,
+    label: &str,
+) -> io::Result<()> {
     let mut s = connect(addr)?;
     s.set_nodelay(true)?;
     for (k, &size) in sizes.iter().enumerate() {
@@ -240,7 +257,10 @@ fn client(addr: &SocketAddr, sizes: &[usize], iters: &[u32], warmup: u32, label:
             s.read_exact(&mut back)?;
             let d = t.elapsed();
             if back[0] != tag || back[size - 1] != !tag {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "echo differs from what was sent"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "echo differs from what was sent",
+                ));
             }
             if i >= warmup {
                 rtt.push(d.as_secs_f64() * 1e6);
@@ -291,7 +311,8 @@ fn main() -> ExitCode {
         eprintln!("pingpong: ADDR:PORT expected, got {}", args[1]);
         return usage();
     };
-    let (mut sizes, mut iters, mut warmup, mut label, mut once) = (vec![64usize], vec![1000u32], 100u32, "-".to_string(), false);
+    let (mut sizes, mut iters, mut warmup, mut label, mut once) =
+        (vec![64usize], vec![1000u32], 100u32, "-".to_string(), false);
     let mut it = args[2..].iter();
     while let Some(a) = it.next() {
         let ok = match a.as_str() {
@@ -301,7 +322,11 @@ fn main() -> ExitCode {
             }
             "--size" => it.next().and_then(|v| list(v)).map(|v| sizes = v).is_some(),
             "--iters" => it.next().and_then(|v| list(v)).map(|v| iters = v).is_some(),
-            "--warmup" => it.next().and_then(|v| v.parse().ok()).map(|v| warmup = v).is_some(),
+            "--warmup" => it
+                .next()
+                .and_then(|v| v.parse().ok())
+                .map(|v| warmup = v)
+                .is_some(),
             "--label" => it.next().map(|v| label = v.clone()).is_some(),
             _ => false,
         };
@@ -310,7 +335,10 @@ fn main() -> ExitCode {
             return usage();
         }
     }
-    if sizes.is_empty() || sizes.iter().any(|&s| s == 0 || s > u32::MAX as usize) || (iters.len() != 1 && iters.len() != sizes.len()) {
+    if sizes.is_empty()
+        || sizes.iter().any(|&s| s == 0 || s > u32::MAX as usize)
+        || (iters.len() != 1 && iters.len() != sizes.len())
+    {
         eprintln!("pingpong: sizes must be > 0; --iters takes one count or one per size");
         return usage();
     }

@@ -25,7 +25,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::exit;
 use std::time::{Duration, Instant};
 
-use rsock_core::rdma::{self, Access, Conn, ConnParam, Device, QpCaps, Reason, RegBuf, RemoteBuf, Signal, Wc};
+use rsock_core::rdma::{
+    self, Access, Conn, ConnParam, Device, QpCaps, Reason, RegBuf, RemoteBuf, Signal, Wc,
+};
 
 const MAGIC: u32 = 0x5253_5050; // "RSPP"
 const VERSION: u8 = 1;
@@ -143,14 +145,27 @@ impl Hello {
         b
     }
     fn decode(b: &[u8]) -> Option<Hello> {
-        if b.len() < 24 || u32::from_be_bytes(b[0..4].try_into().ok()?) != MAGIC || b[4] != VERSION {
+        if b.len() < 24 || u32::from_be_bytes(b[0..4].try_into().ok()?) != MAGIC || b[4] != VERSION
+        {
             return None;
         }
-        let g32 = |o: usize| b.get(o..o + 4).map(|s| u32::from_be_bytes(s.try_into().unwrap())).unwrap_or(0);
-        let g64 = |o: usize| b.get(o..o + 8).map(|s| u64::from_be_bytes(s.try_into().unwrap())).unwrap_or(0);
+        let g32 = |o: usize| {
+            b.get(o..o + 4)
+                .map(|s| u32::from_be_bytes(s.try_into().unwrap()))
+                .unwrap_or(0)
+        };
+        let g64 = |o: usize| {
+            b.get(o..o + 8)
+                .map(|s| u64::from_be_bytes(s.try_into().unwrap()))
+                .unwrap_or(0)
+        };
         Some(Hello {
             flags: b[5],
-            ring: RemoteBuf { addr: g64(8), rkey: g32(16), len: g32(20) as u64 },
+            ring: RemoteBuf {
+                addr: g64(8),
+                rkey: g32(16),
+                len: g32(20) as u64,
+            },
             size: g32(24),
             iters: g32(28),
             bytes: g64(32),
@@ -179,7 +194,10 @@ impl Side {
             die("timeout");
         }
         let n = if self.events {
-            match self.dev.poll_or_wait(&mut self.wcs, Some(Duration::from_millis(200))) {
+            match self
+                .dev
+                .poll_or_wait(&mut self.wcs, Some(Duration::from_millis(200)))
+            {
                 Ok(n) => n,
                 Err(e) => fail("poll_or_wait", e),
             }
@@ -226,10 +244,23 @@ impl Side {
     fn write(&mut self, off: usize, len: usize, roff: u64, imm_v: Option<u32>, signal: Signal) {
         loop {
             let sge = self.sendbuf.sge(off, len);
-            let sges: &[rdma::Sge] = if len == 0 { &[] } else { std::slice::from_ref(&sge) };
+            let sges: &[rdma::Sge] = if len == 0 {
+                &[]
+            } else {
+                std::slice::from_ref(&sge)
+            };
             // SAFETY: the send buffer lives as long as the connection; a slot is rewritten
             // only after the peer returned its credit (so the WRITE has been executed).
-            let r = unsafe { self.conn.post_write(WR_SEND, sges, self.peer.at(roff), self.peer.rkey, imm_v, signal) };
+            let r = unsafe {
+                self.conn.post_write(
+                    WR_SEND,
+                    sges,
+                    self.peer.at(roff),
+                    self.peer.rkey,
+                    imm_v,
+                    signal,
+                )
+            };
             match r {
                 Ok(()) => return,
                 Err(e) if e.errno() == libc::ENOBUFS => self.progress(),
@@ -259,7 +290,12 @@ impl Side {
 }
 
 fn caps() -> QpCaps {
-    QpCaps { max_send_wr: 128, max_recv_wr: RECV_DEPTH, max_send_sge: 1, max_inline_data: 512 }
+    QpCaps {
+        max_send_wr: 128,
+        max_recv_wr: RECV_DEPTH,
+        max_send_sge: 1,
+        max_inline_data: 512,
+    }
 }
 
 fn server(addr: SocketAddr, o: &Opts) {
@@ -291,8 +327,10 @@ fn server(addr: SocketAddr, o: &Opts) {
         hello.flags & FLAG_EVENTS != 0
     );
     let dev = inc.device.clone();
-    let ring = RegBuf::new(&dev, hello.ring.len as usize, Access::RemoteWrite).unwrap_or_else(|e| fail("ring", e));
-    let sendbuf = RegBuf::new(&dev, 64 * 1024, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
+    let ring = RegBuf::new(&dev, hello.ring.len as usize, Access::RemoteWrite)
+        .unwrap_or_else(|e| fail("ring", e));
+    let sendbuf =
+        RegBuf::new(&dev, 64 * 1024, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
     let mut conn = match Conn::new(inc.id, &dev, caps()) {
         Ok(c) => c,
         Err((e, mut id)) => {
@@ -301,9 +339,20 @@ fn server(addr: SocketAddr, o: &Opts) {
         }
     };
     println!("server: qp {} caps {:?}", conn.qp_num(), conn.caps());
-    conn.post_recvs(WR_RECV, RECV_DEPTH).unwrap_or_else(|e| fail("post_recvs", e));
-    let rep = Hello { flags: 0, ring: ring.remote().unwrap(), size: 0, iters: 0, bytes: 0 }.encode();
-    let param = ConnParam { private_data: &rep[..24], ..Default::default() };
+    conn.post_recvs(WR_RECV, RECV_DEPTH)
+        .unwrap_or_else(|e| fail("post_recvs", e));
+    let rep = Hello {
+        flags: 0,
+        ring: ring.remote().unwrap(),
+        size: 0,
+        iters: 0,
+        bytes: 0,
+    }
+    .encode();
+    let param = ConnParam {
+        private_data: &rep[..24],
+        ..Default::default()
+    };
     rdma::accept(&mut conn, &param, o.timeout).unwrap_or_else(|e| fail("accept", e));
     println!("server: established");
     drop(listener);
@@ -357,16 +406,27 @@ fn server(addr: SocketAddr, o: &Opts) {
     let peer = s.peer;
     let bytes = sum.0.to_le_bytes();
     loop {
-        match s.conn.post_write_inline(WR_SEND, &bytes, &peer, 0, Some(imm(T_SUM, 0)), Signal::Yes) {
+        match s
+            .conn
+            .post_write_inline(WR_SEND, &bytes, &peer, 0, Some(imm(T_SUM, 0)), Signal::Yes)
+        {
             Ok(()) => break,
             Err(e) if e.errno() == libc::ENOBUFS => s.progress(),
             Err(e) => fail("post_write_inline", e),
         }
     }
-    println!("server: received {got} bytes in {k} chunks, checksum={:016x}", sum.0);
+    println!(
+        "server: received {got} bytes in {k} chunks, checksum={:016x}",
+        sum.0
+    );
     // Wait for the client to disconnect (it does so once it has our sum).
     let ch = s.conn.id().channel().clone();
-    match rdma::wait_event(&ch, rdma::EventKind::Disconnected, "wait disconnect", Some(Instant::now() + o.timeout)) {
+    match rdma::wait_event(
+        &ch,
+        rdma::EventKind::Disconnected,
+        "wait disconnect",
+        Some(Instant::now() + o.timeout),
+    ) {
         Ok(_) => {
             println!("server: peer disconnected");
             s.conn.set_disconnected();
@@ -381,10 +441,12 @@ fn client(addr: SocketAddr, o: &Opts) {
     let t0 = Instant::now();
     let (id, dev) = rdma::resolve(None, addr, 2, o.timeout).unwrap_or_else(|e| fail("resolve", e));
     let ring = RegBuf::new(&dev, o.ring, Access::RemoteWrite).unwrap_or_else(|e| fail("ring", e));
-    let sendbuf = RegBuf::new(&dev, o.ring, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
+    let sendbuf =
+        RegBuf::new(&dev, o.ring, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
     let mut conn = Conn::new(id, &dev, caps()).unwrap_or_else(|(e, _)| fail("create qp", e));
     println!("client: qp {} caps {:?}", conn.qp_num(), conn.caps());
-    conn.post_recvs(WR_RECV, RECV_DEPTH).unwrap_or_else(|e| fail("post_recvs", e));
+    conn.post_recvs(WR_RECV, RECV_DEPTH)
+        .unwrap_or_else(|e| fail("post_recvs", e));
     let hello = Hello {
         flags: if o.events { FLAG_EVENTS } else { 0 },
         ring: ring.remote().unwrap(),
@@ -393,8 +455,12 @@ fn client(addr: SocketAddr, o: &Opts) {
         bytes: o.bytes,
     };
     let req = hello.encode();
-    let param = ConnParam { private_data: &req, ..Default::default() };
-    let est = rdma::connect_event(&mut conn, &param, o.timeout).unwrap_or_else(|e| fail("connect", e));
+    let param = ConnParam {
+        private_data: &req,
+        ..Default::default()
+    };
+    let est =
+        rdma::connect_event(&mut conn, &param, o.timeout).unwrap_or_else(|e| fail("connect", e));
     if est.kind != rdma::EventKind::Established {
         let note = String::from_utf8_lossy(est.private_data());
         println!(
@@ -405,7 +471,9 @@ fn client(addr: SocketAddr, o: &Opts) {
         );
         fail("connect", est.to_error("rdma_connect"));
     }
-    let Some(peer) = Hello::decode(est.private_data()) else { die("bad handshake: server private data") };
+    let Some(peer) = Hello::decode(est.private_data()) else {
+        die("bad handshake: server private data")
+    };
     println!(
         "client: established in {:.1} ms; peer ring addr={:#x} rkey={:#x} len={}",
         t0.elapsed().as_secs_f64() * 1e3,
@@ -444,7 +512,11 @@ fn client(addr: SocketAddr, o: &Opts) {
             let (i, len) = s.next_imm();
             let rtt = t.elapsed();
             if imm_type(i) != T_PONG || imm_val(i) != seq as u32 || len as usize != size {
-                die(&format!("bad pong: type {} seq {} len {len}", imm_type(i), imm_val(i)));
+                die(&format!(
+                    "bad pong: type {} seq {} len {len}",
+                    imm_type(i),
+                    imm_val(i)
+                ));
             }
             let r = &s.ring.as_slice()[..size];
             if r[..8] != seq.to_le_bytes() || r[size - 8..] != (!seq).to_le_bytes() {
@@ -481,7 +553,9 @@ fn client(addr: SocketAddr, o: &Opts) {
             let (i, _) = s.next_imm();
             match imm_type(i) {
                 T_CREDIT => credits += imm_val(i),
-                ty => die(&format!("client: unexpected message type {ty} while streaming")),
+                ty => die(&format!(
+                    "client: unexpected message type {ty} while streaming"
+                )),
             }
         }
         let len = (o.bytes - sent).min(chunk as u64) as usize;
@@ -491,7 +565,13 @@ fn client(addr: SocketAddr, o: &Opts) {
             generate(b, sent / 8);
             sum.update(b);
         }
-        s.write(off, len, off as u64, Some(imm(T_DATA, len as u32)), Signal::Auto);
+        s.write(
+            off,
+            len,
+            off as u64,
+            Some(imm(T_DATA, len as u32)),
+            Signal::Auto,
+        );
         credits -= 1;
         sent += len as u64;
         k += 1;
@@ -531,14 +611,19 @@ fn parse_num(v: Option<String>) -> u64 {
         Some('g' | 'G') => (&v[..v.len() - 1], 1024 * 1024 * 1024),
         _ => (&v[..], 1),
     };
-    num.parse::<u64>().map(|n| n * mul).unwrap_or_else(|_| usage())
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .unwrap_or_else(|_| usage())
 }
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| usage());
     let host = args.next().unwrap_or_else(|| usage());
-    let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage());
+    let port: u16 = args
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| usage());
     let mut o = Opts {
         size: 64 * 1024,
         iters: 1000,
@@ -562,7 +647,13 @@ fn main() {
             _ => usage(),
         }
     }
-    if o.size == 0 || o.size & 7 != 0 || o.size > o.ring || o.bytes == 0 || o.iters == 0 || o.size >= 1 << 28 {
+    if o.size == 0
+        || o.size & 7 != 0
+        || o.size > o.ring
+        || o.bytes == 0
+        || o.iters == 0
+        || o.size >= 1 << 28
+    {
         eprintln!("rdma_pingpong: --size must be a non-zero multiple of 8 and <= --ring; --bytes, --iters > 0");
         exit(2);
     }

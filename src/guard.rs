@@ -19,7 +19,13 @@ pub struct Guard(());
 /// must be forwarded to libc untouched).
 #[inline]
 pub fn enter() -> Option<Guard> {
-    IN_SHIM.with(|f| if f.replace(true) { None } else { Some(Guard(())) })
+    IN_SHIM.with(|f| {
+        if f.replace(true) {
+            None
+        } else {
+            Some(Guard(()))
+        }
+    })
 }
 
 /// Whether the calling thread is already inside the shim.
@@ -52,6 +58,8 @@ mod tests {
     #[test]
     fn flag_is_per_thread() {
         let _g = enter().unwrap();
-        std::thread::spawn(|| assert!(enter().is_some())).join().unwrap();
+        std::thread::spawn(|| assert!(enter().is_some()))
+            .join()
+            .unwrap();
     }
 }

@@ -43,7 +43,11 @@ impl FileLogger {
         if fd >= 0 && self.still_ours(fd) {
             return fd;
         }
-        let new = raw::hide(raw::open(&self.path, libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT, 0o644));
+        let new = raw::hide(raw::open(
+            &self.path,
+            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT,
+            0o644,
+        ));
         if new < 0 {
             return -1;
         }
@@ -52,7 +56,10 @@ impl FileLogger {
             self.dev_ino.1.store(ino, Ordering::Relaxed);
         }
         // Another thread may have reopened too; keep one and close the other.
-        match self.fd.compare_exchange(fd, new, Ordering::AcqRel, Ordering::Relaxed) {
+        match self
+            .fd
+            .compare_exchange(fd, new, Ordering::AcqRel, Ordering::Relaxed)
+        {
             Ok(_) => new,
             Err(current) => {
                 raw::close(new);
@@ -62,7 +69,11 @@ impl FileLogger {
     }
 
     fn still_ours(&self, fd: i32) -> bool {
-        stat(fd) == Some((self.dev_ino.0.load(Ordering::Relaxed), self.dev_ino.1.load(Ordering::Relaxed)))
+        stat(fd)
+            == Some((
+                self.dev_ino.0.load(Ordering::Relaxed),
+                self.dev_ino.1.load(Ordering::Relaxed),
+            ))
     }
 }
 
@@ -102,7 +113,10 @@ impl log::Log for FileLogger {
             return;
         }
         let (s, ns) = raw::realtime();
-        let mut line = LineBuf { buf: [0; 1024], len: 0 };
+        let mut line = LineBuf {
+            buf: [0; 1024],
+            len: 0,
+        };
         let _ = write!(
             line,
             "{s}.{:06} rsock[{}:{}] {:<5} {}",

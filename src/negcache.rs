@@ -56,7 +56,10 @@ impl NegCache {
 
     /// Forgets `dest` (after it served RDMA again).
     pub fn remove(&self, dest: &SocketAddr) {
-        self.until.lock().unwrap_or_else(|e| e.into_inner()).remove(dest);
+        self.until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(dest);
     }
 
     /// Entries currently held (expired ones included until looked up or evicted).
@@ -108,16 +111,31 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..CAPACITY {
             let ttl = Duration::from_millis(if i == 7 { 1 } else { 1000 + i as u64 });
-            c.insert(SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 1)), t0, ttl);
+            c.insert(
+                SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 1)),
+                t0,
+                ttl,
+            );
         }
         assert_eq!(c.len(), CAPACITY);
         // Entry 7 has expired by now: it makes room.
-        c.insert(a("10.9.9.9:1"), t0 + Duration::from_millis(5), Duration::from_secs(1));
+        c.insert(
+            a("10.9.9.9:1"),
+            t0 + Duration::from_millis(5),
+            Duration::from_secs(1),
+        );
         assert_eq!(c.len(), CAPACITY);
         assert!(c.contains(&a("10.9.9.9:1"), t0 + Duration::from_millis(5)));
         // Nothing expired: the entry closest to expiry (index 0) goes.
-        c.insert(a("10.9.9.10:1"), t0 + Duration::from_millis(5), Duration::from_secs(9));
+        c.insert(
+            a("10.9.9.10:1"),
+            t0 + Duration::from_millis(5),
+            Duration::from_secs(9),
+        );
         assert_eq!(c.len(), CAPACITY);
-        assert!(!c.contains(&SocketAddr::from(([10, 0, 0, 0], 1)), t0 + Duration::from_millis(5)));
+        assert!(!c.contains(
+            &SocketAddr::from(([10, 0, 0, 0], 1)),
+            t0 + Duration::from_millis(5)
+        ));
     }
 }

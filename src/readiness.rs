@@ -43,19 +43,42 @@ impl Doorbell {
     pub fn new(nonblock: bool) -> io::Result<Doorbell> {
         let mut sv = [-1; 2];
         // SAFETY: sv is a valid out-array of two ints.
-        if unsafe { real::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
+        if unsafe {
+            real::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+                sv.as_mut_ptr(),
+            )
+        } != 0
+        {
             return Err(io::Error::last_os_error());
         }
         let (app, shim) = (crate::sys::raw::hide(sv[0]), crate::sys::raw::hide(sv[1]));
-        let d = Doorbell { app: std::sync::atomic::AtomicI32::new(app), shim };
+        let d = Doorbell {
+            app: std::sync::atomic::AtomicI32::new(app),
+            shim,
+        };
         // The smallest send buffer: few filler bytes make A unwritable. The kernel clamps 1
         // up to its minimum.
         let one: c_int = 1;
         // SAFETY: valid option pointer and length; fds are ours.
         unsafe {
-            real::setsockopt(app, libc::SOL_SOCKET, libc::SO_SNDBUF, (&one as *const c_int).cast(), 4);
+            real::setsockopt(
+                app,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&one as *const c_int).cast(),
+                4,
+            );
             set_flag(shim, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, true)?;
-            set_flag(app, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, nonblock)?;
+            set_flag(
+                app,
+                libc::F_GETFL,
+                libc::F_SETFL,
+                libc::O_NONBLOCK,
+                nonblock,
+            )?;
             set_flag(app, libc::F_GETFD, libc::F_SETFD, libc::FD_CLOEXEC, true)?;
         }
         Ok(d)
@@ -64,7 +87,15 @@ impl Doorbell {
     /// Sets or clears `O_NONBLOCK` on A's file (shared by every fd of A).
     pub fn set_file_nonblocking(&self, on: bool) -> io::Result<()> {
         // SAFETY: fcntl on our own fd.
-        unsafe { set_flag(self.app_fd(), libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, on) }
+        unsafe {
+            set_flag(
+                self.app_fd(),
+                libc::F_GETFL,
+                libc::F_SETFL,
+                libc::O_NONBLOCK,
+                on,
+            )
+        }
     }
 
     /// The doorbell's own fd of A, or -1 after [`release_app`](Self::release_app).
@@ -84,7 +115,11 @@ impl Doorbell {
 
     /// A new program fd for A (lowest free number, like `accept`).
     pub fn install_new(&self, cloexec: bool) -> io::Result<c_int> {
-        let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+        let cmd = if cloexec {
+            libc::F_DUPFD_CLOEXEC
+        } else {
+            libc::F_DUPFD
+        };
         // SAFETY: plain fcntl on our fd.
         let fd = unsafe { real::fcntl(self.app_fd(), cmd, 0) };
         if fd < 0 {
@@ -113,10 +148,17 @@ impl Doorbell {
         // SAFETY: buffers are valid for their lengths; the fds are ours.
         unsafe {
             if on {
-                real::send(self.shim, b"r".as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                real::send(
+                    self.shim,
+                    b"r".as_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                );
             } else {
                 // Tokens are single bytes: a short read means the queue is empty.
-                while real::recv(app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) == buf.len() as isize {}
+                while real::recv(app, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+                    == buf.len() as isize
+                {}
             }
         }
         set_errno(e);
@@ -133,13 +175,24 @@ impl Doorbell {
         // SAFETY: as above.
         unsafe {
             if on {
-                while real::recv(self.shim, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) > 0 {}
+                while real::recv(
+                    self.shim,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                ) > 0
+                {}
             } else {
                 for _ in 0..FILL_MAX {
                     if !self.poll_app(libc::POLLOUT) {
                         break;
                     }
-                    let n = real::send(app, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+                    let n = real::send(
+                        app,
+                        buf.as_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    );
                     if n <= 0 {
                         break;
                     }
@@ -167,7 +220,11 @@ impl Doorbell {
 
     /// Whether A currently reports all of `events` to poll (used by tests and assertions).
     pub fn poll_app(&self, events: libc::c_short) -> bool {
-        let mut p = libc::pollfd { fd: self.app_fd(), events, revents: 0 };
+        let mut p = libc::pollfd {
+            fd: self.app_fd(),
+            events,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         unsafe { real::poll(&mut p, 1, 0) == 1 && p.revents & events == events }
     }
@@ -197,10 +254,16 @@ unsafe fn set_flag(fd: c_int, get: c_int, set: c_int, flag: c_int, on: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libc::{EPOLLET, EPOLLIN, EPOLLONESHOT, EPOLLOUT, EPOLLRDHUP, POLLHUP, POLLIN, POLLOUT, POLLRDHUP};
+    use libc::{
+        EPOLLET, EPOLLIN, EPOLLONESHOT, EPOLLOUT, EPOLLRDHUP, POLLHUP, POLLIN, POLLOUT, POLLRDHUP,
+    };
 
     fn revents(fd: c_int) -> libc::c_short {
-        let mut p = libc::pollfd { fd, events: POLLIN | POLLOUT | POLLRDHUP, revents: 0 };
+        let mut p = libc::pollfd {
+            fd,
+            events: POLLIN | POLLOUT | POLLRDHUP,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         assert!(unsafe { libc::poll(&mut p, 1, 0) } >= 0);
         p.revents
@@ -212,7 +275,10 @@ mod tests {
             // SAFETY: plain syscalls with valid arguments.
             unsafe {
                 let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
-                let mut ev = libc::epoll_event { events: events as u32, u64: fd as u64 };
+                let mut ev = libc::epoll_event {
+                    events: events as u32,
+                    u64: fd as u64,
+                };
                 assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
                 Epoll(ep)
             }
@@ -221,7 +287,11 @@ mod tests {
             let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
             // SAFETY: valid event array.
             let n = unsafe { libc::epoll_wait(self.0, ev.as_mut_ptr(), 4, 0) };
-            if n > 0 { ev[0].events } else { 0 }
+            if n > 0 {
+                ev[0].events
+            } else {
+                0
+            }
         }
     }
     impl Drop for Epoll {
@@ -248,8 +318,14 @@ mod tests {
         assert_eq!(unsafe { libc::fstat(a, &mut st) }, 0);
         assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFSOCK);
         // SAFETY: plain fcntl.
-        assert_ne!(unsafe { libc::fcntl(a, libc::F_GETFL) } & libc::O_NONBLOCK, 0);
-        assert_ne!(unsafe { libc::fcntl(a, libc::F_GETFD) } & libc::FD_CLOEXEC, 0);
+        assert_ne!(
+            unsafe { libc::fcntl(a, libc::F_GETFL) } & libc::O_NONBLOCK,
+            0
+        );
+        assert_ne!(
+            unsafe { libc::fcntl(a, libc::F_GETFD) } & libc::FD_CLOEXEC,
+            0
+        );
         drop(d);
         close(a);
     }
@@ -348,7 +424,10 @@ mod tests {
         let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
         d.install_at(fd, true).unwrap();
         // SAFETY: plain fcntl/fstat.
-        assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC, 0);
+        assert_ne!(
+            unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC,
+            0
+        );
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
         d.set_readable(true);

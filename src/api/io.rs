@@ -36,7 +36,9 @@ fn owned(
     call: impl FnOnce() -> ssize_t,
     rdma: impl FnOnce(&Stream) -> ssize_t,
 ) -> ssize_t {
-    let Some(s) = fdtable::get(fd) else { return call() };
+    let Some(s) = fdtable::get(fd) else {
+        return call();
+    };
     let r = match s.stream() {
         Some(st) => match guard::enter() {
             Some(_g) => rdma(&st),
@@ -77,7 +79,10 @@ unsafe fn iov_mut<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a mut [IoSliceM
     match cnt {
         0 => Some(&mut []),
         c if c < 0 || c > libc::UIO_MAXIOV || iov.is_null() => None,
-        c => Some(std::slice::from_raw_parts_mut(iov as *mut IoSliceMut<'a>, c as usize)),
+        c => Some(std::slice::from_raw_parts_mut(
+            iov as *mut IoSliceMut<'a>,
+            c as usize,
+        )),
     }
 }
 
@@ -85,7 +90,10 @@ unsafe fn iov<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a [IoSlice<'a>]> {
     match cnt {
         0 => Some(&[]),
         c if c < 0 || c > libc::UIO_MAXIOV || iov.is_null() => None,
-        c => Some(std::slice::from_raw_parts(iov as *const IoSlice<'a>, c as usize)),
+        c => Some(std::slice::from_raw_parts(
+            iov as *const IoSlice<'a>,
+            c as usize,
+        )),
     }
 }
 
@@ -96,8 +104,12 @@ fn fail(e: c_int) -> ssize_t {
 
 /// Reads from the stream into `bufs`.
 fn recv_rdma(st: &Stream, bufs: Option<&mut [IoSliceMut<'_>]>, flags: c_int) -> ssize_t {
-    let Some(bufs) = bufs else { return fail(libc::EFAULT) };
-    let Some(engine) = engine::get() else { return fail(libc::ECONNRESET) };
+    let Some(bufs) = bufs else {
+        return fail(libc::EFAULT);
+    };
+    let Some(engine) = engine::get() else {
+        return fail(libc::ECONNRESET);
+    };
     match st.recv(engine, bufs, flags, st.rcv_timeout()) {
         Ok(n) => n as ssize_t,
         Err(e) => fail(e),
@@ -106,8 +118,12 @@ fn recv_rdma(st: &Stream, bufs: Option<&mut [IoSliceMut<'_>]>, flags: c_int) -> 
 
 /// Writes `bufs` to the stream; EPIPE raises SIGPIPE unless MSG_NOSIGNAL, like the kernel.
 fn send_rdma(st: &Stream, bufs: Option<&[IoSlice<'_>]>, flags: c_int) -> ssize_t {
-    let Some(bufs) = bufs else { return fail(libc::EFAULT) };
-    let Some(engine) = engine::get() else { return fail(libc::EPIPE) };
+    let Some(bufs) = bufs else {
+        return fail(libc::EFAULT);
+    };
+    let Some(engine) = engine::get() else {
+        return fail(libc::EPIPE);
+    };
     match st.send(engine, bufs, flags, st.snd_timeout()) {
         Ok(n) => n as ssize_t,
         Err(e) => {
@@ -130,17 +146,26 @@ fn one(b: Option<&[u8]>) -> Option<[IoSlice<'_>; 1]> {
 
 #[inline]
 pub unsafe fn send(fd: c_int, b: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    data_call!(sent, fd, real::send(fd, b, n, flags), |st| send_rdma(st, one(buf(b, n)).as_ref().map(|x| &x[..]), flags))
-}
-
-#[inline]
-pub unsafe fn sendto(fd: c_int, b: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t {
-    // A connected stream ignores the address, as TCP does.
-    data_call!(sent, fd, real::sendto(fd, b, n, flags, addr, len), |st| send_rdma(
+    data_call!(sent, fd, real::send(fd, b, n, flags), |st| send_rdma(
         st,
         one(buf(b, n)).as_ref().map(|x| &x[..]),
         flags
     ))
+}
+
+#[inline]
+pub unsafe fn sendto(
+    fd: c_int,
+    b: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    // A connected stream ignores the address, as TCP does.
+    data_call!(sent, fd, real::sendto(fd, b, n, flags, addr, len), |st| {
+        send_rdma(st, one(buf(b, n)).as_ref().map(|x| &x[..]), flags)
+    })
 }
 
 #[inline]
@@ -155,12 +180,20 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 
 #[inline]
 pub unsafe fn write(fd: c_int, b: *const c_void, n: size_t) -> ssize_t {
-    data_call!(sent, fd, real::write(fd, b, n), |st| send_rdma(st, one(buf(b, n)).as_ref().map(|x| &x[..]), 0))
+    data_call!(sent, fd, real::write(fd, b, n), |st| send_rdma(
+        st,
+        one(buf(b, n)).as_ref().map(|x| &x[..]),
+        0
+    ))
 }
 
 #[inline]
 pub unsafe fn writev(fd: c_int, v: *const iovec, cnt: c_int) -> ssize_t {
-    data_call!(sent, fd, real::writev(fd, v, cnt), |st| send_rdma(st, iov(v, cnt), 0))
+    data_call!(sent, fd, real::writev(fd, v, cnt), |st| send_rdma(
+        st,
+        iov(v, cnt),
+        0
+    ))
 }
 
 #[inline]
@@ -173,13 +206,29 @@ pub unsafe fn recv(fd: c_int, b: *mut c_void, n: size_t, flags: c_int) -> ssize_
 }
 
 #[inline]
-pub unsafe fn recvfrom(fd: c_int, b: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t {
-    data_call!(received, fd, real::recvfrom(fd, b, n, flags, addr, len), |st| {
-        if !addr.is_null() && !len.is_null() {
-            *len = 0; // a stream socket reports no source address
+pub unsafe fn recvfrom(
+    fd: c_int,
+    b: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    data_call!(
+        received,
+        fd,
+        real::recvfrom(fd, b, n, flags, addr, len),
+        |st| {
+            if !addr.is_null() && !len.is_null() {
+                *len = 0; // a stream socket reports no source address
+            }
+            recv_rdma(
+                st,
+                one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]),
+                flags,
+            )
         }
-        recv_rdma(st, one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]), flags)
-    })
+    )
 }
 
 #[inline]
@@ -198,12 +247,20 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
 
 #[inline]
 pub unsafe fn read(fd: c_int, b: *mut c_void, n: size_t) -> ssize_t {
-    data_call!(received, fd, real::read(fd, b, n), |st| recv_rdma(st, one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]), 0))
+    data_call!(received, fd, real::read(fd, b, n), |st| recv_rdma(
+        st,
+        one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]),
+        0
+    ))
 }
 
 #[inline]
 pub unsafe fn readv(fd: c_int, v: *const iovec, cnt: c_int) -> ssize_t {
-    data_call!(received, fd, real::readv(fd, v, cnt), |st| recv_rdma(st, iov_mut(v, cnt), 0))
+    data_call!(received, fd, real::readv(fd, v, cnt), |st| recv_rdma(
+        st,
+        iov_mut(v, cnt),
+        0
+    ))
 }
 
 // Fortified forms: an oversized request goes to libc's own check, which aborts.
@@ -219,13 +276,28 @@ pub unsafe fn __read_chk(fd: c_int, b: *mut c_void, n: size_t, buflen: size_t) -
 }
 
 #[inline]
-pub unsafe fn __recv_chk(fd: c_int, b: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
-    data_call!(received, fd, real::__recv_chk(fd, b, n, buflen, flags), |st| {
-        if n > buflen {
-            return real::__recv_chk(fd, b, n, buflen, flags);
+pub unsafe fn __recv_chk(
+    fd: c_int,
+    b: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    data_call!(
+        received,
+        fd,
+        real::__recv_chk(fd, b, n, buflen, flags),
+        |st| {
+            if n > buflen {
+                return real::__recv_chk(fd, b, n, buflen, flags);
+            }
+            recv_rdma(
+                st,
+                one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]),
+                flags,
+            )
         }
-        recv_rdma(st, one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]), flags)
-    })
+    )
 }
 
 #[inline]
@@ -238,25 +310,41 @@ pub unsafe fn __recvfrom_chk(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    data_call!(received, fd, real::__recvfrom_chk(fd, b, n, buflen, flags, addr, len), |st| {
-        if n > buflen {
-            return real::__recvfrom_chk(fd, b, n, buflen, flags, addr, len);
+    data_call!(
+        received,
+        fd,
+        real::__recvfrom_chk(fd, b, n, buflen, flags, addr, len),
+        |st| {
+            if n > buflen {
+                return real::__recvfrom_chk(fd, b, n, buflen, flags, addr, len);
+            }
+            if !addr.is_null() && !len.is_null() {
+                *len = 0;
+            }
+            recv_rdma(
+                st,
+                one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]),
+                flags,
+            )
         }
-        if !addr.is_null() && !len.is_null() {
-            *len = 0;
-        }
-        recv_rdma(st, one_mut(buf_mut(b, n)).as_mut().map(|x| &mut x[..]), flags)
-    })
+    )
 }
 
 #[inline]
 pub unsafe fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t {
-    data_call!(sent, out_fd, real::sendfile(out_fd, in_fd, off, n), |st| sendfile_rdma(st, in_fd, off, n))
+    data_call!(sent, out_fd, real::sendfile(out_fd, in_fd, off, n), |st| {
+        sendfile_rdma(st, in_fd, off, n)
+    })
 }
 
 #[inline]
 pub unsafe fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t {
-    data_call!(sent, out_fd, real::sendfile64(out_fd, in_fd, off, n), |st| sendfile_rdma(st, in_fd, off, n))
+    data_call!(
+        sent,
+        out_fd,
+        real::sendfile64(out_fd, in_fd, off, n),
+        |st| sendfile_rdma(st, in_fd, off, n)
+    )
 }
 
 /// sendfile into a stream: read the file in chunks and send them. Bytes read but not sent
@@ -307,7 +395,14 @@ unsafe fn sendfile_rdma(st: &Stream, in_fd: c_int, off: *mut off_t, n: size_t) -
 /// the pipe, and consumed only as far as the pipe took them; to a stream, at most what the
 /// stream can take without blocking is read from the pipe (all of `len` when blocking).
 #[inline]
-pub unsafe fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+pub unsafe fn splice(
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
     if !fdtable::owns(fd_in) && !fdtable::owns(fd_out) {
         return real::splice(fd_in, off_in, fd_out, off_out, len, flags);
     }
@@ -316,9 +411,19 @@ pub unsafe fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out:
 
 #[cold]
 #[inline(never)]
-unsafe fn splice_owned(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+unsafe fn splice_owned(
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
     let (sin, sout) = (fdtable::get(fd_in), fdtable::get(fd_out));
-    let (stin, stout) = (sin.as_ref().and_then(|s| s.stream()), sout.as_ref().and_then(|s| s.stream()));
+    let (stin, stout) = (
+        sin.as_ref().and_then(|s| s.stream()),
+        sout.as_ref().and_then(|s| s.stream()),
+    );
     let r = match (&stin, &stout, crate::guard::enter()) {
         (Some(st), None, Some(_g)) => splice_from_stream(st, fd_out, off_out, len, flags),
         (None, Some(st), Some(_g)) => splice_to_stream(st, fd_in, off_in, len, flags),
@@ -336,9 +441,19 @@ unsafe fn splice_owned(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_ou
 
 const SPLICE_CHUNK: usize = 64 * 1024;
 
-unsafe fn splice_from_stream(st: &Stream, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+unsafe fn splice_from_stream(
+    st: &Stream,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
     let mut chunk = vec![0u8; len.clamp(1, SPLICE_CHUNK)];
-    let nb = if flags & libc::SPLICE_F_NONBLOCK != 0 { libc::MSG_DONTWAIT } else { 0 };
+    let nb = if flags & libc::SPLICE_F_NONBLOCK != 0 {
+        libc::MSG_DONTWAIT
+    } else {
+        0
+    };
     let mut one = [IoSliceMut::new(&mut chunk)];
     let peeked = recv_rdma(st, Some(&mut one), libc::MSG_PEEK | nb);
     if peeked <= 0 {
@@ -361,7 +476,13 @@ unsafe fn splice_from_stream(st: &Stream, fd_out: c_int, off_out: *mut off64_t, 
     w
 }
 
-unsafe fn splice_to_stream(st: &Stream, fd_in: c_int, off_in: *mut off64_t, len: size_t, flags: libc::c_uint) -> ssize_t {
+unsafe fn splice_to_stream(
+    st: &Stream,
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    len: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
     let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0 || st.is_nonblocking();
     let room = if nonblock { st.writable_bytes() } else { len };
     if room == 0 {

@@ -81,23 +81,43 @@ fn local_addr(fd: c_int) -> Vec<u8> {
     let mut len = a.len() as socklen_t;
     // SAFETY: a is a valid buffer of len bytes.
     let ok = unsafe { real::getsockname(fd, a.as_mut_ptr().cast(), &mut len) } == 0;
-    if ok { a[..(len as usize).min(28)].to_vec() } else { Vec::new() }
+    if ok {
+        a[..(len as usize).min(28)].to_vec()
+    } else {
+        Vec::new()
+    }
 }
 
 unsafe fn addr_bytes<'a>(addr: *const sockaddr, len: socklen_t) -> &'a [u8] {
-    if addr.is_null() { &[] } else { std::slice::from_raw_parts(addr.cast::<u8>(), len as usize) }
+    if addr.is_null() {
+        &[]
+    } else {
+        std::slice::from_raw_parts(addr.cast::<u8>(), len as usize)
+    }
 }
 
 /// Why a connection goes to kernel TCP when no engine could be had.
 fn no_engine_reason() -> Fallback {
-    if init::rdma_device_present() { Fallback::RdmaUnavailable } else { Fallback::NoDevice }
+    if init::rdma_device_present() {
+        Fallback::RdmaUnavailable
+    } else {
+        Fallback::NoDevice
+    }
 }
 
 /// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
 fn fd_flags(fd: c_int) -> (bool, bool) {
     // SAFETY: plain fcntl queries.
-    let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
-    (fl >= 0 && fl & libc::O_NONBLOCK != 0, fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0)
+    let (fl, fdfl) = unsafe {
+        (
+            real::fcntl(fd, libc::F_GETFL, 0),
+            real::fcntl(fd, libc::F_GETFD, 0),
+        )
+    };
+    (
+        fl >= 0 && fl & libc::O_NONBLOCK != 0,
+        fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0,
+    )
 }
 
 /// Tries RDMA for a connect to `dest`; on success the program's `fd` is the stream's doorbell.
@@ -144,8 +164,12 @@ fn connect_rdma(s: &crate::socket::Socket, fd: c_int, dest: SocketAddr) -> Resul
 }
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    let Some(s) = fdtable::get(fd) else { return real::connect(fd, addr, len) };
-    let Some(_g) = guard::enter() else { return real::connect(fd, addr, len) };
+    let Some(s) = fdtable::get(fd) else {
+        return real::connect(fd, addr, len);
+    };
+    let Some(_g) = guard::enter() else {
+        return real::connect(fd, addr, len);
+    };
     if s.state() == State::Rdma {
         set_errno(libc::EISCONN);
         return -1;
@@ -172,7 +196,10 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     };
     let r = real::connect(fd, addr, len);
     let e = errno();
-    log::debug!("fd {fd}: connect to {dest} over kernel TCP ({})", reason.map_or("passthrough", |r| r.name()));
+    log::debug!(
+        "fd {fd}: connect to {dest} over kernel TCP ({})",
+        reason.map_or("passthrough", |r| r.name())
+    );
     if r == 0 {
         let local = local_addr(fd);
         s.established(fd, State::Tcp, path, reason, &local, addr_bytes(addr, len));
@@ -203,7 +230,12 @@ pub(super) fn resolve_pending(s: &crate::socket::Socket, fd: c_int, ok: bool) {
 }
 
 /// A repeated connect() on a socket whose kernel connect is in progress.
-unsafe fn connect_again(s: &crate::socket::Socket, fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+unsafe fn connect_again(
+    s: &crate::socket::Socket,
+    fd: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> c_int {
     let r = real::connect(fd, addr, len);
     let e = errno();
     if r == 0 || e == libc::EISCONN {
@@ -224,14 +256,18 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
 }
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
-    let Some(s) = fdtable::get(fd) else { return real::listen(fd, backlog) };
+    let Some(s) = fdtable::get(fd) else {
+        return real::listen(fd, backlog);
+    };
     if let Some(Attachment::Listener(l)) = s.attachment() {
         return real::listen(l.tcp_fd, backlog); // a new backlog for the kernel side
     }
     if s.state() != State::Created {
         return real::listen(fd, backlog);
     }
-    let Some(_g) = guard::enter() else { return real::listen(fd, backlog) };
+    let Some(_g) = guard::enter() else {
+        return real::listen(fd, backlog);
+    };
     // The rdma_cm side listens first: once the kernel listener is visible, an rsock client
     // must find the RDMA one too (else it falls back to TCP and caches the failure).
     let rdma = keep_errno(|| rdma_listen(fd, backlog));
@@ -239,7 +275,9 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 || !s.transition(State::Created, State::Listening) {
         return r; // the prepared rdma_cm listener is dropped
     }
-    let Some((engine, local, rl)) = rdma else { return r };
+    let Some((engine, local, rl)) = rdma else {
+        return r;
+    };
     keep_errno(|| {
         let mut started = Err(String::new());
         let _ = swap_file(&s, fd, || {
@@ -258,7 +296,10 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
 }
 
 /// The rdma_cm half of a dual listener on `fd`'s bound address, if RDMA can serve it.
-fn rdma_listen(fd: c_int, backlog: c_int) -> Option<(&'static engine::Engine, SocketAddr, engine::RdmaListen)> {
+fn rdma_listen(
+    fd: c_int,
+    backlog: c_int,
+) -> Option<(&'static engine::Engine, SocketAddr, engine::RdmaListen)> {
     let engine = engine::get()?;
     let mut a = [0u8; 28];
     let mut alen = a.len() as socklen_t;
@@ -288,19 +329,34 @@ fn track_accepted(nfd: c_int) {
         if !init::enabled() {
             return;
         }
-        let reason = if engine::get().is_some() { Fallback::PeerTcp } else { no_engine_reason() };
+        let reason = if engine::get().is_some() {
+            Fallback::PeerTcp
+        } else {
+            no_engine_reason()
+        };
         let mut peer = [0u8; 28];
         let mut plen = peer.len() as socklen_t;
         // SAFETY: peer is a valid buffer of plen bytes.
         let have_peer = unsafe { real::getpeername(nfd, peer.as_mut_ptr().cast(), &mut plen) } == 0;
-        let peer = if have_peer { &peer[..(plen as usize).min(28)] } else { &[][..] };
+        let peer = if have_peer {
+            &peer[..(plen as usize).min(28)]
+        } else {
+            &[][..]
+        };
         let local = local_addr(nfd);
-        track(nfd, |s| s.established(nfd, State::Tcp, Path::Tcp, Some(reason), &local, peer));
+        track(nfd, |s| {
+            s.established(nfd, State::Tcp, Path::Tcp, Some(reason), &local, peer)
+        });
     });
 }
 
 /// `accept4` on a dual listener: the next connection from either side.
-unsafe fn accept_dual(l: &Listener, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+unsafe fn accept_dual(
+    l: &Listener,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
     let Some(engine) = engine::get() else {
         set_errno(libc::EINVAL);
         return -1;
@@ -322,7 +378,11 @@ unsafe fn accept_dual(l: &Listener, addr: *mut sockaddr, len: *mut socklen_t, fl
         Ok(Accepted::Tcp(nfd)) => {
             // The helper accepted it close-on-exec and blocking: give it the asked flags.
             if nonblock {
-                real::fcntl(nfd, libc::F_SETFL, (libc::O_RDWR | libc::O_NONBLOCK) as usize);
+                real::fcntl(
+                    nfd,
+                    libc::F_SETFL,
+                    (libc::O_RDWR | libc::O_NONBLOCK) as usize,
+                );
             }
             if !cloexec {
                 real::fcntl(nfd, libc::F_SETFD, 0);
@@ -335,7 +395,11 @@ unsafe fn accept_dual(l: &Listener, addr: *mut sockaddr, len: *mut socklen_t, fl
         }
         Ok(Accepted::Rdma(stream)) => {
             let Some(_g) = guard::enter() else { return -1 };
-            let nfd = match stream.bell().set_file_nonblocking(nonblock).and_then(|_| stream.bell().install_new(cloexec)) {
+            let nfd = match stream
+                .bell()
+                .set_file_nonblocking(nonblock)
+                .and_then(|_| stream.bell().install_new(cloexec))
+            {
                 Ok(nfd) => nfd,
                 Err(e) => {
                     stream.app_closed(true);
@@ -365,12 +429,20 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
 
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     if !fdtable::owns(fd) {
-        return if flags == 0 { real::accept(fd, addr, len) } else { real::accept4(fd, addr, len, flags) };
+        return if flags == 0 {
+            real::accept(fd, addr, len)
+        } else {
+            real::accept4(fd, addr, len, flags)
+        };
     }
     if let Some(Attachment::Listener(l)) = fdtable::get(fd).and_then(|s| s.attachment()) {
         return accept_dual(&l, addr, len, flags);
     }
-    let nfd = if flags == 0 { real::accept(fd, addr, len) } else { real::accept4(fd, addr, len, flags) };
+    let nfd = if flags == 0 {
+        real::accept(fd, addr, len)
+    } else {
+        real::accept4(fd, addr, len, flags)
+    };
     if nfd >= 0 {
         track_accepted(nfd);
     }
@@ -416,7 +488,9 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn dup(fd: c_int) -> c_int {
-    let Some(s) = fdtable::get(fd) else { return real::dup(fd) };
+    let Some(s) = fdtable::get(fd) else {
+        return real::dup(fd);
+    };
     let new = real::dup(fd);
     if new >= 0 {
         share(&s, new);
@@ -489,7 +563,10 @@ pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     if timeout == 0 || !engine::active() {
         return real::poll(fds, n, timeout);
     }
-    engine::spin_then(|| probe(real::poll(fds, n, 0)), || real::poll(fds, n, timeout))
+    engine::spin_then(
+        || probe(real::poll(fds, n, 0)),
+        || real::poll(fds, n, timeout),
+    )
 }
 
 #[inline]
@@ -497,20 +574,40 @@ pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: si
     if timeout == 0 || !engine::active() {
         return real::__poll_chk(fds, n, timeout, fdslen);
     }
-    engine::spin_then(|| probe(real::__poll_chk(fds, n, 0, fdslen)), || real::__poll_chk(fds, n, timeout, fdslen))
+    engine::spin_then(
+        || probe(real::__poll_chk(fds, n, 0, fdslen)),
+        || real::__poll_chk(fds, n, timeout, fdslen),
+    )
 }
 
 #[inline]
-pub unsafe fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int {
+pub unsafe fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
     if is_zero_ts(ts) || !engine::active() {
         return real::ppoll(fds, n, ts, mask);
     }
-    let zero = timespec { tv_sec: 0, tv_nsec: 0 };
-    engine::spin_then(|| probe(real::ppoll(fds, n, &zero, mask)), || real::ppoll(fds, n, ts, mask))
+    let zero = timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    engine::spin_then(
+        || probe(real::ppoll(fds, n, &zero, mask)),
+        || real::ppoll(fds, n, ts, mask),
+    )
 }
 
 #[inline]
-pub unsafe fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int {
+pub unsafe fn select(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
     if (!tv.is_null() && (*tv).tv_sec == 0 && (*tv).tv_usec == 0) || !engine::active() {
         return real::select(n, r, w, e, tv);
     }
@@ -518,7 +615,10 @@ pub unsafe fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t
     engine::spin_then(
         || {
             sets.restore(r, w, e);
-            let mut zero = timeval { tv_sec: 0, tv_usec: 0 };
+            let mut zero = timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            };
             probe(real::select(n, r, w, e, &mut zero))
         },
         || {
@@ -529,12 +629,22 @@ pub unsafe fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t
 }
 
 #[inline]
-pub unsafe fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int {
+pub unsafe fn pselect(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
     if is_zero_ts(ts) || !engine::active() {
         return real::pselect(n, r, w, e, ts, mask);
     }
     let sets = FdSets::save(r, w, e);
-    let zero = timespec { tv_sec: 0, tv_nsec: 0 };
+    let zero = timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     engine::spin_then(
         || {
             sets.restore(r, w, e);
@@ -598,7 +708,11 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 /// Replaces the file behind the program's `fd` with a doorbell's A (`install`), carrying
 /// the program's epoll registrations of `fd` over: epoll keys them by file, so they are taken
 /// off the old file first and put back, with the same events and data, on the new one.
-fn swap_file(s: &crate::socket::Socket, fd: c_int, install: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+fn swap_file(
+    s: &crate::socket::Socket,
+    fd: c_int,
+    install: impl FnOnce() -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let regs = s.epoll_regs();
     for (epfd, _) in &regs {
         // SAFETY: removing fd from an epoll set the program put it in.
@@ -619,11 +733,20 @@ pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout:
     if timeout == 0 || !engine::active() {
         return real::epoll_wait(epfd, ev, max, timeout);
     }
-    engine::spin_then(|| probe(real::epoll_wait(epfd, ev, max, 0)), || real::epoll_wait(epfd, ev, max, timeout))
+    engine::spin_then(
+        || probe(real::epoll_wait(epfd, ev, max, 0)),
+        || real::epoll_wait(epfd, ev, max, timeout),
+    )
 }
 
 #[inline]
-pub unsafe fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int {
+pub unsafe fn epoll_pwait(
+    epfd: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
     if timeout == 0 || !engine::active() {
         return real::epoll_pwait(epfd, ev, max, timeout, mask);
     }

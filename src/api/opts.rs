@@ -32,11 +32,19 @@ fn opts_fd(a: &Attachment) -> c_int {
 }
 
 #[inline]
-pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+pub unsafe fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
     if level == libc::SOL_SOCKET && name == libc::SO_ERROR && fdtable::owns(fd) {
         return so_error(fd, val, len);
     }
-    let Some(a) = attached(fd) else { return real::getsockopt(fd, level, name, val, len) };
+    let Some(a) = attached(fd) else {
+        return real::getsockopt(fd, level, name, val, len);
+    };
     if let Attachment::Stream(s) = &a {
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_ERROR) => return put_int(val, len, 0),
@@ -48,8 +56,16 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
 }
 
 #[inline]
-pub unsafe fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
-    let Some(a) = attached(fd) else { return real::setsockopt(fd, level, name, val, len) };
+pub unsafe fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let Some(a) = attached(fd) else {
+        return real::setsockopt(fd, level, name, val, len);
+    };
     let r = real::setsockopt(opts_fd(&a), level, name, val, len);
     if let (0, Attachment::Stream(s)) = (r, &a) {
         if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) {
@@ -72,12 +88,18 @@ pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
 /// which also settles a connect in progress (how nonblocking connects are usually checked).
 #[cold]
 unsafe fn so_error(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
-    let Some(s) = fdtable::get(fd) else { return real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len) };
+    let Some(s) = fdtable::get(fd) else {
+        return real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len);
+    };
     if s.stream().is_some() {
         return put_int(val, len, 0);
     }
     let r = real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len);
-    if r == 0 && s.state() == crate::socket::State::Connecting && !val.is_null() && *len as usize >= 4 {
+    if r == 0
+        && s.state() == crate::socket::State::Connecting
+        && !val.is_null()
+        && *len as usize >= 4
+    {
         let e = crate::sys::raw::errno();
         let err = *(val as *const c_int);
         if err != 0 {
@@ -117,7 +139,9 @@ pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
 
 #[inline]
 pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
-    let Some(a) = attached(fd) else { return real::ioctl(fd, req, arg) };
+    let Some(a) = attached(fd) else {
+        return real::ioctl(fd, req, arg);
+    };
     match (req, &a) {
         (libc::FIONBIO, _) => {
             let r = real::ioctl(fd, req, arg);
@@ -139,7 +163,12 @@ fn set_nonblocking(a: &Attachment, on: bool) {
     }
 }
 
-fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize, f: unsafe fn(c_int, c_int, usize) -> c_int) -> c_int {
+fn fcntl_impl(
+    fd: c_int,
+    cmd: c_int,
+    arg: usize,
+    f: unsafe fn(c_int, c_int, usize) -> c_int,
+) -> c_int {
     if !fdtable::owns(fd) {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(fd, cmd, arg) };
@@ -234,15 +263,24 @@ fn tcp_info(s: &Stream) -> [u8; 208] {
     put32(16, MSS); // tcpi_snd_mss
     put32(20, MSS); // tcpi_rcv_mss
     put32(68, 65536); // tcpi_pmtu
-    put32(72, (c.rx_granted_end - c.rx_consumed).min(u32::MAX as u64) as u32); // rcv_ssthresh
+    put32(
+        72,
+        (c.rx_granted_end - c.rx_consumed).min(u32::MAX as u64) as u32,
+    ); // rcv_ssthresh
     put32(76, 20); // tcpi_rtt (µs): unknown; a fabric-scale value
     put32(80, 10); // tcpi_rttvar
     put32(84, u32::MAX >> 1); // snd_ssthresh: "infinite"
-    put32(88, ((c.tx_granted_end - c.tx_acked) / MSS as u64).max(1).min(u32::MAX as u64) as u32); // snd_cwnd
+    put32(
+        88,
+        ((c.tx_granted_end - c.tx_acked) / MSS as u64)
+            .max(1)
+            .min(u32::MAX as u64) as u32,
+    ); // snd_cwnd
     put32(92, MSS); // tcpi_advmss
     put32(100, 0); // tcpi_total_retrans
     b[0] = 1; // TCP_ESTABLISHED
-    let put64 = |b: &mut [u8; 208], off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    let put64 =
+        |b: &mut [u8; 208], off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
     put64(&mut b, 120, c.tx_acked); // tcpi_bytes_acked
     put64(&mut b, 128, c.rx_received_end); // tcpi_bytes_received
     put64(&mut b, 200, c.tx_posted); // tcpi_bytes_sent

@@ -89,10 +89,19 @@ fn usage_error(msg: &str) -> ExitCode {
 fn print_human(s: &Snapshot) {
     let state = if s.alive { "" } else { " (exited)" };
     println!("pid {} {}{state}", s.pid, s.comm);
-    println!("  {:<12} {:>8} {:>16} {:>16}", "path", "conns", "tx bytes", "rx bytes");
+    println!(
+        "  {:<12} {:>8} {:>16} {:>16}",
+        "path", "conns", "tx bytes", "rx bytes"
+    );
     for p in [Path::Rdma, Path::Tcp, Path::Passthrough] {
         let i = p as usize;
-        println!("  {:<12} {:>8} {:>16} {:>16}", p.name(), s.conns[i], s.tx[i], s.rx[i]);
+        println!(
+            "  {:<12} {:>8} {:>16} {:>16}",
+            p.name(),
+            s.conns[i],
+            s.tx[i],
+            s.rx[i]
+        );
     }
     let reasons: Vec<String> = Fallback::ALL
         .iter()
@@ -104,7 +113,9 @@ fn print_human(s: &Snapshot) {
     }
     for c in &s.sockets {
         let show = |a: Option<std::net::SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
-        let why = c.reason.map_or(String::new(), |r| format!(" ({})", r.name()));
+        let why = c
+            .reason
+            .map_or(String::new(), |r| format!(" ({})", r.name()));
         println!(
             "  fd {:<5} {:<5}{why} {} -> {} tx {} rx {}",
             c.fd,

@@ -11,21 +11,33 @@ use crate::rdma::EventKind;
 use std::sync::Arc;
 
 pub(super) fn run(engine: &'static Engine) {
-    let Some(_guard) = crate::guard::enter() else { return };
+    let Some(_guard) = crate::guard::enter() else {
+        return;
+    };
     // SAFETY: epoll_event is plain data.
     let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
     loop {
-        let timeout = if lock(&engine.closing).is_empty() { 1000 } else { 50 };
+        let timeout = if lock(&engine.closing).is_empty() {
+            1000
+        } else {
+            50
+        };
         // SAFETY: valid epoll fd and buffer.
-        let n = unsafe { crate::sys::real::epoll_wait(engine.epfd, evs.as_mut_ptr(), evs.len() as i32, timeout) };
+        let n = unsafe {
+            crate::sys::real::epoll_wait(engine.epfd, evs.as_mut_ptr(), evs.len() as i32, timeout)
+        };
         for ev in &evs[..n.max(0) as usize] {
             let tag = ev.u64;
             match tag & TAG_MASK {
                 TAG_WAKE => drain_eventfd(engine.wake_fd),
                 TAG_CM => cm_events(engine),
                 TAG_DEV => completions(engine, (tag & !TAG_MASK) as usize),
-                TAG_LISTEN_RDMA => with_listener(engine, tag & !TAG_MASK, |l| l.on_rdma_ready(engine)),
-                TAG_LISTEN_TCP => with_listener(engine, tag & !TAG_MASK, |l| l.on_tcp_ready(engine)),
+                TAG_LISTEN_RDMA => {
+                    with_listener(engine, tag & !TAG_MASK, |l| l.on_rdma_ready(engine))
+                }
+                TAG_LISTEN_TCP => {
+                    with_listener(engine, tag & !TAG_MASK, |l| l.on_tcp_ready(engine))
+                }
                 _ => {}
             }
         }
@@ -36,7 +48,14 @@ pub(super) fn run(engine: &'static Engine) {
 fn drain_eventfd(fd: i32) {
     let mut v = 0u64;
     // SAFETY: 8-byte read from our nonblocking eventfd.
-    unsafe { libc::syscall(libc::SYS_read, fd as libc::c_long, &mut v as *mut u64, 8usize) };
+    unsafe {
+        libc::syscall(
+            libc::SYS_read,
+            fd as libc::c_long,
+            &mut v as *mut u64,
+            8usize,
+        )
+    };
 }
 
 fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<super::Listener>)) {
@@ -48,7 +67,9 @@ fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<super::Listene
 
 /// CQ event on device `i`.
 fn completions(engine: &Engine, i: usize) {
-    let Some(d) = lock(&engine.devices).get(i).cloned() else { return };
+    let Some(d) = lock(&engine.devices).get(i).cloned() else {
+        return;
+    };
     engine.on_cq_event(&d);
     // Stay armed: a program blocked in its own poll/epoll (or one that will call a
     // nonblocking recv later) relies on the helper to move its doorbell.

@@ -8,8 +8,8 @@
 
 use super::stream::Stream;
 use super::{lock, Engine, TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
-use crate::readiness::Doorbell;
 use crate::rdma;
+use crate::readiness::Doorbell;
 use crate::sys::real;
 use libc::c_int;
 use std::collections::VecDeque;
@@ -57,22 +57,38 @@ struct Queue {
 impl Listener {
     /// First half of a dual listen, before the kernel socket listens: an rdma_cm listener on
     /// the same address and port, so that it is there as soon as the kernel one is visible.
-    pub fn prepare(engine: &'static Engine, addr: SocketAddr, backlog: c_int) -> Result<RdmaListen, String> {
+    pub fn prepare(
+        engine: &'static Engine,
+        addr: SocketAddr,
+        backlog: c_int,
+    ) -> Result<RdmaListen, String> {
         let token = engine.token();
-        let rl = rdma::Listener::bind(addr, backlog.clamp(1, 4096), token).map_err(|e| e.to_string())?;
+        let rl =
+            rdma::Listener::bind(addr, backlog.clamp(1, 4096), token).map_err(|e| e.to_string())?;
         Ok(RdmaListen { rl, token })
     }
 
     /// Second half of a dual listen, once the kernel socket listens: makes the program's
     /// `fd` the doorbell and starts feeding the accept queue. On error nothing changed.
-    pub fn start(engine: &'static Engine, fd: c_int, prepared: RdmaListen, backlog: c_int) -> Result<Arc<Listener>, String> {
+    pub fn start(
+        engine: &'static Engine,
+        fd: c_int,
+        prepared: RdmaListen,
+        backlog: c_int,
+    ) -> Result<Arc<Listener>, String> {
         let RdmaListen { rl, token } = prepared;
         let backlog = backlog.clamp(1, 4096) as usize;
         // SAFETY: fcntl on the program's fd, which it gave us in listen().
-        let (fl, fdfl) = unsafe { (real::fcntl(fd, libc::F_GETFL, 0), real::fcntl(fd, libc::F_GETFD, 0)) };
-        let bell = Doorbell::new(fl >= 0 && fl & libc::O_NONBLOCK != 0).map_err(|e| e.to_string())?;
+        let (fl, fdfl) = unsafe {
+            (
+                real::fcntl(fd, libc::F_GETFL, 0),
+                real::fcntl(fd, libc::F_GETFD, 0),
+            )
+        };
+        let bell =
+            Doorbell::new(fl >= 0 && fl & libc::O_NONBLOCK != 0).map_err(|e| e.to_string())?;
         bell.set_writable(false); // a listening socket never polls writable
-        // SAFETY: duplicating the listening socket; we own the copy.
+                                  // SAFETY: duplicating the listening socket; we own the copy.
         let tcp_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
         if tcp_fd < 0 {
             return Err(format!("dup: {}", std::io::Error::last_os_error()));
@@ -83,18 +99,32 @@ impl Listener {
             rdma: Mutex::new(rl),
             tcp_fd,
             bell,
-            queue: Mutex::new(Queue { items: VecDeque::new(), shown_readable: false, tcp_armed: true, closed: false }),
+            queue: Mutex::new(Queue {
+                items: VecDeque::new(),
+                shown_readable: false,
+                tcp_armed: true,
+                closed: false,
+            }),
             pending: AtomicUsize::new(0),
             backlog,
             nonblocking: AtomicBool::new(fl >= 0 && fl & libc::O_NONBLOCK != 0),
         });
-        if let Err(e) = l.bell.install_at(fd, fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0) {
+        if let Err(e) = l
+            .bell
+            .install_at(fd, fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0)
+        {
             crate::sys::raw::close(tcp_fd);
             return Err(format!("installing the doorbell: {e}"));
         }
         // The kernel listener's file is ours alone now: nonblocking for the helper.
         // SAFETY: fcntl on our fd.
-        unsafe { real::fcntl(tcp_fd, libc::F_SETFL, (libc::O_RDWR | libc::O_NONBLOCK) as usize) };
+        unsafe {
+            real::fcntl(
+                tcp_fd,
+                libc::F_SETFL,
+                (libc::O_RDWR | libc::O_NONBLOCK) as usize,
+            )
+        };
         lock(&engine.listeners).insert(token, l.clone());
         let watched = engine
             .watch(l.rdma_fd, TAG_LISTEN_RDMA | token)
@@ -161,7 +191,14 @@ impl Listener {
                 return;
             }
             // SAFETY: accept4 on our nonblocking listener; no address wanted.
-            let fd = unsafe { real::accept4(self.tcp_fd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+            let fd = unsafe {
+                real::accept4(
+                    self.tcp_fd,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
+            };
             if fd < 0 {
                 break; // EAGAIN (or an aborted connection): wait for the next readiness
             }
@@ -190,7 +227,11 @@ impl Listener {
             if self.nonblocking.load(Relaxed) {
                 return Err(libc::EAGAIN);
             }
-            let mut p = libc::pollfd { fd: self.bell.app_fd(), events: libc::POLLIN, revents: 0 };
+            let mut p = libc::pollfd {
+                fd: self.bell.app_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
             // SAFETY: one valid pollfd; the loop re-checks the queue.
             unsafe { real::poll(&mut p, 1, 1000) };
         }
@@ -227,7 +268,11 @@ fn discard(a: Accepted) {
 
 /// An accepted stream's ESTABLISHED event: queue it for `accept()`.
 pub(super) fn established(_engine: &Engine, s: &Arc<Stream>) {
-    let l = s.pending_for.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let l = s
+        .pending_for
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     if let Some(l) = l {
         l.pending.fetch_sub(1, Relaxed);
         l.push(Accepted::Rdma(s.clone()));
@@ -236,7 +281,11 @@ pub(super) fn established(_engine: &Engine, s: &Arc<Stream>) {
 
 /// An accepted stream failed before ESTABLISHED: forget it.
 pub(super) fn abandon_pending(engine: &'static Engine, s: &Arc<Stream>) {
-    let l = s.pending_for.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let l = s
+        .pending_for
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     if let Some(l) = l {
         l.pending.fetch_sub(1, Relaxed);
         s.app_closed(true);

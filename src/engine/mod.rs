@@ -30,7 +30,9 @@ pub use stream::Stream;
 /// background (or reset it, for `SO_LINGER` with a zero timeout), or stop a listener.
 pub fn detach(a: crate::socket::Attachment) {
     let Some(engine) = get() else { return }; // a forked child: the parent owns it
-    let Some(_g) = crate::guard::enter() else { return };
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    };
     match a {
         crate::socket::Attachment::Stream(s) => {
             s.app_closed(linger_zero(s.opts_fd));
@@ -42,11 +44,20 @@ pub fn detach(a: crate::socket::Attachment) {
 
 /// Whether the program set `SO_LINGER` on with a zero timeout (close means reset).
 fn linger_zero(opts_fd: c_int) -> bool {
-    let mut l = libc::linger { l_onoff: 0, l_linger: 0 };
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
     let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
     // SAFETY: valid out-buffer of len bytes.
     let r = unsafe {
-        crate::sys::real::getsockopt(opts_fd, libc::SOL_SOCKET, libc::SO_LINGER, (&mut l as *mut libc::linger).cast(), &mut len)
+        crate::sys::real::getsockopt(
+            opts_fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
     };
     r == 0 && l.l_onoff != 0 && l.l_linger == 0
 }
@@ -135,7 +146,9 @@ pub fn drain_at_exit() {
         return;
     }
     let Some(e) = get() else { return };
-    let Some(_g) = crate::guard::enter() else { return }; // inside the shim (a signal handler?)
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    }; // inside the shim (a signal handler?)
     let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
     for s in &streams {
         s.close_for_exit();
@@ -151,7 +164,10 @@ pub fn drain_at_exit() {
             return;
         }
         if std::time::Instant::now() >= deadline {
-            log::warn!("exit: {left} RDMA stream(s) still had unacknowledged bytes after {:?}", e.linger());
+            log::warn!(
+                "exit: {left} RDMA stream(s) still had unacknowledged bytes after {:?}",
+                e.linger()
+            );
             return;
         }
         std::thread::sleep(Duration::from_micros(200));
@@ -233,11 +249,21 @@ impl Engine {
     /// Watches `fd` for one readiness report; [`rearm_oneshot`](Self::rearm_oneshot) asks
     /// for the next (a kernel listener must not wake the helper while the queue is full).
     fn watch_oneshot(&self, fd: c_int, tag: u64) -> Result<(), rdma::Error> {
-        self.epoll_ctl(libc::EPOLL_CTL_ADD, fd, (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, tag)
+        self.epoll_ctl(
+            libc::EPOLL_CTL_ADD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+            tag,
+        )
     }
 
     fn rearm_oneshot(&self, fd: c_int, tag: u64) {
-        if let Err(e) = self.epoll_ctl(libc::EPOLL_CTL_MOD, fd, (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, tag) {
+        if let Err(e) = self.epoll_ctl(
+            libc::EPOLL_CTL_MOD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+            tag,
+        ) {
             log::warn!("re-arming a listener: {e}");
         }
     }
@@ -253,7 +279,9 @@ impl Engine {
 
     fn unwatch(&self, fd: c_int) {
         // SAFETY: valid epoll fd; a missing fd just fails.
-        unsafe { crate::sys::real::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+        unsafe {
+            crate::sys::real::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
+        };
     }
 
     /// A fresh id token (names a cm id, a stream or a listener).
@@ -267,7 +295,10 @@ impl Engine {
         if let Some(d) = devs.iter().find(|d| Arc::ptr_eq(&d.dev, dev)) {
             return Ok(d.clone());
         }
-        let d = Arc::new(Dev { dev: dev.clone(), poll: Mutex::new(()) });
+        let d = Arc::new(Dev {
+            dev: dev.clone(),
+            poll: Mutex::new(()),
+        });
         self.watch(dev.comp_fd(), TAG_DEV | devs.len() as u64)?;
         dev.arm()?;
         devs.push(d.clone());
@@ -319,7 +350,11 @@ impl Engine {
 
     /// Connects to `dest` over RDMA (blocking, bounded by `RSOCK_CONNECT_TIMEOUT_MS`).
     /// `opts_fd` is a copy of the program's socket, kept for its options.
-    pub fn connect(&'static self, dest: std::net::SocketAddr, opts_fd: c_int) -> Result<Arc<Stream>, crate::stats::Fallback> {
+    pub fn connect(
+        &'static self,
+        dest: std::net::SocketAddr,
+        opts_fd: c_int,
+    ) -> Result<Arc<Stream>, crate::stats::Fallback> {
         setup::connect(self, dest, opts_fd)
     }
 
@@ -352,7 +387,9 @@ impl Engine {
     /// Starts the helper thread (once).
     pub fn ensure_helper(&'static self) {
         self.helper.call_once(|| {
-            let r = std::thread::Builder::new().name("rsock-engine".into()).spawn(move || helper::run(self));
+            let r = std::thread::Builder::new()
+                .name("rsock-engine".into())
+                .spawn(move || helper::run(self));
             if let Err(e) = r {
                 log::error!("cannot start the engine thread: {e}; blocking calls will poll");
             }
@@ -363,7 +400,14 @@ impl Engine {
     fn wake(&self) {
         let one: u64 = 1;
         // SAFETY: 8-byte write to our eventfd.
-        unsafe { libc::syscall(libc::SYS_write, self.wake_fd as libc::c_long, &one as *const u64, 8usize) };
+        unsafe {
+            libc::syscall(
+                libc::SYS_write,
+                self.wake_fd as libc::c_long,
+                &one as *const u64,
+                8usize,
+            )
+        };
     }
 
     /// A stream whose program fds are all closed: the helper finishes and frees it.

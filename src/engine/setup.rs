@@ -53,7 +53,11 @@ fn memory(engine: &Engine, dev: &Arc<Device>) -> Result<Memory, rdma::Error> {
 }
 
 /// The QP for `id`, with receives posted for every credit we will announce.
-fn queue_pair(id: rdma::CmId, dev: &Arc<Device>, m: &mut Memory) -> Result<rdma::Conn, rdma::Error> {
+fn queue_pair(
+    id: rdma::CmId,
+    dev: &Arc<Device>,
+    m: &mut Memory,
+) -> Result<rdma::Conn, rdma::Error> {
     let want = QpCaps {
         max_send_wr: m.cfg.send_queue_depth,
         max_recv_wr: m.cfg.recv_credits,
@@ -71,23 +75,39 @@ fn queue_pair(id: rdma::CmId, dev: &Arc<Device>, m: &mut Memory) -> Result<rdma:
 
 fn hello(m: &Memory, kind: HelloKind) -> [u8; Hello::LEN] {
     let r = m.ring.mr();
-    m.cfg.hello(kind, r.addr(), r.rkey().unwrap_or(0)).to_bytes()
+    m.cfg
+        .hello(kind, r.addr(), r.rkey().unwrap_or(0))
+        .to_bytes()
 }
 
 fn remote(peer: &Hello) -> rdma::RemoteBuf {
-    rdma::RemoteBuf { addr: peer.ring_addr, rkey: peer.rkey, len: peer.ring_size as u64 }
+    rdma::RemoteBuf {
+        addr: peer.ring_addr,
+        rkey: peer.rkey,
+        len: peer.ring_size as u64,
+    }
 }
 
 /// An unconnected kernel TCP socket of `peer`'s family: holds the program's socket options.
 fn opts_socket(peer: &SocketAddr) -> libc::c_int {
-    let family = if peer.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let family = if peer.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: plain socket(2) through the real function.
-    crate::sys::raw::hide(unsafe { crate::sys::real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })
+    crate::sys::raw::hide(unsafe {
+        crate::sys::real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
+    })
 }
 
 /// Connects to `dest` over RDMA within the configured time, or says why not.
 /// `opts_fd` is the program's original socket (kept for its options).
-pub(super) fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::c_int) -> Result<Arc<Stream>, Fallback> {
+pub(super) fn connect(
+    engine: &'static Engine,
+    dest: SocketAddr,
+    opts_fd: libc::c_int,
+) -> Result<Arc<Stream>, Fallback> {
     let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let token = engine.token();
@@ -102,7 +122,11 @@ pub(super) fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::
     let mut m = memory(engine, &dev).map_err(fail)?;
     let mut rc = queue_pair(id, &dev, &mut m).map_err(fail)?;
     let ours = hello(&m, HelloKind::Connect);
-    rc.connect(&ConnParam { private_data: &ours, ..ConnParam::default() }).map_err(fail)?;
+    rc.connect(&ConnParam {
+        private_data: &ours,
+        ..ConnParam::default()
+    })
+    .map_err(fail)?;
     let ch = rc.id().channel().clone();
     let left = deadline.saturating_duration_since(Instant::now());
     let ev = match ch.get_event(Some(left)) {
@@ -126,11 +150,22 @@ pub(super) fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::
         Fallback::BadHandshake
     })?;
     rc.id_mut().migrate(&engine.ch).map_err(fail)?;
-    let parts = Parts { rc, proto: conn, ring: m.ring, send: m.send, remote: remote(&peer), local, peer: dest, opts_fd, token };
-    let s = Stream::new(parts, d, Duration::from_micros(engine.cfg.spin_us as u64)).map_err(|e| {
-        log::warn!("rdma connect to {dest}: doorbell: {e}");
-        Fallback::Resources
-    })?;
+    let parts = Parts {
+        rc,
+        proto: conn,
+        ring: m.ring,
+        send: m.send,
+        remote: remote(&peer),
+        local,
+        peer: dest,
+        opts_fd,
+        token,
+    };
+    let s =
+        Stream::new(parts, d, Duration::from_micros(engine.cfg.spin_us as u64)).map_err(|e| {
+            log::warn!("rdma connect to {dest}: doorbell: {e}");
+            Fallback::Resources
+        })?;
     engine.register(&s);
     engine.ensure_helper();
     Ok(s)
@@ -143,17 +178,23 @@ fn bound_addr(fd: libc::c_int) -> Option<SocketAddr> {
     // SAFETY: valid buffer of len bytes.
     let r = unsafe { crate::sys::real::getsockname(fd, a.as_mut_ptr().cast(), &mut len) };
     // SAFETY: the kernel wrote len bytes.
-    let addr = if r == 0 { unsafe { crate::sys::sockaddr::read(a.as_ptr().cast(), len) } } else { None };
+    let addr = if r == 0 {
+        unsafe { crate::sys::sockaddr::read(a.as_ptr().cast(), len) }
+    } else {
+        None
+    };
     addr.filter(|a| a.port() != 0 || !a.ip().is_unspecified())
 }
 
 /// Reads the server's answer to our connect request.
 fn answer(ev: &CmEvent) -> Result<Hello, Fallback> {
     match ev.kind {
-        EventKind::Established => Hello::parse_kind(ev.private_data(), HelloKind::Accept).map_err(|e| {
-            log::info!("peer accepted with a bad hello: {e}");
-            Fallback::BadHandshake
-        }),
+        EventKind::Established => {
+            Hello::parse_kind(ev.private_data(), HelloKind::Accept).map_err(|e| {
+                log::info!("peer accepted with a bad hello: {e}");
+                Fallback::BadHandshake
+            })
+        }
         EventKind::Rejected => match Hello::parse(ev.private_data()) {
             // An rsock peer refused us: it speaks our magic and said why.
             Err(HelloError::Rejected(r)) => {
@@ -166,9 +207,10 @@ fn answer(ev: &CmEvent) -> Result<Hello, Fallback> {
             // No listener, or a foreign one.
             _ => Err(Fallback::Rejected),
         },
-        EventKind::Unreachable | EventKind::ConnectError | EventKind::AddrError | EventKind::RouteError => {
-            Err(Fallback::Unreachable)
-        }
+        EventKind::Unreachable
+        | EventKind::ConnectError
+        | EventKind::AddrError
+        | EventKind::RouteError => Err(Fallback::Unreachable),
         _ => Err(Fallback::BadHandshake),
     }
 }
@@ -176,7 +218,11 @@ fn answer(ev: &CmEvent) -> Result<Hello, Fallback> {
 /// A connect request arrived on `l` (helper thread): accept it as a pending stream, or
 /// reject it.
 pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rdma::Incoming) {
-    let rdma::Incoming { mut id, device, event } = inc;
+    let rdma::Incoming {
+        mut id,
+        device,
+        event,
+    } = inc;
     let from = id.peer_addr();
     let peer = match Hello::parse_kind(event.private_data(), HelloKind::Connect) {
         Ok(h) => h,
@@ -218,14 +264,28 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
             return;
         }
     };
-    let (Some(local), Some(peer_addr)) = (local, peer_addr) else { return };
-    if let Err(e) = rc.accept(&ConnParam { private_data: &ours, ..ConnParam::default() }) {
+    let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
+        return;
+    };
+    if let Err(e) = rc.accept(&ConnParam {
+        private_data: &ours,
+        ..ConnParam::default()
+    }) {
         log::warn!("rdma accept from {peer_addr}: {e}");
         return;
     }
     let opts_fd = opts_socket(&peer_addr);
-    let parts =
-        Parts { rc, proto: conn, ring: m.ring, send: m.send, remote: remote(&peer), local, peer: peer_addr, opts_fd, token };
+    let parts = Parts {
+        rc,
+        proto: conn,
+        ring: m.ring,
+        send: m.send,
+        remote: remote(&peer),
+        local,
+        peer: peer_addr,
+        opts_fd,
+        token,
+    };
     match Stream::new(parts, d, Duration::from_micros(engine.cfg.spin_us as u64)) {
         Ok(s) => {
             *s.pending_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.clone());

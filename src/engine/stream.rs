@@ -101,7 +101,10 @@ impl Stream {
                 send: p.send,
                 remote: p.remote,
                 recvs_owed: 0,
-                shown: Shown { writable: true, ..Shown::default() },
+                shown: Shown {
+                    writable: true,
+                    ..Shown::default()
+                },
                 dead: None,
                 closed_at: None,
                 draining: false,
@@ -143,26 +146,46 @@ impl Stream {
 
     /// Re-reads SO_RCVTIMEO/SO_SNDTIMEO from the options socket (after a setsockopt).
     pub fn load_timeouts(&self) {
-        for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO].into_iter().enumerate() {
-            let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
+        for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO]
+            .into_iter()
+            .enumerate()
+        {
+            let mut tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            };
             let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
             // SAFETY: valid out-buffer of len bytes.
             let r = unsafe {
-                crate::sys::real::getsockopt(self.opts_fd, libc::SOL_SOCKET, name, (&mut tv as *mut libc::timeval).cast(), &mut len)
+                crate::sys::real::getsockopt(
+                    self.opts_fd,
+                    libc::SOL_SOCKET,
+                    name,
+                    (&mut tv as *mut libc::timeval).cast(),
+                    &mut len,
+                )
             };
-            let us = if r == 0 { tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64 } else { 0 };
+            let us = if r == 0 {
+                tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64
+            } else {
+                0
+            };
             self.timeouts_us[i].store(us, Relaxed);
         }
     }
 
     /// SO_RCVTIMEO, if set.
     pub fn rcv_timeout(&self) -> Option<Duration> {
-        Some(self.timeouts_us[0].load(Relaxed)).filter(|&u| u > 0).map(Duration::from_micros)
+        Some(self.timeouts_us[0].load(Relaxed))
+            .filter(|&u| u > 0)
+            .map(Duration::from_micros)
     }
 
     /// SO_SNDTIMEO, if set.
     pub fn snd_timeout(&self) -> Option<Duration> {
-        Some(self.timeouts_us[1].load(Relaxed)).filter(|&u| u > 0).map(Duration::from_micros)
+        Some(self.timeouts_us[1].load(Relaxed))
+            .filter(|&u| u > 0)
+            .map(Duration::from_micros)
     }
 
     /// Whether the program's file is nonblocking.
@@ -210,10 +233,16 @@ impl Stream {
             inner.recvs_owed += 1;
             let r = match wc.imm() {
                 Some(imm) => inner.proto.handle_imm(imm),
-                None => Err(proto::ProtocolError::BadImm(proto::wire::ImmError::UnknownOp(0xff))), // a SEND, not ours
+                None => Err(proto::ProtocolError::BadImm(
+                    proto::wire::ImmError::UnknownOp(0xff),
+                )), // a SEND, not ours
             };
             if let Err(e) = r {
-                log::warn!("rdma stream {} -> {}: protocol error from peer: {e}", self.local, self.peer);
+                log::warn!(
+                    "rdma stream {} -> {}: protocol error from peer: {e}",
+                    self.local,
+                    self.peer
+                );
                 inner.proto.abort();
                 fail(inner, libc::ECONNRESET, "protocol error", wc);
             }
@@ -265,7 +294,12 @@ impl Stream {
         let p = &inner.proto;
         let reset = inner.dead.is_some() || p.state() == proto::State::Reset;
         let readable = p.readable() > 0 || p.at_eof() || reset;
-        let writable = p.writable() > 0 || reset || matches!(p.state(), proto::State::WriteClosed | proto::State::Closing | proto::State::Closed);
+        let writable = p.writable() > 0
+            || reset
+            || matches!(
+                p.state(),
+                proto::State::WriteClosed | proto::State::Closing | proto::State::Closed
+            );
         // Both directions shut (our FIN queued, theirs received) reads as a hang-up, as the
         // kernel reports POLLHUP for a TCP socket shut both ways. The strongest change goes
         // first: a waiter woken by it must see the whole picture at once (HUP implies
@@ -274,11 +308,19 @@ impl Stream {
         if (reset || both_shut) && !inner.shown.hangup {
             inner.shown.hangup = true;
             inner.shown.eof = true;
-            log::trace!("rdma stream {}: hang-up shown (state {:?}, reset {reset})", self.peer, p.state());
+            log::trace!(
+                "rdma stream {}: hang-up shown (state {:?}, reset {reset})",
+                self.peer,
+                p.state()
+            );
             self.bell.set_hangup();
         } else if p.at_eof() && !inner.shown.eof {
             inner.shown.eof = true;
-            log::trace!("rdma stream {}: end of stream shown (state {:?})", self.peer, p.state());
+            log::trace!(
+                "rdma stream {}: end of stream shown (state {:?})",
+                self.peer,
+                p.state()
+            );
             self.bell.set_eof();
         }
         if readable != inner.shown.readable {
@@ -300,7 +342,11 @@ impl Stream {
         }
         if !inner.proto.at_eof() || !inner.proto.is_finished() {
             // Queued bytes stay readable; then reads fail like a reset TCP connection.
-            let e = if inner.proto.at_eof() { libc::EPIPE } else { libc::ECONNRESET };
+            let e = if inner.proto.at_eof() {
+                libc::EPIPE
+            } else {
+                libc::ECONNRESET
+            };
             inner.dead.get_or_insert(e);
         }
         self.show(inner);
@@ -310,7 +356,13 @@ impl Stream {
 
     /// `recv`-like: fills `bufs`; honours MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT and the file's
     /// O_NONBLOCK. Ok(0) is end of stream. Err is an errno.
-    pub fn recv(&self, engine: &'static Engine, bufs: &mut [IoSliceMut<'_>], flags: c_int, timeout: Option<Duration>) -> Result<usize, c_int> {
+    pub fn recv(
+        &self,
+        engine: &'static Engine,
+        bufs: &mut [IoSliceMut<'_>],
+        flags: c_int,
+        timeout: Option<Duration>,
+    ) -> Result<usize, c_int> {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         if want == 0 {
             return Ok(0);
@@ -347,7 +399,11 @@ impl Stream {
                         self.show(inner);
                     }
                     Err(ReadError::Reset) => {
-                        return if done > 0 { Ok(done) } else { Err(libc::ECONNRESET) };
+                        return if done > 0 {
+                            Ok(done)
+                        } else {
+                            Err(libc::ECONNRESET)
+                        };
                     }
                 }
             }
@@ -364,7 +420,13 @@ impl Stream {
 
     /// `send`-like: copies `bufs` into the send buffer and posts it. Blocking callers wait
     /// until everything is queued. Err is an errno (EPIPE: the caller raises SIGPIPE).
-    pub fn send(&self, engine: &'static Engine, bufs: &[IoSlice<'_>], flags: c_int, timeout: Option<Duration>) -> Result<usize, c_int> {
+    pub fn send(
+        &self,
+        engine: &'static Engine,
+        bufs: &[IoSlice<'_>],
+        flags: c_int,
+        timeout: Option<Duration>,
+    ) -> Result<usize, c_int> {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking.load(Relaxed);
         let mut done = 0usize;
@@ -390,8 +452,12 @@ impl Stream {
                         }
                     }
                     Err(WriteError::Blocked) => self.show(inner),
-                    Err(WriteError::Closed) => return if done > 0 { Ok(done) } else { Err(libc::EPIPE) },
-                    Err(WriteError::Reset) => return if done > 0 { Ok(done) } else { Err(libc::EPIPE) },
+                    Err(WriteError::Closed) => {
+                        return if done > 0 { Ok(done) } else { Err(libc::EPIPE) }
+                    }
+                    Err(WriteError::Reset) => {
+                        return if done > 0 { Ok(done) } else { Err(libc::EPIPE) }
+                    }
                 }
             }
             if nonblock {
@@ -402,7 +468,11 @@ impl Stream {
                 if self.settle(engine) && self.ready(Want::Write) {
                     continue;
                 }
-                return if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                };
             }
             if let Err(e) = self.wait(engine, Want::Write, deadline) {
                 return if done > 0 { Ok(done) } else { Err(e) };
@@ -480,13 +550,21 @@ impl Stream {
             || p.state() == proto::State::Reset
             || match want {
                 Want::Read => p.readable() > 0 || p.at_eof(),
-                Want::Write => p.writable() > 0 || !matches!(p.state(), proto::State::Open | proto::State::ReadClosed),
+                Want::Write => {
+                    p.writable() > 0
+                        || !matches!(p.state(), proto::State::Open | proto::State::ReadClosed)
+                }
             }
     }
 
     /// Blocks until `want` may proceed: polls the CQ for `RSOCK_SPIN_US`, then sleeps on A,
     /// which the engine's helper thread rings. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
-    fn wait(&self, engine: &'static Engine, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
+    fn wait(
+        &self,
+        engine: &'static Engine,
+        want: Want,
+        deadline: Option<Instant>,
+    ) -> Result<(), c_int> {
         let spin_until = Instant::now() + self.spin;
         for i in 0u32.. {
             engine.progress(&self.dev);
@@ -500,7 +578,11 @@ impl Stream {
             std::hint::spin_loop();
         }
         engine.ensure_helper();
-        let events = if want == Want::Read { libc::POLLIN } else { libc::POLLOUT };
+        let events = if want == Want::Read {
+            libc::POLLIN
+        } else {
+            libc::POLLOUT
+        };
         loop {
             engine.sleep_armed(&self.dev);
             if self.ready(want) {
@@ -517,8 +599,16 @@ impl Stream {
             // Sleep on our doorbell and on the device's completion channel: a completion wakes
             // this thread directly rather than through the helper thread and the doorbell.
             let mut p = [
-                libc::pollfd { fd: self.bell.app_fd(), events, revents: 0 },
-                libc::pollfd { fd: self.dev.dev.comp_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd {
+                    fd: self.bell.app_fd(),
+                    events,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.dev.dev.comp_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
             ];
             // SAFETY: two valid pollfds; EINTR just loops.
             unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
@@ -536,15 +626,25 @@ impl Stream {
     pub(super) fn reap_step(&self, linger: Duration) -> bool {
         let mut g = self.lock();
         let inner = &mut *g;
-        let Some(closed_at) = inner.closed_at else { return false };
-        let Some(rc) = inner.rc.as_mut() else { return true };
-        let done = inner.proto.is_finished() || inner.dead.is_some() || inner.proto.state() == proto::State::Reset;
+        let Some(closed_at) = inner.closed_at else {
+            return false;
+        };
+        let Some(rc) = inner.rc.as_mut() else {
+            return true;
+        };
+        let done = inner.proto.is_finished()
+            || inner.dead.is_some()
+            || inner.proto.state() == proto::State::Reset;
         if !inner.draining {
             if !done && closed_at.elapsed() < linger {
                 return false;
             }
             if !done {
-                log::info!("rdma stream {} -> {}: linger expired, dropping", self.local, self.peer);
+                log::info!(
+                    "rdma stream {} -> {}: linger expired, dropping",
+                    self.local,
+                    self.peer
+                );
             }
             let _ = rc.disconnect();
             inner.draining = true;
@@ -564,21 +664,37 @@ impl Stream {
 /// Marks the stream failed and logs the completion that said so.
 fn fail(inner: &mut Inner, errno: c_int, what: &str, wc: &Wc) {
     if inner.dead.is_none() {
-        log::info!("rdma stream: {what}: {} (qp {})", wc.status_str(), wc.qp_num());
+        log::info!(
+            "rdma stream: {what}: {} (qp {})",
+            wc.status_str(),
+            wc.qp_num()
+        );
     }
     inner.dead.get_or_insert(errno);
 }
 
 /// A read on a dead stream: ECONNRESET, or EOF-like semantics are handled by the caller.
 fn e_read(e: c_int) -> c_int {
-    if e == libc::EPIPE { libc::ECONNRESET } else { e }
+    if e == libc::EPIPE {
+        libc::ECONNRESET
+    } else {
+        e
+    }
 }
 
-
 /// Posts one protocol write on the QP.
-fn post(rc: &mut rdma::Conn, send: &RegBuf, remote: &RemoteBuf, w: &proto::Write) -> rdma::Result<()> {
+fn post(
+    rc: &mut rdma::Conn,
+    send: &RegBuf,
+    remote: &RemoteBuf,
+    w: &proto::Write,
+) -> rdma::Result<()> {
     let wr_id = w.wr_id.0 | if w.signaled { PROTO_SIGNALED } else { 0 };
-    let signal = if w.signaled { Signal::Yes } else { Signal::Auto };
+    let signal = if w.signaled {
+        Signal::Yes
+    } else {
+        Signal::Auto
+    };
     let off = w.remote_offset as u64;
     if w.len == 0 {
         return match w.imm {
@@ -590,7 +706,14 @@ fn post(rc: &mut rdma::Conn, send: &RegBuf, remote: &RemoteBuf, w: &proto::Write
     }
     let (start, len) = (w.local_offset as usize, w.len as usize);
     if w.inline {
-        return rc.post_write_inline(wr_id, &send.as_slice()[start..start + len], remote, off, w.imm, signal);
+        return rc.post_write_inline(
+            wr_id,
+            &send.as_slice()[start..start + len],
+            remote,
+            off,
+            w.imm,
+            signal,
+        );
     }
     let sge = send.sge(start, len);
     // SAFETY: the SGE lies inside our registered send buffer, the remote range inside the

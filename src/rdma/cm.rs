@@ -12,8 +12,10 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_context, rdma_cm_event, rdma_cm_event_type as ev, rdma_cm_id,
-    rdma_conn_param, rdma_event_channel, rdma_port_space};
+use rdma_sys::{
+    ibv_context, rdma_cm_event, rdma_cm_event_type as ev, rdma_cm_id, rdma_conn_param,
+    rdma_event_channel, rdma_port_space,
+};
 
 use super::error::{Error, Reason, Result};
 use super::fd;
@@ -202,7 +204,9 @@ impl CmEvent {
         // Connected-mode events carry rdma_conn_param (UD events would carry ud params).
         if matches!(
             kind,
-            EventKind::ConnectRequest | EventKind::ConnectResponse | EventKind::Established
+            EventKind::ConnectRequest
+                | EventKind::ConnectResponse
+                | EventKind::Established
                 | EventKind::Rejected
         ) {
             // SAFETY: for RC ids the union's active member is `conn`.
@@ -213,20 +217,38 @@ impl CmEvent {
                 let n = (p.private_data_len as usize).min(REP_PRIVATE_MAX);
                 // SAFETY: librdmacm guarantees private_data_len readable bytes until ack.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(p.private_data.cast::<u8>(), private.as_mut_ptr(), n)
+                    std::ptr::copy_nonoverlapping(
+                        p.private_data.cast::<u8>(),
+                        private.as_mut_ptr(),
+                        n,
+                    )
                 };
                 private_len = n as u8;
             }
         }
         let (token, new_id) = if kind == EventKind::ConnectRequest {
             // SAFETY: listen_id is the listener that produced the request.
-            let tok = if e.listen_id.is_null() { 0 } else { unsafe { (*e.listen_id).context as u64 } };
+            let tok = if e.listen_id.is_null() {
+                0
+            } else {
+                unsafe { (*e.listen_id).context as u64 }
+            };
             // The new id is ours from now on (destroying it unanswered rejects the peer).
-            let new = CmId { id: e.id, _ch: chan.clone() };
+            let new = CmId {
+                id: e.id,
+                _ch: chan.clone(),
+            };
             (tok, Some(new))
         } else {
             // SAFETY: `id` is a live id of this channel.
-            (if e.id.is_null() { 0 } else { unsafe { (*e.id).context as u64 } }, None)
+            (
+                if e.id.is_null() {
+                    0
+                } else {
+                    unsafe { (*e.id).context as u64 }
+                },
+                None,
+            )
         };
         CmEvent {
             kind,
@@ -265,15 +287,23 @@ impl CmEvent {
         let neg = if self.status < 0 { -self.status } else { 0 };
         match self.kind {
             EventKind::Rejected => Error::new(op, libc::ECONNREFUSED, Reason::Rejected),
-            EventKind::AddrError if neg == libc::ENODEV => Error::new(op, libc::ENODEV, Reason::NoRdma),
-            EventKind::AddrError | EventKind::RouteError | EventKind::Unreachable
+            EventKind::AddrError if neg == libc::ENODEV => {
+                Error::new(op, libc::ENODEV, Reason::NoRdma)
+            }
+            EventKind::AddrError
+            | EventKind::RouteError
+            | EventKind::Unreachable
             | EventKind::ConnectError => {
                 if neg == libc::ETIMEDOUT {
                     Error::new(op, libc::ETIMEDOUT, Reason::Timeout)
                 } else if neg == libc::ENODEV {
                     Error::new(op, libc::ENODEV, Reason::NoRdma)
                 } else {
-                    Error::new(op, if neg > 0 { neg } else { libc::EHOSTUNREACH }, Reason::Unreachable)
+                    Error::new(
+                        op,
+                        if neg > 0 { neg } else { libc::EHOSTUNREACH },
+                        Reason::Unreachable,
+                    )
                 }
             }
             EventKind::DeviceRemoval => Error::new(op, libc::ENODEV, Reason::NoRdma),
@@ -333,7 +363,13 @@ pub struct ConnParam<'a> {
 
 impl Default for ConnParam<'_> {
     fn default() -> Self {
-        ConnParam { private_data: &[], responder_resources: 0, initiator_depth: 0, retry_count: 7, rnr_retry_count: 7 }
+        ConnParam {
+            private_data: &[],
+            responder_resources: 0,
+            initiator_depth: 0,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
     }
 }
 
@@ -383,7 +419,9 @@ impl SockAddr {
                 v4: libc::sockaddr_in {
                     sin_family: libc::AF_INET as libc::sa_family_t,
                     sin_port: a.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(*a.ip()).to_be(),
+                    },
                     sin_zero: [0; 8],
                 },
             },
@@ -392,7 +430,9 @@ impl SockAddr {
                     sin6_family: libc::AF_INET6 as libc::sa_family_t,
                     sin6_port: a.port().to_be(),
                     sin6_flowinfo: a.flowinfo(),
-                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
                     sin6_scope_id: a.scope_id(),
                 },
             },
@@ -409,7 +449,12 @@ impl SockAddr {
 /// SAFETY: `sa` points to at least a `sockaddr_in6`-sized readable buffer.
 pub(crate) unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<SocketAddr> {
     // SAFETY: per the contract, the buffer holds a full sockaddr_in6.
-    unsafe { crate::sys::sockaddr::read(sa, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t) }
+    unsafe {
+        crate::sys::sockaddr::read(
+            sa,
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
+    }
 }
 
 fn timeout_ms(t: Duration) -> i32 {
@@ -424,12 +469,20 @@ impl CmId {
         let mut id: *mut rdma_cm_id = std::ptr::null_mut();
         // SAFETY: valid channel; `id` receives the new id.
         let ret = unsafe {
-            (lib.rdma_create_id)(ch.ch, &mut id, token as *mut c_void, rdma_port_space::RDMA_PS_TCP)
+            (lib.rdma_create_id)(
+                ch.ch,
+                &mut id,
+                token as *mut c_void,
+                rdma_port_space::RDMA_PS_TCP,
+            )
         };
         if ret != 0 {
             return Err(Error::from_ret("rdma_create_id", ret));
         }
-        Ok(CmId { id, _ch: ch.clone() })
+        Ok(CmId {
+            id,
+            _ch: ch.clone(),
+        })
     }
 
     /// The raw id (valid while self lives)
@@ -486,13 +539,19 @@ impl CmId {
 
     /// Starts address resolution; `ADDR_RESOLVED` or `ADDR_ERROR` follows within `timeout`
     /// (the kernel enforces it). Resolves which RDMA device and port reach `dst`.
-    pub fn resolve_addr(&mut self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
+    pub fn resolve_addr(
+        &mut self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
         let lib = lib()?;
         let mut d = SockAddr::new(&dst);
         let mut s = src.map(|a| SockAddr::new(&a));
         let sp = s.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
         // SAFETY: live id; addresses valid for the call (librdmacm copies them).
-        let ret = unsafe { (lib.rdma_resolve_addr)(self.id, sp, d.as_mut_ptr(), timeout_ms(timeout)) };
+        let ret =
+            unsafe { (lib.rdma_resolve_addr)(self.id, sp, d.as_mut_ptr(), timeout_ms(timeout)) };
         if ret != 0 {
             return Err(Error::from_ret("rdma_resolve_addr", ret));
         }
@@ -546,7 +605,11 @@ impl CmId {
             return Err(Error::new("rdma_reject", libc::EINVAL, Reason::Other));
         }
         let lib = lib()?;
-        let p = if private_data.is_empty() { std::ptr::null() } else { private_data.as_ptr().cast() };
+        let p = if private_data.is_empty() {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
         // SAFETY: live id of a connect request; private data valid for the call.
         let ret = unsafe { (lib.rdma_reject)(self.id, p, private_data.len() as u8) };
         if ret != 0 {
@@ -583,7 +646,8 @@ impl CmId {
     pub fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: live id; src_storage is a sockaddr_storage inside it.
         unsafe {
-            let a = &(*self.id).route.addr.src_addr_union.src_storage as *const _ as *const libc::sockaddr;
+            let a = &(*self.id).route.addr.src_addr_union.src_storage as *const _
+                as *const libc::sockaddr;
             sockaddr_to_std(a)
         }
     }
@@ -592,7 +656,8 @@ impl CmId {
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: live id; dst_storage is a sockaddr_storage inside it.
         unsafe {
-            let a = &(*self.id).route.addr.dst_addr_union.dst_storage as *const _ as *const libc::sockaddr;
+            let a = &(*self.id).route.addr.dst_addr_union.dst_storage as *const _
+                as *const libc::sockaddr;
             sockaddr_to_std(a)
         }
     }
@@ -610,7 +675,10 @@ impl Drop for CmId {
 
 impl std::fmt::Debug for CmId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmId").field("token", &self.token()).field("peer", &self.peer_addr()).finish()
+        f.debug_struct("CmId")
+            .field("token", &self.token())
+            .field("peer", &self.peer_addr())
+            .finish()
     }
 }
 
@@ -634,6 +702,9 @@ mod tests {
         let p = ConnParam::default();
         let raw = p.to_raw();
         assert!(raw.private_data.is_null());
-        assert_eq!((raw.retry_count, raw.rnr_retry_count, raw.flow_control), (7, 7, 1));
+        assert_eq!(
+            (raw.retry_count, raw.rnr_retry_count, raw.flow_control),
+            (7, 7, 1)
+        );
     }
 }

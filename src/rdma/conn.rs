@@ -22,8 +22,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use rdma_sys::{ibv_qp, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
-    ibv_sge, ibv_wr_opcode};
+use rdma_sys::{
+    ibv_qp, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge,
+    ibv_wr_opcode,
+};
 
 use super::cm::{CmId, ConnParam};
 use super::device::{Device, Wc};
@@ -54,7 +56,12 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 2, max_inline_data: 512 }
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 2,
+            max_inline_data: 512,
+        }
     }
 }
 
@@ -105,7 +112,13 @@ struct SqAccount {
 impl SqAccount {
     fn new(depth: u32) -> SqAccount {
         let depth = depth.max(1);
-        SqAccount { depth, used: 0, unsignaled_run: 0, signal_every: (depth / 2).max(1), batches: VecDeque::new() }
+        SqAccount {
+            depth,
+            used: 0,
+            unsignaled_run: 0,
+            signal_every: (depth / 2).max(1),
+            batches: VecDeque::new(),
+        }
     }
 
     fn room(&self) -> u32 {
@@ -114,7 +127,9 @@ impl SqAccount {
 
     /// Whether the next WR must be signaled: asked for, a run long enough, or the last slot
     fn want_signal(&self, s: Signal) -> bool {
-        s == Signal::Yes || self.unsignaled_run + 1 >= self.signal_every || self.used + 1 >= self.depth
+        s == Signal::Yes
+            || self.unsignaled_run + 1 >= self.signal_every
+            || self.used + 1 >= self.depth
     }
 
     /// A WR was posted (the caller checked `room() > 0`)
@@ -140,13 +155,20 @@ impl Conn {
     /// Creates an RC QP on `id` (resolved or from a connect request) in `dev`'s PD,
     /// posting to `dev`'s CQ. Lowers `max_inline_data` until the device accepts it.
     /// On failure the id is handed back (to reject a connect request, say).
-    pub fn new(id: CmId, dev: &Arc<Device>, want: QpCaps) -> std::result::Result<Conn, (Error, CmId)> {
+    pub fn new(
+        id: CmId,
+        dev: &Arc<Device>,
+        want: QpCaps,
+    ) -> std::result::Result<Conn, (Error, CmId)> {
         let lib = match lib() {
             Ok(l) => l,
             Err(e) => return Err((e, id)),
         };
         if id.verbs().is_null() || id.verbs() != dev.context() {
-            return Err((Error::new("rdma_create_qp", libc::EINVAL, Reason::Other), id));
+            return Err((
+                Error::new("rdma_create_qp", libc::EINVAL, Reason::Other),
+                id,
+            ));
         }
         let mut inline = want.max_inline_data;
         let (qp, caps) = loop {
@@ -168,19 +190,26 @@ impl Conn {
                 // SAFETY: rdma_create_qp stored the QP in the id.
                 let qp = unsafe { (*id.as_ptr()).qp };
                 let c = attr.cap;
-                break (qp, QpCaps {
-                    max_send_wr: c.max_send_wr,
-                    max_recv_wr: c.max_recv_wr,
-                    max_send_sge: c.max_send_sge,
-                    max_inline_data: c.max_inline_data,
-                });
+                break (
+                    qp,
+                    QpCaps {
+                        max_send_wr: c.max_send_wr,
+                        max_recv_wr: c.max_recv_wr,
+                        max_send_sge: c.max_send_sge,
+                        max_inline_data: c.max_inline_data,
+                    },
+                );
             }
             let e = Error::from_ret("rdma_create_qp", ret);
             if e.errno() == libc::EINVAL && inline > 0 {
                 inline = if inline > 64 { inline / 2 } else { 0 };
                 continue;
             }
-            let e = if e.reason() == Reason::Other { e.with_reason(Reason::Resources) } else { e };
+            let e = if e.reason() == Reason::Other {
+                e.with_reason(Reason::Resources)
+            } else {
+                e
+            };
             return Err((e, id));
         };
         let reserve = caps.max_send_wr + caps.max_recv_wr;
@@ -281,7 +310,11 @@ impl Conn {
 
     fn check_usable(&self) -> Result<()> {
         if self.broken {
-            return Err(Error::new("ibv_post_send", libc::ENOTCONN, Reason::Disconnected));
+            return Err(Error::new(
+                "ibv_post_send",
+                libc::ENOTCONN,
+                Reason::Disconnected,
+            ));
         }
         Ok(())
     }
@@ -312,7 +345,11 @@ impl Conn {
         // SAFETY: plain C struct; zero is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
-        wr.sg_list = if nsge == 0 { std::ptr::null_mut() } else { sges };
+        wr.sg_list = if nsge == 0 {
+            std::ptr::null_mut()
+        } else {
+            sges
+        };
         wr.num_sge = nsge as i32;
         let mut flags = ibv_send_flags(0);
         if signaled {
@@ -338,7 +375,11 @@ impl Conn {
         let ret = unsafe { rdma_sys::ibv_post_send(self.qp, &mut wr, &mut bad) };
         if ret != 0 {
             let errno = if ret > 0 { ret } else { libc::EIO };
-            return Err(if errno == libc::ENOMEM { sq_full() } else { Error::from_errno("ibv_post_send", errno) });
+            return Err(if errno == libc::ENOMEM {
+                sq_full()
+            } else {
+                Error::from_errno("ibv_post_send", errno)
+            });
         }
         self.sq.posted(signaled);
         Ok(())
@@ -367,7 +408,17 @@ impl Conn {
         // SAFETY: Sge has ibv_sge's layout (checked at compile time in mr.rs); the
         // provider only reads the list. Memory validity is the caller's contract.
         unsafe {
-            self.post_send_raw(wr_id, sges.as_ptr() as *mut ibv_sge, sges.len(), total, remote_addr, rkey, imm, signal, false)
+            self.post_send_raw(
+                wr_id,
+                sges.as_ptr() as *mut ibv_sge,
+                sges.len(),
+                total,
+                remote_addr,
+                rkey,
+                imm,
+                signal,
+                false,
+            )
         }
     }
 
@@ -382,21 +433,57 @@ impl Conn {
         imm: Option<u32>,
         signal: Signal,
     ) -> Result<()> {
-        if data.len() > self.caps.max_inline_data as usize || offset + data.len() as u64 > remote.len {
+        if data.len() > self.caps.max_inline_data as usize
+            || offset + data.len() as u64 > remote.len
+        {
             return Err(Error::new("ibv_post_send", libc::EINVAL, Reason::Other));
         }
-        let mut sge = ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
+        let mut sge = ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
         let n = usize::from(!data.is_empty());
         // SAFETY: IBV_SEND_INLINE makes the provider copy `data` during the call.
-        unsafe { self.post_send_raw(wr_id, &mut sge, n, data.len(), remote.at(offset), remote.rkey, imm, signal, true) }
+        unsafe {
+            self.post_send_raw(
+                wr_id,
+                &mut sge,
+                n,
+                data.len(),
+                remote.at(offset),
+                remote.rkey,
+                imm,
+                signal,
+                true,
+            )
+        }
     }
 
     /// Zero-length RDMA WRITE with immediate: consumes one receive at the peer and
     /// delivers `imm` (credit returns, doorbells)
-    pub fn post_imm(&mut self, wr_id: u64, remote: &RemoteBuf, imm: u32, signal: Signal) -> Result<()> {
+    pub fn post_imm(
+        &mut self,
+        wr_id: u64,
+        remote: &RemoteBuf,
+        imm: u32,
+        signal: Signal,
+    ) -> Result<()> {
         // SAFETY: no SGE; remote address/rkey are given although a zero-length write
         // does not access the peer's memory.
-        unsafe { self.post_send_raw(wr_id, std::ptr::null_mut(), 0, 0, remote.addr, remote.rkey, Some(imm), signal, false) }
+        unsafe {
+            self.post_send_raw(
+                wr_id,
+                std::ptr::null_mut(),
+                0,
+                0,
+                remote.addr,
+                remote.rkey,
+                Some(imm),
+                signal,
+                false,
+            )
+        }
     }
 
     /// Posts `count` zero-length receives (the targets of incoming WRITE_WITH_IMM), all
@@ -410,10 +497,19 @@ impl Conn {
         }
         let wr_id = wr_id | RECV_FLAG;
         if self.rq_posted + count > self.caps.max_recv_wr {
-            return Err(Error::new("ibv_post_recv", libc::ENOBUFS, Reason::Resources));
+            return Err(Error::new(
+                "ibv_post_recv",
+                libc::ENOBUFS,
+                Reason::Resources,
+            ));
         }
         let mut wrs: Vec<ibv_recv_wr> = (0..count)
-            .map(|_| ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 })
+            .map(|_| ibv_recv_wr {
+                wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: 0,
+            })
             .collect();
         for i in 0..wrs.len() - 1 {
             let next: *mut ibv_recv_wr = &mut wrs[i + 1];
@@ -492,7 +588,10 @@ impl Conn {
             // SAFETY: live QP, one zero-length WR.
             let s = unsafe { rdma_sys::ibv_post_send(self.qp, &mut swr, &mut bad) };
             if s != 0 {
-                return Err(Error::from_errno("start_drain", if s > 0 { s } else { libc::EIO }));
+                return Err(Error::from_errno(
+                    "start_drain",
+                    if s > 0 { s } else { libc::EIO },
+                ));
             }
             self.drain_sq_posted = true;
         }
@@ -549,7 +648,10 @@ mod tests {
                     in_flight_signaled += u32::from(sig);
                 } else {
                     // Full (or choosing to complete): a signaled WR must be in flight.
-                    assert!(in_flight_signaled > 0, "depth {depth}: full queue with no signaled WR");
+                    assert!(
+                        in_flight_signaled > 0,
+                        "depth {depth}: full queue with no signaled WR"
+                    );
                     freed += sq.completed();
                     in_flight_signaled -= 1;
                 }
@@ -562,11 +664,13 @@ mod tests {
     #[test]
     fn signaled_completion_frees_its_unsignaled_run() {
         let mut sq = SqAccount::new(8); // signal every 4th
-        let sigs: Vec<bool> = (0..4).map(|_| {
-            let s = sq.want_signal(Signal::Auto);
-            sq.posted(s);
-            s
-        }).collect();
+        let sigs: Vec<bool> = (0..4)
+            .map(|_| {
+                let s = sq.want_signal(Signal::Auto);
+                sq.posted(s);
+                s
+            })
+            .collect();
         assert_eq!(sigs, [false, false, false, true]);
         assert_eq!(sq.room(), 4);
         assert_eq!(sq.completed(), 4);

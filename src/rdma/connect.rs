@@ -23,7 +23,12 @@ use super::fd;
 /// Waits on `ch` until `deadline` for the event `want`; failure events map to their
 /// error ([`CmEvent::to_error`]), any other event to [`Reason::BadHandshake`], and the
 /// deadline to `ETIMEDOUT` ([`Reason::Timeout`]).
-pub fn wait_event(ch: &Arc<EventChannel>, want: EventKind, op: &'static str, deadline: Option<Instant>) -> Result<CmEvent> {
+pub fn wait_event(
+    ch: &Arc<EventChannel>,
+    want: EventKind,
+    op: &'static str,
+    deadline: Option<Instant>,
+) -> Result<CmEvent> {
     let Some(ev) = ch.get_event(fd::remaining(deadline))? else {
         return Err(Error::new(op, libc::ETIMEDOUT, Reason::Timeout));
     };
@@ -39,16 +44,33 @@ pub fn wait_event(ch: &Arc<EventChannel>, want: EventKind, op: &'static str, dea
 ///
 /// No RDMA device for the address → [`Reason::NoRdma`]; no route / timeout →
 /// [`Reason::Unreachable`] / [`Reason::Timeout`].
-pub fn resolve(src: Option<SocketAddr>, dst: SocketAddr, token: u64, timeout: Duration) -> Result<(CmId, Arc<Device>)> {
+pub fn resolve(
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+    token: u64,
+    timeout: Duration,
+) -> Result<(CmId, Arc<Device>)> {
     let deadline = Instant::now() + timeout;
     let ch = EventChannel::new()?;
     let mut id = CmId::new(&ch, token)?;
     // Give the kernel the step's share of the budget; our own wait is the hard limit.
     id.resolve_addr(src, dst, timeout)?;
-    wait_event(&ch, EventKind::AddrResolved, "rdma_resolve_addr", Some(deadline))?;
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    wait_event(
+        &ch,
+        EventKind::AddrResolved,
+        "rdma_resolve_addr",
+        Some(deadline),
+    )?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
     id.resolve_route(left)?;
-    wait_event(&ch, EventKind::RouteResolved, "rdma_resolve_route", Some(deadline))?;
+    wait_event(
+        &ch,
+        EventKind::RouteResolved,
+        "rdma_resolve_route",
+        Some(deadline),
+    )?;
     let dev = Device::for_id(&id)?;
     Ok((id, dev))
 }
@@ -148,7 +170,11 @@ impl Listener {
             };
             let ch = EventChannel::new()?;
             id.migrate(&ch)?;
-            return Ok(Some(Incoming { id, device, event: ev }));
+            return Ok(Some(Incoming {
+                id,
+                device,
+                event: ev,
+            }));
         }
     }
 }

@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_pd, ibv_wc,
-    ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
+use rdma_sys::{
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_pd, ibv_wc, ibv_wc_flags,
+    ibv_wc_opcode, ibv_wc_status,
+};
 
 use super::cm::CmId;
 use super::error::{Error, Reason, Result};
@@ -173,7 +175,12 @@ impl Device {
             let Some(next) = next else {
                 return Err(Error::new("reserve_cqe", libc::ENOSPC, Reason::Resources));
             };
-            match self.cq_reserved.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+            match self.cq_reserved.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Ok(()),
                 Err(v) => cur = v,
             }
@@ -211,7 +218,10 @@ impl Device {
         // SAFETY: live CQ; ops-table call, no libibverbs symbol.
         let ret = unsafe { rdma_sys::ibv_req_notify_cq(self.cq, 0) };
         if ret != 0 {
-            return Err(Error::from_errno("ibv_req_notify_cq", if ret > 0 { ret } else { libc::EIO }));
+            return Err(Error::from_errno(
+                "ibv_req_notify_cq",
+                if ret > 0 { ret } else { libc::EIO },
+            ));
         }
         Ok(())
     }
@@ -299,7 +309,10 @@ impl Drop for Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("cq_usage", &self.cq_usage()).field("limits", &self.limits).finish()
+        f.debug_struct("Device")
+            .field("cq_usage", &self.cq_usage())
+            .field("limits", &self.limits)
+            .finish()
     }
 }
 
@@ -379,7 +392,9 @@ impl Wc {
     pub fn imm(&self) -> Option<u32> {
         if ibv_wc_flags(self.0.wc_flags) & ibv_wc_flags::IBV_WC_WITH_IMM != ibv_wc_flags(0) {
             // SAFETY: WITH_IMM says the union holds imm_data (network order).
-            Some(u32::from_be(unsafe { self.0.imm_data_invalidated_rkey_union.imm_data }))
+            Some(u32::from_be(unsafe {
+                self.0.imm_data_invalidated_rkey_union.imm_data
+            }))
         } else {
             None
         }

@@ -43,12 +43,20 @@ impl Reason {
     /// The reason a bare errno most likely means
     pub fn from_errno(errno: i32) -> Reason {
         match errno {
-            libc::ENODEV | libc::ENOENT | libc::ENOSYS | libc::EAFNOSUPPORT
-            | libc::EPROTONOSUPPORT | libc::EADDRNOTAVAIL => Reason::NoRdma,
+            libc::ENODEV
+            | libc::ENOENT
+            | libc::ENOSYS
+            | libc::EAFNOSUPPORT
+            | libc::EPROTONOSUPPORT
+            | libc::EADDRNOTAVAIL => Reason::NoRdma,
             libc::ECONNREFUSED => Reason::Rejected,
             libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ENETDOWN => Reason::Unreachable,
             libc::ETIMEDOUT => Reason::Timeout,
-            libc::ENOMEM | libc::ENOSPC | libc::EAGAIN | libc::ENOBUFS | libc::EMFILE
+            libc::ENOMEM
+            | libc::ENOSPC
+            | libc::EAGAIN
+            | libc::ENOBUFS
+            | libc::EMFILE
             | libc::ENFILE => Reason::Resources,
             libc::EPROTO | libc::EBADMSG => Reason::BadHandshake,
             libc::ECONNRESET | libc::ENOTCONN | libc::EPIPE => Reason::Disconnected,
@@ -76,12 +84,18 @@ impl Error {
 
     /// An error from an errno, with the reason [`Reason::from_errno`] gives
     pub fn from_errno(op: &'static str, errno: i32) -> Error {
-        Error { op, errno, reason: Reason::from_errno(errno) }
+        Error {
+            op,
+            errno,
+            reason: Reason::from_errno(errno),
+        }
     }
 
     /// An error from the calling thread's current errno (right after a failed C call)
     pub fn last_os(op: &'static str) -> Error {
-        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
         // A failing call that left errno at 0 still failed.
         Error::from_errno(op, if errno == 0 { libc::EIO } else { errno })
     }

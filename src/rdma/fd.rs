@@ -13,7 +13,13 @@ pub fn set_nonblocking(fd: c_int) -> Result<()> {
         if fl < 0 {
             return Err(Error::last_os("fcntl(F_GETFL)"));
         }
-        if libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFL, fl | libc::O_NONBLOCK as libc::c_long) < 0 {
+        if libc::syscall(
+            libc::SYS_fcntl,
+            fd,
+            libc::F_SETFL,
+            fl | libc::O_NONBLOCK as libc::c_long,
+        ) < 0
+        {
             return Err(Error::last_os("fcntl(F_SETFL)"));
         }
         if libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
@@ -40,10 +46,21 @@ pub fn wait_readable(fd: c_int, timeout: Option<Duration>) -> Result<bool> {
                 &mut ts_store
             }
         };
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd; ts is null or a valid timespec; no signal mask.
         let n = unsafe {
-            libc::syscall(libc::SYS_ppoll, &mut pfd as *mut libc::pollfd, 1, ts, std::ptr::null::<u8>(), 0)
+            libc::syscall(
+                libc::SYS_ppoll,
+                &mut pfd as *mut libc::pollfd,
+                1,
+                ts,
+                std::ptr::null::<u8>(),
+                0,
+            )
         };
         if n > 0 {
             return Ok(true);

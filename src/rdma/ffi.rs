@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 
 use libc::sockaddr;
 use rdma_sys::{
-    ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_mr, ibv_pd, ibv_qp,
-    ibv_qp_attr, ibv_qp_init_attr, ibv_wc_status, rdma_cm_event, rdma_cm_event_type,
-    rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
+    ibv_qp_init_attr, ibv_wc_status, rdma_cm_event, rdma_cm_event_type, rdma_cm_id,
+    rdma_conn_param, rdma_event_channel, rdma_port_space,
 };
 
 use super::error::{Error, Reason};
@@ -137,7 +137,12 @@ pub fn lib() -> Result<&'static Lib, Error> {
     match load() {
         Ok(lib) => {
             let new = Box::into_raw(Box::new(lib));
-            match LIB.compare_exchange(std::ptr::null_mut(), new, Ordering::AcqRel, Ordering::Acquire) {
+            match LIB.compare_exchange(
+                std::ptr::null_mut(),
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 // SAFETY: we just published `new`; it lives for the process.
                 Ok(_) => Ok(unsafe { &*new }),
                 Err(winner) => {
@@ -177,11 +182,19 @@ fn load() -> Result<Lib, Error> {
     // libibverbs first: librdmacm depends on it and would pull it in anyway.
     let ibverbs = dlopen_any(&IBVERBS_NAMES);
     if ibverbs.is_null() {
-        return Err(Error::new("dlopen(libibverbs)", libc::ENOENT, Reason::NoRdma));
+        return Err(Error::new(
+            "dlopen(libibverbs)",
+            libc::ENOENT,
+            Reason::NoRdma,
+        ));
     }
     let rdmacm = dlopen_any(&RDMACM_NAMES);
     if rdmacm.is_null() {
-        return Err(Error::new("dlopen(librdmacm)", libc::ENOENT, Reason::NoRdma));
+        return Err(Error::new(
+            "dlopen(librdmacm)",
+            libc::ENOENT,
+            Reason::NoRdma,
+        ));
     }
     // The handles stay open for the life of the process: function pointers, contexts and
     // provider libraries all live inside them.

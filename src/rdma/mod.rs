@@ -29,7 +29,10 @@ pub mod fd;
 pub mod ffi;
 pub mod mr;
 
-pub use cm::{CmEvent, CmId, ConnParam, EventChannel, EventKind, REJ_PRIVATE_MAX, REP_PRIVATE_MAX, REQ_PRIVATE_MAX};
+pub use cm::{
+    CmEvent, CmId, ConnParam, EventChannel, EventKind, REJ_PRIVATE_MAX, REP_PRIVATE_MAX,
+    REQ_PRIVATE_MAX,
+};
 pub use conn::{Conn, QpCaps, Signal, DRAIN_SEND_WR_ID, RECV_FLAG};
 pub use connect::{accept, close, connect, connect_event, resolve, wait_event, Incoming, Listener};
 pub use device::{Device, DeviceLimits, Wc, WcOpcode};
@@ -41,7 +44,9 @@ mod tests {
     use super::*;
 
     fn host_has_rdma_device() -> bool {
-        std::fs::read_dir("/sys/class/infiniband").map(|mut d| d.next().is_some()).unwrap_or(false)
+        std::fs::read_dir("/sys/class/infiniband")
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
     }
 
     #[test]
@@ -49,21 +54,32 @@ mod tests {
         if host_has_rdma_device() {
             return;
         }
-        let e = EventChannel::new().err().expect("no RDMA device here, so no event channel");
+        let e = EventChannel::new()
+            .err()
+            .expect("no RDMA device here, so no event channel");
         assert_eq!(e.reason(), Reason::NoRdma, "{e}");
         // Cached: the second attempt fails the same way without crashing.
-        let e2 = resolve(None, "10.77.0.1:7471".parse().unwrap(), 0, std::time::Duration::from_millis(100))
-            .err()
-            .expect("resolve cannot work without a device");
+        let e2 = resolve(
+            None,
+            "10.77.0.1:7471".parse().unwrap(),
+            0,
+            std::time::Duration::from_millis(100),
+        )
+        .err()
+        .expect("resolve cannot work without a device");
         assert_eq!(e2.reason(), Reason::NoRdma, "{e2}");
-        let l = Listener::bind("0.0.0.0:0".parse().unwrap(), 1, 0).err().expect("no listener without a device");
+        let l = Listener::bind("0.0.0.0:0".parse().unwrap(), 1, 0)
+            .err()
+            .expect("no listener without a device");
         assert_eq!(l.reason(), Reason::NoRdma);
     }
 
     #[test]
     fn device_lookup_rejects_null_context() {
         // SAFETY: null is allowed and rejected.
-        let e = unsafe { Device::for_context(std::ptr::null_mut()) }.err().unwrap();
+        let e = unsafe { Device::for_context(std::ptr::null_mut()) }
+            .err()
+            .unwrap();
         assert_eq!(e.reason(), Reason::NoRdma);
     }
 }

@@ -56,7 +56,12 @@ impl Mr {
     /// # Safety
     /// The memory must stay valid (not freed or unmapped) until the `Mr` is dropped, and
     /// for [`Access::RemoteWrite`] the caller must expect it to change under it at any time.
-    pub unsafe fn register(dev: &Arc<Device>, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+    pub unsafe fn register(
+        dev: &Arc<Device>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr> {
         let lib = lib()?;
         // SAFETY: live PD; memory validity is the caller's contract.
         let mr = unsafe { (lib.ibv_reg_mr)(dev.pd(), addr.cast(), len, access.flags()) };
@@ -64,7 +69,11 @@ impl Mr {
             // ENOMEM here is usually RLIMIT_MEMLOCK.
             return Err(Error::last_os("ibv_reg_mr").with_reason(Reason::Resources));
         }
-        Ok(Mr { mr, access, _dev: dev.clone() })
+        Ok(Mr {
+            mr,
+            access,
+            _dev: dev.clone(),
+        })
     }
 
     /// Start address
@@ -104,7 +113,11 @@ impl Mr {
     /// An SGE for `len` bytes at `offset` (panics if out of bounds)
     pub fn sge(&self, offset: usize, len: usize) -> Sge {
         assert!(offset <= self.len() && len <= self.len() - offset && len <= u32::MAX as usize);
-        Sge { addr: self.addr() + offset as u64, length: len as u32, lkey: self.lkey() }
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: len as u32,
+            lkey: self.lkey(),
+        }
     }
 }
 
@@ -120,7 +133,11 @@ impl Drop for Mr {
 
 impl std::fmt::Debug for Mr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mr").field("addr", &self.addr()).field("len", &self.len()).field("access", &self.access).finish()
+        f.debug_struct("Mr")
+            .field("addr", &self.addr())
+            .field("len", &self.len())
+            .field("access", &self.access)
+            .finish()
     }
 }
 
@@ -165,7 +182,11 @@ impl RegBuf {
         }
         // SAFETY: the allocation lives until Drop, which drops the MR first.
         match unsafe { Mr::register(dev, ptr, size, access) } {
-            Ok(mr) => Ok(RegBuf { mr: ManuallyDrop::new(mr), ptr, layout }),
+            Ok(mr) => Ok(RegBuf {
+                mr: ManuallyDrop::new(mr),
+                ptr,
+                layout,
+            }),
             Err(e) => {
                 // SAFETY: allocated above with this layout, never registered.
                 unsafe { std::alloc::dealloc(ptr, layout) };
@@ -214,7 +235,11 @@ impl RegBuf {
 
     /// Where the peer should write: (address, rkey); `None` unless RemoteWrite
     pub fn remote(&self) -> Option<RemoteBuf> {
-        self.mr.rkey().map(|rkey| RemoteBuf { addr: self.mr.addr(), rkey, len: self.len() as u64 })
+        self.mr.rkey().map(|rkey| RemoteBuf {
+            addr: self.mr.addr(),
+            rkey,
+            len: self.len() as u64,
+        })
     }
 }
 

@@ -57,13 +57,17 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
     // Copy into u64s so the atomics inside are aligned.
     let mut buf = vec![0u64; bytes.len().div_ceil(8)];
     // SAFETY: buf has at least bytes.len() bytes.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().cast::<u8>(), bytes.len()) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().cast::<u8>(), bytes.len())
+    };
     // SAFETY: buf is aligned, large enough, and every bit pattern is valid for Header.
     let h = unsafe { &*buf.as_ptr().cast::<Header>() };
     if h.magic != MAGIC || bytes.len() < region_len(h.nslots) {
         return None;
     }
-    let load = |a: &[std::sync::atomic::AtomicU64]| -> Vec<u64> { a.iter().map(|x| x.load(Relaxed)).collect() };
+    let load = |a: &[std::sync::atomic::AtomicU64]| -> Vec<u64> {
+        a.iter().map(|x| x.load(Relaxed)).collect()
+    };
     let mut s = Snapshot {
         pid: h.pid,
         comm: String::from_utf8_lossy(h.comm.split(|&b| b == 0).next().unwrap_or(&[])).into_owned(),
@@ -75,13 +79,20 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         sockets: Vec::new(),
     };
     // SAFETY: the length check above covers nslots slots after the header.
-    let slots = unsafe { std::slice::from_raw_parts((h as *const Header).add(1).cast::<ConnSlot>(), h.nslots as usize) };
+    let slots = unsafe {
+        std::slice::from_raw_parts(
+            (h as *const Header).add(1).cast::<ConnSlot>(),
+            h.nslots as usize,
+        )
+    };
     for c in slots {
         let seq = c.seq.load(Relaxed);
         if seq == 0 || seq % 2 == 1 {
             continue;
         }
-        let Some(path) = Path::from_u32(c.path.load(Relaxed)) else { continue };
+        let Some(path) = Path::from_u32(c.path.load(Relaxed)) else {
+            continue;
+        };
         s.sockets.push(ConnSnapshot {
             fd: c.fd.load(Relaxed),
             path,
@@ -108,7 +119,12 @@ pub fn decode_addr(a: &[u8; 28]) -> Option<SocketAddr> {
             let mut ip = [0u8; 16];
             ip.copy_from_slice(&a[8..24]);
             let scope = u32::from_ne_bytes([a[24], a[25], a[26], a[27]]);
-            Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, 0, scope)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port,
+                0,
+                scope,
+            )))
         }
         _ => None,
     }
@@ -116,7 +132,9 @@ pub fn decode_addr(a: &[u8; 28]) -> Option<SocketAddr> {
 
 fn pid_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks existence.
-    pid != 0 && (unsafe { libc::kill(pid as i32, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    pid != 0
+        && (unsafe { libc::kill(pid as i32, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
 /// Reads every region file in `dir`, sorted by pid.
@@ -145,8 +163,10 @@ impl Snapshot {
                 .collect();
             format!("{{{}}}", f.join(","))
         };
-        let reasons: Vec<String> =
-            Fallback::ALL.iter().map(|r| format!("\"{}\":{}", r.name(), self.fallback[*r as usize])).collect();
+        let reasons: Vec<String> = Fallback::ALL
+            .iter()
+            .map(|r| format!("\"{}\":{}", r.name(), self.fallback[*r as usize]))
+            .collect();
         let addr = |a: Option<SocketAddr>| a.map_or("null".to_string(), |a| format!("\"{a}\""));
         let socks: Vec<String> = self
             .sockets

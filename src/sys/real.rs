@@ -10,7 +10,9 @@
 //! cost the shim adds to an fd it does not own, besides the fd-table load.
 
 use libc::{c_int, c_uint, c_ulong, c_void, fd_set, iovec, msghdr, nfds_t, off64_t, off_t, pid_t};
-use libc::{epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval};
+use libc::{
+    epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
+};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// Looks `name` (NUL-terminated) up after our own object and caches it in `slot`.

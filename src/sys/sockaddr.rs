@@ -15,12 +15,20 @@ pub unsafe fn read(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> 
         libc::AF_INET if len as usize >= std::mem::size_of::<sockaddr_in>() => {
             let a = &*(addr as *const sockaddr_in);
             let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(a.sin_port),
+            )))
         }
         libc::AF_INET6 if len as usize >= std::mem::size_of::<sockaddr_in6>() => {
             let a = &*(addr as *const sockaddr_in6);
             let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(a.sin6_port), a.sin6_flowinfo, a.sin6_scope_id)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
         }
         _ => None,
     }
@@ -38,7 +46,13 @@ pub fn encode(a: &SocketAddr) -> ([u8; 28], socklen_t) {
             s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
             let n = std::mem::size_of::<sockaddr_in>();
             // SAFETY: copying n bytes of a plain struct into a 28-byte buffer (n = 16).
-            unsafe { std::ptr::copy_nonoverlapping((&s as *const sockaddr_in).cast::<u8>(), out.as_mut_ptr(), n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&s as *const sockaddr_in).cast::<u8>(),
+                    out.as_mut_ptr(),
+                    n,
+                )
+            };
             n
         }
         SocketAddr::V6(v6) => {
@@ -51,7 +65,13 @@ pub fn encode(a: &SocketAddr) -> ([u8; 28], socklen_t) {
             s.sin6_scope_id = v6.scope_id();
             let n = std::mem::size_of::<sockaddr_in6>();
             // SAFETY: n = 28 bytes into a 28-byte buffer.
-            unsafe { std::ptr::copy_nonoverlapping((&s as *const sockaddr_in6).cast::<u8>(), out.as_mut_ptr(), n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&s as *const sockaddr_in6).cast::<u8>(),
+                    out.as_mut_ptr(),
+                    n,
+                )
+            };
             n
         }
     };
