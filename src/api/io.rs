@@ -78,7 +78,7 @@ unsafe fn buf<'a>(buf: *const c_void, n: size_t) -> Option<&'a [u8]> {
 unsafe fn iov_mut<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a mut [IoSliceMut<'a>]> {
     match cnt {
         0 => Some(&mut []),
-        c if c < 0 || c > libc::UIO_MAXIOV || iov.is_null() => None,
+        c if !(0..=libc::UIO_MAXIOV).contains(&c) || iov.is_null() => None,
         c => Some(std::slice::from_raw_parts_mut(
             iov as *mut IoSliceMut<'a>,
             c as usize,
@@ -89,7 +89,7 @@ unsafe fn iov_mut<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a mut [IoSliceM
 unsafe fn iov<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a [IoSlice<'a>]> {
     match cnt {
         0 => Some(&[]),
-        c if c < 0 || c > libc::UIO_MAXIOV || iov.is_null() => None,
+        c if !(0..=libc::UIO_MAXIOV).contains(&c) || iov.is_null() => None,
         c => Some(std::slice::from_raw_parts(
             iov as *const IoSlice<'a>,
             c as usize,
