@@ -685,7 +685,7 @@ mod tests {
 
     #[test]
     fn last_slot_is_always_signaled() {
-        let mut sq = SqAccount::new(3); // signal_every = 1: every WR signaled
+        let sq = SqAccount::new(3); // signal_every = 1: every WR signaled
         assert!(sq.want_signal(Signal::Auto));
         let mut sq = SqAccount::new(5); // signal_every = 2
         sq.posted(false);

@@ -65,8 +65,7 @@ mod tests {
             0,
             std::time::Duration::from_millis(100),
         )
-        .err()
-        .expect("resolve cannot work without a device");
+        .expect_err("resolve cannot work without a device");
         assert_eq!(e2.reason(), Reason::NoRdma, "{e2}");
         let l = Listener::bind("0.0.0.0:0".parse().unwrap(), 1, 0)
             .err()
