@@ -1,13 +1,17 @@
-//! `RSOCK_*` settings, read once from the environment.
+//! `RSOCK_*` settings, read once from the environment, and the rules file they name.
 //!
 //! Parsing is a pure function of (name, value) pairs so it can be tested without touching
 //! the process environment. A malformed value never fails the host program: it is replaced
-//! by its default and a warning is logged once, when the log is up.
+//! by its default and a warning is logged once, when the log is up. The rules file
+//! (`RSOCK_CONFIG`, [`crate::rules`]) is read once at the same time; [`Config::decide`] folds
+//! it, `RSOCK_EXCLUDE` and `RSOCK_RDMA` into one answer per connection.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+
+use crate::rules::{self, Action, Decision, Role, Rule};
 
 /// Log verbosity, `RSOCK_LOG_LEVEL`.
 pub use log::LevelFilter;
@@ -49,6 +53,15 @@ pub struct Config {
     /// `RSOCK_EXCLUDE` (default `127.0.0.0/8,::1/128`): destinations that never try RDMA:
     /// comma-separated `ADDR/PREFIX` or `port=N` / `port=N-M` entries (empty: none).
     pub exclude: Vec<Exclude>,
+    /// `RSOCK_RDMA` (default 1): 0 keeps every connection off RDMA (tracked as `tcp`,
+    /// reason `rule`), as if a first rule said `tcp`; `passthrough` decisions stay.
+    pub rdma: bool,
+    /// `RSOCK_CONFIG` (default `/etc/rsock.conf` if it exists): the rules file read.
+    pub rules_path: Option<PathBuf>,
+    /// The rules of [`Config::rules_path`], in file order.
+    pub rules: Vec<Rule>,
+    /// The program's name (basename of argv[0]) that `prog=` rules match.
+    pub prog: String,
 }
 
 /// One `RSOCK_EXCLUDE` entry.
@@ -88,14 +101,14 @@ impl Exclude {
 }
 
 /// IPv4-mapped IPv6 destinations are matched as IPv4.
-fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
+pub(crate) fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
     match ip {
         std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
         v4 => v4,
     }
 }
 
-fn prefix_match(net: std::net::IpAddr, ip: std::net::IpAddr, prefix: u8) -> bool {
+pub(crate) fn prefix_match(net: std::net::IpAddr, ip: std::net::IpAddr, prefix: u8) -> bool {
     use std::net::IpAddr::{V4, V6};
     let (a, b, bits) = match (net, ip) {
         (V4(n), V4(i)) => (u32::from(n) as u128, u32::from(i) as u128, 32),
@@ -110,6 +123,48 @@ impl Config {
     /// Whether `RSOCK_EXCLUDE` keeps `dest` off RDMA.
     pub fn excludes(&self, dest: &std::net::SocketAddr) -> bool {
         self.exclude.iter().any(|e| e.matches(dest))
+    }
+
+    /// What to do with a connection: `role` Client at `connect()` (`remote` = destination,
+    /// `local` = None: not known yet), Server at `listen()` (`local` = the listening
+    /// address, `remote` = None). In order: `RSOCK_EXCLUDE` on the service address (the destination of a
+    /// client, the listening address of a server) gives `passthrough`; else the first
+    /// matching rule; else `rdma`. `RSOCK_RDMA=0` then turns `rdma` into `tcp`. Allocates
+    /// nothing.
+    pub fn decide(
+        &self,
+        role: Role,
+        local: Option<std::net::SocketAddr>,
+        remote: Option<std::net::SocketAddr>,
+    ) -> Decision {
+        let mut d = Decision {
+            action: Action::Rdma,
+            ring_size: self.ring_size,
+            send_buf: self.send_buf,
+            rule_line: None,
+        };
+        let service = match role {
+            Role::Client => remote,
+            Role::Server => local,
+        };
+        if service.is_some_and(|a| self.excludes(&a)) {
+            d.action = Action::Passthrough;
+            return d;
+        }
+        if let Some(r) = self
+            .rules
+            .iter()
+            .find(|r| r.matches(&self.prog, role, local, remote))
+        {
+            d.action = r.action;
+            d.ring_size = r.ring_size.unwrap_or(d.ring_size);
+            d.send_buf = r.send_buf.unwrap_or(d.send_buf);
+            d.rule_line = Some(r.line);
+        }
+        if !self.rdma && d.action == Action::Rdma {
+            d.action = Action::Tcp;
+        }
+        d
     }
 }
 
@@ -132,7 +187,14 @@ impl Default for Config {
             recv_credits: 64,
             max_inline: 128,
             spin_us: 20,
-            exclude: DEFAULT_EXCLUDE.split(',').filter_map(Exclude::parse).collect(),
+            exclude: DEFAULT_EXCLUDE
+                .split(',')
+                .filter_map(Exclude::parse)
+                .collect(),
+            rdma: true,
+            rules_path: None,
+            rules: Vec::new(),
+            prog: String::new(),
         }
     }
 }
@@ -157,7 +219,12 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_INLINE",
     "RSOCK_SPIN_US",
     "RSOCK_EXCLUDE",
+    "RSOCK_RDMA",
+    "RSOCK_CONFIG",
 ];
+
+/// The rules file read when `RSOCK_CONFIG` is unset, if it exists.
+pub const DEFAULT_RULES: &str = "/etc/rsock.conf";
 
 impl Config {
     /// Builds a config from `RSOCK_*` pairs; returns it with one warning per bad input.
@@ -167,6 +234,7 @@ impl Config {
     {
         let mut c = Config::default();
         let mut warnings = Vec::new();
+        let mut config_path: Option<OsString> = None;
         for (name, value) in vars {
             let Some(name) = name.to_str() else { continue };
             if !name.starts_with("RSOCK_") {
@@ -176,21 +244,28 @@ impl Config {
                 warnings.push(format!("{name}: value is not UTF-8; using the default"));
                 continue;
             };
-            let mut bad = |what: &str| warnings.push(format!("{name}={v:?}: {what}; using the default"));
+            let mut bad =
+                |what: &str| warnings.push(format!("{name}={v:?}: {what}; using the default"));
             match name {
                 "RSOCK_ENABLE" => set_bool(&mut c.enable, v, &mut bad),
                 "RSOCK_STATS" => set_bool(&mut c.stats, v, &mut bad),
                 "RSOCK_STATS_KEEP" => set_bool(&mut c.stats_keep, v, &mut bad),
+                "RSOCK_RDMA" => set_bool(&mut c.rdma, v, &mut bad),
+                "RSOCK_CONFIG" => config_path = Some(value.clone()),
                 "RSOCK_LOG" if v.is_empty() => {}
                 "RSOCK_LOG" => c.log_path = Some(PathBuf::from(value.as_os_str())),
                 "RSOCK_LOG_LEVEL" => match v.parse::<LevelFilter>() {
                     Ok(l) => c.log_level = l,
                     Err(_) => bad("expected off, error, warn, info, debug or trace"),
                 },
-                "RSOCK_STATS_DIR" if v.is_empty() || !v.starts_with('/') => bad("expected an absolute path"),
+                "RSOCK_STATS_DIR" if v.is_empty() || !v.starts_with('/') => {
+                    bad("expected an absolute path")
+                }
                 "RSOCK_STATS_DIR" => c.stats_dir = PathBuf::from(value.as_os_str()),
                 "RSOCK_STATS_SLOTS" => set_u32(&mut c.stats_slots, v, 0, 65536, &mut bad),
-                "RSOCK_CONNECT_TIMEOUT_MS" => set_u32(&mut c.connect_timeout_ms, v, 1, 60_000, &mut bad),
+                "RSOCK_CONNECT_TIMEOUT_MS" => {
+                    set_u32(&mut c.connect_timeout_ms, v, 1, 60_000, &mut bad)
+                }
                 "RSOCK_NEG_CACHE_MS" => set_u32(&mut c.neg_cache_ms, v, 0, 86_400_000, &mut bad),
                 "RSOCK_RING_SIZE" => set_u32(&mut c.ring_size, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_SEND_BUF" => set_u32(&mut c.send_buf, v, 4096, 1 << 30, &mut bad),
@@ -198,17 +273,60 @@ impl Config {
                 "RSOCK_INLINE" => set_u32(&mut c.max_inline, v, 0, 1024, &mut bad),
                 "RSOCK_SPIN_US" => set_u32(&mut c.spin_us, v, 0, 100_000, &mut bad),
                 "RSOCK_EXCLUDE" => {
-                    let entries: Vec<&str> = v.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
-                    let parsed: Option<Vec<Exclude>> = entries.iter().map(|e| Exclude::parse(e)).collect();
+                    let entries: Vec<&str> = v
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|e| !e.is_empty())
+                        .collect();
+                    let parsed: Option<Vec<Exclude>> =
+                        entries.iter().map(|e| Exclude::parse(e)).collect();
                     match parsed {
                         Some(list) => c.exclude = list,
                         None => bad("expected comma-separated ADDR/PREFIX or port=N[-M] entries"),
                     }
                 }
-                _ => warnings.push(format!("{name}: unknown variable, ignored (known: {})", KNOWN.join(", "))),
+                _ => warnings.push(format!(
+                    "{name}: unknown variable, ignored (known: {})",
+                    KNOWN.join(", ")
+                )),
             }
         }
+        c.rules_path = match config_path {
+            Some(p) if p.is_empty() => None, // RSOCK_CONFIG= : no rules file, not even the default
+            Some(p) => Some(PathBuf::from(p)),
+            None => Some(PathBuf::from(DEFAULT_RULES)).filter(|p| p.exists()),
+        };
         (c, warnings)
+    }
+
+    /// Reads and parses the rules file named by [`Config::rules_path`], adding one warning per
+    /// line ignored (`FILE line N: why`) or for a file that cannot be read.
+    pub fn load_rules(&mut self, warnings: &mut Vec<String>) {
+        let Some(path) = &self.rules_path else { return };
+        let text = match read_bounded(path, rules::MAX_FILE) {
+            Ok(t) => t,
+            Err(e) => {
+                warnings.push(format!(
+                    "RSOCK_CONFIG: cannot read {}: {e}; no rules applied",
+                    path.display()
+                ));
+                return;
+            }
+        };
+        let (list, problems) = rules::parse(&text);
+        if text.len() >= rules::MAX_FILE {
+            warnings.push(format!(
+                "{}: only the first {} bytes are read",
+                path.display(),
+                rules::MAX_FILE
+            ));
+        }
+        warnings.extend(
+            problems
+                .into_iter()
+                .map(|p| format!("{} {p}", path.display())),
+        );
+        self.rules = list;
     }
 
     /// The process's config, read from the environment on first call.
@@ -221,8 +339,41 @@ impl Config {
 pub fn loaded() -> &'static (Config, Vec<String>) {
     static CONFIG: OnceLock<(Config, Vec<String>)> = OnceLock::new();
     CONFIG.get_or_init(|| {
-        Config::parse(std::env::vars_os().filter(|(k, _)| k.as_bytes().starts_with(b"RSOCK_")))
+        let (mut c, mut warnings) =
+            Config::parse(std::env::vars_os().filter(|(k, _)| k.as_bytes().starts_with(b"RSOCK_")));
+        c.load_rules(&mut warnings);
+        c.prog = program_name();
+        (c, warnings)
     })
+}
+
+/// Up to `max` bytes of the file at `path` (std::fs: the config is read inside the shim's
+/// reentrancy guard, so these calls go straight to libc).
+fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::fs::File::open(path)?
+        .take(max as u64)
+        .read_to_end(&mut text)?;
+    Ok(text)
+}
+
+/// The basename of argv[0], as glibc keeps it (no file read; `/proc/self/comm` would cut
+/// it at 15 bytes).
+fn program_name() -> String {
+    extern "C" {
+        static program_invocation_short_name: *const libc::c_char;
+    }
+    // SAFETY: glibc sets this before any constructor runs; it points to a NUL-terminated
+    // string in argv[0] (or "" when there is none).
+    let p = unsafe { program_invocation_short_name };
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, NUL-terminated (see above).
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn set_u32(slot: &mut u32, v: &str, min: u32, max: u32, bad: &mut impl FnMut(&str)) {
@@ -245,7 +396,11 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<String>) {
-        Config::parse(pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))))
+        Config::parse(
+            pairs
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        )
     }
 
     #[test]
@@ -270,7 +425,10 @@ mod tests {
         ]);
         assert!(w.is_empty(), "{w:?}");
         assert!(!c.enable && !c.stats && c.stats_keep);
-        assert_eq!(c.log_path.as_deref(), Some(std::path::Path::new("/tmp/x.log")));
+        assert_eq!(
+            c.log_path.as_deref(),
+            Some(std::path::Path::new("/tmp/x.log"))
+        );
         assert_eq!(c.log_level, LevelFilter::Debug);
         assert_eq!(c.stats_dir, PathBuf::from("/tmp/st"));
         assert_eq!(c.stats_slots, 7);
@@ -310,11 +468,24 @@ mod tests {
             ("RSOCK_SPIN_US", "5"),
         ]);
         assert!(w.is_empty(), "{w:?}");
-        assert_eq!((c.connect_timeout_ms, c.neg_cache_ms, c.ring_size), (250, 0, 1 << 20));
-        assert_eq!((c.send_buf, c.recv_credits, c.max_inline, c.spin_us), (65536, 32, 0, 5));
-        let (c, w) = parse(&[("RSOCK_CONNECT_TIMEOUT_MS", "0"), ("RSOCK_RING_SIZE", "12"), ("RSOCK_RECV_CREDITS", "x")]);
+        assert_eq!(
+            (c.connect_timeout_ms, c.neg_cache_ms, c.ring_size),
+            (250, 0, 1 << 20)
+        );
+        assert_eq!(
+            (c.send_buf, c.recv_credits, c.max_inline, c.spin_us),
+            (65536, 32, 0, 5)
+        );
+        let (c, w) = parse(&[
+            ("RSOCK_CONNECT_TIMEOUT_MS", "0"),
+            ("RSOCK_RING_SIZE", "12"),
+            ("RSOCK_RECV_CREDITS", "x"),
+        ]);
         assert_eq!(w.len(), 3, "{w:?}");
-        assert_eq!((c.connect_timeout_ms, c.ring_size, c.recv_credits), (500, 256 * 1024, 64));
+        assert_eq!(
+            (c.connect_timeout_ms, c.ring_size, c.recv_credits),
+            (500, 256 * 1024, 64)
+        );
     }
 
     #[test]
@@ -323,21 +494,134 @@ mod tests {
         let (c, w) = parse(&[]);
         assert!(w.is_empty());
         assert!(c.excludes(&d("127.0.0.1:80")) && c.excludes(&d("[::1]:80")));
-        assert!(c.excludes(&d("[::ffff:127.0.0.5]:80")), "v4-mapped loopback");
+        assert!(
+            c.excludes(&d("[::ffff:127.0.0.5]:80")),
+            "v4-mapped loopback"
+        );
         assert!(!c.excludes(&d("10.77.0.1:80")));
-        let (c, w) = parse(&[("RSOCK_EXCLUDE", "10.0.0.0/8, port=22, port=6000-6010, fd00::/8, 192.168.1.7")]);
+        let (c, w) = parse(&[(
+            "RSOCK_EXCLUDE",
+            "10.0.0.0/8, port=22, port=6000-6010, fd00::/8, 192.168.1.7",
+        )]);
         assert!(w.is_empty(), "{w:?}");
         assert!(c.excludes(&d("10.77.0.1:80")) && !c.excludes(&d("11.0.0.1:80")));
-        assert!(c.excludes(&d("1.2.3.4:22")) && c.excludes(&d("1.2.3.4:6005")) && !c.excludes(&d("1.2.3.4:6011")));
+        assert!(
+            c.excludes(&d("1.2.3.4:22"))
+                && c.excludes(&d("1.2.3.4:6005"))
+                && !c.excludes(&d("1.2.3.4:6011"))
+        );
         assert!(c.excludes(&d("[fd12::1]:80")) && !c.excludes(&d("[fe80::1]:80")));
         assert!(c.excludes(&d("192.168.1.7:1")) && !c.excludes(&d("192.168.1.8:1")));
-        assert!(!c.excludes(&d("127.0.0.1:80")), "replacing the list drops the default");
+        assert!(
+            !c.excludes(&d("127.0.0.1:80")),
+            "replacing the list drops the default"
+        );
         let (c, _) = parse(&[("RSOCK_EXCLUDE", "")]);
         assert!(c.exclude.is_empty());
         let (c, w) = parse(&[("RSOCK_EXCLUDE", "10.0.0.0/33,port=9-1")]);
         assert_eq!(w.len(), 1);
         assert_eq!(c.exclude, Config::default().exclude);
-        assert!(Exclude::parse("0.0.0.0/0").unwrap().matches(&d("8.8.8.8:1")));
+        assert!(Exclude::parse("0.0.0.0/0")
+            .unwrap()
+            .matches(&d("8.8.8.8:1")));
+    }
+
+    fn with_rules(env: &[(&str, &str)], text: &str) -> Config {
+        let (mut c, w) = parse(env);
+        assert!(w.is_empty(), "{w:?}");
+        let (rules, problems) = rules::parse(text.as_bytes());
+        assert!(problems.is_empty(), "{problems:?}");
+        c.rules = rules;
+        c
+    }
+
+    #[test]
+    fn decide_folds_exclude_rules_and_rsock_rdma() {
+        let d = |s: &str| Some(s.parse::<std::net::SocketAddr>().unwrap());
+        let text = "tcp port=5000\nrdma port=5000-5999 ring=1M\npassthrough role=server\n";
+        let c = with_rules(&[], text);
+        let client = |to| c.decide(Role::Client, None, d(to));
+        assert_eq!(
+            client("10.77.0.1:5000").action,
+            Action::Tcp,
+            "first match wins"
+        );
+        assert_eq!(client("10.77.0.1:5000").rule_line, Some(1));
+        let r = client("10.77.0.1:5001");
+        assert_eq!(
+            (r.action, r.ring_size, r.send_buf, r.rule_line),
+            (Action::Rdma, 1 << 20, 256 << 10, Some(2))
+        );
+        let r = client("10.77.0.1:80");
+        assert_eq!(
+            (r.action, r.ring_size, r.rule_line),
+            (Action::Rdma, 256 << 10, None),
+            "no rule: rdma"
+        );
+        assert_eq!(
+            client("127.0.0.1:5001").action,
+            Action::Passthrough,
+            "RSOCK_EXCLUDE first"
+        );
+        assert_eq!(
+            c.decide(Role::Server, d("10.77.0.1:80"), None).action,
+            Action::Passthrough
+        );
+        assert_eq!(
+            c.decide(Role::Server, d("10.77.0.1:5000"), None).action,
+            Action::Tcp
+        );
+
+        let c = with_rules(&[("RSOCK_RDMA", "0")], text);
+        assert_eq!(
+            c.decide(Role::Client, None, d("10.77.0.1:5001")).action,
+            Action::Tcp
+        );
+        assert_eq!(
+            c.decide(Role::Client, None, d("10.77.0.1:80")).action,
+            Action::Tcp
+        );
+        assert_eq!(
+            c.decide(Role::Server, d("10.77.0.1:80"), None).action,
+            Action::Passthrough
+        );
+
+        let mut c = with_rules(&[], "tcp prog=nc\n");
+        c.prog = "nc".into();
+        assert_eq!(
+            c.decide(Role::Client, None, d("10.77.0.1:1")).action,
+            Action::Tcp
+        );
+        c.prog = "ncat".into();
+        assert_eq!(
+            c.decide(Role::Client, None, d("10.77.0.1:1")).action,
+            Action::Rdma
+        );
+    }
+
+    #[test]
+    fn rules_file_is_read_and_bad_lines_reported_with_their_number() {
+        let dir = std::env::temp_dir().join(format!("rsock-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rsock.conf");
+        std::fs::write(&file, "# test\ntcp port=1\nrmda port=2\n").unwrap();
+        let (mut c, mut w) = parse(&[("RSOCK_CONFIG", file.to_str().unwrap())]);
+        c.load_rules(&mut w);
+        assert_eq!(c.rules.len(), 1);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("rsock.conf line 3: unknown action"), "{w:?}");
+
+        let (mut c, mut w) = parse(&[("RSOCK_CONFIG", dir.join("missing.conf").to_str().unwrap())]);
+        c.load_rules(&mut w);
+        assert!(c.rules.is_empty());
+        assert!(w.len() == 1 && w[0].contains("cannot read"), "{w:?}");
+
+        let (c, w) = parse(&[("RSOCK_CONFIG", "")]);
+        assert!(
+            c.rules_path.is_none() && w.is_empty(),
+            "empty: no file at all"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

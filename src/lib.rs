@@ -3,7 +3,8 @@
 //! Rooms:
 //! - [`sys`]: the only FFI — real libc functions resolved with `dlsym(RTLD_NEXT)` and raw syscalls.
 //! - [`fdtable`]: fd-indexed table of sockets the shim owns; a foreign fd costs one atomic load.
-//! - [`config`], [`logger`], [`stats`]: `RSOCK_*` settings, the log file, per-process counters.
+//! - [`config`], [`rules`], [`logger`], [`stats`]: `RSOCK_*` settings, the rules file, the log
+//!   file, per-process counters.
 //! - [`socket`] and [`api`]: the socket state machine and the libc-shaped entry points that
 //!   `preload/` forwards to.
 //! - [`proto`]: the sans-IO stream protocol (ring + credits + wire format), no I/O at all.
@@ -22,6 +23,7 @@ pub mod init;
 pub mod logger;
 pub mod negcache;
 pub mod readiness;
+pub mod rules;
 pub mod socket;
 pub mod stats;
 pub mod sys;

@@ -41,7 +41,9 @@ impl Path {
     }
 
     fn from_u32(v: u32) -> Option<Path> {
-        [Path::Rdma, Path::Tcp, Path::Passthrough].get(v as usize).copied()
+        [Path::Rdma, Path::Tcp, Path::Passthrough]
+            .get(v as usize)
+            .copied()
     }
 }
 
@@ -69,6 +71,8 @@ pub enum Fallback {
     NegativeCache = 8,
     /// Socket options or address family the RDMA path does not serve.
     Unsupported = 9,
+    /// A rule of the rules file (action `tcp`) or `RSOCK_RDMA=0` kept it off RDMA.
+    Rule = 10,
 }
 
 /// Number of [`Fallback`] slots in the region (room to grow without a layout change).
@@ -76,7 +80,7 @@ pub const REASONS: usize = 16;
 
 impl Fallback {
     /// All reasons, in wire order.
-    pub const ALL: [Fallback; 10] = [
+    pub const ALL: [Fallback; 11] = [
         Fallback::NoDevice,
         Fallback::RdmaUnavailable,
         Fallback::PeerTcp,
@@ -87,6 +91,7 @@ impl Fallback {
         Fallback::Resources,
         Fallback::NegativeCache,
         Fallback::Unsupported,
+        Fallback::Rule,
     ];
 
     /// Snake-case name used by `rsock stat` and the log.
@@ -102,6 +107,7 @@ impl Fallback {
             "resources",
             "negative_cache",
             "unsupported",
+            "rule",
         ][self as usize]
     }
 }
@@ -196,10 +202,17 @@ fn create() -> Option<&'static Header> {
         return (!p.is_null()).then(|| unsafe { &*p });
     }
     let cfg = Config::get();
-    let made = if cfg.stats { map_new(cfg) } else { Err(std::io::Error::from_raw_os_error(0)) };
+    let made = if cfg.stats {
+        map_new(cfg)
+    } else {
+        Err(std::io::Error::from_raw_os_error(0))
+    };
     let result = match made {
         Ok((h, path)) => {
-            FILE.store(std::ffi::CString::new(path).map_or(ptr::null_mut(), |c| c.into_raw()), Release);
+            FILE.store(
+                std::ffi::CString::new(path).map_or(ptr::null_mut(), |c| c.into_raw()),
+                Release,
+            );
             REGION.store(h, Release);
             if !cfg.stats_keep {
                 static ATEXIT: std::sync::Once = std::sync::Once::new();
@@ -213,7 +226,10 @@ fn create() -> Option<&'static Header> {
         }
         Err(_) if !cfg.stats => None,
         Err(e) => {
-            log::warn!("stats disabled: cannot create region in {}: {e}", cfg.stats_dir.display());
+            log::warn!(
+                "stats disabled: cannot create region in {}: {e}",
+                cfg.stats_dir.display()
+            );
             None
         }
     };
@@ -242,7 +258,14 @@ fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
             raw::close(fd);
             return Err(e);
         }
-        libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
     };
     raw::close(fd);
     if mem == libc::MAP_FAILED {
@@ -312,19 +335,33 @@ impl SlotHandle {
 }
 
 /// Counts a new connection on `path` (with `reason` for fallbacks) and claims a slot for it.
-pub fn open_conn(fd: i32, path: Path, reason: Option<Fallback>, local: &[u8], peer: &[u8]) -> SlotHandle {
-    let Some(h) = region() else { return SlotHandle(0) };
+pub fn open_conn(
+    fd: i32,
+    path: Path,
+    reason: Option<Fallback>,
+    local: &[u8],
+    peer: &[u8],
+) -> SlotHandle {
+    let Some(h) = region() else {
+        return SlotHandle(0);
+    };
     h.counters.conns[path as usize].fetch_add(1, Relaxed);
     if let Some(r) = reason {
         h.counters.fallback[r as usize].fetch_add(1, Relaxed);
     }
     // SAFETY: slots follow the header; nslots of them.
-    let slots = unsafe { std::slice::from_raw_parts((h as *const Header).add(1).cast::<ConnSlot>(), h.nslots as usize) };
+    let slots = unsafe {
+        std::slice::from_raw_parts(
+            (h as *const Header).add(1).cast::<ConnSlot>(),
+            h.nslots as usize,
+        )
+    };
     for (i, s) in slots.iter().enumerate() {
         if s.seq.compare_exchange(0, 1, Acquire, Relaxed).is_ok() {
             s.fd.store(fd, Relaxed);
             s.path.store(path as u32, Relaxed);
-            s.reason.store(reason.map_or(u32::MAX, |r| r as u32), Relaxed);
+            s.reason
+                .store(reason.map_or(u32::MAX, |r| r as u32), Relaxed);
             s.tx.store(0, Relaxed);
             s.rx.store(0, Relaxed);
             // SAFETY: we own the slot while seq is odd; readers retry on odd seq.

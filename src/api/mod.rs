@@ -25,6 +25,7 @@ use crate::engine::{self, Accepted, Listener};
 use crate::fdtable::{self, SockRef};
 use crate::guard;
 use crate::init;
+use crate::rules::{Action, Role};
 use crate::socket::{Attachment, Pending, State};
 use crate::stats::{Fallback, Path};
 use crate::sys::raw::{errno, set_errno};
@@ -180,7 +181,10 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if !s.transition(State::Created, State::Connecting) {
         return connect_again(&s, fd, addr, len);
     }
-    let (path, reason) = if engine::get().is_some() && Config::get().excludes(&dest) {
+    let action = Config::get().decide(Role::Client, None, Some(dest)).action;
+    let (path, reason) = if action == Action::Tcp {
+        (Path::Tcp, Some(Fallback::Rule)) // never tries RDMA, so never starts the engine
+    } else if action == Action::Passthrough && engine::get().is_some() {
         (Path::Passthrough, None)
     } else {
         match keep_errno(|| connect_rdma(&s, fd, dest)) {
@@ -310,8 +314,9 @@ fn rdma_listen(
         }
         saddr::read(a.as_ptr().cast(), alen)?
     };
-    if local.port() == 0 || Config::get().excludes(&local) {
-        return None; // unbound (the kernel picks the port at listen) or excluded
+    let action = Config::get().decide(Role::Server, Some(local), None).action;
+    if local.port() == 0 || action != Action::Rdma {
+        return None; // unbound (the kernel picks the port at listen), excluded or ruled out
     }
     match Listener::prepare(engine, local, backlog) {
         Ok(rl) => Some((engine, local, rl)),
