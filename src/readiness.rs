@@ -218,6 +218,19 @@ impl Doorbell {
         set_errno(e);
     }
 
+    /// Whether a process other than the shim's own copy may still hold A: false once every
+    /// fd of A is closed everywhere (B then sees `POLLRDHUP`), and also after a hang-up the
+    /// shim itself made (B shut both ways), when the stream is dead anyway.
+    pub fn peer_holds(&self) -> bool {
+        crate::sys::unix::wait(self.shim, libc::POLLRDHUP, 0) & (libc::POLLRDHUP | libc::POLLHUP)
+            == 0
+    }
+
+    /// B, the shim's end (to watch for the last holder of A going away).
+    pub fn shim_fd(&self) -> c_int {
+        self.shim
+    }
+
     /// Whether A currently reports all of `events` to poll (used by tests and assertions).
     pub fn poll_app(&self, events: libc::c_short) -> bool {
         let mut p = libc::pollfd {

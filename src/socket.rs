@@ -25,6 +25,8 @@ pub enum Attachment {
     Stream(Arc<Stream>),
     /// A dual (kernel TCP + rdma_cm) listener.
     Listener(Arc<Listener>),
+    /// A connection over RDMA that another process owns and relays to this one.
+    Relayed(Arc<crate::engine::relay::Relayed>),
 }
 
 /// Where a socket is in its life.
@@ -244,8 +246,15 @@ impl Socket {
     pub fn stream(&self) -> Option<Arc<Stream>> {
         match self.attachment()? {
             Attachment::Stream(s) => Some(s),
-            Attachment::Listener(_) => None,
+            Attachment::Listener(_) | Attachment::Relayed(_) => None,
         }
+    }
+
+    /// Forgets what carried this socket in this process, without ending it (its owner, in
+    /// another process, still runs it).
+    pub fn detach_quietly(&self) {
+        let old = self.attached.lock().take();
+        drop(old);
     }
 
     /// Engages RDMA for this socket.

@@ -39,7 +39,7 @@ fn owned(
     let Some(s) = fdtable::get(fd) else {
         return call();
     };
-    let r = match s.stream() {
+    let r = match super::inherit::stream(&s) {
         Some(st) => match guard::enter() {
             Some(_g) => rdma(&st),
             None => call(),
@@ -421,8 +421,8 @@ unsafe fn splice_owned(
 ) -> ssize_t {
     let (sin, sout) = (fdtable::get(fd_in), fdtable::get(fd_out));
     let (stin, stout) = (
-        sin.as_ref().and_then(|s| s.stream()),
-        sout.as_ref().and_then(|s| s.stream()),
+        sin.as_ref().and_then(|s| super::inherit::stream(s)),
+        sout.as_ref().and_then(|s| super::inherit::stream(s)),
     );
     let r = match (&stin, &stout, crate::guard::enter()) {
         (Some(st), None, Some(_g)) => splice_from_stream(st, fd_out, off_out, len, flags),

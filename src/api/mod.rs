@@ -14,6 +14,7 @@
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
+mod inherit;
 mod io;
 mod opts;
 
@@ -28,7 +29,7 @@ use crate::init;
 use crate::rules::{Action, Role};
 use crate::socket::{Attachment, Pending, State};
 use crate::stats::{Fallback, Path};
-use crate::sys::raw::{errno, set_errno};
+use crate::sys::raw::{self, errno, set_errno};
 use crate::sys::real;
 use crate::sys::sockaddr as saddr;
 use libc::{c_int, c_uint, fd_set, nfds_t, pid_t};
@@ -54,7 +55,7 @@ fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
 }
 
 /// Starts owning `fd`, a fresh TCP socket. An fd beyond the table passes through untracked.
-fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) {
+pub(super) fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) {
     if (fd as u32 as usize) < fdtable::MAX_FDS {
         fdtable::insert(fd, SockRef::new_socket(init));
     }
@@ -107,7 +108,7 @@ fn no_engine_reason() -> Fallback {
 }
 
 /// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
-fn fd_flags(fd: c_int) -> (bool, bool) {
+pub(super) fn fd_flags(fd: c_int) -> (bool, bool) {
     // SAFETY: plain fcntl queries.
     let (fl, fdfl) = unsafe {
         (
@@ -328,13 +329,14 @@ fn rdma_listen(
 }
 
 /// Owns a kernel TCP socket just accepted on an owned listener.
-fn track_accepted(nfd: c_int) {
+pub(super) fn track_accepted(nfd: c_int) {
     let Some(_g) = guard::enter() else { return };
     keep_errno(|| {
         if !init::enabled() {
             return;
         }
-        let reason = if engine::get().is_some() {
+        // A listener inherited from an owner with an engine also gets its TCP peers' way.
+        let reason = if engine::get().is_some() || !engine::is_owner_process() {
             Fallback::PeerTcp
         } else {
             no_engine_reason()
@@ -440,8 +442,14 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
             real::accept4(fd, addr, len, flags)
         };
     }
-    if let Some(Attachment::Listener(l)) = fdtable::get(fd).and_then(|s| s.attachment()) {
-        return accept_dual(&l, addr, len, flags);
+    if let Some(s) = fdtable::get(fd) {
+        match s.attachment() {
+            Some(Attachment::Listener(l)) if l.owner.is_me() => {
+                return accept_dual(&l, addr, len, flags)
+            }
+            Some(Attachment::Listener(l)) => return inherit::accept(&s, &l, fd, addr, len, flags),
+            _ => {}
+        }
     }
     let nfd = if flags == 0 {
         real::accept(fd, addr, len)
@@ -459,6 +467,10 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 /// Forgets `fd` if owned; the connection ends with its last fd.
 #[inline]
 fn forget(fd: c_int) {
+    // A vfork child shares its parent's memory: the table is the parent's, not its own.
+    if !fdtable::owns(fd) || raw::in_vfork_child() {
+        return;
+    }
     if let Some(s) = fdtable::remove(fd) {
         s.fd_closed();
     }
@@ -466,6 +478,9 @@ fn forget(fd: c_int) {
 
 /// Makes `new` refer to the socket behind `old` (after a successful dup of an owned fd).
 fn share(old_sock: &SockRef, new: c_int) {
+    if raw::in_vfork_child() {
+        return; // see `forget`
+    }
     if let Some(replaced) = fdtable::insert(new, old_sock.clone()) {
         replaced.fd_closed();
     }
@@ -484,6 +499,9 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     let r = real::close_range(first, last, flags);
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         let end = (last as usize).saturating_add(1).min(fdtable::high_water());
+        if end <= first as usize || raw::in_vfork_child() {
+            return r; // nothing owned in range; or a vfork child (see `forget`)
+        }
         for fd in (first as usize)..end {
             forget(fd as c_int);
         }
@@ -548,6 +566,54 @@ pub unsafe fn exit_now(status: c_int) -> ! {
     engine::drain_at_exit();
     libc::syscall(libc::SYS_exit_group, status as libc::c_long);
     libc::abort() // not reached
+}
+
+/// `execve` and the other exec calls a program makes: RDMA sockets that survive the exec are
+/// first turned into kernel sockets the new image can use without the shim.
+pub unsafe fn execve(
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    real::execve(path, argv, envp)
+}
+
+pub unsafe fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
+    before_exec();
+    real::execv(path, argv)
+}
+
+pub unsafe fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
+    before_exec();
+    real::execvp(file, argv)
+}
+
+pub unsafe fn execvpe(
+    file: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    real::execvpe(file, argv, envp)
+}
+
+pub unsafe fn fexecve(
+    fd: c_int,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> c_int {
+    before_exec();
+    real::fexecve(fd, argv, envp)
+}
+
+fn before_exec() {
+    if fdtable::high_water() == 0 {
+        return; // the shim never owned an fd here
+    }
+    if let Some(_g) = guard::enter() {
+        keep_errno(inherit::before_exec);
+    }
 }
 
 /// The child's state is reset by the `pthread_atfork` handler registered at start-up, which
@@ -713,7 +779,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 /// Replaces the file behind the program's `fd` with a doorbell's A (`install`), carrying
 /// the program's epoll registrations of `fd` over: epoll keys them by file, so they are taken
 /// off the old file first and put back, with the same events and data, on the new one.
-fn swap_file(
+pub(super) fn swap_file(
     s: &crate::socket::Socket,
     fd: c_int,
     install: impl FnOnce() -> std::io::Result<()>,

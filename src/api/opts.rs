@@ -20,7 +20,7 @@ fn attached(fd: c_int) -> Option<Attachment> {
     if !fdtable::owns(fd) {
         return None;
     }
-    fdtable::get(fd)?.attachment()
+    super::inherit::here(&*fdtable::get(fd)?)
 }
 
 /// Where the options of an attached socket live.
@@ -28,6 +28,7 @@ fn opts_fd(a: &Attachment) -> c_int {
     match a {
         Attachment::Stream(s) => s.opts_fd,
         Attachment::Listener(l) => l.tcp_fd,
+        Attachment::Relayed(r) => r.opts_fd,
     }
 }
 
@@ -81,6 +82,7 @@ pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
         None => real::getsockname(fd, addr, len),
         Some(Attachment::Listener(l)) => real::getsockname(l.tcp_fd, addr, len),
         Some(Attachment::Stream(s)) => put_addr(&s.local, addr, len),
+        Some(Attachment::Relayed(r)) => put_addr(&r.local, addr, len),
     }
 }
 
@@ -91,7 +93,10 @@ unsafe fn so_error(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     let Some(s) = fdtable::get(fd) else {
         return real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len);
     };
-    if s.stream().is_some() {
+    if matches!(
+        super::inherit::here(&s),
+        Some(Attachment::Stream(_) | Attachment::Relayed(_))
+    ) {
         return put_int(val, len, 0);
     }
     let r = real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len);
@@ -134,6 +139,7 @@ pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
         None => real::getpeername(fd, addr, len),
         Some(Attachment::Listener(l)) => real::getpeername(l.tcp_fd, addr, len),
         Some(Attachment::Stream(s)) => put_addr(&s.peer, addr, len),
+        Some(Attachment::Relayed(r)) => put_addr(&r.peer, addr, len),
     }
 }
 
@@ -152,6 +158,8 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
         }
         (libc::FIONREAD, Attachment::Stream(s)) => put_plain_int(arg, s.readable_bytes()),
         (libc::TIOCOUTQ, Attachment::Stream(s)) => put_plain_int(arg, s.unsent_bytes()),
+        // A relay end is a real stream socket: its queues are the ones the program sees.
+        (libc::FIONREAD | libc::TIOCOUTQ, Attachment::Relayed(_)) => real::ioctl(fd, req, arg),
         _ => real::ioctl(opts_fd(&a), req, arg),
     }
 }
@@ -160,6 +168,7 @@ fn set_nonblocking(a: &Attachment, on: bool) {
     match a {
         Attachment::Stream(s) => s.set_nonblocking(on),
         Attachment::Listener(l) => l.set_nonblocking(on),
+        Attachment::Relayed(_) => {} // a file flag of the relay end itself
     }
 }
 
@@ -202,6 +211,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     match attached(fd) {
         None => real::shutdown(fd, how),
         Some(Attachment::Listener(l)) => real::shutdown(l.tcp_fd, how),
+        Some(Attachment::Relayed(_)) => real::shutdown(fd, how), // the owner relays the FIN
         Some(Attachment::Stream(s)) => match how {
             libc::SHUT_WR | libc::SHUT_RDWR => {
                 let _g = crate::guard::enter();

@@ -6,7 +6,10 @@
 //! The thread holds the reentrancy guard for its whole life: everything it calls, and
 //! everything librdmacm/libibverbs call on its behalf, goes straight to libc.
 
-use super::{lock, Engine, TAG_CM, TAG_DEV, TAG_LISTEN_RDMA, TAG_LISTEN_TCP, TAG_MASK, TAG_WAKE};
+use super::{
+    lock, Engine, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_LISTEN_RDMA, TAG_LISTEN_TCP, TAG_MASK,
+    TAG_WAKE,
+};
 use crate::rdma::EventKind;
 use std::sync::Arc;
 
@@ -35,6 +38,8 @@ pub(super) fn run(engine: &'static Engine) {
                 TAG_LISTEN_RDMA => {
                     with_listener(engine, tag & !TAG_MASK, |l| l.on_rdma_ready(engine))
                 }
+                TAG_IPC => engine.serve_requests(),
+                TAG_HOLD => engine.on_hold_event(tag & !TAG_MASK),
                 TAG_LISTEN_TCP => {
                     with_listener(engine, tag & !TAG_MASK, |l| l.on_tcp_ready(engine))
                 }

@@ -34,7 +34,10 @@ pub enum Accepted {
 
 /// See the module doc.
 pub struct Listener {
-    token: u64,
+    /// Names it in the owner's engine (and in ipc requests).
+    pub token: u64,
+    /// The process whose engine runs it; others accept through it (`ipc`).
+    pub owner: super::ipc::Owner,
     rdma: Mutex<rdma::Listener>,
     rdma_fd: c_int,
     /// The kernel listening socket (shim-internal fd, nonblocking).
@@ -95,6 +98,7 @@ impl Listener {
         }
         let l = Arc::new(Listener {
             token,
+            owner: engine.owner,
             rdma_fd: rl.fd(),
             rdma: Mutex::new(rl),
             tcp_fd,
@@ -210,31 +214,29 @@ impl Listener {
     /// The program's `accept()`: the next connection, waiting unless nonblocking.
     pub fn accept(&self, engine: &Engine) -> Result<Accepted, c_int> {
         loop {
-            {
-                let mut q = lock(&self.queue);
-                if let Some(a) = q.items.pop_front() {
-                    if q.items.is_empty() && q.shown_readable {
-                        q.shown_readable = false;
-                        self.bell.set_readable(false);
-                    }
-                    if !q.tcp_armed {
-                        q.tcp_armed = true;
-                        engine.rearm_oneshot(self.tcp_fd, TAG_LISTEN_TCP | self.token);
-                    }
-                    return Ok(a);
-                }
+            if let Some(a) = self.try_pop(engine) {
+                return Ok(a);
             }
             if self.nonblocking.load(Relaxed) {
                 return Err(libc::EAGAIN);
             }
-            let mut p = libc::pollfd {
-                fd: self.bell.app_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; the loop re-checks the queue.
-            unsafe { real::poll(&mut p, 1, 1000) };
+            crate::sys::unix::wait(self.bell.app_fd(), libc::POLLIN, 1000); // then re-check
         }
+    }
+
+    /// The next queued connection, if any (this process's `accept`, or another's over ipc).
+    pub(super) fn try_pop(&self, engine: &Engine) -> Option<Accepted> {
+        let mut q = lock(&self.queue);
+        let a = q.items.pop_front()?;
+        if q.items.is_empty() && q.shown_readable {
+            q.shown_readable = false;
+            self.bell.set_readable(false);
+        }
+        if !q.tcp_armed {
+            q.tcp_armed = true;
+            engine.rearm_oneshot(self.tcp_fd, TAG_LISTEN_TCP | self.token);
+        }
+        Some(a)
     }
 
     /// The program closed its last fd of the listener.

@@ -7,10 +7,13 @@
 //! - `helper`: the thread: rdma_cm events, CQ events, listener fds, teardown of closed streams.
 //!
 //! One engine per process, made on first use when an RDMA device is present; a forked child
-//! gets none (its parent's queue pairs are not usable there).
+//! gets none and never touches its parent's (the queue pairs are not usable there): it asks
+//! the owner over `ipc` instead, and the owner relays (docs/DESIGN.md, "Processes").
 
 mod helper;
+pub mod ipc;
 pub mod listener;
+pub mod relay;
 mod setup;
 pub mod stream;
 
@@ -26,19 +29,28 @@ use std::time::Duration;
 pub use listener::{Accepted, Listener, RdmaListen};
 pub use stream::Stream;
 
-/// The program's last fd of an RDMA socket is closed: let the connection finish in the
-/// background (or reset it, for `SO_LINGER` with a zero timeout), or stop a listener.
+/// This process's last fd of an RDMA socket is closed. The owner lets the connection finish
+/// in the background (or resets it, for `SO_LINGER` with a zero timeout) once no other
+/// process holds it either, or stops a listener; any other process only drops its own copy
+/// of the doorbell (what the owner watches to learn that the last holder is gone).
 pub fn detach(a: crate::socket::Attachment) {
-    let Some(engine) = get() else { return }; // a forked child: the parent owns it
     let Some(_g) = crate::guard::enter() else {
         return;
     };
+    let engine = get();
     match a {
         crate::socket::Attachment::Stream(s) => {
-            s.app_closed(linger_zero(s.opts_fd));
-            engine.retire(s);
+            s.bell().release_app();
+            if let (Some(engine), true) = (engine, s.owner.is_me()) {
+                s.app_gone.store(true, Release);
+                engine.settle_holders(&s);
+            }
         }
-        crate::socket::Attachment::Listener(l) => l.close(engine),
+        crate::socket::Attachment::Listener(l) => match engine {
+            Some(engine) if l.owner.is_me() => l.close(engine),
+            _ => l.bell().release_app(),
+        },
+        crate::socket::Attachment::Relayed(_) => {}
     }
 }
 
@@ -72,6 +84,10 @@ pub struct Dev {
 /// See the module doc.
 pub struct Engine {
     pid: i32,
+    /// Who this engine is to other processes (its ipc address).
+    pub owner: ipc::Owner,
+    /// Listening socket for other processes' requests.
+    ipc_fd: c_int,
     cfg: &'static Config,
     /// Events of every connected (or accepting) id.
     ch: Arc<EventChannel>,
@@ -91,6 +107,15 @@ pub struct Engine {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Whether this process's engine (if any) is its own — false in a fork child of a process
+/// that had one: the engine there is the parent's.
+pub fn is_owner_process() -> bool {
+    ENGINE_PID.load(Relaxed) == 0 || ENGINE_PID.load(Relaxed) == crate::sys::raw::pid()
+}
+
+/// The pid that made the engine (0: none made).
+static ENGINE_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// RDMA streams alive in this process (what makes blocking waits spin first).
 static ACTIVE_STREAMS: AtomicUsize = AtomicUsize::new(0);
@@ -142,8 +167,8 @@ pub fn spin_then<T>(mut probe: impl FnMut() -> Option<T>, block: impl FnOnce() -
 /// the peer. The kernel keeps delivering a TCP socket's queued bytes after its process is
 /// gone; ours live in this process's memory, so the process waits for them instead.
 pub fn drain_at_exit() {
-    if !active() {
-        return;
+    if !active() || crate::sys::raw::in_vfork_child() {
+        return; // a vfork child's exit must not touch its parent's streams
     }
     let Some(e) = get() else { return };
     let Some(_g) = crate::guard::enter() else {
@@ -204,6 +229,8 @@ const TAG_CM: u64 = 1 << 56;
 const TAG_DEV: u64 = 2 << 56;
 const TAG_LISTEN_RDMA: u64 = 3 << 56;
 const TAG_LISTEN_TCP: u64 = 4 << 56;
+const TAG_IPC: u64 = 5 << 56;
+const TAG_HOLD: u64 = 6 << 56;
 const TAG_MASK: u64 = 0xff << 56;
 
 impl Engine {
@@ -220,8 +247,20 @@ impl Engine {
         if epfd < 0 || wake_fd < 0 {
             return Err(rdma::Error::last_os("epoll_create1/eventfd"));
         }
+        let pid = crate::sys::raw::getpid();
+        ENGINE_PID.store(pid, Relaxed);
+        let owner = ipc::Owner {
+            pid,
+            nonce: crate::sys::unix::random_u64(),
+        };
+        let ipc_fd = crate::sys::unix::listen_abstract(&owner.name()).unwrap_or_else(|e| {
+            log::warn!("no ipc socket ({e}): fork children cannot use this process's RDMA sockets");
+            -1
+        });
         let e = Engine {
-            pid: crate::sys::raw::getpid(),
+            pid,
+            owner,
+            ipc_fd,
             cfg: Config::get(),
             ch,
             streams_by_qp: Mutex::new(HashMap::new()),
@@ -237,6 +276,9 @@ impl Engine {
         };
         e.watch(wake_fd, TAG_WAKE)?;
         e.watch(e.ch.fd(), TAG_CM)?;
+        if ipc_fd >= 0 {
+            e.watch(ipc_fd, TAG_IPC)?;
+        }
         // SAFETY: registering a plain extern "C" fn.
         unsafe { libc::atexit(drain_at_exit_c) };
         Ok(e)
@@ -415,6 +457,116 @@ impl Engine {
         lock(&self.closing).push(s);
         self.ensure_helper();
         self.wake();
+    }
+
+    /// The owner's program has no fd of `s` any more: finish it if no other process holds it
+    /// either, else watch for the last holder to go (helper: `on_hold_event`).
+    fn settle_holders(&'static self, s: &Arc<Stream>) {
+        if !s.held() {
+            self.close_unheld(s);
+        } else if !s.hold_watched.swap(true, AcqRel) {
+            self.watch_hold(s.bell().shim_fd(), s.token);
+            self.ensure_helper();
+        }
+    }
+
+    /// Watches `fd` (a doorbell's or relay's B) for changes that matter to `token`'s stream.
+    fn watch_hold(&self, fd: c_int, token: u64) {
+        let ev = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+        if let Err(e) = self.epoll_ctl(libc::EPOLL_CTL_ADD, fd, ev, TAG_HOLD | token) {
+            log::warn!("watching a holder of stream {token}: {e}");
+        }
+    }
+
+    /// Nobody holds `s` any more: the graceful (or lingering-zero) close, once.
+    fn close_unheld(&'static self, s: &Arc<Stream>) {
+        if s.released.swap(true, AcqRel) {
+            return;
+        }
+        self.unwatch(s.bell().shim_fd());
+        for fd in s.relay_fds() {
+            self.unwatch(fd);
+        }
+        s.app_closed(linger_zero(s.opts_fd));
+        self.retire(s.clone());
+    }
+
+    /// Helper: something changed on a holder of stream `token`.
+    fn on_hold_event(&'static self, token: u64) {
+        let Some(s) = lock(&self.streams_by_token).get(&token).cloned() else {
+            return;
+        };
+        s.on_hold_event();
+        if s.app_gone.load(Acquire) && !s.held() {
+            self.close_unheld(&s);
+        }
+    }
+
+    /// Helper: answers other processes' requests (see `ipc`).
+    fn serve_requests(&'static self) {
+        while ipc::serve_one(self.ipc_fd, |m| self.answer(m)) {}
+    }
+
+    fn answer(&'static self, m: &ipc::Msg) -> (ipc::Msg, Option<c_int>) {
+        match m.op() {
+            Some(ipc::Op::Relay) => {
+                let s = lock(&self.streams_by_token).get(&m.token).cloned();
+                match s {
+                    Some(s) if !s.released.load(Acquire) => self.relay(&s),
+                    _ => (ipc::Msg::error(libc::ECONNRESET), None),
+                }
+            }
+            Some(ipc::Op::Accept) => {
+                let l = lock(&self.listeners).get(&m.token).cloned();
+                let Some(l) = l else {
+                    return (ipc::Msg::error(libc::EINVAL), None);
+                };
+                match l.try_pop(self) {
+                    None => (ipc::Msg::error(libc::EAGAIN), None),
+                    Some(Accepted::Tcp(fd)) => {
+                        let local = crate::sys::sockaddr::local_of(fd);
+                        let peer = crate::sys::sockaddr::peer_of(fd);
+                        (
+                            ipc::Msg::carrying(ipc::Carried::Tcp, local.as_ref(), peer.as_ref()),
+                            Some(fd),
+                        )
+                    }
+                    Some(Accepted::Rdma(s)) => {
+                        // Never given to this process's program: only the relay holds it.
+                        s.app_gone.store(true, Release);
+                        s.bell().release_app();
+                        let r = self.relay(&s);
+                        if r.1.is_none() {
+                            self.close_unheld(&s);
+                        }
+                        r
+                    }
+                }
+            }
+            None => (ipc::Msg::error(libc::EINVAL), None),
+        }
+    }
+
+    /// Starts a relay of `s` and the reply that hands its A over.
+    fn relay(&'static self, s: &Arc<Stream>) -> (ipc::Msg, Option<c_int>) {
+        match s.start_relay() {
+            Ok((a, b)) => {
+                self.watch_hold(b, s.token);
+                log::debug!(
+                    "rdma stream {} -> {}: relayed to another process",
+                    s.local,
+                    s.peer
+                );
+                (
+                    ipc::Msg::carrying(ipc::Carried::Relay, Some(&s.local), Some(&s.peer)),
+                    Some(a),
+                )
+            }
+            Err(e) => {
+                log::warn!("rdma stream {}: cannot relay: {e}", s.peer);
+                (ipc::Msg::error(libc::ENOBUFS), None)
+            }
+        }
     }
 
     /// How long a closed stream may take to deliver its queued bytes.

@@ -161,11 +161,16 @@ pub(super) fn connect(
         opts_fd,
         token,
     };
-    let s =
-        Stream::new(parts, d, Duration::from_micros(engine.cfg.spin_us as u64)).map_err(|e| {
-            log::warn!("rdma connect to {dest}: doorbell: {e}");
-            Fallback::Resources
-        })?;
+    let s = Stream::new(
+        parts,
+        d,
+        Duration::from_micros(engine.cfg.spin_us as u64),
+        engine.owner,
+    )
+    .map_err(|e| {
+        log::warn!("rdma connect to {dest}: doorbell: {e}");
+        Fallback::Resources
+    })?;
     engine.register(&s);
     engine.ensure_helper();
     Ok(s)
@@ -286,7 +291,12 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         opts_fd,
         token,
     };
-    match Stream::new(parts, d, Duration::from_micros(engine.cfg.spin_us as u64)) {
+    match Stream::new(
+        parts,
+        d,
+        Duration::from_micros(engine.cfg.spin_us as u64),
+        engine.owner,
+    ) {
         Ok(s) => {
             *s.pending_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.clone());
             l.pending_add();

@@ -6,6 +6,8 @@
 //! [`Stream::on_completion`], called by whoever polls its device's CQ, one at a time per device
 //! so that a stream sees its completions in CQ order.
 
+use super::ipc::Owner;
+use super::relay;
 use super::{Dev, Engine};
 use crate::proto::{self, ReadError, WrId, WriteError};
 use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
@@ -37,7 +39,7 @@ pub struct Stream {
     bell: Doorbell,
     pub(super) dev: Arc<Dev>,
     pub(super) qp_num: u32,
-    pub(super) token: u64,
+    pub token: u64,
     /// Local address (rdma_cm's view).
     pub local: SocketAddr,
     /// Peer address.
@@ -51,6 +53,15 @@ pub struct Stream {
     spin: Duration,
     /// SO_RCVTIMEO / SO_SNDTIMEO in µs (0: none), mirrored from `opts_fd`.
     timeouts_us: [AtomicU64; 2],
+    /// The process whose engine drives this stream.
+    pub owner: Owner,
+    /// The owner's program holds no fd of it any more (or never did: relayed from its
+    /// accept queue). The stream lives on while another process holds one.
+    pub(super) app_gone: AtomicBool,
+    /// The engine's last-holder handling ran (see `Engine::settle_holders`).
+    pub(super) released: AtomicBool,
+    /// The helper watches the doorbell's B for the last other holder of A.
+    pub(super) hold_watched: AtomicBool,
 }
 
 pub(super) struct Inner {
@@ -66,6 +77,10 @@ pub(super) struct Inner {
     /// When the program's last fd closed (the stream lingers to deliver queued bytes).
     pub(super) closed_at: Option<Instant>,
     pub(super) draining: bool,
+    /// Relays to other processes (docs/DESIGN.md, "Processes").
+    relays: Vec<relay::End>,
+    /// Bounce buffer of the relays (allocated with the first).
+    scratch: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -90,7 +105,12 @@ pub(super) struct Parts {
 }
 
 impl Stream {
-    pub(super) fn new(p: Parts, dev: Arc<Dev>, spin: Duration) -> std::io::Result<Arc<Stream>> {
+    pub(super) fn new(
+        p: Parts,
+        dev: Arc<Dev>,
+        spin: Duration,
+        owner: Owner,
+    ) -> std::io::Result<Arc<Stream>> {
         let bell = Doorbell::new(false)?;
         let qp_num = p.rc.qp_num();
         let s = Arc::new(Stream {
@@ -108,6 +128,8 @@ impl Stream {
                 dead: None,
                 closed_at: None,
                 draining: false,
+                relays: Vec::new(),
+                scratch: Vec::new(),
             }),
             bell,
             dev,
@@ -120,6 +142,10 @@ impl Stream {
             pending_for: Mutex::new(None),
             spin,
             timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
+            owner,
+            app_gone: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            hold_watched: AtomicBool::new(false),
         });
         s.load_timeouts();
         s.with(|inner| s.pump(inner));
@@ -266,8 +292,8 @@ impl Stream {
         self.pump(inner);
     }
 
-    /// Reposts owed receives, posts every write the protocol wants, and shows the new state
-    /// on the doorbell. Call with `inner` locked after any change.
+    /// Reposts owed receives, runs the relays, posts every write the protocol wants, and
+    /// shows the new state on the doorbell. Call with `inner` locked after any change.
     fn pump(&self, inner: &mut Inner) {
         if let Some(rc) = inner.rc.as_mut() {
             if inner.recvs_owed > 0 && inner.dead.is_none() {
@@ -276,17 +302,93 @@ impl Stream {
                     Err(e) => log::error!("rdma stream {}: reposting receives: {e}", self.peer),
                 }
             }
-            while let Some(w) = inner.proto.poll_write() {
-                if let Err(e) = post(rc, &inner.send, &inner.remote, &w) {
-                    log::warn!("rdma stream {}: post failed: {e}", self.peer);
-                    inner.proto.handle_send_error();
-                    inner.dead.get_or_insert(libc::ECONNRESET);
-                    break;
-                }
-            }
         }
+        if !inner.relays.is_empty() {
+            relay::into_stream(
+                &mut inner.relays,
+                &mut inner.proto,
+                inner.send.as_mut_slice(),
+                &mut inner.scratch,
+            );
+            self.post_all(inner);
+            let reset = inner.dead.is_some() || inner.proto.state() == proto::State::Reset;
+            relay::out_of_stream(
+                &mut inner.relays,
+                &mut inner.proto,
+                inner.ring.as_slice(),
+                &mut inner.scratch,
+                reset,
+            );
+        }
+        self.post_all(inner);
         while inner.proto.poll_event().is_some() {}
         self.show(inner);
+    }
+
+    /// Posts every write the protocol wants.
+    fn post_all(&self, inner: &mut Inner) {
+        let Some(rc) = inner.rc.as_mut() else { return };
+        while let Some(w) = inner.proto.poll_write() {
+            if let Err(e) = post(rc, &inner.send, &inner.remote, &w) {
+                log::warn!("rdma stream {}: post failed: {e}", self.peer);
+                inner.proto.handle_send_error();
+                inner.dead.get_or_insert(libc::ECONNRESET);
+                break;
+            }
+        }
+    }
+
+    // ---- other processes (docs/DESIGN.md, "Processes") -------------------------------------
+
+    /// Starts relaying this stream to another process: returns (A, B) of a new socketpair;
+    /// A goes to that process, B stays here (the engine watches it).
+    pub(super) fn start_relay(&self) -> std::io::Result<(c_int, c_int)> {
+        let (a, b) = crate::sys::unix::stream_pair()?;
+        let mut g = self.lock();
+        let inner = &mut *g;
+        if inner.scratch.is_empty() {
+            inner.scratch = vec![0; relay::CHUNK];
+        }
+        inner.relays.push(relay::End::new(b));
+        self.pump(inner);
+        Ok((a, b))
+    }
+
+    /// A relay end or the doorbell's B changed (helper thread): move bytes, and note holders
+    /// that went away. A holder's `shutdown(SHUT_WR)` on a relay end is the stream's FIN.
+    pub(super) fn on_hold_event(&self) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        self.pump(inner);
+        let mut fin = false;
+        for e in inner.relays.iter_mut() {
+            if !e.check_gone() && e.tx_eof {
+                fin = true;
+            }
+        }
+        if fin
+            && matches!(
+                inner.proto.state(),
+                proto::State::Open | proto::State::ReadClosed
+            )
+        {
+            inner.proto.shutdown_write();
+            self.pump(inner);
+        }
+    }
+
+    /// Whether any process still holds this stream: the owner's program, another process
+    /// with an fd of the doorbell's A (inherited), or a relay end's holder.
+    pub(super) fn held(&self) -> bool {
+        if !self.app_gone.load(Acquire) || self.bell.peer_holds() {
+            return true;
+        }
+        self.lock().relays.iter_mut().any(|e| !e.check_gone())
+    }
+
+    /// The relay ends' fds (B), for the engine's watch list.
+    pub(super) fn relay_fds(&self) -> Vec<c_int> {
+        self.lock().relays.iter().map(|e| e.fd).collect()
     }
 
     /// Moves the doorbell to match the protocol state (edges only).
@@ -655,8 +757,14 @@ impl Stream {
 
     /// Drops the QP (before the memory it used).
     pub(super) fn destroy(&self) {
-        let rc = self.lock().rc.take();
+        let (rc, relays) = {
+            let mut inner = self.lock();
+            (inner.rc.take(), std::mem::take(&mut inner.relays))
+        };
         drop(rc);
+        for e in relays {
+            crate::sys::raw::close(e.fd);
+        }
         crate::sys::raw::close(self.opts_fd);
     }
 }

@@ -133,6 +133,11 @@ macro_rules! with_hooked_functions {
             fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t;
             fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
             fn fork() -> pid_t;
+            fn execve(path: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
+            fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int;
+            fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int;
+            fn execvpe(file: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
+            fn fexecve(fd: c_int, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
             fn fclose(stream: *mut libc::FILE) -> c_int;
             fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t;
             fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;

@@ -1,0 +1,255 @@
+//! Sockets this process holds but another process's engine owns: inherited across `fork`
+//! (a server's accepted connection in its child, a prefork worker's listener), or across
+//! `exec` (docs/DESIGN.md, "Processes").
+//!
+//! Nothing an owner holds — queue pairs, memory, locks — is usable or even touched here.
+//! Instead:
+//! - a stream is **adopted** on its first use: the owner relays it over a fresh socketpair
+//!   whose end replaces every fd of it in this process (a plain kernel socket from then on);
+//! - a listener's `accept` asks the owner for the next connection of its queue; once the
+//!   owner is gone, the fd becomes the kernel listener it wraps;
+//! - before `exec`, every RDMA socket that survives it is turned into a kernel socket (a
+//!   relay end, or the kernel listener), which the new image needs no shim to use.
+
+use super::{fd_flags, swap_file, track, track_accepted};
+use crate::engine::ipc::{self, Carried, Op};
+use crate::engine::relay::Relayed;
+use crate::engine::{Listener, Stream};
+use crate::fdtable;
+use crate::socket::{Attachment, Socket, State};
+use crate::stats::Path;
+use crate::sys::raw::{self, set_errno};
+use crate::sys::{real, sockaddr as saddr, unix};
+use libc::{c_int, sockaddr, socklen_t};
+use std::sync::Arc;
+
+/// What carries `s` for this process: its attachment, with a stream owned by another
+/// process adopted first (so the answer is never another process's stream).
+pub(super) fn here(s: &Socket) -> Option<Attachment> {
+    match s.attachment()? {
+        Attachment::Stream(st) if !st.owner.is_me() => Some(adopt(s, &st)),
+        a => Some(a),
+    }
+}
+
+/// The stream carrying `s` in this process, if it is one of this process's own.
+pub(super) fn stream(s: &Socket) -> Option<Arc<Stream>> {
+    match here(s)? {
+        Attachment::Stream(st) => Some(st),
+        _ => None,
+    }
+}
+
+/// Makes the inherited stream `st` a relayed socket in this process: every fd of it now
+/// refers to a relay end the owner serves. If the owner cannot serve it (gone, or the
+/// stream is closed there), the fds read end of stream and writes fail, as on a dead socket.
+fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
+    let _g = crate::guard::enter();
+    let fds = fdtable::fds_of(s);
+    let Some(&first) = fds.first() else {
+        return Attachment::Stream(st.clone());
+    };
+    let (nonblock, _) = fd_flags(first);
+    let end = match ipc::call(&st.owner, Op::Relay, st.token) {
+        Ok((_, Some(a))) => Some(a),
+        Ok((_, None)) => None,
+        Err(e) => {
+            log::warn!(
+                "fd {first}: rdma stream to {} inherited from pid {}: cannot adopt it (errno {e})",
+                st.peer,
+                st.owner.pid
+            );
+            None
+        }
+    };
+    // Without a relay: a pair whose other end is closed at once — end of stream, EPIPE.
+    let a = end.or_else(|| unix::stream_pair().ok().map(|(a, b)| (raw::close(b), a).1));
+    if let Some(a) = a {
+        set_nonblock(a, nonblock);
+        for &fd in &fds {
+            let cloexec = fd_flags(fd).1;
+            let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+            // SAFETY: dup3 onto an fd this process holds for this socket.
+            let _ = swap_file(s, fd, || match unsafe { real::dup3(a, fd, flags) } {
+                r if r < 0 => Err(std::io::Error::last_os_error()),
+                _ => Ok(()),
+            });
+        }
+        raw::close(a);
+    }
+    st.bell().release_app(); // this process's copy of the old doorbell
+    let relayed = Attachment::Relayed(Arc::new(Relayed {
+        local: st.local,
+        peer: st.peer,
+        opts_fd: dup_hidden(st.opts_fd),
+    }));
+    s.attach(relayed.clone());
+    if end.is_some() {
+        let (local, _) = saddr::encode(&st.local);
+        let (peer, _) = saddr::encode(&st.peer);
+        s.established(first, State::Rdma, Path::Rdma, None, &local, &peer);
+        log::debug!(
+            "fd {first}: rdma stream to {} adopted from pid {} (relayed)",
+            st.peer,
+            st.owner.pid
+        );
+    }
+    relayed
+}
+
+/// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
+fn dup_hidden(fd: c_int) -> c_int {
+    // SAFETY: F_DUPFD_CLOEXEC on an fd this process holds.
+    raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })
+}
+
+fn set_nonblock(fd: c_int, on: bool) {
+    // SAFETY: fcntl on an fd this process holds.
+    unsafe {
+        let fl = real::fcntl(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let want = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            real::fcntl(fd, libc::F_SETFL, want as usize);
+        }
+    }
+}
+
+/// `accept4` on a listener another process owns: the owner hands over the next connection
+/// of its queue (a kernel TCP socket, or an RDMA stream it relays). Blocks unless the
+/// listener or `flags` say otherwise.
+pub(super) unsafe fn accept(
+    s: &Socket,
+    l: &Arc<Listener>,
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    loop {
+        match ipc::call(&l.owner, Op::Accept, l.token) {
+            Ok((m, Some(nfd))) => return install_accepted(&m, nfd, addr, len, flags),
+            Ok((_, None)) => {}
+            Err(libc::EAGAIN) => {
+                if fd_flags(fd).0 {
+                    set_errno(libc::EAGAIN);
+                    return -1;
+                }
+                unix::wait(fd, libc::POLLIN, 1000); // readable: the owner's queue has one
+            }
+            Err(e) => {
+                log::info!(
+                    "fd {fd}: listener owner pid {} does not answer (errno {e}): kernel TCP only",
+                    l.owner.pid
+                );
+                to_kernel_listener(s, l);
+                let nfd = if flags == 0 {
+                    real::accept(fd, addr, len)
+                } else {
+                    real::accept4(fd, addr, len, flags)
+                };
+                if nfd >= 0 {
+                    track_accepted(nfd);
+                }
+                return nfd;
+            }
+        }
+    }
+}
+
+/// Gives an fd the owner handed over the flags `accept4` was asked for, fills in the peer's
+/// address, and tracks it.
+unsafe fn install_accepted(
+    m: &ipc::Msg,
+    nfd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    set_nonblock(nfd, flags & libc::SOCK_NONBLOCK != 0);
+    if flags & libc::SOCK_CLOEXEC == 0 {
+        real::fcntl(nfd, libc::F_SETFD, 0); // ipc delivers it close-on-exec
+    }
+    let (local, peer) = (ipc::Msg::addr(&m.local), ipc::Msg::addr(&m.peer));
+    if !len.is_null() {
+        match &peer {
+            Some(p) => saddr::write(p, addr, len),
+            None => *len = 0,
+        }
+    }
+    match (m.carried(), local, peer) {
+        (Some(Carried::Relay), Some(local), Some(peer)) => {
+            let _g = crate::guard::enter();
+            let opts_fd = raw::hide(real::socket(
+                if peer.is_ipv4() {
+                    libc::AF_INET
+                } else {
+                    libc::AF_INET6
+                },
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+            ));
+            let (l, _) = saddr::encode(&local);
+            let (p, _) = saddr::encode(&peer);
+            track(nfd, |s| {
+                s.attach(Attachment::Relayed(Arc::new(Relayed {
+                    local,
+                    peer,
+                    opts_fd,
+                })));
+                s.established(nfd, State::Rdma, Path::Rdma, None, &l, &p);
+            });
+        }
+        _ => track_accepted(nfd),
+    }
+    nfd
+}
+
+/// The listener's owner is gone: every fd of it in this process becomes the kernel listener
+/// it wraps (inherited), with the file flags the program had.
+fn to_kernel_listener(s: &Socket, l: &Arc<Listener>) {
+    let _g = crate::guard::enter();
+    let fds = fdtable::fds_of(s);
+    if let Some(&first) = fds.first() {
+        set_nonblock(l.tcp_fd, fd_flags(first).0);
+    }
+    for fd in fds {
+        let flags = if fd_flags(fd).1 { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: dup3 onto an fd this process holds for this socket.
+        let _ = swap_file(s, fd, || match unsafe { real::dup3(l.tcp_fd, fd, flags) } {
+            r if r < 0 => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        });
+    }
+    l.bell().release_app();
+    s.detach_quietly();
+}
+
+/// Before `exec`: every owned fd that survives it must be usable by an image that knows
+/// nothing of the shim. Streams owned elsewhere are adopted (relayed); listeners become the
+/// kernel listener they wrap. A stream this very process owns cannot outlive its engine:
+/// it is left as it is (the limitation is logged).
+pub(super) fn before_exec() {
+    if fdtable::high_water() == 0 || raw::in_vfork_child() {
+        return; // nothing owned; or a vfork child, which must not change its parent's memory
+    }
+    for fd in 0..fdtable::high_water() as c_int {
+        if !fdtable::owns(fd) || fd_flags(fd).1 {
+            continue; // not ours, or closed by the exec anyway
+        }
+        let Some(s) = fdtable::get(fd) else { continue };
+        match s.attachment() {
+            Some(Attachment::Stream(st)) if st.owner.is_me() => {
+                log::warn!("fd {fd}: exec with an RDMA stream this process owns: the new image cannot use it");
+            }
+            Some(Attachment::Stream(_)) => {
+                here(&s);
+            }
+            Some(Attachment::Listener(l)) => to_kernel_listener(&s, &l),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Requests between processes that share an inherited socket (docs/DESIGN.md, "Processes").
+//!
+//! Every engine listens on an abstract `SOCK_SEQPACKET` address named after its [`Owner`]
+//! (pid and a random nonce, so a reused pid never answers for a dead owner). Another process
+//! of the same user that holds one of its sockets — a fork child, or a program exec'd by one —
+//! asks it for what only the owner can do, in one request and one reply that may carry an fd:
+//!
+//! - [`Op::Relay`]: "serve this stream to me": the owner relays it over a fresh socketpair and
+//!   sends one end;
+//! - [`Op::Accept`]: "the next connection of this listener": a kernel TCP socket, or an RDMA
+//!   stream's relay end, with the connection's addresses.
+//!
+//! The helper thread serves requests one at a time; callers wait at most [`CALL_TIMEOUT`].
+
+use crate::sys::unix;
+use libc::c_int;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// How long a caller waits for the owner's reply.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The process that owns an RDMA object, and where it takes requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// Its process id.
+    pub pid: i32,
+    /// Random per engine: tells this owner from a later process with the same pid.
+    pub nonce: u64,
+}
+
+impl Owner {
+    /// The abstract socket name the owner listens on.
+    pub fn name(&self) -> Vec<u8> {
+        format!("rsock.{}.{:016x}", self.pid, self.nonce).into_bytes()
+    }
+
+    /// Whether the calling process is this owner.
+    pub fn is_me(&self) -> bool {
+        self.pid == crate::sys::raw::pid()
+    }
+}
+
+/// What a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Op {
+    /// Relay the stream with this token to the caller.
+    Relay = 1,
+    /// Hand the caller the next connection of the listener with this token.
+    Accept = 2,
+}
+
+/// What the fd attached to a successful reply is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Carried {
+    /// One end of a relay of an RDMA stream (an `AF_UNIX` stream socket).
+    Relay = 1,
+    /// A kernel TCP socket.
+    Tcp = 2,
+}
+
+/// One request or reply (fixed layout, native endianness: both ends are one host).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Msg {
+    /// Request: an [`Op`]; reply: a [`Carried`] when `status` is 0.
+    pub kind: u32,
+    /// Reply: 0, or the errno of the failure (EAGAIN: no connection waiting).
+    pub status: i32,
+    /// The stream's or listener's token in the owner's engine.
+    pub token: u64,
+    /// Reply: the connection's addresses (raw sockaddr, zero-padded).
+    pub local: [u8; 28],
+    /// See `local`.
+    pub peer: [u8; 28],
+}
+
+/// Encoded size of a [`Msg`].
+pub const MSG_LEN: usize = 72;
+
+impl Msg {
+    /// A request.
+    pub fn request(op: Op, token: u64) -> Msg {
+        Msg {
+            kind: op as u32,
+            status: 0,
+            token,
+            local: [0; 28],
+            peer: [0; 28],
+        }
+    }
+
+    /// A failed reply.
+    pub fn error(errno: c_int) -> Msg {
+        Msg {
+            kind: 0,
+            status: errno,
+            token: 0,
+            local: [0; 28],
+            peer: [0; 28],
+        }
+    }
+
+    /// A successful reply carrying an fd of kind `what` for the connection `local`–`peer`.
+    pub fn carrying(what: Carried, local: Option<&SocketAddr>, peer: Option<&SocketAddr>) -> Msg {
+        let raw = |a: Option<&SocketAddr>| {
+            let mut b = [0u8; 28];
+            if let Some(a) = a {
+                let (bytes, len) = crate::sys::sockaddr::encode(a);
+                b[..len as usize].copy_from_slice(&bytes[..len as usize]);
+            }
+            b
+        };
+        Msg {
+            kind: what as u32,
+            status: 0,
+            token: 0,
+            local: raw(local),
+            peer: raw(peer),
+        }
+    }
+
+    /// Wire bytes.
+    pub fn to_bytes(&self) -> [u8; MSG_LEN] {
+        let mut b = [0u8; MSG_LEN];
+        b[0..4].copy_from_slice(&self.kind.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.status.to_ne_bytes());
+        b[8..16].copy_from_slice(&self.token.to_ne_bytes());
+        b[16..44].copy_from_slice(&self.local);
+        b[44..72].copy_from_slice(&self.peer);
+        b
+    }
+
+    /// Parses wire bytes; `None` unless exactly one message.
+    pub fn parse(b: &[u8]) -> Option<Msg> {
+        if b.len() != MSG_LEN {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let mut token = [0u8; 8];
+        token.copy_from_slice(&b[8..16]);
+        let mut local = [0u8; 28];
+        local.copy_from_slice(&b[16..44]);
+        let mut peer = [0u8; 28];
+        peer.copy_from_slice(&b[44..72]);
+        Some(Msg {
+            kind: u32_at(0),
+            status: u32_at(4) as i32,
+            token: u64::from_ne_bytes(token),
+            local,
+            peer,
+        })
+    }
+
+    /// The request's operation.
+    pub fn op(&self) -> Option<Op> {
+        match self.kind {
+            1 => Some(Op::Relay),
+            2 => Some(Op::Accept),
+            _ => None,
+        }
+    }
+
+    /// The reply's carried kind.
+    pub fn carried(&self) -> Option<Carried> {
+        match self.kind {
+            1 => Some(Carried::Relay),
+            2 => Some(Carried::Tcp),
+            _ => None,
+        }
+    }
+
+    /// The address in `raw`, if any.
+    pub fn addr(raw: &[u8; 28]) -> Option<SocketAddr> {
+        // SAFETY: a 28-byte buffer holds a sockaddr_in or sockaddr_in6 (or zeros: None).
+        unsafe { crate::sys::sockaddr::read(raw.as_ptr().cast(), 28) }
+    }
+}
+
+/// Asks `owner` for `op` on `token`. Ok: the reply and the fd it carried. Err: an errno —
+/// ECONNREFUSED/ENOENT when the owner is gone, the owner's answer otherwise.
+pub fn call(owner: &Owner, op: Op, token: u64) -> Result<(Msg, Option<c_int>), c_int> {
+    let fd = unix::connect_abstract(&owner.name(), CALL_TIMEOUT)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let result = (|| {
+        unix::send(fd, &Msg::request(op, token).to_bytes(), None)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let mut buf = [0u8; MSG_LEN + 1];
+        let (n, got) =
+            unix::recv(fd, &mut buf).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let reply = Msg::parse(&buf[..n]);
+        match reply {
+            Some(m) if m.status == 0 && got.is_some() => Ok((m, got)),
+            other => {
+                if let Some(g) = got {
+                    crate::sys::raw::close(g);
+                }
+                Err(other.map_or(libc::EPROTO, |m| {
+                    if m.status != 0 {
+                        m.status
+                    } else {
+                        libc::EPROTO
+                    }
+                }))
+            }
+        }
+    })();
+    crate::sys::raw::close(fd);
+    result
+}
+
+/// Owner side: takes one request from the listening socket `lfd`, answers it with `serve`,
+/// and hangs up. Requests from another user are refused.
+pub fn serve_one(lfd: c_int, serve: impl FnOnce(&Msg) -> (Msg, Option<c_int>)) -> bool {
+    let Some(c) = unix::accept(lfd) else {
+        return false;
+    };
+    let mut buf = [0u8; MSG_LEN + 1];
+    // The caller sends its request right after connecting: wait briefly, never block the helper.
+    let req = (unix::wait(c, libc::POLLIN, 1000) & libc::POLLIN != 0)
+        .then(|| unix::recv(c, &mut buf).ok())
+        .flatten()
+        .and_then(|(n, fd)| {
+            if let Some(fd) = fd {
+                crate::sys::raw::close(fd); // requests carry no fd
+            }
+            Msg::parse(&buf[..n])
+        });
+    // SAFETY: geteuid cannot fail.
+    let same_user = unix::peer_uid(c) == Some(unsafe { libc::geteuid() });
+    let (reply, fd) = match req {
+        Some(_) if !same_user => (Msg::error(libc::EPERM), None),
+        Some(m) => serve(&m),
+        None => (Msg::error(libc::EPROTO), None),
+    };
+    if let Err(e) = unix::send(c, &reply.to_bytes(), fd) {
+        log::warn!("ipc: reply not sent: {e}");
+    }
+    if let Some(fd) = fd {
+        crate::sys::raw::close(fd); // the caller has its own copy now
+    }
+    crate::sys::raw::close(c);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let a: SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        let b: SocketAddr = "[fe80::1]:80".parse().unwrap();
+        let m = Msg::carrying(Carried::Relay, Some(&a), Some(&b));
+        let p = Msg::parse(&m.to_bytes()).unwrap();
+        assert_eq!(p, m);
+        assert_eq!(p.carried(), Some(Carried::Relay));
+        assert_eq!(Msg::addr(&p.local), Some(a));
+        assert_eq!(Msg::addr(&p.peer), Some(b));
+        let r = Msg::request(Op::Accept, 0xdead_beef_0000_0001);
+        assert_eq!(Msg::parse(&r.to_bytes()).unwrap().op(), Some(Op::Accept));
+        assert_eq!(Msg::parse(&r.to_bytes()[..71]), None);
+        assert_eq!(Msg::addr(&[0; 28]), None);
+    }
+
+    #[test]
+    fn a_call_gets_the_owners_answer_and_fd() {
+        let owner = Owner {
+            pid: std::process::id() as i32,
+            nonce: unix::random_u64(),
+        };
+        let lfd = unix::listen_abstract(&owner.name()).unwrap();
+        let server = std::thread::spawn(move || {
+            assert!(unix::wait(lfd, libc::POLLIN, 5000) & libc::POLLIN != 0);
+            serve_one(lfd, |m| {
+                assert_eq!(m.op(), Some(Op::Relay));
+                assert_eq!(m.token, 42);
+                let (a, b) = unix::stream_pair().unwrap();
+                crate::sys::raw::close(b);
+                (Msg::carrying(Carried::Relay, None, None), Some(a))
+            });
+            lfd
+        });
+        let (m, fd) = call(&owner, Op::Relay, 42).unwrap();
+        assert_eq!(m.carried(), Some(Carried::Relay));
+        let fd = fd.unwrap();
+        // The pair's other end is closed: the fd we got reads end of stream.
+        let mut b = [0u8; 1];
+        assert_eq!(unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) }, 0);
+        crate::sys::raw::close(fd);
+        let lfd = server.join().unwrap();
+        crate::sys::raw::close(lfd);
+        // Once the owner's socket is gone, callers learn it at once.
+        assert_eq!(call(&owner, Op::Relay, 42).unwrap_err(), libc::ECONNREFUSED);
+    }
+}
