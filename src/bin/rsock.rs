@@ -1,27 +1,41 @@
-//! `rsock`: the user's window into running rsock processes.
+//! `rsock`: the user's front door to the shim.
 //!
-//! `rsock stat` lists processes with the shim loaded, their connections by path (rdma, tcp,
-//! passthrough), bytes each way, fallback reasons and live connections — read from the
-//! per-process stats regions (see `rsock_core::stats`).
+//! - `rsock run [OPTIONS] -- PROGRAM ARGS...` runs a program with librsock.so preloaded.
+//! - `rsock stat` lists processes with the shim loaded, their connections by path (rdma, tcp,
+//!   passthrough), bytes each way, fallback reasons and live connections — read from the
+//!   per-process stats regions (see `rsock_core::stats`); `--watch` refreshes it live.
+//! - `rsock rules [FILE]` checks a rules file the way the shim reads it.
 
-use rsock_core::config::Config;
-use rsock_core::stats::read::{read_dir, Snapshot};
-use rsock_core::stats::{Fallback, Path};
-use std::path::PathBuf;
+// A binary's root looks for modules beside it (src/bin/), where cargo would take them for
+// binaries of their own: they live in src/bin/rsock/.
+#[path = "rsock/run.rs"]
+mod run;
+#[path = "rsock/stat.rs"]
+mod stat;
+#[path = "rsock/watch.rs"]
+mod watch;
+
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: rsock stat [--dir DIR] [--all] [--json] [--gc] [PID...]
-  --dir DIR  stats directory (default: RSOCK_STATS_DIR or /dev/shm/rsock-<uid>)
-  --all      include processes that have exited (their files were kept with RSOCK_STATS_KEEP=1)
-  --json     one JSON object per process, one per line
-  --gc       remove the files of processes that have exited";
+const USAGE: &str = "usage:
+  rsock run [OPTIONS] [--] PROGRAM [ARGS...]   run PROGRAM with librsock.so preloaded
+  rsock stat [OPTIONS] [PID...]                 counters of processes running with the shim
+  rsock rules [FILE]                            check a rules file (default: RSOCK_CONFIG or /etc/rsock.conf)
+  rsock help [run|stat]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or(&[]);
     match args.first().map(String::as_str) {
-        Some("stat") => stat(&args[1..]),
+        Some("run") => run::main(rest),
+        Some("stat") => stat::main(rest),
+        Some("rules") => rules(rest),
         Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
+            match rest.first().map(String::as_str) {
+                Some("run") => println!("{}", run::USAGE),
+                Some("stat") => println!("{}", stat::USAGE),
+                _ => println!("{USAGE}"),
+            }
             ExitCode::SUCCESS
         }
         _ => {
@@ -31,99 +45,47 @@ fn main() -> ExitCode {
     }
 }
 
-fn stat(args: &[String]) -> ExitCode {
-    let mut dir: PathBuf = Config::get().stats_dir.clone();
-    let (mut all, mut json, mut gc) = (false, false, false);
-    let mut pids = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--dir" => match it.next() {
-                Some(d) => dir = PathBuf::from(d),
-                None => return usage_error("--dir needs a value"),
-            },
-            "--all" => all = true,
-            "--json" => json = true,
-            "--gc" => gc = true,
-            p => match p.parse::<u32>() {
-                Ok(pid) => pids.push(pid),
-                Err(_) => return usage_error(&format!("unknown argument {p:?}")),
-            },
+/// `rsock rules [FILE]`: prints each rule as the shim understands it, and every line it
+/// would ignore; exit status 1 if there is one.
+fn rules(args: &[String]) -> ExitCode {
+    use rsock_core::config::Config;
+    let path = match args {
+        [] => {
+            match &Config::get().rules_path {
+                Some(p) => p.clone(),
+                None => {
+                    println!("no rules file (RSOCK_CONFIG unset and {} absent): every connection tries RDMA", rsock_core::config::DEFAULT_RULES);
+                    return ExitCode::SUCCESS;
+                }
+            }
         }
-    }
-    let procs = match read_dir(&dir) {
-        Ok(p) => p,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            eprintln!("rsock stat: {}: {e}", dir.display());
-            return ExitCode::from(1);
+        [f] if !f.starts_with('-') => std::path::PathBuf::from(f),
+        _ => {
+            eprintln!("usage: rsock rules [FILE]");
+            return ExitCode::from(2);
         }
     };
-    let mut shown = 0;
-    for (file, s) in &procs {
-        if gc && !s.alive {
-            let _ = std::fs::remove_file(file);
-            continue;
-        }
-        if (!all && !s.alive) || (!pids.is_empty() && !pids.contains(&s.pid)) {
-            continue;
-        }
-        shown += 1;
-        if json {
-            println!("{}", s.to_json());
-        } else {
-            print_human(s);
-        }
+    let mut c = Config {
+        rules_path: Some(path.clone()),
+        ..Config::default()
+    };
+    let mut problems = Vec::new();
+    c.load_rules(&mut problems);
+    for r in &c.rules {
+        println!("line {:<4} {r}", r.line);
     }
-    if shown == 0 && !json {
-        println!("no rsock processes in {}", dir.display());
+    for p in &problems {
+        eprintln!("rsock rules: {p}");
     }
-    ExitCode::SUCCESS
-}
-
-fn usage_error(msg: &str) -> ExitCode {
-    eprintln!("rsock stat: {msg}\n{USAGE}");
-    ExitCode::from(2)
-}
-
-fn print_human(s: &Snapshot) {
-    let state = if s.alive { "" } else { " (exited)" };
-    println!("pid {} {}{state}", s.pid, s.comm);
     println!(
-        "  {:<12} {:>8} {:>16} {:>16}",
-        "path", "conns", "tx bytes", "rx bytes"
+        "{}: {} rule(s), {} line(s) ignored",
+        path.display(),
+        c.rules.len(),
+        problems.len()
     );
-    for p in [Path::Rdma, Path::Tcp, Path::Passthrough] {
-        let i = p as usize;
-        println!(
-            "  {:<12} {:>8} {:>16} {:>16}",
-            p.name(),
-            s.conns[i],
-            s.tx[i],
-            s.rx[i]
-        );
-    }
-    let reasons: Vec<String> = Fallback::ALL
-        .iter()
-        .filter(|r| s.fallback[**r as usize] > 0)
-        .map(|r| format!("{}={}", r.name(), s.fallback[*r as usize]))
-        .collect();
-    if !reasons.is_empty() {
-        println!("  fallbacks: {}", reasons.join(" "));
-    }
-    for c in &s.sockets {
-        let show = |a: Option<std::net::SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
-        let why = c
-            .reason
-            .map_or(String::new(), |r| format!(" ({})", r.name()));
-        println!(
-            "  fd {:<5} {:<5}{why} {} -> {} tx {} rx {}",
-            c.fd,
-            c.path.name(),
-            show(c.local),
-            show(c.peer),
-            c.tx,
-            c.rx
-        );
+    if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

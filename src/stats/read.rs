@@ -137,19 +137,39 @@ fn pid_alive(pid: u32) -> bool {
             || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
-/// Reads every region file in `dir`, sorted by pid.
+/// Reads every region file in `dir`, sorted by pid. Files that cannot be read are skipped.
 pub fn read_dir(dir: &std::path::Path) -> std::io::Result<Vec<(std::path::PathBuf, Snapshot)>> {
-    let mut out = Vec::new();
+    read_dir_reporting(dir).map(|d| d.procs)
+}
+
+/// What [`read_dir_reporting`] found in a stats directory.
+#[derive(Debug, Default)]
+pub struct DirContents {
+    /// Region files that parsed, with their processes' snapshots, sorted by pid.
+    pub procs: Vec<(std::path::PathBuf, Snapshot)>,
+    /// Region files that could not be read (another user's, with mode 0600), and why.
+    pub unreadable: Vec<(std::path::PathBuf, std::io::Error)>,
+}
+
+/// Reads every region file in `dir`, and says which could not be read.
+pub fn read_dir_reporting(dir: &std::path::Path) -> std::io::Result<DirContents> {
+    let mut out = DirContents::default();
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
         if p.extension().and_then(|x| x.to_str()) != Some("stats") {
             continue;
         }
-        if let Some(s) = std::fs::read(&p).ok().as_deref().and_then(parse) {
-            out.push((p, s));
+        match std::fs::read(&p) {
+            Ok(bytes) => {
+                if let Some(s) = parse(&bytes) {
+                    out.procs.push((p, s));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // exited meanwhile
+            Err(e) => out.unreadable.push((p, e)),
         }
     }
-    out.sort_by_key(|(_, s)| s.pid);
+    out.procs.sort_by_key(|(_, s)| s.pid);
     Ok(out)
 }
 

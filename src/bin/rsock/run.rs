@@ -1,0 +1,366 @@
+//! `rsock run`: execs a program with librsock.so first in `LD_PRELOAD` and the options turned
+//! into `RSOCK_*` variables. It execs (no child process), so the program's exit status and
+//! signals are the caller's to see, unchanged.
+
+use rsock_core::config::Config;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+pub const USAGE: &str = "usage: rsock run [OPTIONS] [--] PROGRAM [ARGS...]
+Runs PROGRAM with librsock.so preloaded (prepended to any LD_PRELOAD already set).
+  --log FILE         the shim's log file (RSOCK_LOG)
+  --log-level LEVEL  off, error, warn, info, debug or trace (RSOCK_LOG_LEVEL)
+  --exclude SPEC     destinations never tried over RDMA, e.g. 10.0.0.0/8,port=22 (RSOCK_EXCLUDE)
+  --config FILE      rules file (RSOCK_CONFIG); its bad lines are listed here too
+  --spin-us N        microseconds a blocking call polls before sleeping (RSOCK_SPIN_US)
+  --no-rdma          track connections but never try RDMA (RSOCK_RDMA=0)
+The shim is librsock.so next to this rsock binary, or RSOCK_LIB.
+Exit status: PROGRAM's own; 2 for a usage error; 126 when rsock refuses (no shim, a
+setuid/setgid/capability program, a bad --config file) or cannot execute PROGRAM; 127 when
+PROGRAM is not found.";
+
+const REFUSED: u8 = 126;
+const NOT_FOUND: u8 = 127;
+
+pub fn main(args: &[String]) -> ExitCode {
+    match prepare(args) {
+        Ok(cmd) => exec(cmd),
+        Err((0, _)) => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Err((code, msg)) => {
+            eprintln!("rsock run: {msg}");
+            if code == 2 {
+                eprintln!("{USAGE}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// What will be executed.
+struct Launch {
+    program: PathBuf,
+    arg0: String,
+    args: Vec<String>,
+    env: Vec<(String, OsString)>,
+}
+
+fn prepare(args: &[String]) -> Result<Launch, (u8, String)> {
+    let usage = |m: String| (2, m);
+    let mut env: Vec<(String, OsString)> = Vec::new();
+    let mut it = args.iter();
+    let mut program = None;
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = |name: &str| match inline.clone().or_else(|| it.next().cloned()) {
+            Some(v) => Ok(v),
+            None => Err(usage(format!("{name} needs a value"))),
+        };
+        match flag {
+            "--" => {
+                program = it.next();
+                break;
+            }
+            "-h" | "--help" => return Err((0, String::new())),
+            "--log" => env.push(("RSOCK_LOG".into(), absolute(&value(flag)?).into_os_string())),
+            "--log-level" => env.push(("RSOCK_LOG_LEVEL".into(), value(flag)?.into())),
+            "--exclude" => env.push(("RSOCK_EXCLUDE".into(), value(flag)?.into())),
+            "--config" => env.push((
+                "RSOCK_CONFIG".into(),
+                absolute(&value(flag)?).into_os_string(),
+            )),
+            "--spin-us" => env.push(("RSOCK_SPIN_US".into(), value(flag)?.into())),
+            "--no-rdma" if inline.is_none() => env.push(("RSOCK_RDMA".into(), "0".into())),
+            f if f.starts_with('-') => return Err(usage(format!("unknown option {a:?}"))),
+            _ => {
+                program = Some(a);
+                break;
+            }
+        }
+    }
+    let Some(program) = program else {
+        return Err(usage("no PROGRAM given".into()));
+    };
+    check_settings(&env)?;
+    let shim = find_shim()?;
+    let path =
+        resolve(program).ok_or_else(|| (NOT_FOUND, format!("{program}: command not found")))?;
+    if let Some(why) = secure_exec(&path) {
+        return Err((
+            REFUSED,
+            format!(
+                "{} {why}: the dynamic loader ignores LD_PRELOAD for such programs (secure-execution mode), \
+                 so it would run without rsock; refusing rather than pretending",
+                path.display()
+            ),
+        ));
+    }
+    env.push((
+        "LD_PRELOAD".into(),
+        preload_with(&shim, std::env::var_os("LD_PRELOAD")),
+    ));
+    Ok(Launch {
+        program: path,
+        arg0: program.clone(),
+        args: it.cloned().collect(),
+        env,
+    })
+}
+
+/// The options' values parse the way the shim will read them; a rules file with bad lines
+/// is run anyway (the shim skips them too) after listing them.
+fn check_settings(env: &[(String, OsString)]) -> Result<(), (u8, String)> {
+    let (mut cfg, warnings) =
+        Config::parse(env.iter().map(|(k, v)| (OsString::from(k), v.clone())));
+    if let Some(w) = warnings.first() {
+        return Err((2, w.trim_end_matches("; using the default").to_string()));
+    }
+    if cfg.rules_path.is_some() && env.iter().any(|(k, _)| k == "RSOCK_CONFIG") {
+        let mut problems = Vec::new();
+        cfg.load_rules(&mut problems);
+        if let Some(p) = problems.iter().find(|p| p.contains("cannot read")) {
+            return Err((REFUSED, format!("--config: {p}")));
+        }
+        for p in problems {
+            eprintln!("rsock run: warning: {p}");
+        }
+    }
+    Ok(())
+}
+
+fn absolute(p: &str) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| PathBuf::from(p))
+}
+
+/// librsock.so: `RSOCK_LIB`, else next to this binary (`target/release/`, or wherever both
+/// were installed together).
+fn find_shim() -> Result<PathBuf, (u8, String)> {
+    let (candidate, from) = match std::env::var_os("RSOCK_LIB") {
+        Some(p) if !p.is_empty() => (absolute(&p.to_string_lossy()), "RSOCK_LIB"),
+        _ => {
+            let exe = std::env::current_exe()
+                .map_err(|e| (REFUSED, format!("cannot locate the rsock binary: {e}")))?;
+            (
+                exe.with_file_name("librsock.so"),
+                "next to the rsock binary",
+            )
+        }
+    };
+    match std::fs::metadata(&candidate) {
+        Ok(m) if m.is_file() => Ok(candidate),
+        Ok(_) => Err((
+            REFUSED,
+            format!("the shim {} ({from}) is not a file", candidate.display()),
+        )),
+        Err(e) => Err((
+            REFUSED,
+            format!(
+                "cannot find the shim: {} ({from}): {e}; build it with `cargo build --release` \
+                 or point RSOCK_LIB at librsock.so",
+                candidate.display()
+            ),
+        )),
+    }
+}
+
+/// `program` as execvp would find it: a path if it has a slash, else the first executable
+/// file of that name in PATH.
+fn resolve(program: &str) -> Option<PathBuf> {
+    let executable = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok();
+        // SAFETY: c is NUL-terminated; access only reads it.
+        p.is_file() && c.is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return p.exists().then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| executable(p))
+}
+
+/// Why the loader would run `path` in secure-execution mode (and so drop LD_PRELOAD), if it
+/// would: set-user-ID or set-group-ID to someone else, or file capabilities for a non-root
+/// caller. Not when the file system is mounted nosuid (the bits are ignored there).
+fn secure_exec(path: &Path) -> Option<String> {
+    let m = std::fs::metadata(path).ok()?;
+    if nosuid_mount(path) {
+        return None;
+    }
+    // SAFETY: these calls cannot fail.
+    let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
+    let mode = m.mode();
+    if mode & libc::S_ISUID != 0 && m.uid() != uid {
+        return Some(format!("is set-user-ID (owner uid {})", m.uid()));
+    }
+    if mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP != 0 && m.gid() != gid {
+        return Some(format!("is set-group-ID (group gid {})", m.gid()));
+    }
+    if euid != 0 && has_file_capabilities(path) {
+        return Some("has file capabilities (security.capability)".to_string());
+    }
+    None
+}
+
+fn nosuid_mount(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: an all-zero statvfs is a valid out-buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated, st a valid out-pointer.
+    unsafe { libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_NOSUID != 0 }
+}
+
+fn has_file_capabilities(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: NUL-terminated names; a NULL buffer of size 0 asks only for the length.
+    unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        ) > 0
+    }
+}
+
+/// LD_PRELOAD with the shim first; an existing value is kept after it (once).
+fn preload_with(shim: &Path, existing: Option<OsString>) -> OsString {
+    let mut v = shim.as_os_str().to_owned();
+    if let Some(old) = existing {
+        let shim_bytes = shim.as_os_str().as_bytes();
+        let rest: Vec<&[u8]> = old
+            .as_bytes()
+            .split(|&b| b == b':' || b == b' ')
+            .filter(|e| !e.is_empty() && *e != shim_bytes)
+            .collect();
+        for e in rest {
+            v.push(":");
+            v.push(OsStr::from_bytes(e));
+        }
+    }
+    v
+}
+
+fn exec(l: Launch) -> ExitCode {
+    let mut cmd = std::process::Command::new(&l.program);
+    cmd.arg0(&l.arg0).args(&l.args);
+    for (k, v) in &l.env {
+        cmd.env(k, v);
+    }
+    let e = cmd.exec(); // returns only on failure
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        NOT_FOUND
+    } else {
+        REFUSED
+    };
+    eprintln!("rsock run: cannot execute {}: {e}", l.program.display());
+    ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preload_is_prepended_once() {
+        let s = Path::new("/opt/rsock/librsock.so");
+        assert_eq!(preload_with(s, None), "/opt/rsock/librsock.so");
+        assert_eq!(preload_with(s, Some("".into())), "/opt/rsock/librsock.so");
+        assert_eq!(
+            preload_with(s, Some("/a.so /b.so".into())),
+            "/opt/rsock/librsock.so:/a.so:/b.so"
+        );
+        assert_eq!(
+            preload_with(s, Some("/a.so:/opt/rsock/librsock.so".into())),
+            "/opt/rsock/librsock.so:/a.so"
+        );
+    }
+
+    #[test]
+    fn options_become_rsock_variables() {
+        let args: Vec<String> = [
+            "--log-level",
+            "debug",
+            "--spin-us=5",
+            "--no-rdma",
+            "--exclude",
+            "port=22",
+            "--",
+            "true",
+            "-x",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        std::env::set_var("RSOCK_LIB", "/bin/sh"); // any file: only its existence is checked
+        let l = prepare(&args).unwrap();
+        let get = |k: &str| {
+            l.env
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(get("RSOCK_LOG_LEVEL").as_deref(), Some("debug"));
+        assert_eq!(get("RSOCK_SPIN_US").as_deref(), Some("5"));
+        assert_eq!(get("RSOCK_RDMA").as_deref(), Some("0"));
+        assert_eq!(get("RSOCK_EXCLUDE").as_deref(), Some("port=22"));
+        assert!(get("LD_PRELOAD").unwrap().starts_with("/bin/sh"));
+        assert_eq!(
+            (l.arg0.as_str(), l.args.clone()),
+            ("true", vec!["-x".to_string()])
+        );
+
+        let bad = |v: &[&str]| {
+            prepare(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .err()
+                .unwrap()
+        };
+        assert_eq!(bad(&["--spin-us", "lots", "true"]).0, 2);
+        assert_eq!(bad(&["--log-level", "loud", "true"]).0, 2);
+        assert_eq!(bad(&["--frobnicate", "true"]).0, 2);
+        assert_eq!(bad(&["--log"]).0, 2);
+        assert_eq!(bad(&[]).0, 2);
+        assert_eq!(bad(&["no-such-program-rsock-test"]).0, NOT_FOUND);
+        assert_eq!(
+            bad(&["--config", "/nonexistent/rsock.conf", "true"]).0,
+            REFUSED
+        );
+        std::env::set_var("RSOCK_LIB", "/nonexistent/librsock.so");
+        let (code, msg) = bad(&["true"]);
+        assert!(
+            code == REFUSED && msg.contains("cannot find the shim"),
+            "{msg}"
+        );
+        std::env::remove_var("RSOCK_LIB");
+    }
+
+    #[test]
+    fn setuid_programs_are_refused_unless_ours() {
+        // SAFETY: cannot fail.
+        let uid = unsafe { libc::getuid() };
+        // passwd is set-user-ID root on Debian: refused for anyone but root.
+        let passwd = Path::new("/usr/bin/passwd");
+        if passwd.exists() {
+            assert_eq!(
+                secure_exec(passwd).is_some(),
+                uid != 0 && !nosuid_mount(passwd)
+            );
+        }
+        assert_eq!(secure_exec(Path::new("/bin/sh")), None);
+    }
+}

@@ -1,0 +1,329 @@
+//! `rsock stat`: one look at the stats regions (or, with `--watch`, a live view).
+//!
+//! Regions live in `/dev/shm/rsock-<uid>/` (mode 0700, files 0600): a user sees their own
+//! processes; another user's are refused by the kernel, and we say so plainly instead of
+//! listing nothing.
+
+use crate::watch;
+use rsock_core::config::Config;
+use rsock_core::stats::read::{read_dir_reporting, DirContents, Snapshot};
+use rsock_core::stats::{Fallback, Path};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+pub const USAGE: &str =
+    "usage: rsock stat [--dir DIR] [--all] [--json] [--gc] [--watch [SECS]] [--count N] [PID...]
+  --dir DIR      stats directory (default: RSOCK_STATS_DIR or /dev/shm/rsock-<uid>)
+  --all          include processes that have exited (their files were kept with RSOCK_STATS_KEEP=1)
+  --json         one JSON object per process, one per line
+  --gc           remove the files of processes that have exited
+  --watch [SECS] refresh every SECS seconds (default 1; 0.1-3600, e.g. 2, 0.5, 90s — an
+                 integer above 60 needs the s): rates per process and per connection,
+                 in place on a terminal, one block per refresh otherwise
+  --count N      with --watch: stop after N refreshes
+  PID...         only these processes (another user's are looked up in their directory)";
+
+/// Parsed command line.
+pub struct Opts {
+    pub dir: PathBuf,
+    pub dir_given: bool,
+    pub all: bool,
+    pub json: bool,
+    pub gc: bool,
+    pub watch: Option<f64>,
+    pub count: Option<u64>,
+    pub pids: Vec<u32>,
+}
+
+pub fn main(args: &[String]) -> ExitCode {
+    let o = match parse(args) {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("rsock stat: {msg}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if o.watch.is_some() {
+        return watch::main(&o);
+    }
+    let (procs, problems) = collect(&o);
+    let mut shown = 0;
+    for s in &procs {
+        shown += 1;
+        if o.json {
+            println!("{}", s.to_json());
+        } else {
+            print_human(s);
+        }
+    }
+    for p in &problems {
+        eprintln!("rsock stat: {p}");
+    }
+    if shown == 0 && !o.json && problems.is_empty() {
+        println!("no rsock processes in {}", o.dir.display());
+    }
+    if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts {
+        dir: Config::get().stats_dir.clone(),
+        dir_given: false,
+        all: false,
+        json: false,
+        gc: false,
+        watch: None,
+        count: None,
+        pids: Vec::new(),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let next = args.get(i + 1);
+        match a {
+            "--dir" => {
+                o.dir = PathBuf::from(next.ok_or("--dir needs a value")?);
+                o.dir_given = true;
+                i += 1;
+            }
+            "--all" => o.all = true,
+            "--json" => o.json = true,
+            "--gc" => o.gc = true,
+            "--watch" => {
+                o.watch = Some(1.0);
+                // An optional interval: the next word if it reads as one and not as a PID — a
+                // fraction ("0.5"), an "s" suffix ("10s"), or an integer up to 60.
+                let looks_like_interval = |n: &&String| {
+                    n.contains('.') || n.ends_with('s') || n.parse::<u32>().is_ok_and(|v| v <= 60)
+                };
+                if let Some(secs) = next.filter(looks_like_interval).and_then(|n| interval(n)) {
+                    o.watch = Some(secs);
+                    i += 1;
+                }
+            }
+            w if w.starts_with("--watch=") => {
+                o.watch = Some(
+                    interval(&w[8..]).ok_or("--watch=SECS: expected seconds from 0.1 to 3600")?,
+                )
+            }
+            "--count" => {
+                let n = next.and_then(|n| n.parse::<u64>().ok()).filter(|&n| n > 0);
+                o.count = Some(n.ok_or("--count needs a positive integer")?);
+                i += 1;
+            }
+            p => match p.parse::<u32>() {
+                Ok(pid) => o.pids.push(pid),
+                Err(_) => return Err(format!("unknown argument {p:?}")),
+            },
+        }
+        i += 1;
+    }
+    if o.count.is_some() && o.watch.is_none() {
+        return Err("--count goes with --watch".into());
+    }
+    Ok(o)
+}
+
+/// Seconds, `N`, `N.N` or with an `s` suffix, from 0.1 to 3600.
+fn interval(s: &str) -> Option<f64> {
+    let s = s.strip_suffix('s').unwrap_or(s);
+    s.parse::<f64>().ok().filter(|v| (0.1..=3600.0).contains(v))
+}
+
+/// The processes to show, and what kept others from being shown (permission, unknown PID).
+pub fn collect(o: &Opts) -> (Vec<Snapshot>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut procs = Vec::new();
+    match read_checked(&o.dir) {
+        Ok(c) => {
+            for (path, s) in c.procs {
+                if o.gc && !s.alive {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                if (o.all || s.alive) && (o.pids.is_empty() || o.pids.contains(&s.pid)) {
+                    procs.push(s);
+                }
+            }
+            if let Some((path, e)) = c.unreadable.first() {
+                problems.push(format!(
+                    "{} of the stats files in {} cannot be read ({}: {e}){}",
+                    c.unreadable.len(),
+                    o.dir.display(),
+                    path.display(),
+                    owner_hint(path)
+                ));
+            }
+        }
+        Err(msg) if o.pids.is_empty() => problems.push(msg),
+        Err(_) => {} // PIDs asked for: each is looked for below, with its own message
+    }
+    // PIDs not found here: they may be another user's, whose files are in their own directory.
+    for &pid in &o.pids {
+        if procs.iter().any(|s| s.pid == pid) {
+            continue;
+        }
+        match lookup_elsewhere(o, pid) {
+            Ok(Some(s)) => procs.push(s),
+            Ok(None) => problems.push(format!(
+                "pid {pid}: no rsock stats (not running with the shim, RSOCK_STATS=0, or no TCP socket yet)"
+            )),
+            Err(msg) => problems.push(format!("pid {pid}: {msg}")),
+        }
+    }
+    procs.sort_by_key(|s| s.pid);
+    (procs, problems)
+}
+
+/// Reads a stats directory; a missing one is empty, an unreadable one is a clear message.
+fn read_checked(dir: &std::path::Path) -> Result<DirContents, String> {
+    match read_dir_reporting(dir) {
+        Ok(c) => Ok(c),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DirContents::default()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(format!(
+            "{}: permission denied{}",
+            dir.display(),
+            owner_hint(dir)
+        )),
+        Err(e) => Err(format!("{}: {e}", dir.display())),
+    }
+}
+
+/// "; it belongs to uid N (name): ..." — who can read it.
+fn owner_hint(path: &std::path::Path) -> String {
+    let Ok(m) = std::fs::metadata(path) else {
+        return String::new();
+    };
+    format!(
+        ": it belongs to {}, and only that user or root may read another user's rsock stats \
+         (run rsock stat as that user, or with sudo)",
+        user_name(m.uid())
+    )
+}
+
+fn user_name(uid: u32) -> String {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let name = passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 2 && f[2] == uid.to_string()).then(|| f[0].to_string())
+    });
+    match name {
+        Some(n) => format!("user {n} (uid {uid})"),
+        None => format!("uid {uid}"),
+    }
+}
+
+/// A PID not in our directory: if it runs as another user, try that user's default
+/// directory (only when no `--dir` was given).
+fn lookup_elsewhere(o: &Opts, pid: u32) -> Result<Option<Snapshot>, String> {
+    let Ok(m) = std::fs::metadata(format!("/proc/{pid}")) else {
+        return Err("no such process".into());
+    };
+    // SAFETY: cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() == me || o.dir_given {
+        return Ok(None);
+    }
+    let dir = PathBuf::from(format!("/dev/shm/rsock-{}", m.uid()));
+    let file = dir.join(format!("{pid}.stats"));
+    match std::fs::read(&file) {
+        Ok(bytes) => Ok(rsock_core::stats::read::parse(&bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(format!(
+            "runs as {}; its stats ({}) are readable only by that user or root \
+             (run rsock stat as that user, or with sudo)",
+            user_name(m.uid()),
+            file.display()
+        )),
+        Err(e) => Err(format!("{}: {e}", file.display())),
+    }
+}
+
+pub fn print_human(s: &Snapshot) {
+    let state = if s.alive { "" } else { " (exited)" };
+    println!("pid {} {}{state}", s.pid, s.comm);
+    println!(
+        "  {:<12} {:>8} {:>16} {:>16}",
+        "path", "conns", "tx bytes", "rx bytes"
+    );
+    for p in [Path::Rdma, Path::Tcp, Path::Passthrough] {
+        let i = p as usize;
+        println!(
+            "  {:<12} {:>8} {:>16} {:>16}",
+            p.name(),
+            s.conns[i],
+            s.tx[i],
+            s.rx[i]
+        );
+    }
+    let reasons = reasons(s);
+    if !reasons.is_empty() {
+        println!("  fallbacks: {reasons}");
+    }
+    for c in &s.sockets {
+        let why = c
+            .reason
+            .map_or(String::new(), |r| format!(" ({})", r.name()));
+        println!(
+            "  fd {:<5} {:<5}{why} {} -> {} tx {} rx {}",
+            c.fd,
+            c.path.name(),
+            show_addr(c.local),
+            show_addr(c.peer),
+            c.tx,
+            c.rx
+        );
+    }
+}
+
+/// "peer_tcp=2 rule=1": the non-zero fallback counters.
+pub fn reasons(s: &Snapshot) -> String {
+    let v: Vec<String> = Fallback::ALL
+        .iter()
+        .filter(|r| s.fallback[**r as usize] > 0)
+        .map(|r| format!("{}={}", r.name(), s.fallback[*r as usize]))
+        .collect();
+    v.join(" ")
+}
+
+pub fn show_addr(a: Option<std::net::SocketAddr>) -> String {
+    a.map_or("-".to_string(), |a| a.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn watch_takes_an_optional_interval() {
+        assert_eq!(parse(&args(&["--watch"])).unwrap().watch, Some(1.0));
+        assert_eq!(parse(&args(&["--watch", "0.5"])).unwrap().watch, Some(0.5));
+        let o = parse(&args(&["--watch", "2", "12345"])).unwrap();
+        assert_eq!((o.watch, o.pids.clone()), (Some(2.0), vec![12345]));
+        let o = parse(&args(&["--watch", "1234"])).unwrap();
+        assert_eq!(
+            (o.watch, o.pids.clone()),
+            (Some(1.0), vec![1234]),
+            "an integer above 60 is a PID"
+        );
+        assert_eq!(
+            parse(&args(&["--watch", "120s"])).unwrap().watch,
+            Some(120.0)
+        );
+        assert_eq!(
+            parse(&args(&["--watch=3", "--count", "2"])).unwrap().count,
+            Some(2)
+        );
+        assert!(parse(&args(&["--count", "2"])).is_err());
+        assert!(parse(&args(&["--watch=0"])).is_err());
+    }
+}

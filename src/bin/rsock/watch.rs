@@ -1,0 +1,228 @@
+//! `rsock stat --watch`: the stats redrawn every interval, with rates.
+//!
+//! Rates are differences between two reads of the same counters divided by the time between
+//! the reads, per process and path, and per connection (keyed by pid, fd and addresses). On a
+//! terminal each frame overwrites the last (cursor home, clear to end of line/screen); when
+//! stdout is not a terminal, frames follow one another as plain text, each headed by a
+//! `--- ` line with the time, so a log or a pipe reads naturally.
+
+use crate::stat::{collect, reasons, show_addr, Opts};
+use rsock_core::stats::read::Snapshot;
+use rsock_core::stats::{Path, PATHS};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Counters remembered from the previous frame.
+#[derive(Default)]
+struct Previous {
+    at: Option<Instant>,
+    procs: HashMap<u32, ([u64; PATHS], [u64; PATHS])>,
+    conns: HashMap<ConnKey, (u64, u64)>,
+}
+
+type ConnKey = (
+    u32,
+    i32,
+    Option<std::net::SocketAddr>,
+    Option<std::net::SocketAddr>,
+);
+
+pub fn main(o: &Opts) -> ExitCode {
+    let secs = o.watch.unwrap_or(1.0);
+    // SAFETY: isatty only inspects the fd.
+    let tty = unsafe { libc::isatty(1) } == 1;
+    let mut prev = Previous::default();
+    let mut out = std::io::stdout().lock();
+    let mut frames = 0u64;
+    loop {
+        let (procs, problems) = collect(o);
+        if frames == 0 && procs.is_empty() && !problems.is_empty() {
+            for p in &problems {
+                eprintln!("rsock stat: {p}");
+            }
+            return ExitCode::from(1);
+        }
+        let now = Instant::now();
+        let dt = prev.at.map(|t| now.duration_since(t).as_secs_f64());
+        let text = frame(o, secs, &procs, &problems, dt, &mut prev);
+        prev.at = Some(now);
+        let written = if tty {
+            // Home, each line cleared to its end, then the rest of the screen cleared.
+            let body: String = text.lines().map(|l| format!("{l}\x1b[K\n")).collect();
+            write!(out, "\x1b[H{body}\x1b[J")
+        } else {
+            writeln!(out, "{text}")
+        };
+        if written.and_then(|_| out.flush()).is_err() {
+            return ExitCode::SUCCESS; // the reader went away (a closed pipe)
+        }
+        frames += 1;
+        if o.count.is_some_and(|n| frames >= n) {
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+}
+
+fn frame(
+    o: &Opts,
+    secs: f64,
+    procs: &[Snapshot],
+    problems: &[String],
+    dt: Option<f64>,
+    prev: &mut Previous,
+) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "--- rsock stat --watch {secs}s  {}  {}",
+        utc_now(),
+        o.dir.display()
+    );
+    if procs.is_empty() {
+        let _ = writeln!(t, "no rsock processes");
+    }
+    let mut procs_now = HashMap::new();
+    let mut conns_now = HashMap::new();
+    for s in procs {
+        let _ = writeln!(
+            t,
+            "pid {} {}{}  {:>13} {:>13} {:>11} {:>11}",
+            s.pid,
+            s.comm,
+            if s.alive { "" } else { " (exited)" },
+            "tx/s",
+            "rx/s",
+            "tx",
+            "rx"
+        );
+        let before = prev.procs.get(&s.pid);
+        for p in [Path::Rdma, Path::Tcp, Path::Passthrough] {
+            let i = p as usize;
+            if s.conns[i] == 0 && s.tx[i] == 0 && s.rx[i] == 0 {
+                continue;
+            }
+            let tx_rate = rate(before.map(|b| b.0[i]), s.tx[i], dt);
+            let rx_rate = rate(before.map(|b| b.1[i]), s.rx[i], dt);
+            let _ = writeln!(
+                t,
+                "  {:<12} {:>5} conns  {:>13} {:>13} {:>11} {:>11}",
+                p.name(),
+                s.conns[i],
+                tx_rate,
+                rx_rate,
+                bytes(s.tx[i]),
+                bytes(s.rx[i])
+            );
+        }
+        procs_now.insert(s.pid, (s.tx, s.rx));
+        let r = reasons(s);
+        if !r.is_empty() {
+            let _ = writeln!(t, "  fallbacks: {r}");
+        }
+        for c in &s.sockets {
+            let key = (s.pid, c.fd, c.local, c.peer);
+            let before = prev.conns.get(&key);
+            let why = c
+                .reason
+                .map_or(String::new(), |r| format!(" ({})", r.name()));
+            let _ = writeln!(
+                t,
+                "    fd {:<5} {}{why}  {} -> {}  tx {} rx {}  (total {} / {})",
+                c.fd,
+                c.path.name(),
+                show_addr(c.local),
+                show_addr(c.peer),
+                rate(before.map(|b| b.0), c.tx, dt),
+                rate(before.map(|b| b.1), c.rx, dt),
+                bytes(c.tx),
+                bytes(c.rx)
+            );
+            conns_now.insert(key, (c.tx, c.rx));
+        }
+    }
+    for p in problems {
+        let _ = writeln!(t, "! {p}");
+    }
+    prev.procs = procs_now;
+    prev.conns = conns_now;
+    t
+}
+
+/// Bytes per second between two reads, or "-" on the first frame or if the counter went back
+/// (a reused slot).
+fn rate(before: Option<u64>, now: u64, dt: Option<f64>) -> String {
+    match (before, dt) {
+        (Some(b), Some(dt)) if now >= b && dt > 0.0 => {
+            format!("{}/s", bytes(((now - b) as f64 / dt) as u64))
+        }
+        _ => "-".to_string(),
+    }
+}
+
+/// 1536 -> "1.5 KiB".
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// "2026-11-23 23:10:01 UTC" without a date crate (days to civil date, Howard Hinnant's method).
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_units() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(16 << 20), "16.0 MiB");
+        assert_eq!(rate(None, 10, Some(1.0)), "-");
+        assert_eq!(rate(Some(0), 2048, Some(2.0)), "1.0 KiB/s");
+        assert_eq!(rate(Some(5), 1, Some(1.0)), "-", "a counter that went back");
+    }
+
+    #[test]
+    fn utc_date_is_plausible() {
+        let s = utc_now();
+        assert_eq!(s.len(), 23, "{s}");
+        assert!(
+            s.ends_with(" UTC") && s[..4].parse::<u32>().unwrap() >= 2024,
+            "{s}"
+        );
+    }
+}
