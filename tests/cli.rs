@@ -1,0 +1,148 @@
+//! `rsock run` as a user meets it: the real binary, real programs. (The shim itself is
+//! exercised under `rsock run` by tests/rdma/product.sh; here RSOCK_LIB names a harmless
+//! system library so these checks need no build of librsock.so.)
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output};
+
+const RSOCK: &str = env!("CARGO_BIN_EXE_rsock");
+
+/// A library the loader can preload without effect (libm is on every glibc system).
+fn harmless_lib() -> &'static str {
+    [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib64/libm.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("libm.so.6 not found")
+}
+
+fn rsock(args: &[&str]) -> Output {
+    Command::new(RSOCK)
+        .args(args)
+        .env("RSOCK_LIB", harmless_lib())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn exit_status_and_signals_pass_through() {
+    let o = rsock(&["run", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
+    let o = rsock(&["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGTERM),
+        "{:?} {}",
+        o.status,
+        stderr(&o)
+    );
+}
+
+#[test]
+fn environment_is_set_for_the_program() {
+    let o = Command::new(RSOCK)
+        .args(["run", "--spin-us", "7", "--no-rdma", "--exclude=port=22", "--log", "rel.log", "--"])
+        .args(["sh", "-c", r#"printf '%s|%s|%s|%s|%s' "$LD_PRELOAD" "$RSOCK_SPIN_US" "$RSOCK_RDMA" "$RSOCK_EXCLUDE" "$RSOCK_LOG""#])
+        .env("RSOCK_LIB", harmless_lib())
+        .env("LD_PRELOAD", "/nonexistent-before.so")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let f: Vec<&str> = out.split('|').collect();
+    assert_eq!(
+        f[0],
+        format!("{}:/nonexistent-before.so", harmless_lib()),
+        "shim first, the old value kept"
+    );
+    assert_eq!(&f[1..4], ["7", "0", "port=22"]);
+    assert!(
+        f[4].starts_with('/') && f[4].ends_with("/rel.log"),
+        "log path made absolute: {}",
+        f[4]
+    );
+}
+
+#[test]
+fn refuses_clearly() {
+    let o = Command::new(RSOCK)
+        .args(["run", "--", "true"])
+        .env("RSOCK_LIB", "/nonexistent/librsock.so")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(126));
+    assert!(
+        stderr(&o).contains("cannot find the shim: /nonexistent/librsock.so"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = rsock(&["run", "--", "no-such-program-for-rsock"]);
+    assert_eq!(o.status.code(), Some(127), "{}", stderr(&o));
+    let o = rsock(&["run", "--log-level", "chatty", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("RSOCK_LOG_LEVEL=\"chatty\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// passwd is set-user-ID root on Debian: for anyone but root the loader would ignore
+/// LD_PRELOAD, and rsock says so instead of running it. As root the check runs as nobody.
+#[test]
+fn refuses_setuid_programs() {
+    let passwd = "/usr/bin/passwd";
+    // SAFETY: cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut cmd = if root {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", RSOCK]);
+        c
+    } else {
+        Command::new(RSOCK)
+    };
+    let o = cmd
+        .args(["run", "--", passwd, "--help"])
+        .env("RSOCK_LIB", harmless_lib())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(126), "{:?}: {}", o.status, stderr(&o));
+    assert!(
+        stderr(&o).contains("/usr/bin/passwd is set-user-ID (owner uid 0)"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("ignores LD_PRELOAD"), "{}", stderr(&o));
+}
+
+#[test]
+fn rules_command_reports_bad_lines() {
+    let dir = std::env::temp_dir().join(format!("rsock-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("r.conf");
+    std::fs::write(&f, "tcp port=22\nrdma port=99999\n").unwrap();
+    let o = Command::new(RSOCK)
+        .args(["rules", f.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        out.contains("line 1    tcp port=22") && out.contains("1 rule(s), 1 line(s) ignored"),
+        "{out}"
+    );
+    assert!(
+        stderr(&o).contains("r.conf line 2: port=\"99999\""),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The product surface in the Soft-RoCE guest: `rsock run`, the rules file, `rsock stat
+# --watch`, and `rsock stat` refusing another user's counters. Every process is started with
+# `rsock run` (the shim found next to the rsock binary); cells check the data (sha256), the
+# shim's counters from `rsock stat --json`, and what the commands print.
+#
+#   cargo build --release --workspace --lib --bins --examples
+#   tests/rdma-vm/run.sh --timeout 900 -- tests/rdma/product.sh [PATTERN[,PATTERN...]]
+#
+# Prints "PASS cell (Ns)" / "FAIL cell: why", then "N passed, N failed"; exit 1 on failure.
+
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+# shellcheck source=../rdma-vm/lib.sh
+. tests/rdma-vm/lib.sh
+# shellcheck source=../lib/common.sh
+. tests/lib/common.sh
+rdma_vm_require_guest
+t_init
+need nc.openbsd python3 ss timeout sha256sum rdma script setpriv pgrep
+PATTERN=${1:-}
+A=$RDMA_VM_ADDR
+NC=nc.openbsd
+T=180     # per-process bound, seconds
+CTO=5000  # RSOCK_CONNECT_TIMEOUT_MS: the default 500 ms is too short under TCG
+MTU=$(ibv_devinfo -d rxe0 2>/dev/null | awk '/active_mtu/ { print $2; exit }')
+MTU=${MTU:-1024}
+DATA=$T_WORK/data.bin
+make_random "$DATA" 16
+SIZE=$(stat -c %s "$DATA")
+NOBODY=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+
+# rs NAME: sets RS to an `rsock run` command line counting into $CELL_DIR/NAME, logging to
+# $CELL_DIR/NAME.log (options and `--` PROGRAM follow).
+rs() {
+    RS=(env RSOCK_STATS_DIR="$CELL_DIR/$1" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO
+        "$T_BIN" run --log "$CELL_DIR/$1.log")
+}
+
+# rdma_listening PORT: an rdma_cm listener exists on PORT (dual listen).
+rdma_listening() { rdma resource show cm_id 2>/dev/null | grep -qE "state LISTEN .*src-addr [^ ]*:$1( |\$)"; }
+
+# count_in FILE PATTERN: lines of FILE matching the extended regex PATTERN.
+count_in() { grep -cE -- "$2" "$1" 2>/dev/null || true; }
+
+# ---- the rules file: one port to kernel TCP, one to RDMA ---------------------------------------
+
+cell_rules_port_split() {
+    cat > rules.conf <<EOF
+# product.sh: port $PORT stays on kernel TCP, port $PORT2 goes over RDMA
+tcp    port=$PORT
+this line is malformed
+rdma   port=$PORT2 ring=512K
+EOF
+    "$T_BIN" rules rules.conf > rules.out 2>&1
+    grep -q 'line 3: unknown action "this"' rules.out || fail "rsock rules did not report line 3: $(paste -sd'|' rules.out)"
+    rxe_counters_snapshot rxe.before
+    rs srv1; bg srv1 $T "${RS[@]}" --config rules.conf -- $NC -l "$A" "$PORT"
+    rs srv2; bg srv2 $T "${RS[@]}" --config rules.conf -- $NC -l "$A" "$PORT2"
+    wait_listen "$PORT" 60 srv1 || fail "server 1 did not listen on $PORT"
+    wait_listen "$PORT2" 60 srv2 || fail "server 2 did not listen on $PORT2"
+    wait_rdma_listen "$PORT2" 60 || fail "no rdma_cm listener on $PORT2 (rule: rdma)"
+    ! rdma_listening "$PORT" || fail "an rdma_cm listener on $PORT although its rule says tcp"
+    rs cli
+    bg_in cli1 $T "$DATA" "${RS[@]}" --config rules.conf -- $NC -N "$A" "$PORT"
+    expect_status cli1 0
+    bg_in cli2 $T "$DATA" "${RS[@]}" --config rules.conf -- $NC -N "$A" "$PORT2"
+    expect_status cli2 0
+    expect_status srv1 0
+    expect_status srv2 0
+    rxe_counters_delta rxe.before > rxe.delta
+    echo "# rxe0 deltas: $(paste -sd' ' rxe.delta)"
+    soft expect_same_file "$DATA" srv1.out "port $PORT (tcp)"
+    soft expect_same_file "$DATA" srv2.out "port $PORT2 (rdma)"
+    soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE" 'nproc==2' 'conns.tcp==1' 'conns.rdma==1' \
+        'fallback.rule==1' 'sum(fallback.__dict__.values())==1' 'tx.tcp==SIZE' 'tx.rdma==SIZE' 'conns.passthrough==0'
+    soft expect_stats "$CELL_DIR/srv1" srv1 -D SIZE="$SIZE" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' 'rx.tcp==SIZE'
+    soft expect_stats "$CELL_DIR/srv2" srv2 -D SIZE="$SIZE" 'nproc==1' 'conns.rdma==1' 'conns.tcp==0' 'rx.rdma==SIZE'
+    local sent want=$((SIZE / MTU))
+    sent=$(awk '$1 == "sent_pkts" { print $2 }' rxe.delta)
+    [ "${sent:-0}" -ge "$want" ] || fail "rxe0 sent ${sent:-0} packets, want >= $want for $SIZE bytes over RDMA"
+    # The malformed line is logged once per process, with its number.
+    local f n
+    for f in srv1 srv2; do
+        n=$(count_in "$f.log" 'rules.conf line 3: unknown action')
+        [ "$n" -eq 1 ] || fail "$f.log: the bad line logged $n times, want 1: $(grep -m2 'line 3' "$f.log" | paste -sd'|')"
+    done
+    n=$(count_in cli.log 'rules.conf line 3: unknown action')
+    [ "$n" -eq 2 ] || fail "cli.log (2 processes): the bad line logged $n times, want 2"
+}
+
+# ---- rsock run --no-rdma: tracked, never tries RDMA -------------------------------------------
+
+cell_run_no_rdma() {
+    rs srv; bg srv $T "${RS[@]}" -- $NC -l "$A" "$PORT"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    wait_rdma_listen "$PORT" 60 || fail "the server (no rules) does not dual-listen on $PORT"
+    rs cli; bg_in cli $T "$DATA" "${RS[@]}" --no-rdma --log-level debug -- $NC -N "$A" "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    soft expect_same_file "$DATA" srv.out
+    soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
+        'fallback.rule==1' 'tx.tcp==SIZE'
+    soft expect_stats "$CELL_DIR/srv" srv -D SIZE="$SIZE" 'conns.tcp==1' 'fallback.peer_tcp==1' 'rx.tcp==SIZE'
+    grep -q 'over kernel TCP (rule)' cli.log || fail "cli.log has no 'over kernel TCP (rule)' line (--log-level debug)"
+}
+
+# ---- rsock stat --watch ------------------------------------------------------------------------
+
+cell_stat_watch() {
+    rs srv; bg srv $T "${RS[@]}" -- $NC -l "$A" "$PORT"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    wait_rdma_listen "$PORT" 60 || fail "no rdma_cm listener"
+    # 12 MiB in 256 KiB steps every 0.2 s, through a fifo: about 10 s of steady traffic to watch.
+    mkfifo slow.fifo
+    python3 -c 'import time
+out = open("slow.fifo", "wb")
+for _ in range(48):
+    out.write(b"x" * 262144); out.flush(); time.sleep(0.2)' &
+    rs cli; bg_in cli $T slow.fifo "${RS[@]}" -- $NC -N "$A" "$PORT"
+    wait_cond 60 '[ -n "$(ls "$CELL_DIR/cli" 2>/dev/null)" ]' || fail "no stats file from the client"
+    sleep 1
+    "$T_BIN" stat --dir "$CELL_DIR/cli" --watch 0.5 --count 6 > watch.out 2> watch.err || fail "rsock stat --watch failed: $(cat watch.err)"
+    script -qfec "$T_BIN stat --dir $CELL_DIR/cli --watch 0.2 --count 2" /dev/null > tty.out 2>&1 ||
+        fail "rsock stat --watch on a terminal failed: $(head -c 300 tty.out)"
+    expect_status cli 0
+    expect_status srv 0
+    [ "$(stat -c %s srv.out)" -eq $((48 * 262144)) ] || fail "server got $(stat -c %s srv.out) bytes, want $((48 * 262144))"
+    sed 's/^/#   /' watch.out | tail -n 8
+    local frames rate_lines conn_lines
+    frames=$(count_in watch.out '^--- rsock stat --watch 0.5s ')
+    [ "$frames" -eq 6 ] || fail "$frames frames in watch.out, want 6"
+    ! grep -q $'\x1b' watch.out || fail "escape sequences in --watch output to a file"
+    rate_lines=$(count_in watch.out '^  rdma +1 conns +[0-9.]+ (KiB|MiB)/s ')
+    [ "$rate_lines" -ge 3 ] || fail "only $rate_lines frames show a non-zero rdma tx rate for the process, want >= 3"
+    conn_lines=$(count_in watch.out "^    fd [0-9]+ +rdma +$A:[0-9]+ -> $A:$PORT +tx [0-9.]+ (KiB|MiB)/s rx ")
+    [ "$conn_lines" -ge 3 ] || fail "only $conn_lines frames show the connection's rdma tx rate, want >= 3"
+    grep -q $'\x1b\\[H' tty.out || fail "no cursor-home sequence on a terminal: $(head -c 200 tty.out | od -c | head -3)"
+}
+
+# ---- rsock stat and another user's processes --------------------------------------------------
+
+cell_stat_other_user() {
+    # Root's processes, counting into root's default directory /dev/shm/rsock-0.
+    bg srv $T env RSOCK_CONNECT_TIMEOUT_MS=$CTO "$T_BIN" run -- $NC -l "$A" "$PORT"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    wait_rdma_listen "$PORT" 60 || fail "no rdma_cm listener"
+    bg cli $T bash -c "sleep 60 | env RSOCK_CONNECT_TIMEOUT_MS=$CTO '$T_BIN' run -- $NC $A $PORT"
+    local pid
+    wait_until 60 pgrep -f "^$NC -l $A $PORT\$" || fail "no server process"
+    pid=$(pgrep -f "^$NC -l $A $PORT\$" | head -n1)
+    wait_until 60 test -e "/dev/shm/rsock-0/$pid.stats" || fail "no /dev/shm/rsock-0/$pid.stats"
+    wait_cond 60 "\"$T_BIN\" stat $pid | grep -q '^  rdma *1 '" || fail "root: rsock stat $pid shows no rdma connection: $("$T_BIN" stat "$pid" 2>&1 | paste -sd'|')"
+    echo "# root: $("$T_BIN" stat "$pid" | head -n1)"
+    local rc=0
+    "${NOBODY[@]}" "$T_BIN" stat --dir /dev/shm/rsock-0 > dir.out 2> dir.err || rc=$?
+    echo "# nobody, --dir: exit $rc: $(cat dir.err)"
+    [ "$rc" -eq 1 ] || fail "nobody: rsock stat --dir /dev/shm/rsock-0 exited $rc, want 1"
+    grep -q 'permission denied: it belongs to user root (uid 0)' dir.err || fail "nobody, --dir: unclear message: $(cat dir.err)"
+    rc=0
+    "${NOBODY[@]}" "$T_BIN" stat "$pid" > pid.out 2> pid.err || rc=$?
+    echo "# nobody, pid: exit $rc: $(cat pid.err)"
+    [ "$rc" -eq 1 ] || fail "nobody: rsock stat $pid exited $rc, want 1"
+    grep -q "pid $pid: runs as user root (uid 0); its stats (/dev/shm/rsock-0/$pid.stats) are readable only by that user or root" pid.err ||
+        fail "nobody, pid: unclear message: $(cat pid.err)"
+    [ ! -s pid.out ] || fail "nobody, pid: printed counters it should not have read: $(head -c 200 pid.out)"
+    rc=0
+    "${NOBODY[@]}" "$T_BIN" stat > own.out 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] && grep -q '^no rsock processes in /dev/shm/rsock-65534' own.out ||
+        fail "nobody, own processes: exit $rc: $(cat own.out)"
+    bg_stop cli
+    bg_stop srv
+}
+
+# ---- run -----------------------------------------------------------------------------------------
+
+CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user)
+selected() {
+    local p
+    [ -z "$PATTERN" ] && return 0
+    for p in ${PATTERN//,/ }; do [[ $1 == *$p* ]] && return 0; done
+    return 1
+}
+for c in "${CELLS[@]}"; do
+    selected "$c" || continue
+    before=$T_FAIL
+    t_cell "$c" "cell_$c"
+    if [ "$T_FAIL" -gt "$before" ]; then
+        tail -n 15 "$T_WORK/$c/cell.log" | sed 's/^/    | /'
+    else
+        grep '^# ' "$T_WORK/$c/cell.log" | sed 's/^/    /'
+    fi
+done
+t_summary
