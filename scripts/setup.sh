@@ -41,6 +41,11 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 rust_ok || { log "no usable Rust toolchain (need cargo/rustc >= 1.80)"; exit 1; }
+# scripts/test.sh runs cargo fmt and cargo clippy: a rustup toolchain may lack them.
+if ! { cargo fmt --version && cargo clippy --version; } >/dev/null 2>&1 && command -v rustup >/dev/null; then
+  log "rustup component add rustfmt clippy"
+  rustup component add rustfmt clippy >/dev/null 2>&1 || log "could not add rustfmt/clippy: the fmt and clippy suites will fail"
+fi
 
 if [[ ${1:-} != --no-build ]]; then
   log "cargo build --release (shim, CLI, examples)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run every rsock test: host unit/property tests, the passthrough matrix, and the RDMA
-# suite inside the Soft-RoCE test bed (one guest boot). This is the README's test command
+# Run every rsock test: formatting and lints (cargo fmt --check, clippy -D warnings), host
+# unit/property tests, the passthrough matrix, and the RDMA suite inside the Soft-RoCE test
+# bed (one guest boot). This is the README's test command
 # and what CI runs.
 #
 #   scripts/test.sh              everything (sets up what is missing first)
@@ -34,6 +35,8 @@ suite() {
 
 scripts/setup.sh || { echo "setup failed"; echo "suites: 0 passed, 1 failed"; exit 1; }
 
+suite fmt cargo fmt --all --check
+suite clippy cargo clippy --workspace --all-targets --quiet -- -D warnings
 suite unit cargo test --workspace --quiet
 suite passthrough tests/passthrough/run.sh
 if ((host_only)); then
