@@ -129,7 +129,7 @@ impl Doorbell {
     }
 
     /// Closes the doorbell's own fd of A: the program has closed all of its fds, and A must
-    /// not outlive them. Later state changes are ignored.
+    /// not outlive them. Later changes that need it (draining tokens, adding filler) are skipped.
     pub fn release_app(&self) {
         let fd = self.app.swap(-1, std::sync::atomic::Ordering::AcqRel);
         if fd >= 0 {
@@ -139,8 +139,10 @@ impl Doorbell {
 
     /// Makes A readable (`true`: a token is queued) or not (`false`: tokens drained).
     pub fn set_readable(&self, on: bool) {
+        // Ringing needs only B: it still reaches A in other processes (fork children) after
+        // the shim's own copy of A is released. Draining needs that copy.
         let app = self.app_fd();
-        if app < 0 {
+        if app < 0 && !on {
             return;
         }
         let e = errno();
@@ -166,8 +168,8 @@ impl Doorbell {
 
     /// Makes A writable (`true`: filler drained from B) or not (`false`: filler queued).
     pub fn set_writable(&self, on: bool) {
-        let app = self.app_fd();
-        if app < 0 {
+        let app = self.app_fd(); // filling needs the shim's copy of A; draining B does not
+        if app < 0 && !on {
             return;
         }
         let e = errno();

@@ -228,8 +228,8 @@ fn to_kernel_listener(s: &Socket, l: &Arc<Listener>) {
     s.detach_quietly();
 }
 
-/// Before `exec`: every owned fd that survives it must be usable by an image that knows
-/// nothing of the shim. Streams owned elsewhere are adopted (relayed); listeners become the
+/// Before `exec`: owned fds that survive it must be usable by an image that knows nothing of
+/// the shim. Streams owned elsewhere on stdio are adopted (relayed); listeners become the
 /// kernel listener they wrap. A stream this very process owns cannot outlive its engine:
 /// it is left as it is (the limitation is logged).
 pub(super) fn before_exec() {
@@ -245,7 +245,10 @@ pub(super) fn before_exec() {
             Some(Attachment::Stream(st)) if st.owner.is_me() => {
                 log::warn!("fd {fd}: exec with an RDMA stream this process owns: the new image cannot use it");
             }
-            Some(Attachment::Stream(_)) => {
+            // Only a stream on stdio is handed to the new image (inetd, sshd, `--sh-exec`
+            // style). One on another number is usually an fd leaked into a program that never
+            // reads it; adopting it would send it bytes meant for the process that does.
+            Some(Attachment::Stream(_)) if fd <= 2 => {
                 here(&s);
             }
             Some(Attachment::Listener(l)) => to_kernel_listener(&s, &l),

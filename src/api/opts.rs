@@ -23,6 +23,15 @@ fn attached(fd: c_int) -> Option<Attachment> {
     super::inherit::here(&*fdtable::get(fd)?)
 }
 
+/// As [`attached`], but a stream another process owns is not adopted: for calls that only
+/// read its fixed facts (addresses, the options socket), never its state.
+fn viewed(fd: c_int) -> Option<Attachment> {
+    if !fdtable::owns(fd) {
+        return None;
+    }
+    fdtable::get(fd)?.attachment()
+}
+
 /// Where the options of an attached socket live.
 fn opts_fd(a: &Attachment) -> c_int {
     match a {
@@ -43,13 +52,15 @@ pub unsafe fn getsockopt(
     if level == libc::SOL_SOCKET && name == libc::SO_ERROR && fdtable::owns(fd) {
         return so_error(fd, val, len);
     }
-    let Some(a) = attached(fd) else {
+    let Some(a) = viewed(fd) else {
         return real::getsockopt(fd, level, name, val, len);
     };
     if let Attachment::Stream(s) = &a {
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_ERROR) => return put_int(val, len, 0),
-            (libc::IPPROTO_TCP, libc::TCP_INFO) => return put_bytes(val, len, &tcp_info(s)),
+            (libc::IPPROTO_TCP, libc::TCP_INFO) if s.owner.is_me() => {
+                return put_bytes(val, len, &tcp_info(s))
+            }
             _ => {}
         }
     }
@@ -64,7 +75,7 @@ pub unsafe fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    let Some(a) = attached(fd) else {
+    let Some(a) = viewed(fd) else {
         return real::setsockopt(fd, level, name, val, len);
     };
     let r = real::setsockopt(opts_fd(&a), level, name, val, len);
@@ -78,7 +89,7 @@ pub unsafe fn setsockopt(
 
 #[inline]
 pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    match attached(fd) {
+    match viewed(fd) {
         None => real::getsockname(fd, addr, len),
         Some(Attachment::Listener(l)) => real::getsockname(l.tcp_fd, addr, len),
         Some(Attachment::Stream(s)) => put_addr(&s.local, addr, len),
@@ -126,7 +137,7 @@ unsafe fn connected(fd: c_int) -> bool {
 
 #[inline]
 pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    match attached(fd) {
+    match viewed(fd) {
         None if fdtable::owns(fd) => {
             let r = real::getpeername(fd, addr, len);
             if r == 0 {

@@ -57,9 +57,10 @@ impl End {
         }
     }
 
-    /// Notes whether every fd of A is closed.
+    /// Notes whether every fd of A is closed and every byte its holders wrote has been taken
+    /// (`POLLHUP` alone comes while bytes may still be queued in B).
     pub fn check_gone(&mut self) -> bool {
-        if !self.gone {
+        if !self.gone && self.tx_eof {
             self.gone = crate::sys::unix::wait(self.fd, 0, 0) & libc::POLLHUP != 0;
         }
         self.gone
