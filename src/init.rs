@@ -48,6 +48,7 @@ extern "C" fn after_fork_child() {
     crate::sys::raw::refresh_pid();
     crate::stats::after_fork_child();
     crate::fdtable::after_fork_child();
+    crate::engine::after_fork_child();
 }
 
 /// Whether this host has a usable RDMA device: one listed in sysfs and the rdma_cm device

@@ -22,8 +22,8 @@ use crate::negcache::NegCache;
 use crate::rdma::{self, Device, EventChannel, Wc};
 use libc::c_int;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 pub use listener::{Accepted, Listener, RdmaListen};
@@ -203,24 +203,83 @@ extern "C" fn drain_at_exit_c() {
     drain_at_exit();
 }
 
-/// The engine, if this process can do RDMA (made on first call; call inside the guard).
+/// This process's engine, if it can do RDMA (made on first call; call inside the guard).
+/// The one a fork child finds in its memory is its parent's: never touched there, and the
+/// child makes none of its own yet (see `make_engine`).
 pub fn get() -> Option<&'static Engine> {
-    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
-    let e = ENGINE
-        .get_or_init(|| {
-            if !crate::init::rdma_device_present() {
-                return None;
+    let me = crate::sys::raw::pid();
+    let p = ENGINE.load(Acquire);
+    // SAFETY: engines are leaked, never freed: a non-null pointer stays valid.
+    if let Some(e) = unsafe { p.as_ref() } {
+        if e.pid == me {
+            return Some(e);
+        }
+    }
+    if NO_ENGINE.load(Acquire) == me {
+        return None;
+    }
+    make_engine(me)
+}
+
+/// The current process's engine (null before one is made, or its parent's in a fork child).
+static ENGINE: AtomicPtr<Engine> = AtomicPtr::new(std::ptr::null_mut());
+/// The pid whose attempt to make an engine failed (it does not try again).
+static NO_ENGINE: AtomicI32 = AtomicI32::new(0);
+/// The pid making an engine now: a spin lock that a fork child may take over from a parent
+/// thread that held it at the fork.
+static MAKING: AtomicI32 = AtomicI32::new(0);
+
+#[cold]
+fn make_engine(me: i32) -> Option<&'static Engine> {
+    loop {
+        let holder = MAKING.load(Acquire);
+        if holder == me {
+            std::thread::sleep(Duration::from_micros(200)); // another thread of ours is at it
+        } else if MAKING.compare_exchange(holder, me, AcqRel, Acquire).is_ok() {
+            break; // free, or held by the parent before a fork: ours now
+        }
+    }
+    let existing = get_unlocked(me);
+    let made = existing.or_else(|| {
+        if !crate::init::rdma_device_present() {
+            NO_ENGINE.store(me, Release);
+            return None;
+        }
+        if !ENGINE.load(Acquire).is_null() {
+            // A fork child of a process with an engine: librdmacm and libibverbs keep the
+            // parent's device contexts, and the kernel refuses their verbs to a child (a
+            // uverbs write must come from the opener's credentials: EACCES on the first
+            // post). Until the child gets its own instance of the libraries, its new
+            // connections use kernel TCP (docs/DESIGN.md, "Processes").
+            log::info!("fork child of an RDMA process: new connections here use kernel TCP");
+            NO_ENGINE.store(me, Release);
+            return None;
+        }
+        match Engine::new() {
+            Ok(e) => {
+                let e: &'static Engine = Box::leak(Box::new(e));
+                ENGINE.store(e as *const Engine as *mut Engine, Release);
+                Some(e)
             }
-            match Engine::new() {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    log::warn!("RDMA unavailable, all connections use kernel TCP: {e}");
-                    None
-                }
+            Err(e) => {
+                log::warn!("RDMA unavailable, all connections use kernel TCP: {e}");
+                NO_ENGINE.store(me, Release);
+                None
             }
-        })
-        .as_ref()?;
-    (e.pid == crate::sys::raw::pid()).then_some(e)
+        }
+    });
+    MAKING.store(0, Release);
+    made
+}
+
+fn get_unlocked(me: i32) -> Option<&'static Engine> {
+    // SAFETY: as in `get`.
+    unsafe { ENGINE.load(Acquire).as_ref() }.filter(|e| e.pid == me)
+}
+
+/// In a fork child: the parent's streams are not this process's to drive or wait for.
+pub fn after_fork_child() {
+    ACTIVE_STREAMS.store(0, Relaxed);
 }
 
 // Epoll tags of the helper thread: kind in the top byte, index or token below.

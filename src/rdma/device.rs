@@ -42,6 +42,8 @@ pub struct DeviceLimits {
 
 /// A device's PD, completion channel and shared CQ (see the module doc)
 pub struct Device {
+    /// The process that made it: a fork child never uses its parent's (it makes its own).
+    pid: i32,
     ctx: *mut ibv_context,
     pd: *mut ibv_pd,
     channel: *mut ibv_comp_channel,
@@ -79,7 +81,12 @@ impl Device {
         }
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
         open.retain(|w| w.strong_count() > 0);
-        if let Some(d) = open.iter().filter_map(Weak::upgrade).find(|d| d.ctx == ctx) {
+        let me = crate::sys::raw::pid();
+        if let Some(d) = open
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|d| d.ctx == ctx && d.pid == me)
+        {
             return Ok(d);
         }
         // SAFETY: per this function's contract.
@@ -111,6 +118,7 @@ impl Device {
         let cq_entries = cq_entries.min(limits.max_cqe).max(1);
         // Build step by step; `partial` releases what exists if a later step fails.
         let mut d = Device {
+            pid: crate::sys::raw::pid(),
             ctx,
             pd: std::ptr::null_mut(),
             channel: std::ptr::null_mut(),
