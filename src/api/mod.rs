@@ -336,8 +336,8 @@ pub(super) fn track_accepted(nfd: c_int) {
             return;
         }
         // A listener inherited from an owner with an engine also gets its TCP peers' way.
-        let reason = if engine::get().is_some() || !engine::is_owner_process() {
-            Fallback::PeerTcp
+        let reason = if !engine::is_owner_process() || engine::get().is_some() {
+            Fallback::PeerTcp // an inherited listener's owner had an engine: a plain peer
         } else {
             no_engine_reason()
         };

@@ -37,18 +37,18 @@ pub fn detach(a: crate::socket::Attachment) {
     let Some(_g) = crate::guard::enter() else {
         return;
     };
-    let engine = get();
+    // `get` only for the owner: another process has nothing of its own to close.
     match a {
         crate::socket::Attachment::Stream(s) => {
             s.bell().release_app();
-            if let (Some(engine), true) = (engine, s.owner.is_me()) {
+            if let Some(engine) = s.owner.is_me().then(get).flatten() {
                 s.app_gone.store(true, Release);
                 engine.settle_holders(&s);
             }
         }
-        crate::socket::Attachment::Listener(l) => match engine {
-            Some(engine) if l.owner.is_me() => l.close(engine),
-            _ => l.bell().release_app(),
+        crate::socket::Attachment::Listener(l) => match l.owner.is_me().then(get).flatten() {
+            Some(engine) => l.close(engine),
+            None => l.bell().release_app(),
         },
         crate::socket::Attachment::Relayed(_) => {}
     }
