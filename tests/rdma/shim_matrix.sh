@@ -28,6 +28,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 . tests/rdma-vm/lib.sh
 # shellcheck source=../lib/common.sh
 . tests/lib/common.sh
+# shellcheck source=../lib/rdma_cells.sh
+. tests/lib/rdma_cells.sh
 rdma_vm_require_guest
 t_init
 need nc.openbsd iperf3 iperf socat curl python3 ss timeout sha256sum rdma rping ibv_devinfo
@@ -55,83 +57,6 @@ SIZE=$(stat -c %s "$DATA")
 DATA2=$T_WORK/data2.bin
 make_random "$DATA2" 16
 SIZE2=$(stat -c %s "$DATA2")
-
-# Every shimmed process gets the connect timeout and its own log next to its stats dir.
-_cmd() {
-    if [ "$1" = shimmed ]; then
-        T_CMD=(env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$2" RSOCK_STATS_KEEP=1
-            RSOCK_CONNECT_TIMEOUT_MS=$CTO RSOCK_LOG="$2.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "${@:3}")
-    else
-        T_CMD=("$@")
-    fi
-}
-shimmed() {
-    local dir=$1; shift
-    env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
-        RSOCK_LOG="$dir.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "$@"
-}
-
-# ---- device evidence ------------------------------------------------------------------------
-
-# RC QPs of the whole device (GSI/UD are not ours).
-rc_qps() { rdma resource show qp 2>/dev/null | grep -c ' type RC ' || true; }
-no_rc_qps() { [ "$(rc_qps)" -eq 0 ]; }
-rc_qps_left() { [ "$(rc_qps)" -gt 0 ]; }
-
-# rdma_begin: snapshot rxe0's counters and sample the RC QP count every 0.5 s (qps.out).
-rdma_begin() {
-    rxe_counters_snapshot "$CELL_DIR/rxe.before"
-    bg qps 900 bash -c 'while :; do rdma resource show qp 2>/dev/null | grep -c " type RC "; sleep 0.5; done'
-}
-
-# rdma_end BYTES MIN_QPS: stops the sampler; fails unless at least MIN_QPS RC QPs were seen
-# at once and rxe0 sent at least BYTES/active_mtu packets.
-rdma_end() {
-    local bytes=$1 minqp=$2 maxqp sent want
-    [ "$MUT" = 1 ] && bytes=$((bytes * 100 + 100 * MTU)) minqp=$((minqp + 100))
-    bg_stop qps
-    maxqp=$(sort -n qps.out 2>/dev/null | tail -n1)
-    rxe_counters_delta rxe.before > rxe.delta
-    echo "# device: max RC QPs seen $maxqp; rxe0 deltas: $(paste -sd' ' rxe.delta)"
-    local why=()
-    [ "${maxqp:-0}" -ge "$minqp" ] || why+=("device: at most ${maxqp:-0} RC QPs seen during the transfer, want >= $minqp")
-    sent=$(awk '$1 == "sent_pkts" { print $2 }' rxe.delta)
-    want=$(( bytes / MTU ))
-    [ "${sent:-0}" -ge "$want" ] || why+=("device: rxe0 sent_pkts +${sent:-0}, want >= $want (bytes $bytes / active_mtu $MTU)")
-    [ ${#why[@]} -eq 0 ] || fail "$(IFS=';'; echo "${why[*]}")"
-}
-
-# expect_qps_released [SECS]: no RC QP left on the device (the cell's programs have exited).
-expect_qps_released() {
-    if [ "$MUT" = 1 ]; then
-        wait_until 5 rc_qps_left && return 0
-        fail "mutation: expected RC QPs to remain, $(rc_qps) listed"
-    fi
-    wait_until "${1:-30}" no_rc_qps && return 0
-    rdma resource show qp > qps.left 2>&1
-    fail "$(rc_qps) RC QP(s) still listed ${1:-30}s after the programs exited: $(grep ' type RC ' qps.left | head -3 | paste -sd'|')"
-}
-
-# expect_rdma SIDE NCONNS [EXPR...]: counters of SIDE show NCONNS RDMA connections, no TCP.
-expect_rdma() {
-    local side=$1 n=$2 defs=(); shift 2
-    while [ "${1:-}" = -D ]; do defs+=(-D "$2"); shift 2; done
-    [ "$MUT" = 1 ] && n=$((n + 1))
-    expect_stats "$CELL_DIR/$side" "$side" -D N="$n" "${defs[@]}" 'nproc>=1' 'conns.rdma==N' 'conns.tcp==0' \
-        'tx.tcp==0' 'rx.tcp==0' "$@"
-}
-
-# reasons SIDE: prints the non-zero fallback reasons and conns of stats.SIDE.json.
-reasons() {
-    echo "# $1: conns $(json_get "stats.$1.json" '{k: v for k, v in j["conns"].items() if v}' 2>/dev/null)" \
-        "fallback $(json_get "stats.$1.json" '{k: v for k, v in j["fallback"].items() if v}' 2>/dev/null)"
-}
-
-# wait_dual SRVNAME: the shimmed server listens on kernel TCP and rdma_cm (dual listen).
-wait_dual() {
-    wait_listen "$PORT" 60 "$1" || fail "server did not listen on TCP $PORT"
-    wait_rdma_listen "$PORT" 60 || fail "server listens on TCP but not on rdma_cm port $PORT (dual listen)"
-}
 
 # ---- 1. programs on RDMA ------------------------------------------------------------------------
 
@@ -686,30 +611,7 @@ cell_foreign_listener() {
     expect_qps_released
 }
 
-# ---- 9. leaks ---------------------------------------------------------------------------------------
-
-# `rdma resource show` summary numbers (pd cq qp cm_id mr ctx ...) as "name value" lines.
-res_summary() {
-    rdma resource show 2>/dev/null | awk '$2 == "rxe0:" { for (i = 3; i < NF; i += 2) print $i, $(i + 1) }'
-}
-
-cell_leaks() {
-    res_summary > now.txt
-    echo "# at start: $(paste -sd' ' "$T_WORK/res.start")"
-    echo "# now:      $(paste -sd' ' now.txt)"
-    wait_until 30 no_rc_qps || fail "RC QPs left: $(rdma resource show qp | grep ' type RC ' | head -5 | paste -sd'|')"
-    local mrs
-    mrs=$(rdma resource show mr 2>/dev/null | grep -c 'mrn' || true)
-    [ "$mrs" -eq 0 ] || fail "$mrs MR(s) left: $(rdma resource show mr | head -3 | paste -sd'|')"
-    local name v start
-    while read -r name v; do
-        start=$(awk -v n="$name" '$1 == n { print $2 }' "$T_WORK/res.start")
-        [ "$v" -le "${start:-0}" ] || fail "rxe0 $name: $v now, ${start:-0} at the start of the matrix"
-    done < now.txt
-    local ids
-    ids=$(rdma resource show cm_id 2>/dev/null | grep -c 'cm-idn' || true)
-    [ "$ids" -eq 0 ] || fail "$ids cm_id(s) left: $(rdma resource show cm_id | head -3 | paste -sd'|')"
-}
+# ---- 9. leaks: cell_leaks (tests/lib/rdma_cells.sh) ----------------------------------------------
 
 # ---- run ------------------------------------------------------------------------------------------
 
@@ -730,35 +632,9 @@ CELLS=(
     foreign_listener
 )
 
-# keep_logs NAME: copies a failed cell's directory (files up to 1 MiB) into the project.
-keep_logs() {
-    local src=$T_WORK/$1 dst=$KEEP_DIR/$1
-    mkdir -p "$dst" && (cd "$src" && find . -type f -size -1025k -print0 | xargs -0r cp --parents -t "$dst") 2>/dev/null
-}
-
-run_cell() {
-    local before=$T_FAIL t0=$SECONDS
-    t_cell "$1" "cell_$1"
-    if [ "$T_FAIL" -gt "$before" ]; then
-        echo "    # failed after $((SECONDS - t0))s"
-        keep_logs "$1"
-        tail -n 15 "$T_WORK/$1/cell.log" | sed 's/^/    | /'
-    else
-        grep '^# ' "$T_WORK/$1/cell.log" | sed 's/^/    /'
-    fi
-    # The guest's /tmp is a small tmpfs: drop the cell's big files (received data).
-    find "$T_WORK/$1" -type f -size +1024k -delete 2>/dev/null
-}
-
 res_summary > "$T_WORK/res.start"
 echo "# /tmp: $(df -h /tmp | awk 'NR == 2 { print $4 " free of " $2 }')"
 t0=$SECONDS
-selected() {
-    local p
-    [ -z "$PATTERN" ] && return 0
-    for p in ${PATTERN//,/ }; do [[ $1 == *$p* ]] && return 0; done
-    return 1
-}
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

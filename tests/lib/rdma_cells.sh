@@ -1,0 +1,165 @@
+# shellcheck shell=bash
+# Helpers of the RDMA test matrices (tests/rdma/shim_matrix.sh, tests/rdma/fork_matrix.sh),
+# sourced after tests/rdma-vm/lib.sh and tests/lib/common.sh, inside the test-bed guest.
+#
+# The suite sets before use:
+#   T      per-process bound in seconds          CTO   RSOCK_CONNECT_TIMEOUT_MS of every shimmed process
+#   MTU    rxe0's active_mtu                     MUT   1 = assertion self-test (T_MUTATE), else 0
+#   PATTERN  cell filter ("a,b": cells whose name contains a or b; empty: all)
+#   KEEP_DIR where failed cells' directories are copied
+#
+# Cells and processes:
+#   shimmed DIR CMD...        CMD under the shim: stats in DIR (kept), log DIR.log, the
+#                             connect timeout; SHIM_LOG_LEVEL (default info)
+#   wait_dual SRVNAME         the shimmed server listens on kernel TCP and rdma_cm
+#   run_cell NAME             t_cell NAME cell_NAME, then the cell's notes or its log tail
+#   selected NAME             NAME matches PATTERN
+# Device evidence:
+#   rdma_begin                snapshot rxe0's counters; sample the RC QPs every QP_SAMPLE_S
+#                             (default 0.5) s: count per sample in qps.out, full lines in
+#                             qps.log ("@<time>" before each sample; each line ends with
+#                             "tgid N", the process of the thread `rdma` lists as "pid")
+#   rdma_end BYTES MIN_QPS    stop the sampler; fail unless MIN_QPS RC QPs were seen at once
+#                             and rxe0 sent at least BYTES/MTU packets
+#   expect_qps_released [S]   no RC QP left (within S s, default 30)
+#   res_summary, cell_leaks   rxe0's resource totals; the leaks cell (needs res.start)
+# Counters:
+#   expect_rdma SIDE N [-D K=V]... [EXPR...]   stats of SIDE: N RDMA conns, nothing on TCP
+#   reasons SIDE              prints SIDE's non-zero conns and fallback reasons
+
+# Every shimmed process gets the connect timeout and its own log next to its stats dir.
+_cmd() {
+    if [ "$1" = shimmed ]; then
+        T_CMD=(env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$2" RSOCK_STATS_KEEP=1
+            RSOCK_CONNECT_TIMEOUT_MS=$CTO RSOCK_LOG="$2.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "${@:3}")
+    else
+        T_CMD=("$@")
+    fi
+}
+shimmed() {
+    local dir=$1; shift
+    env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
+        RSOCK_LOG="$dir.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "$@"
+}
+
+# ---- device evidence ------------------------------------------------------------------------
+
+# RC QPs of the whole device (GSI/UD are not ours).
+rc_qps() { rdma resource show qp 2>/dev/null | grep -c ' type RC ' || true; }
+no_rc_qps() { [ "$(rc_qps)" -eq 0 ]; }
+rc_qps_left() { [ "$(rc_qps)" -gt 0 ]; }
+
+rdma_begin() {
+    rxe_counters_snapshot "$CELL_DIR/rxe.before"
+    bg qps 900 bash -c 'while :; do
+        s=$(rdma resource show qp 2>/dev/null | grep " type RC ")
+        if [ -n "$s" ]; then
+            # "pid" is the creating thread: add its process (tgid) while it still exists.
+            { printf "@%s\n" "$(date +%s.%N)"
+              while IFS= read -r l; do p=${l##* pid }; p=${p%% *}; g="?"
+                  while read -r k v; do [ "$k" = Tgid: ] && { g=$v; break; }; done < "/proc/$p/status"
+                  printf "%s tgid %s\n" "$l" "$g"; done <<< "$s"; } >> qps.log 2>/dev/null
+            printf "%s\n" "$s" | wc -l
+        else echo 0; fi
+        sleep "$0"; done' "${QP_SAMPLE_S:-0.5}"
+}
+
+rdma_end() {
+    local bytes=$1 minqp=$2 maxqp sent want
+    [ "$MUT" = 1 ] && bytes=$((bytes * 100 + 100 * MTU)) minqp=$((minqp + 100))
+    bg_stop qps
+    maxqp=$(sort -n qps.out 2>/dev/null | tail -n1)
+    rxe_counters_delta rxe.before > rxe.delta
+    echo "# device: max RC QPs seen $maxqp; rxe0 deltas: $(paste -sd' ' rxe.delta)"
+    local why=()
+    [ "${maxqp:-0}" -ge "$minqp" ] || why+=("device: at most ${maxqp:-0} RC QPs seen during the transfer, want >= $minqp")
+    sent=$(awk '$1 == "sent_pkts" { print $2 }' rxe.delta)
+    want=$(( bytes / MTU ))
+    [ "${sent:-0}" -ge "$want" ] || why+=("device: rxe0 sent_pkts +${sent:-0}, want >= $want (bytes $bytes / active_mtu $MTU)")
+    [ ${#why[@]} -eq 0 ] || fail "$(IFS=';'; echo "${why[*]}")"
+}
+
+expect_qps_released() {
+    if [ "$MUT" = 1 ]; then
+        wait_until 5 rc_qps_left && return 0
+        fail "mutation: expected RC QPs to remain, $(rc_qps) listed"
+    fi
+    wait_until "${1:-30}" no_rc_qps && return 0
+    rdma resource show qp > qps.left 2>&1
+    fail "$(rc_qps) RC QP(s) still listed ${1:-30}s after the programs exited: $(grep ' type RC ' qps.left | head -3 | paste -sd'|')"
+}
+
+# `rdma resource show` summary numbers (pd cq qp cm_id mr ctx ...) as "name value" lines.
+res_summary() {
+    rdma resource show 2>/dev/null | awk '$2 == "rxe0:" { for (i = 3; i < NF; i += 2) print $i, $(i + 1) }'
+}
+
+# The leaks cell: nothing left on rxe0 compared with $T_WORK/res.start (res_summary at start).
+cell_leaks() {
+    res_summary > now.txt
+    echo "# at start: $(paste -sd' ' "$T_WORK/res.start")"
+    echo "# now:      $(paste -sd' ' now.txt)"
+    wait_until 30 no_rc_qps || fail "RC QPs left: $(rdma resource show qp | grep ' type RC ' | head -5 | paste -sd'|')"
+    local mrs
+    mrs=$(rdma resource show mr 2>/dev/null | grep -c 'mrn' || true)
+    [ "$mrs" -eq 0 ] || fail "$mrs MR(s) left: $(rdma resource show mr | head -3 | paste -sd'|')"
+    local name v start
+    while read -r name v; do
+        start=$(awk -v n="$name" '$1 == n { print $2 }' "$T_WORK/res.start")
+        [ "$v" -le "${start:-0}" ] || fail "rxe0 $name: $v now, ${start:-0} at the start of the matrix"
+    done < now.txt
+    local ids
+    ids=$(rdma resource show cm_id 2>/dev/null | grep -c 'cm-idn' || true)
+    [ "$ids" -eq 0 ] || fail "$ids cm_id(s) left: $(rdma resource show cm_id | head -3 | paste -sd'|')"
+}
+
+# ---- counters ---------------------------------------------------------------------------------
+
+expect_rdma() {
+    local side=$1 n=$2 defs=(); shift 2
+    while [ "${1:-}" = -D ]; do defs+=(-D "$2"); shift 2; done
+    [ "$MUT" = 1 ] && n=$((n + 1))
+    expect_stats "$CELL_DIR/$side" "$side" -D N="$n" "${defs[@]}" 'nproc>=1' 'conns.rdma==N' 'conns.tcp==0' \
+        'tx.tcp==0' 'rx.tcp==0' "$@"
+}
+
+reasons() {
+    echo "# $1: conns $(json_get "stats.$1.json" '{k: v for k, v in j["conns"].items() if v}' 2>/dev/null)" \
+        "fallback $(json_get "stats.$1.json" '{k: v for k, v in j["fallback"].items() if v}' 2>/dev/null)"
+}
+
+wait_dual() {
+    wait_listen "$PORT" 60 "$1" || fail "server did not listen on TCP $PORT$(bg_alive "$1" ||
+        echo " (it exited: $(tail -c 300 "$CELL_DIR/$1.err" 2>/dev/null | paste -sd' '))")"
+    wait_rdma_listen "$PORT" 60 || fail "server listens on TCP but not on rdma_cm port $PORT (dual listen)"
+}
+
+# ---- running cells ------------------------------------------------------------------------------
+
+# keep_logs NAME: copies a failed cell's directory (files up to 1 MiB) into the project.
+keep_logs() {
+    local src=$T_WORK/$1 dst=$KEEP_DIR/$1
+    mkdir -p "$dst" && (cd "$src" && find . -type f -size -1025k -print0 | xargs -0r cp --parents -t "$dst") 2>/dev/null
+}
+
+# run_cell NAME [FUNCTION]: FUNCTION defaults to cell_NAME.
+run_cell() {
+    local before=$T_FAIL t0=$SECONDS
+    t_cell "$1" "${2:-cell_$1}"
+    if [ "$T_FAIL" -gt "$before" ]; then
+        echo "    # failed after $((SECONDS - t0))s"
+        keep_logs "$1"
+        tail -n 15 "$T_WORK/$1/cell.log" | sed 's/^/    | /'
+    else
+        grep '^# ' "$T_WORK/$1/cell.log" | sed 's/^/    /'
+    fi
+    # The guest's /tmp is a small tmpfs: drop the cell's big files (received data).
+    find "$T_WORK/$1" -type f -size +1024k -delete 2>/dev/null
+}
+
+selected() {
+    local p
+    [ -z "$PATTERN" ] && return 0
+    for p in ${PATTERN//,/ }; do [[ $1 == *$p* ]] && return 0; done
+    return 1
+}
