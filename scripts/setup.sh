@@ -17,6 +17,8 @@ PACKAGES=(
   rdma-core ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils ibverbs-utils perftest
   # the programs the tests run under the shim, and the tools the tests use
   iperf3 iperf netcat-openbsd socat curl python3 iproute2 procps valgrind coreutils
+  # servers that fork (tests/rdma/fork_matrix.sh, bench/rdma/fork.sh); never started on the host
+  nginx ncat wrk postgresql util-linux
 )
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -38,7 +40,14 @@ if ((${#missing[@]})); then
   log "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Installing nginx/postgresql must not start them here: a policy-rc.d that says no, for
+  # this install only (one that exists already is left alone).
+  policy=
+  [[ -e /usr/sbin/policy-rc.d ]] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy=1; }
+  st=0
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || st=$?
+  [[ -z $policy ]] || rm -f /usr/sbin/policy-rc.d
+  ((st == 0)) || exit "$st"
 fi
 rust_ok || { log "no usable Rust toolchain (need cargo/rustc >= 1.80)"; exit 1; }
 # scripts/test.sh runs cargo fmt and cargo clippy: a rustup toolchain may lack them.

@@ -1,0 +1,529 @@
+#!/usr/bin/env bash
+# RDMA fork matrix (issue #9): servers whose connections change process — prefork workers,
+# fork after accept, daemons, spawned helpers, exec'd programs, nginx, PostgreSQL — with
+# both ends under librsock.so in the Soft-RoCE guest. Each cell checks the data (sha256 of
+# both directions, HTTP or pgbench results), the shim's counters of every process of each
+# side (`rsock stat --all --json`, RSOCK_STATS_KEEP=1, one stats dir per side and cell),
+# rxe0's packet counters, and which process owned each RC QP while connections were open
+# (`rdma resource show qp`, sampled; printed as "qp ... role=...").
+#
+#   cargo build --release --workspace --lib --bins --examples
+#   tests/rdma-vm/run.sh --timeout 1800 -- tests/rdma/fork_matrix.sh [PATTERN[,PATTERN...]]
+#   tests/rdma-vm/run.sh -e CELLS=nginx,pgbench -- tests/rdma/fork_matrix.sh
+#
+# Environment:
+#   CELLS        cell filter, like the argument: cells whose name contains one of the words
+#   T_MB         size of the echoed file in MiB (default 4)
+#   T_QP_OWNER   parent|child|any: overrides every cell's expected QP owner (table below)
+#   T_KEEP=1     keep the work dir; SHIM_LOG_LEVEL: the shim's log level (default info)
+#
+# The expected owner of the server side's QPs (EXPECT_QP_OWNER below): "parent" is the
+# process that accepted (fork after accept: the listener process; prefork: the master, which
+# holds the rdma_cm listener; nginx/PostgreSQL: master/postmaster), "child" any other server
+# process (the forked child or worker that serves). The lead's first milestone keeps QPs in
+# the parent and relays; the final design moves them to the child. Every cell prints the
+# expectation; "any" only asserts that server and client QPs were seen.
+#
+# Clean-up: each cell runs in its own cgroup (cgroup2, mounted here if needed); whatever is
+# left when the cell ends (daemons, setsid'd children) is listed as "LEFTOVER" and killed.
+# Prints "PASS cell (Ns)" / "FAIL cell: why", then "N passed, N failed"; exit 1 on failure.
+
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+# shellcheck source=../rdma-vm/lib.sh
+. tests/rdma-vm/lib.sh
+# shellcheck source=../lib/common.sh
+. tests/lib/common.sh
+# shellcheck source=../lib/rdma_cells.sh
+. tests/lib/rdma_cells.sh
+rdma_vm_require_guest
+t_init
+need curl python3 setpriv pgrep ss timeout sha256sum rdma
+PATTERN=${CELLS:-${1:-}}
+MB=${T_MB:-4}
+MUT=0
+A=$RDMA_VM_ADDR
+EX=$T_EXAMPLES
+FK=$T_ROOT/tests/rdma/fork
+T=240     # per-process bound, seconds
+CTO=5000  # RSOCK_CONNECT_TIMEOUT_MS: the default 500 ms is too short under TCG
+QP_SAMPLE_S=0.3
+PAUSE=2000  # ms each client pauses mid-stream with its connection open (the QP sampler looks)
+RUN_ID=$(date -u +%Y%m%dT%H%M%S)
+KEEP_DIR=$T_ROOT/.cache/rdma-fork-logs/$RUN_ID
+# shellcheck source=fork/servers.sh
+. "$FK/servers.sh"
+PGBIN=$(pg_bin)
+ulimit -l unlimited 2>/dev/null || true
+MTU=$(ibv_devinfo -d rxe0 2>/dev/null | awk '/active_mtu/ { print $2; exit }')
+MTU=${MTU:-1024}
+chmod 755 "$T_WORK"  # postgres (user postgres) reaches its cell's directory
+
+declare -A EXPECT_QP_OWNER=(
+    [prefork_blocking]=any [prefork_epoll]=any
+    [fork_echo_plain]=any [fork_echo_data_before_fork]=any [fork_echo_shared]=any
+    [fork_echo_sinksrc]=any [fork_echo_daemon]=any [fork_echo_daemon_first]=any
+    [python_forking]=any
+    [python_client_control]=parent [subprocess_during_transfer]=parent  # no fork on the server side
+    [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
+    [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
+    [nginx_accept_mutex]=any [nginx_epollexclusive]=any [nginx_reuseport]=any
+    [postgres_pgbench]=any
+)
+owner_of() { echo "${T_QP_OWNER:-${EXPECT_QP_OWNER[$1]:-any}}"; }
+
+echo "# data: ${MB} MiB per echoed stream, active_mtu $MTU, work dir $T_WORK"
+echo "# shim: $T_SO ($(sha256sum "$T_SO" | cut -c1-16)); examples: $EX"
+DATA=$T_WORK/data.bin
+make_random "$DATA" "$MB"
+SIZE=$(stat -c %s "$DATA")
+DATA_SHA=$(sha_of "$DATA")
+
+# ---- clean-up: one cgroup per cell ------------------------------------------------------------
+
+CG=
+cg_init() {
+    grep -q '^cgroup2 /sys/fs/cgroup ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
+    CG=/sys/fs/cgroup/rsock-fork-$$
+    if mkdir -p "$CG" 2>/dev/null && [ -e "$CG/cgroup.procs" ]; then
+        echo "# clean-up: one cgroup per cell under $CG"
+    else
+        echo "# WARNING: no cgroup2 ($CG): processes that leave their process group (daemons, setsid) are not swept"
+        CG=
+    fi
+}
+# in_cgroup: the cell's shell joins the cell's cgroup (its children follow), then runs the cell.
+in_cgroup() {
+    if [ -n "$CG" ]; then
+        mkdir -p "$CG/$CUR_CELL" && echo "$BASHPID" > "$CG/$CUR_CELL/cgroup.procs"
+    fi
+    "cell_$CUR_CELL"
+}
+# cg_sweep NAME: lists and kills what the cell left behind.
+cg_sweep() {
+    [ -n "$CG" ] && [ -d "$CG/$1" ] || return 0
+    local pids p left=()
+    pids=$(cat "$CG/$1/cgroup.procs" 2>/dev/null)
+    for p in $pids; do left+=("$p:$(cat "/proc/$p/comm" 2>/dev/null)"); done
+    if [ ${#left[@]} -gt 0 ]; then
+        echo "    LEFTOVER after $1 (killed now): ${left[*]}"
+        echo 1 > "$CG/$1/cgroup.kill" 2>/dev/null || for p in $pids; do kill -KILL "$p" 2>/dev/null; done
+        wait_until 10 bash -c "[ -z \"\$(cat $CG/$1/cgroup.procs)\" ]"
+    fi
+    rmdir "$CG/$1" 2>/dev/null
+}
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+# main_pid NAME: the pid of the program background command NAME runs (the child of its timeout).
+main_pid() { pgrep -P "$(bg_pid "$1")" | head -n1; }
+
+# need_cell CMD...: fails the cell (loudly, not skipped) when a program is missing.
+need_cell() {
+    local c
+    for c in "$@"; do
+        command -v "$c" >/dev/null 2>&1 || fail "missing program $c (scripts/setup.sh installs it on the host)"
+    done
+}
+
+# pid_gone PID: true once PID has exited.
+pid_gone() { ! kill -0 "$1" 2>/dev/null; }
+
+# client_ok NAME K: the client's closing line says K/K connections checked out; sets
+# CLI_TX, CLI_RX (bytes) and CLI_PIDS (server pids from the trailers).
+client_ok() {
+    local line
+    line=$(grep -E '^(ok|FAILED) ' "$1.out" | tail -n1)
+    echo "# client: ${line:-no closing line}"
+    grep ' FAIL ' "$1.out" | head -n 3 | sed 's/^/# client: /'
+    [[ $line == "ok $2/$2 connections"* ]] ||
+        fail "client: ${line:-no result} $(grep -m2 ' FAIL ' "$1.out" | paste -sd'|') $(tail -c 200 "$1.err" | paste -sd' ')"
+    CLI_TX=$(sed -n 's/.* tx=\([0-9]*\) .*/\1/p' <<<"$line")
+    CLI_RX=$(sed -n 's/.* rx=\([0-9]*\) .*/\1/p' <<<"$line")
+    CLI_PIDS=$(sed -n 's/.* pids=\([0-9,-]*\).*/\1/p' <<<"$line")
+}
+
+# expect_up_sha NAME: every connection's upload digest is the data file's.
+expect_up_sha() {
+    local bad
+    bad=$(grep '^conn .* ok ' "$1.out" | grep -vc "up_sha=$DATA_SHA")
+    [ "$bad" -eq 0 ] || fail "$bad connection(s) sent data whose sha256 is not the file's"
+}
+
+# qp_check MAIN_PID [MIN_SERVER [MIN_CLIENT]]: prints the QPs' owners, asserts the cell's
+# expected owner (EXPECT_QP_OWNER).
+qp_check() {
+    local main=$1 ms=${2:-1} mc=${3:-1} exp
+    exp=$(owner_of "$CUR_CELL")
+    stats_json "$CELL_DIR/srv" stats.srv.all.json 2>/dev/null
+    stats_json "$CELL_DIR/cli" stats.cli.all.json 2>/dev/null
+    python3 "$FK/qp_owners.py" qps.log --main "$main" --expect "$exp" --min-server "$ms" --min-client "$mc" \
+        --server stats.srv.all.json --client stats.cli.all.json > qp_owners.txt
+    local rc=$?
+    sed 's/^/# /' qp_owners.txt | grep -v '^# qp lqpn' | head -n 5
+    grep '^qp lqpn' qp_owners.txt | awk '{ print $3, $4, $5 }' | sort | uniq -c | sed 's/^/# owner: /' | head -n 12
+    [ $rc -eq 0 ] || fail "qp owner: $(grep '^FAIL' qp_owners.txt | paste -sd';')"
+}
+
+# server_stats K [EXPR...]: the server side's counters, summed over its processes: K RDMA
+# connections, none on TCP, exactly the client's bytes.
+server_stats() {
+    local k=$1; shift
+    expect_stats "$CELL_DIR/srv" srv -D K="$k" -D TX="$CLI_TX" -D RX="$CLI_RX" \
+        'conns.rdma==K' 'conns.tcp==0' 'rx.rdma==TX' 'tx.rdma==RX' 'rx.tcp==0' 'tx.tcp==0' "$@"
+}
+# client_stats K [EXPR...]
+client_stats() {
+    local k=$1; shift
+    expect_rdma cli "$k" -D TX="$CLI_TX" -D RX="$CLI_RX" 'tx.rdma==TX' 'rx.rdma==RX' "$@"
+}
+
+# events_check LOG MAIN_PID: no error line in the server's event log; children != main.
+events_check() {
+    [ -s "$1" ] || fail "no event log $1"
+    local e
+    e=$(grep -m3 '^error' "$1" | paste -sd'|')
+    [ -z "$e" ] || fail "server errors: $e"
+}
+
+# ---- 1. prefork: workers accept on the inherited listener ----------------------------------------
+
+prefork_cell() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = master)"
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/prefork_server" "$A:$PORT" 3 --log "$CELL_DIR/events.log" \
+        --hold-ms 500 --pidfile "$CELL_DIR/srv.pid" "$@"
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --conns 6 --parallel 6 --bytes 1048576 \
+        --pause-ms $PAUSE --timeout 60
+    local rc=0
+    bg_wait cli || rc=$?
+    local main
+    main=$(cat srv.pid 2>/dev/null)
+    kill -TERM "$main" 2>/dev/null
+    expect_status srv 0
+    bg_stop qps
+    soft qp_check "$main"
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 200 cli.err)"
+    client_ok cli 6
+    soft events_check events.log "$main"
+    local workers
+    workers=$(awk '/^accept /{ print $2 }' events.log | sort | uniq -c | paste -sd' ')
+    echo "# connections per worker: $workers"
+    [ "$(awk '/^accept /{ print $2 }' events.log | sort -u | wc -l)" -ge 2 ] ||
+        fail "fewer than 2 workers accepted ($workers)"
+    grep -q "accept pid=$main " events.log && fail "the master accepted a connection"
+    soft client_stats 6 'nproc==1'
+    soft server_stats 6
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+cell_prefork_blocking() { prefork_cell; }
+cell_prefork_epoll() { prefork_cell --epoll; }
+
+# ---- 2. fork after accept ---------------------------------------------------------------------
+
+# fork_echo_cell K CLIENT_ARGS -- SERVER_ARGS: K connections of examples/fork_client
+# against examples/fork_echo (which exits after K).
+fork_echo_cell() {
+    local k=$1; shift
+    local cargs=() sargs=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do cargs+=("$1"); shift; done
+    shift
+    sargs=("$@")
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the accepting process)"
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/fork_echo" "$A:$PORT" --log "$CELL_DIR/events.log" \
+        --pidfile "$CELL_DIR/srv.pid" --max-conns "$k" --timeout 60 "${sargs[@]}"
+    local main daemon=0
+    [[ " ${sargs[*]} " == *" --daemon"* ]] && daemon=1
+    if [ $daemon = 1 ]; then
+        expect_status srv 0  # the process we started exits once it has daemonized
+        wait_until 30 test -s srv.pid || fail "the daemon wrote no pid file"
+        main=$(cat srv.pid)
+        echo "# daemon pid $main (sid $(ps -o sid= -p "$main" 2>/dev/null | tr -d ' '))"
+        wait_listen "$PORT" 60 || fail "daemon did not listen on TCP $PORT"
+        wait_rdma_listen "$PORT" 60 || fail "daemon listens on TCP but not on rdma_cm port $PORT"
+    else
+        wait_dual srv
+        main=$(cat srv.pid)
+    fi
+    bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --conns "$k" --pause-ms $PAUSE \
+        --timeout 60 "${cargs[@]}"
+    local rc=0
+    bg_wait cli || rc=$?
+    if [ $daemon = 1 ]; then
+        wait_until 90 pid_gone "$main" || fail "daemon $main still running 90 s after its clients"
+    else
+        local src=0
+        bg_wait srv || src=$?
+        [ $src -eq 0 ] || soft fail "server exited $src: $(tail -c 300 srv.err | paste -sd' ')"
+    fi
+    bg_stop qps
+    soft qp_check "$main"
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 200 cli.err)"
+    client_ok cli "$k"
+    soft events_check events.log "$main"
+    grep -q "^exit pid=$main status=0" events.log || soft fail "server: $(grep '^exit' events.log || echo 'no exit line')"
+    # Every connection was served by a child, not by the accepting process.
+    local kids
+    kids=$(awk '/^serve /{ print $2 }' events.log | sort -u | wc -l)
+    echo "# served by $kids child process(es); accepting process $main; client saw pids $CLI_PIDS"
+    [ "$kids" -eq "$k" ] || soft fail "$kids distinct children served, want $k"
+    [[ ,$CLI_PIDS, == *,$main,* ]] && soft fail "the accepting process served a connection itself"
+    soft client_stats "$k" 'nproc==1'
+    soft server_stats "$k"
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+cell_fork_echo_plain() { fork_echo_cell 4 --file "$DATA" --parallel 2 --; expect_up_sha cli; }
+cell_fork_echo_data_before_fork() {
+    fork_echo_cell 2 --file "$DATA" -- --wait-data 10000
+    local n
+    n=$(grep -c 'readable_before_fork=1' events.log)
+    echo "# connections readable (unread bytes queued) when the parent forked: $n of 2"
+    [ "$n" -eq 2 ] || fail "only $n of 2 connections had data queued at fork time (the test did not test it)"
+    expect_up_sha cli
+}
+cell_fork_echo_shared() { fork_echo_cell 3 --file "$DATA" --parallel 3 -- --mode shared; expect_up_sha cli; }
+cell_fork_echo_sinksrc() { fork_echo_cell 2 --op sinksrc --bytes "$SIZE" --down "$SIZE" --parallel 2 --; }
+cell_fork_echo_daemon() { fork_echo_cell 2 --file "$DATA" -- --daemon --idle-exit 120; expect_up_sha cli; }
+cell_fork_echo_daemon_first() { fork_echo_cell 2 --file "$DATA" -- --daemon-first --idle-exit 120; expect_up_sha cli; }
+
+# ---- 3. python: ForkingTCPServer; spawning children during a transfer -------------------------------
+
+cell_python_forking() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the ForkingTCPServer process)"
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 "$FK/forking_server.py" "$A" "$PORT" --log "$CELL_DIR/events.log" \
+        --pidfile "$CELL_DIR/srv.pid" --max-conns 2
+    wait_dual srv
+    local main
+    main=$(cat srv.pid)
+    bg cli $T shimmed "$CELL_DIR/cli" python3 "$FK/echo_client.py" "$A" "$PORT" "$DATA" --conns 2 --pause-ms $PAUSE
+    local rc=0
+    bg_wait cli || rc=$?
+    local src=0
+    bg_wait srv || src=$?
+    bg_stop qps
+    soft qp_check "$main"
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 300 cli.err | paste -sd' ')"
+    [ $src -eq 0 ] || soft fail "server exited $src: $(tail -c 300 srv.err | paste -sd' ')"
+    client_ok cli 2
+    expect_up_sha cli
+    soft events_check events.log "$main"
+    echo "# served by: $(awk '/^served /{ print $2 }' events.log | paste -sd' ')"
+    soft client_stats 2 'nproc==1'
+    soft server_stats 2
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+
+# nofork_server_cell CLIENT_CMD...: one connection to examples/fork_echo --mode nofork.
+nofork_server_cell() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/fork_echo" "$A:$PORT" --mode nofork --max-conns 1 \
+        --log "$CELL_DIR/events.log" --pidfile "$CELL_DIR/srv.pid" --timeout 120
+    wait_dual srv
+    local main
+    main=$(cat srv.pid)
+    bg cli $T shimmed "$CELL_DIR/cli" "$@"
+    local rc=0 src=0
+    bg_wait cli || rc=$?
+    bg_wait srv || src=$?
+    bg_stop qps
+    soft qp_check "$main"
+    sed 's/^/# /' cli.out | grep '^# action'
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -v '^action .* ok$' cli.out | head -n 4 | paste -sd'|') $(tail -c 300 cli.err | paste -sd' ')"
+    [ $src -eq 0 ] || soft fail "server exited $src: $(tail -c 300 srv.err | paste -sd' ')"
+    client_ok cli 1
+    grep -q "up_sha=$DATA_SHA" cli.out || fail "the transfer's digest is not the file's"
+    # The client's forked python children count as processes of their own (no connections).
+    soft client_stats 1
+    soft server_stats 1 'nproc==1'
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+
+# The control of the next cell: the same python client and server, no children.
+cell_python_client_control() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (no fork anywhere: the control)"
+    nofork_server_cell python3 "$FK/echo_client.py" "$A" "$PORT" "$DATA" --pause-ms $PAUSE
+}
+
+cell_subprocess_during_transfer() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (the server does not fork; the client spawns)"
+    nofork_server_cell python3 "$FK/spawn_during_transfer.py" "$A" "$PORT" "$DATA"
+}
+
+# ---- 4. socat / ncat: fork, then exec a program (preloaded or not) ----------------------------------
+
+# exec_cell SERVER_CMD...: 2 connections echoed by `cat` behind a forking relay.
+exec_cell() {
+    need_cell "$1"
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the listening socat/ncat)"
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" "$@"
+    wait_dual srv
+    local main
+    main=$(main_pid srv)
+    bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --op raw --file "$DATA" --conns 2 \
+        --parallel 2 --pause-ms $PAUSE --timeout 60
+    local rc=0
+    bg_wait cli || rc=$?
+    bg_stop qps
+    soft qp_check "$main"
+    bg_stop srv
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 200 cli.err)"
+    client_ok cli 2
+    expect_up_sha cli
+    soft client_stats 2 'nproc==1'
+    soft server_stats 2
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+SOCAT_L() { echo "TCP-LISTEN:$PORT,bind=$A,fork,reuseaddr"; }
+cell_socat_exec() { exec_cell socat "$(SOCAT_L)" EXEC:cat; }
+cell_socat_exec_plain() { exec_cell socat "$(SOCAT_L)" "EXEC:env -u LD_PRELOAD cat"; }
+cell_socat_exec_nofork() { exec_cell socat "$(SOCAT_L)" EXEC:cat,nofork; }
+cell_socat_exec_nofork_plain() { exec_cell socat "$(SOCAT_L)" "EXEC:env -u LD_PRELOAD cat,nofork"; }
+cell_ncat_sh_exec() { exec_cell ncat -l -k --sh-exec cat "$A" "$PORT"; }
+cell_ncat_sh_exec_plain() { exec_cell ncat -l -k --sh-exec "env -u LD_PRELOAD cat" "$A" "$PORT"; }
+
+# ---- 5. nginx: master + 2 workers ---------------------------------------------------------------
+
+# nginx_cell ACCEPT_MUTEX [LISTEN_OPTS]: 4 shimmed curls at once (rate-limited, so that they
+# overlap and the QP sampler sees them) and one plain curl (kernel TCP: peer_tcp expected).
+nginx_cell() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the nginx master); accept_mutex $1 ${2:-}"
+    need_cell nginx
+    nginx_conf "$CELL_DIR" "$A" "$PORT" "$@"
+    ln -sf "$DATA" www/data.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" nginx -p "$CELL_DIR" -c "$CELL_DIR/nginx.conf" -e "$CELL_DIR/nginx-error.log"
+    wait_dual srv
+    wait_until 30 test -s nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 nginx-error.log)"
+    local main i
+    main=$(cat nginx.pid)
+    for i in 1 2 3 4; do
+        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -sS --fail --max-time 60 --limit-rate 2M \
+            -o "$CELL_DIR/got$i.bin" -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
+    done
+    bg plain $T curl -sS --fail --max-time 60 -o "$CELL_DIR/plain.bin" \
+        -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
+    local bad=() rc n
+    for i in 1 2 3 4 plain; do
+        [ "$i" = plain ] && n=plain || n=cli$i
+        rc=0; bg_wait "$n" || rc=$?
+        [ $rc -eq 0 ] || bad+=("$n: status $rc $(tail -c 150 "$n.err" | paste -sd' ')")
+    done
+    bg_stop qps
+    soft qp_check "$main" 1 1
+    bg_stop srv
+    [ ${#bad[@]} -eq 0 ] || fail "curl failed: ${bad[*]}"
+    CLI_TX=0 CLI_RX=0
+    local dl hdr req
+    for i in 1 2 3 4; do
+        soft expect_same_file "$DATA" "got$i.bin" "curl $i"
+        read -r dl hdr req < "cli$i.out" || fail "no curl -w output ($i)"
+        CLI_TX=$((CLI_TX + req)) CLI_RX=$((CLI_RX + dl + hdr))
+    done
+    soft expect_same_file "$DATA" plain.bin "plain curl"
+    read -r dl hdr req < plain.out || fail "no curl -w output (plain)"
+    echo "# requests per worker pid: $(awk '{ print $1 }' access.log | sort | uniq -c | paste -sd' ')"
+    local e
+    e=$(grep -E '\[(alert|crit|emerg|error)\]' nginx-error.log | head -n 3 | paste -sd'|')
+    [ -z "$e" ] || soft fail "nginx error log: $e"
+    soft expect_stats "$CELL_DIR/cli" cli -D TX="$CLI_TX" -D RX="$CLI_RX" 'nproc==4' 'conns.rdma==4' 'conns.tcp==0' \
+        'tx.rdma==TX' 'rx.rdma==RX' 'sockets==[]'
+    # The plain curl is the one expected fallback: kernel TCP, reason peer_tcp, at the server.
+    soft expect_stats "$CELL_DIR/srv" srv -D TX="$CLI_TX" -D RX="$CLI_RX" -D PTX="$req" -D PRX=$((dl + hdr)) \
+        'conns.rdma==4' 'conns.tcp==1' 'fallback.peer_tcp==1' 'sum(vars(fallback).values())==1' \
+        'rx.rdma==TX' 'tx.rdma==RX' 'rx.tcp==PTX' 'tx.tcp==PRX'
+    reasons srv
+    soft rdma_end "$CLI_RX" 2
+    expect_qps_released
+}
+cell_nginx_accept_mutex() { nginx_cell on; }
+cell_nginx_epollexclusive() { nginx_cell off; }
+cell_nginx_reuseport() { nginx_cell off reuseport; }
+
+# ---- 6. PostgreSQL + pgbench ---------------------------------------------------------------------
+
+cell_postgres_pgbench() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the postmaster)"
+    need_cell pgbench psql
+    [ -x "$PGBIN/postgres" ] || fail "no PostgreSQL server binaries (scripts/setup.sh installs postgresql)"
+    chmod 755 "$CELL_DIR"
+    mkdir -p srv && touch srv.log && chown postgres: srv srv.log
+    pg_init "$CELL_DIR/pg" || fail "initdb failed: $(tail -c 300 pg/initdb.out)"
+    rdma_begin
+    # shellcheck disable=SC2046 # pg_server_args prints words
+    bg srv $T shimmed "$CELL_DIR/srv" setpriv --reuid=postgres --regid=postgres --init-groups \
+        "$PGBIN/postgres" $(pg_server_args "$CELL_DIR/pg" "$A" "$PORT")
+    wait_dual srv
+    local main
+    main=$(head -n1 pg/data/postmaster.pid)
+    local PG=(-h "$A" -p "$PORT" -U postgres)
+    timeout 200 env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/cli" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
+        RSOCK_LOG="$CELL_DIR/cli.log" pgbench -i -s 1 "${PG[@]}" postgres > init.out 2>&1 ||
+        fail "pgbench -i failed: $(tail -c 400 init.out | paste -sd' ')"
+    local rc=0
+    timeout 200 env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/cli" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
+        RSOCK_LOG="$CELL_DIR/cli.log" pgbench -c 4 -j 2 -T 10 "${PG[@]}" postgres > bench.out 2>&1 || rc=$?
+    bg_stop qps
+    soft qp_check "$main" 1 1
+    grep -E '^(number of (failed )?transactions|tps|latency average)' bench.out | sed 's/^/# pgbench: /'
+    [ $rc -eq 0 ] || fail "pgbench -c 4 -T 10 exited $rc: $(tail -c 400 bench.out | paste -sd' ')"
+    local done failed count
+    done=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' bench.out)
+    failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' bench.out)
+    [ "${done:-0}" -gt 0 ] || soft fail "pgbench processed no transaction"
+    [ "${failed:-x}" = 0 ] || soft fail "pgbench: ${failed:-unknown} failed transactions"
+    count=$(timeout 60 env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/cli" RSOCK_STATS_KEEP=1 \
+        RSOCK_CONNECT_TIMEOUT_MS=$CTO psql "${PG[@]}" -Atc 'select count(*) from pgbench_accounts' postgres 2>psql.err)
+    echo "# pgbench_accounts rows: ${count:-none}"
+    [ "$count" = 100000 ] || soft fail "pgbench_accounts has '${count:-?}' rows, want 100000: $(head -c 200 psql.err)"
+    bg_stop srv
+    # Client-side totals, then the server's must match them byte for byte.
+    stats_json "$CELL_DIR/cli" stats.cli.tot.json
+    CLI_TX=$(python3 -c 'import json,sys; print(sum(json.loads(l)["tx"]["rdma"] for l in open(sys.argv[1]) if l.strip()))' stats.cli.tot.json)
+    CLI_RX=$(python3 -c 'import json,sys; print(sum(json.loads(l)["rx"]["rdma"] for l in open(sys.argv[1]) if l.strip()))' stats.cli.tot.json)
+    local K
+    K=$(python3 -c 'import json,sys; print(sum(json.loads(l)["conns"]["rdma"] for l in open(sys.argv[1]) if l.strip()))' stats.cli.tot.json)
+    echo "# client side: $K RDMA connections, tx $CLI_TX rx $CLI_RX"
+    soft expect_stats "$CELL_DIR/cli" cli 'nproc==3' 'conns.rdma>=6' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft server_stats "$K"
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+
+# ---- run --------------------------------------------------------------------------------------------
+
+CELL_LIST=(
+    prefork_blocking prefork_epoll
+    fork_echo_plain fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
+    fork_echo_daemon fork_echo_daemon_first
+    python_forking python_client_control subprocess_during_transfer
+    socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
+    ncat_sh_exec ncat_sh_exec_plain
+    nginx_accept_mutex nginx_epollexclusive nginx_reuseport
+    postgres_pgbench
+)
+
+cg_init
+res_summary > "$T_WORK/res.start"
+echo "# /tmp: $(df -h /tmp | awk 'NR == 2 { print $4 " free of " $2 }')"
+t0=$SECONDS
+for c in "${CELL_LIST[@]}"; do
+    selected "$c" || continue
+    CUR_CELL=$c
+    run_cell "$c" in_cgroup
+    cg_sweep "$c"
+done
+CUR_CELL=leaks
+run_cell leaks
+echo "# matrix took $((SECONDS - t0))s (work dir $T_WORK)"
+[ "$T_FAIL" -eq 0 ] || echo "# logs of failed cells: $KEEP_DIR"
+[ -n "$CG" ] && rmdir "$CG" 2>/dev/null
+t_summary
