@@ -56,7 +56,7 @@ pub struct Config {
     /// `RSOCK_RDMA` (default 1): 0 keeps every connection off RDMA (tracked as `tcp`,
     /// reason `rule`), as if a first rule said `tcp`; `passthrough` decisions stay.
     pub rdma: bool,
-    /// `RSOCK_CONFIG` (default `/etc/rsock.conf` if it exists): the rules file read.
+    /// `RSOCK_CONFIG` (default `/etc/rsock.conf` if it exists; empty: none): the rules file.
     pub rules_path: Option<PathBuf>,
     /// The rules of [`Config::rules_path`], in file order.
     pub rules: Vec<Rule>,
@@ -291,11 +291,9 @@ impl Config {
                 )),
             }
         }
-        c.rules_path = match config_path {
-            Some(p) if p.is_empty() => None, // RSOCK_CONFIG= : no rules file, not even the default
-            Some(p) => Some(PathBuf::from(p)),
-            None => Some(PathBuf::from(DEFAULT_RULES)).filter(|p| p.exists()),
-        };
+        // Unset: the default file, if it exists, is chosen by `loaded` (this stays pure).
+        // Empty: no rules file at all.
+        c.rules_path = config_path.filter(|p| !p.is_empty()).map(PathBuf::from);
         (c, warnings)
     }
 
@@ -341,6 +339,9 @@ pub fn loaded() -> &'static (Config, Vec<String>) {
     CONFIG.get_or_init(|| {
         let (mut c, mut warnings) =
             Config::parse(std::env::vars_os().filter(|(k, _)| k.as_bytes().starts_with(b"RSOCK_")));
+        if std::env::var_os("RSOCK_CONFIG").is_none() {
+            c.rules_path = Some(PathBuf::from(DEFAULT_RULES)).filter(|p| p.exists());
+        }
         c.load_rules(&mut warnings);
         c.prog = program_name();
         (c, warnings)

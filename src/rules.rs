@@ -140,6 +140,9 @@ pub const SIZE_MAX: u32 = 1 << 30;
 pub const MAX_RULES: usize = 1024;
 /// Bytes of the rules file read at most.
 pub const MAX_FILE: usize = 1 << 20;
+/// Problems reported one by one; the rest are counted in one last message (a file of junk
+/// must not flood the log).
+pub const MAX_PROBLEMS: usize = 32;
 
 impl Rule {
     /// Whether the connection described matches every condition of this rule.
@@ -336,26 +339,36 @@ impl fmt::Display for Rule {
 }
 
 /// Parses a whole rules file: the rules in order, and one message per line ignored
-/// (`line N: why`).
+/// (`line N: why`; after [`MAX_PROBLEMS`] of them, one message counting the rest).
 pub fn parse(text: &[u8]) -> (Vec<Rule>, Vec<String>) {
     let mut rules = Vec::new();
     let mut problems = Vec::new();
+    let mut unreported = 0usize;
     for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
         let line_no = u32::try_from(i + 1).unwrap_or(u32::MAX);
         let parsed = match std::str::from_utf8(raw) {
             Ok(line) => Rule::parse(line_no, line.strip_suffix('\r').unwrap_or(line)),
             Err(_) => Err("not UTF-8".to_string()),
         };
-        match parsed {
-            Ok(None) => {}
-            Ok(Some(_)) if rules.len() == MAX_RULES => {
-                problems.push(format!(
-                    "line {line_no}: more than {MAX_RULES} rules; ignored"
-                ));
+        let problem = match parsed {
+            Ok(None) => None,
+            Ok(Some(_)) if rules.len() == MAX_RULES => Some(format!("more than {MAX_RULES} rules")),
+            Ok(Some(rule)) => {
+                rules.push(rule);
+                None
             }
-            Ok(Some(rule)) => rules.push(rule),
-            Err(why) => problems.push(format!("line {line_no}: {why}; line ignored")),
+            Err(why) => Some(why),
+        };
+        match problem {
+            Some(why) if problems.len() < MAX_PROBLEMS => {
+                problems.push(format!("line {line_no}: {why}; line ignored"))
+            }
+            Some(_) => unreported += 1,
+            None => {}
         }
+    }
+    if unreported > 0 {
+        problems.push(format!("{unreported} more lines ignored"));
     }
     (rules, problems)
 }
@@ -450,6 +463,21 @@ mod tests {
         let (rules, problems) = parse(text.as_bytes());
         assert_eq!(rules.len(), MAX_RULES);
         assert_eq!(problems.len(), 2);
+        assert!(
+            problems[0].starts_with("line 1025: more than 1024 rules"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_file_of_junk_is_reported_in_bounded_messages() {
+        let (rules, problems) = parse("junk\n".repeat(10_000).as_bytes());
+        assert!(rules.is_empty());
+        assert_eq!(problems.len(), MAX_PROBLEMS + 1);
+        assert_eq!(
+            problems[MAX_PROBLEMS],
+            format!("{} more lines ignored", 10_000 - MAX_PROBLEMS)
+        );
     }
 
     #[test]
