@@ -103,6 +103,30 @@ pub fn unspecified_like(a: &SocketAddr) -> SocketAddr {
     }
 }
 
+/// The local address of socket `fd`, if it is an IP socket.
+pub fn local_of(fd: libc::c_int) -> Option<SocketAddr> {
+    name_of(fd, super::real::getsockname)
+}
+
+/// The peer address of socket `fd`, if it is a connected IP socket.
+pub fn peer_of(fd: libc::c_int) -> Option<SocketAddr> {
+    name_of(fd, super::real::getpeername)
+}
+
+fn name_of(
+    fd: libc::c_int,
+    f: unsafe fn(libc::c_int, *mut sockaddr, *mut socklen_t) -> libc::c_int,
+) -> Option<SocketAddr> {
+    let mut a = [0u8; 28];
+    let mut len = a.len() as socklen_t;
+    // SAFETY: a is a valid buffer of len bytes; the kernel writes at most len.
+    unsafe {
+        (f(fd, a.as_mut_ptr().cast(), &mut len) == 0)
+            .then(|| read(a.as_ptr().cast(), len))
+            .flatten()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,29 +165,5 @@ mod tests {
         unsafe { write(&a, buf.as_mut_ptr().cast(), &mut len) };
         assert_eq!(len, 28);
         assert_eq!(u16::from_ne_bytes([buf[0], buf[1]]) as i32, libc::AF_INET6);
-    }
-}
-
-/// The local address of socket `fd`, if it is an IP socket.
-pub fn local_of(fd: libc::c_int) -> Option<SocketAddr> {
-    name_of(fd, super::real::getsockname)
-}
-
-/// The peer address of socket `fd`, if it is a connected IP socket.
-pub fn peer_of(fd: libc::c_int) -> Option<SocketAddr> {
-    name_of(fd, super::real::getpeername)
-}
-
-fn name_of(
-    fd: libc::c_int,
-    f: unsafe fn(libc::c_int, *mut sockaddr, *mut socklen_t) -> libc::c_int,
-) -> Option<SocketAddr> {
-    let mut a = [0u8; 28];
-    let mut len = a.len() as socklen_t;
-    // SAFETY: a is a valid buffer of len bytes; the kernel writes at most len.
-    unsafe {
-        (f(fd, a.as_mut_ptr().cast(), &mut len) == 0)
-            .then(|| read(a.as_ptr().cast(), len))
-            .flatten()
     }
 }
