@@ -146,6 +146,10 @@ pub(super) unsafe fn accept(
                     l.owner.pid
                 );
                 to_kernel_listener(s, l);
+                // Its rdma_cm listener lives in a file this process inherited: once every
+                // holder lets go, the port is free and RDMA clients are refused at once
+                // instead of waiting out their connect timeout.
+                raw::close(l.rdma_fd);
                 let nfd = if flags == 0 {
                     real::accept(fd, addr, len)
                 } else {

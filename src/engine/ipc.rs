@@ -187,8 +187,10 @@ pub fn call(owner: &Owner, op: Op, token: u64) -> Result<(Msg, Option<c_int>), c
         unix::send(fd, &Msg::request(op, token).to_bytes(), None)
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         let mut buf = [0u8; MSG_LEN + 1];
-        let (n, got) =
-            unix::recv(fd, &mut buf).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let (n, got) = unix::recv(fd, &mut buf).map_err(|e| match e.raw_os_error() {
+            Some(libc::EAGAIN) => libc::ETIMEDOUT, // the receive timeout, not the owner's EAGAIN
+            other => other.unwrap_or(libc::EIO),
+        })?;
         let reply = Msg::parse(&buf[..n]);
         match reply {
             Some(m) if m.status == 0 && got.is_some() => Ok((m, got)),

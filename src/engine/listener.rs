@@ -39,7 +39,8 @@ pub struct Listener {
     /// The process whose engine runs it; others accept through it (`ipc`).
     pub owner: super::ipc::Owner,
     rdma: Mutex<rdma::Listener>,
-    rdma_fd: c_int,
+    /// The rdma_cm listener's event channel (its id lives in that file).
+    pub rdma_fd: c_int,
     /// The kernel listening socket (shim-internal fd, nonblocking).
     pub tcp_fd: c_int,
     bell: Doorbell,

@@ -280,6 +280,14 @@ fn get_unlocked(me: i32) -> Option<&'static Engine> {
 /// In a fork child: the parent's streams are not this process's to drive or wait for.
 pub fn after_fork_child() {
     ACTIVE_STREAMS.store(0, Relaxed);
+    // The parent's ipc socket must not answer for it from here: once the parent is gone,
+    // callers must be refused, not left waiting on a socket nobody serves.
+    // SAFETY: engines are never freed; a plain close of an inherited fd.
+    if let Some(e) = unsafe { ENGINE.load(Acquire).as_ref() } {
+        if e.ipc_fd >= 0 {
+            crate::sys::raw::close(e.ipc_fd);
+        }
+    }
 }
 
 // Epoll tags of the helper thread: kind in the top byte, index or token below.
