@@ -40,6 +40,12 @@ rs() {
 # rdma_listening PORT: an rdma_cm listener exists on PORT (dual listen).
 rdma_listening() { rdma resource show cm_id 2>/dev/null | grep -qE "state LISTEN .*src-addr [^ ]*:$1( |\$)"; }
 
+# qps_released: no RC QP is left once a cell's programs are gone (the next suite in the same
+# boot counts them).
+qps_released() {
+    wait_qp_count 0 30 RC || fail "$(rdma_qp_count RC) RC QP(s) left 30 s after the cell's programs ended"
+}
+
 # count_in FILE PATTERN: lines of FILE matching the extended regex PATTERN.
 count_in() { grep -cE -- "$2" "$1" 2>/dev/null || true; }
 
@@ -87,6 +93,7 @@ EOF
     done
     n=$(count_in cli.log 'rules.conf line 3: unknown action')
     [ "$n" -eq 2 ] || fail "cli.log (2 processes): the bad line logged $n times, want 2"
+    qps_released
 }
 
 # ---- rsock run --no-rdma: tracked, never tries RDMA -------------------------------------------
@@ -103,6 +110,7 @@ cell_run_no_rdma() {
         'fallback.rule==1' 'tx.tcp==SIZE'
     soft expect_stats "$CELL_DIR/srv" srv -D SIZE="$SIZE" 'conns.tcp==1' 'fallback.peer_tcp==1' 'rx.tcp==SIZE'
     grep -q 'over kernel TCP (rule)' cli.log || fail "cli.log has no 'over kernel TCP (rule)' line (--log-level debug)"
+    qps_released
 }
 
 # ---- rsock stat --watch ------------------------------------------------------------------------
@@ -136,6 +144,7 @@ for _ in range(48):
     conn_lines=$(count_in watch.out "^    fd [0-9]+ +rdma +$A:[0-9]+ -> $A:$PORT +tx [0-9.]+ (KiB|MiB)/s rx ")
     [ "$conn_lines" -ge 3 ] || fail "only $conn_lines frames show the connection's rdma tx rate, want >= 3"
     grep -q $'\x1b\\[H' tty.out || fail "no cursor-home sequence on a terminal: $(head -c 200 tty.out | od -c | head -3)"
+    qps_released
 }
 
 # ---- rsock stat and another user's processes --------------------------------------------------
@@ -145,7 +154,11 @@ cell_stat_other_user() {
     bg srv $T env RSOCK_CONNECT_TIMEOUT_MS=$CTO "$T_BIN" run -- $NC -l "$A" "$PORT"
     wait_listen "$PORT" 60 srv || fail "server did not listen"
     wait_rdma_listen "$PORT" 60 || fail "no rdma_cm listener"
-    bg cli $T bash -c "sleep 60 | env RSOCK_CONNECT_TIMEOUT_MS=$CTO '$T_BIN' run -- $NC $A $PORT"
+    # The client holds its connection open (stdin from a fifo nobody closes) until stopped.
+    mkfifo hold.fifo
+    sleep 300 > hold.fifo &
+    local holder=$!
+    bg_in cli $T hold.fifo env RSOCK_CONNECT_TIMEOUT_MS=$CTO "$T_BIN" run -- $NC "$A" "$PORT"
     local pid
     wait_until 60 pgrep -f "^$NC -l $A $PORT\$" || fail "no server process"
     pid=$(pgrep -f "^$NC -l $A $PORT\$" | head -n1)
@@ -170,6 +183,9 @@ cell_stat_other_user() {
         fail "nobody, own processes: exit $rc: $(cat own.out)"
     bg_stop cli
     bg_stop srv
+    kill "$holder" 2>/dev/null
+    "$T_BIN" stat --gc > /dev/null  # the stopped processes' files in /dev/shm/rsock-0
+    qps_released
 }
 
 # ---- run -----------------------------------------------------------------------------------------
