@@ -96,15 +96,23 @@ fn refuses_clearly() {
 }
 
 /// passwd is set-user-ID root on Debian: for anyone but root the loader would ignore
-/// LD_PRELOAD, and rsock says so instead of running it. As root the check runs as nobody.
+/// LD_PRELOAD, and rsock says so instead of running it. As root the check runs as nobody,
+/// from a copy of rsock in a world-readable directory (the checkout may not be).
 #[test]
 fn refuses_setuid_programs() {
+    use std::os::unix::fs::PermissionsExt;
     let passwd = "/usr/bin/passwd";
     // SAFETY: cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
+    let dir = std::env::temp_dir().join(format!("rsock-cli-setuid-{}", std::process::id()));
     let mut cmd = if root {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.join("rsock");
+        std::fs::copy(RSOCK, &copy).unwrap();
         let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", RSOCK]);
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(copy);
         c
     } else {
         Command::new(RSOCK)
@@ -114,6 +122,7 @@ fn refuses_setuid_programs() {
         .env("RSOCK_LIB", harmless_lib())
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(o.status.code(), Some(126), "{:?}: {}", o.status, stderr(&o));
     assert!(
         stderr(&o).contains("/usr/bin/passwd is set-user-ID (owner uid 0)"),
