@@ -204,8 +204,9 @@ extern "C" fn drain_at_exit_c() {
 }
 
 /// This process's engine, if it can do RDMA (made on first call; call inside the guard).
-/// The one a fork child finds in its memory is its parent's: never touched there, and the
-/// child makes none of its own yet (see `make_engine`).
+/// The one a fork child finds in its memory is its parent's and is never touched there; the
+/// child makes its own on first need, on its own instance of the RDMA libraries
+/// (`rdma::ffi::lib` loads one into a new link-map namespace).
 pub fn get() -> Option<&'static Engine> {
     let me = crate::sys::raw::pid();
     let p = ENGINE.load(Acquire);
@@ -242,16 +243,6 @@ fn make_engine(me: i32) -> Option<&'static Engine> {
     let existing = get_unlocked(me);
     let made = existing.or_else(|| {
         if !crate::init::rdma_device_present() {
-            NO_ENGINE.store(me, Release);
-            return None;
-        }
-        if !ENGINE.load(Acquire).is_null() {
-            // A fork child of a process with an engine: librdmacm and libibverbs keep the
-            // parent's device contexts, and the kernel refuses their verbs to a child (a
-            // uverbs write must come from the opener's credentials: EACCES on the first
-            // post). Until the child gets its own instance of the libraries, its new
-            // connections use kernel TCP (docs/DESIGN.md, "Processes").
-            log::info!("fork child of an RDMA process: new connections here use kernel TCP");
             NO_ENGINE.store(me, Release);
             return None;
         }

@@ -50,7 +50,7 @@ impl EventChannel {
         // SAFETY: no arguments; returns NULL + errno on failure.
         let ch = unsafe { (lib.rdma_create_event_channel)() };
         if ch.is_null() {
-            let e = Error::last_os("rdma_create_event_channel");
+            let e = Error::last_lib("rdma_create_event_channel");
             // librdmacm reports "no device" as ENODEV (or ENOENT/ENOSYS without ucma).
             return Err(e);
         }

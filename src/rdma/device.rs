@@ -130,12 +130,12 @@ impl Device {
         // SAFETY: live context.
         d.pd = unsafe { (lib.ibv_alloc_pd)(ctx) };
         if d.pd.is_null() {
-            return Err(Error::last_os("ibv_alloc_pd").with_reason(Reason::Resources));
+            return Err(Error::last_lib("ibv_alloc_pd").with_reason(Reason::Resources));
         }
         // SAFETY: live context.
         d.channel = unsafe { (lib.ibv_create_comp_channel)(ctx) };
         if d.channel.is_null() {
-            return Err(Error::last_os("ibv_create_comp_channel").with_reason(Reason::Resources));
+            return Err(Error::last_lib("ibv_create_comp_channel").with_reason(Reason::Resources));
         }
         // SAFETY: channel is live.
         fd::set_nonblocking(unsafe { (*d.channel).fd })?;
@@ -144,7 +144,7 @@ impl Device {
             (lib.ibv_create_cq)(ctx, cq_entries as i32, std::ptr::null_mut(), d.channel, 0)
         };
         if d.cq.is_null() {
-            return Err(Error::last_os("ibv_create_cq").with_reason(Reason::Resources));
+            return Err(Error::last_lib("ibv_create_cq").with_reason(Reason::Resources));
         }
         Ok(d)
     }
@@ -245,7 +245,7 @@ impl Device {
             // SAFETY: live nonblocking channel; out-pointers valid.
             let ret = unsafe { (lib.ibv_get_cq_event)(self.channel, &mut cq, &mut ctx) };
             if ret != 0 {
-                let e = Error::last_os("ibv_get_cq_event");
+                let e = Error::last_lib("ibv_get_cq_event");
                 if e.errno() == libc::EAGAIN || e.errno() == libc::EINTR {
                     return Ok(any);
                 }

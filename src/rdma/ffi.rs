@@ -117,6 +117,24 @@ fn_table! {
 static LIB: AtomicPtr<Lib> = AtomicPtr::new(std::ptr::null_mut());
 /// 0 = not tried (or not yet failed); else the errno of the remembered failure.
 static LOAD_ERRNO: AtomicI32 = AtomicI32::new(0);
+/// The process that loaded the published table. A fork child must not use its parent's
+/// instance of the libraries (their globals hold device contexts the kernel refuses to a
+/// child): it loads its own, in a new link-map namespace.
+static LIB_PID: AtomicI32 = AtomicI32::new(0);
+/// `__errno_location` of the namespace's own libc when the libraries were loaded fresh (they
+/// set that errno, not the program's); null otherwise.
+static NS_ERRNO: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// errno as the RDMA libraries left it after a failed call: read it right after the call.
+pub fn errno() -> c_int {
+    let f = NS_ERRNO.load(Ordering::Acquire);
+    if f.is_null() {
+        return crate::sys::raw::errno();
+    }
+    // SAFETY: `f` is the namespace libc's `__errno_location`, which returns the calling
+    // thread's errno slot in that libc.
+    unsafe { *std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_int>(f)() }
+}
 
 /// The function table, loading librdmacm and libibverbs on first use.
 ///
@@ -125,26 +143,26 @@ static LOAD_ERRNO: AtomicI32 = AtomicI32::new(0);
 /// Safe to call with the shim's reentrancy guard held: it takes no lock and starts no
 /// thread (the libraries' own constructors run inside `dlopen`).
 pub fn lib() -> Result<&'static Lib, Error> {
+    let me = crate::sys::raw::pid();
     let p = LIB.load(Ordering::Acquire);
-    if !p.is_null() {
+    let inherited = !p.is_null() && LIB_PID.load(Ordering::Acquire) != me;
+    if !p.is_null() && !inherited {
         // SAFETY: a published pointer comes from `Box::leak` below and is never freed.
         return Ok(unsafe { &*p });
     }
     let e = LOAD_ERRNO.load(Ordering::Relaxed);
-    if e != 0 {
+    if e != 0 && !inherited {
         return Err(Error::new("dlopen", e, Reason::NoRdma));
     }
-    match load() {
+    match load(inherited) {
         Ok(lib) => {
             let new = Box::into_raw(Box::new(lib));
-            match LIB.compare_exchange(
-                std::ptr::null_mut(),
-                new,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match LIB.compare_exchange(p, new, Ordering::AcqRel, Ordering::Acquire) {
                 // SAFETY: we just published `new`; it lives for the process.
-                Ok(_) => Ok(unsafe { &*new }),
+                Ok(_) => {
+                    LIB_PID.store(me, Ordering::Release);
+                    Ok(unsafe { &*new })
+                }
                 Err(winner) => {
                     // SAFETY: `new` was never published; `winner` was, and is never freed.
                     unsafe {
@@ -166,11 +184,16 @@ pub fn is_loaded() -> bool {
     !LIB.load(Ordering::Acquire).is_null()
 }
 
-fn dlopen_any(names: &[&CStr]) -> *mut c_void {
+fn dlopen_any(names: &[&CStr], ns: Option<libc::Lmid_t>) -> *mut c_void {
     for name in names {
         // SAFETY: `name` is NUL-terminated. RTLD_LOCAL keeps the libraries' symbols out of
         // the global scope, so they can never interpose on the host program's symbols.
-        let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let h = unsafe {
+            match ns {
+                None => libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL),
+                Some(ns) => libc::dlmopen(ns, name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL),
+            }
+        };
         if !h.is_null() {
             return h;
         }
@@ -178,9 +201,25 @@ fn dlopen_any(names: &[&CStr]) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-fn load() -> Result<Lib, Error> {
+/// Loads the libraries: into the program's namespace, or (`fresh`, in a fork child of a
+/// process that had loaded them) into a new namespace with their own globals.
+fn load(fresh: bool) -> Result<Lib, Error> {
     // libibverbs first: librdmacm depends on it and would pull it in anyway.
-    let ibverbs = dlopen_any(&IBVERBS_NAMES);
+    let ibverbs = dlopen_any(&IBVERBS_NAMES, fresh.then_some(libc::LM_ID_NEWLM));
+    let mut ns: libc::Lmid_t = 0;
+    // SAFETY: a live handle and an out-pointer of the type RTLD_DI_LMID writes.
+    if fresh
+        && !ibverbs.is_null()
+        && unsafe {
+            libc::dlinfo(
+                ibverbs,
+                libc::RTLD_DI_LMID,
+                (&mut ns as *mut libc::Lmid_t).cast(),
+            )
+        } != 0
+    {
+        return Err(Error::new("dlinfo", libc::ENOENT, Reason::NoRdma));
+    }
     if ibverbs.is_null() {
         return Err(Error::new(
             "dlopen(libibverbs)",
@@ -188,7 +227,26 @@ fn load() -> Result<Lib, Error> {
             Reason::NoRdma,
         ));
     }
-    let rdmacm = dlopen_any(&RDMACM_NAMES);
+    let rdmacm = dlopen_any(&RDMACM_NAMES, fresh.then_some(ns));
+    if fresh {
+        // SAFETY: NUL-terminated names; libc is already loaded in that namespace.
+        let f = unsafe {
+            let c = libc::dlmopen(ns, c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            if c.is_null() {
+                std::ptr::null_mut()
+            } else {
+                libc::dlsym(c, c"__errno_location".as_ptr())
+            }
+        };
+        if f.is_null() {
+            return Err(Error::new(
+                "dlsym(__errno_location)",
+                libc::ENOSYS,
+                Reason::NoRdma,
+            ));
+        }
+        NS_ERRNO.store(f, Ordering::Release);
+    }
     if rdmacm.is_null() {
         return Err(Error::new(
             "dlopen(librdmacm)",

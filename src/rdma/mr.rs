@@ -67,7 +67,7 @@ impl Mr {
         let mr = unsafe { (lib.ibv_reg_mr)(dev.pd(), addr.cast(), len, access.flags()) };
         if mr.is_null() {
             // ENOMEM here is usually RLIMIT_MEMLOCK.
-            return Err(Error::last_os("ibv_reg_mr").with_reason(Reason::Resources));
+            return Err(Error::last_lib("ibv_reg_mr").with_reason(Reason::Resources));
         }
         Ok(Mr {
             mr,
