@@ -150,6 +150,14 @@ pub(super) unsafe fn accept(
                 // holder lets go, the port is free and RDMA clients are refused at once
                 // instead of waiting out their connect timeout.
                 raw::close(l.rdma_fd);
+                raw::close(l.tcp_fd); // the program's fds refer to that listener now
+                                      // With that copy gone the port may be free (the last holder of the old
+                                      // listener is this process): serve RDMA again, as the new owner.
+                let backlog = l.backlog();
+                if let Some((engine, local, rl)) = super::rdma_listen(fd, backlog) {
+                    super::start_dual(s, fd, engine, local, rl, backlog);
+                    return super::accept4(fd, addr, len, flags);
+                }
                 let nfd = if flags == 0 {
                     real::accept(fd, addr, len)
                 } else {

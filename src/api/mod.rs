@@ -280,12 +280,25 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 || !s.transition(State::Created, State::Listening) {
         return r; // the prepared rdma_cm listener is dropped
     }
-    let Some((engine, local, rl)) = rdma else {
-        return r;
-    };
+    if let Some((engine, local, rl)) = rdma {
+        start_dual(&s, fd, engine, local, rl, backlog);
+    }
+    r
+}
+
+/// Second half of a dual listen on the listening kernel socket `fd`: its file is replaced by
+/// the listener's doorbell (epoll registrations carried over).
+fn start_dual(
+    s: &crate::socket::Socket,
+    fd: c_int,
+    engine: &'static engine::Engine,
+    local: SocketAddr,
+    rl: engine::RdmaListen,
+    backlog: c_int,
+) {
     keep_errno(|| {
         let mut started = Err(String::new());
-        let _ = swap_file(&s, fd, || {
+        let _ = swap_file(s, fd, || {
             started = Listener::start(engine, fd, rl, backlog);
             Ok(())
         });
@@ -297,7 +310,6 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
             Err(e) => log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}"),
         }
     });
-    r
 }
 
 /// The rdma_cm half of a dual listener on `fd`'s bound address, if RDMA can serve it.

@@ -141,6 +141,11 @@ impl Listener {
         Ok(l)
     }
 
+    /// The accept queue's bound (the program's backlog, clamped).
+    pub fn backlog(&self) -> c_int {
+        self.backlog as c_int
+    }
+
     /// The doorbell whose A the program holds.
     pub fn bell(&self) -> &Doorbell {
         &self.bell
