@@ -7,7 +7,8 @@
 //! - a stream is **adopted** on its first use: the owner relays it over a fresh socketpair
 //!   whose end replaces every fd of it in this process (a plain kernel socket from then on);
 //! - a listener's `accept` asks the owner for the next connection of its queue; once the
-//!   owner is gone, the fd becomes the kernel listener it wraps;
+//!   owner is gone (a daemon's parent exited), this process takes the listener over: the
+//!   kernel listener it wraps, plus an rdma_cm listener of its own when the port is free;
 //! - before `exec`, every RDMA socket that survives it is turned into a kernel socket (a
 //!   relay end, or the kernel listener), which the new image needs no shim to use.
 
@@ -142,7 +143,7 @@ pub(super) unsafe fn accept(
             }
             Err(e) => {
                 log::info!(
-                    "fd {fd}: listener owner pid {} does not answer (errno {e}): kernel TCP only",
+                    "fd {fd}: listener owner pid {} is gone (errno {e}): taking the listener over",
                     l.owner.pid
                 );
                 to_kernel_listener(s, l);
