@@ -291,6 +291,21 @@ impl Config {
                 )),
             }
         }
+        // Registered memory comes in pages: a ring or send buffer of another size would not
+        // match its registration. Round up (the range checks keep the result in range).
+        for (name, slot) in [
+            ("RSOCK_RING_SIZE", &mut c.ring_size),
+            ("RSOCK_SEND_BUF", &mut c.send_buf),
+        ] {
+            let rounded = slot.div_ceil(PAGE) * PAGE;
+            if rounded != *slot {
+                warnings.push(format!(
+                    "{name}={}: not a multiple of {PAGE}; using {rounded}",
+                    *slot
+                ));
+                *slot = rounded;
+            }
+        }
         // Unset: the default file, if it exists, is chosen by `loaded` (this stays pure).
         // Empty: no rules file at all.
         c.rules_path = config_path.filter(|p| !p.is_empty()).map(PathBuf::from);
@@ -377,6 +392,9 @@ fn program_name() -> String {
         .into_owned()
 }
 
+/// The page size registered buffers are made of.
+const PAGE: u32 = 4096;
+
 fn set_u32(slot: &mut u32, v: &str, min: u32, max: u32, bad: &mut impl FnMut(&str)) {
     match v.parse::<u32>() {
         Ok(n) if (min..=max).contains(&n) => *slot = n,
@@ -395,6 +413,21 @@ fn set_bool(slot: &mut bool, v: &str, bad: &mut impl FnMut(&str)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_and_send_buffer_sizes_round_up_to_pages_with_a_warning() {
+        let (c, w) = parse(&[("RSOCK_RING_SIZE", "5000"), ("RSOCK_SEND_BUF", "8192")]);
+        assert_eq!(c.ring_size, 8192);
+        assert_eq!(c.send_buf, 8192);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("RSOCK_RING_SIZE=5000") && w[0].contains("8192"),
+            "{w:?}"
+        );
+        let (c, w) = parse(&[("RSOCK_SEND_BUF", "1073741823")]);
+        assert_eq!(c.send_buf, 1 << 30);
+        assert_eq!(w.len(), 1);
+    }
 
     fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<String>) {
         Config::parse(
