@@ -253,10 +253,10 @@ impl Listener {
         let items: Vec<Accepted> = {
             let mut q = lock(&self.queue);
             q.closed = true;
+            self.bell.release_app(); // under the lock its readiness changes take
             q.items.drain(..).collect()
         };
         items.into_iter().for_each(discard);
-        self.bell.release_app();
         crate::sys::raw::close(self.tcp_fd);
     }
 }

@@ -40,7 +40,7 @@ pub fn detach(a: crate::socket::Attachment) {
     // `get` only for the owner: another process has nothing of its own to close.
     match a {
         crate::socket::Attachment::Stream(s) => {
-            s.bell().release_app();
+            s.release_app();
             if let Some(engine) = s.owner.is_me().then(get).flatten() {
                 s.app_gone.store(true, Release);
                 engine.settle_holders(&s);
@@ -592,7 +592,7 @@ impl Engine {
                     Some(Accepted::Rdma(s)) => {
                         // Never given to this process's program: only the relay holds it.
                         s.app_gone.store(true, Release);
-                        s.bell().release_app();
+                        s.release_app();
                         let r = self.relay(&s);
                         if r.1.is_none() {
                             self.close_unheld(&s);

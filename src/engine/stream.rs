@@ -590,11 +590,18 @@ impl Stream {
         });
     }
 
+    /// Drops the doorbell's own fd of A, under the lock every readiness change takes, so that
+    /// no change in flight can use the number after it is closed (and maybe reused).
+    pub(super) fn release_app(&self) {
+        let _g = self.lock();
+        self.bell.release_app();
+    }
+
     /// The program's last fd is gone: deliver what is queued (or reset, for SO_LINGER 0),
     /// then let the engine tear the connection down.
     pub fn app_closed(&self, reset: bool) {
-        self.bell.release_app();
         self.with(|inner| {
+            self.bell.release_app();
             if reset {
                 inner.proto.abort();
             } else {
