@@ -516,7 +516,9 @@ impl Stream {
                 }
                 return Err(libc::EAGAIN);
             }
-            self.wait(engine, Want::Read, deadline)?;
+            if let Err(e) = self.wait(engine, Want::Read, deadline) {
+                return if done > 0 { Ok(done) } else { Err(e) }; // EINTR, or SO_RCVTIMEO's EAGAIN
+            }
         }
     }
 
@@ -719,8 +721,14 @@ impl Stream {
                     revents: 0,
                 },
             ];
-            // SAFETY: two valid pollfds; EINTR just loops.
-            unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
+            // SAFETY: two valid pollfds.
+            let r = unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
+            if r < 0
+                && crate::sys::raw::errno() == libc::EINTR
+                && !crate::sys::raw::signals_restart()
+            {
+                return Err(libc::EINTR); // a handler ran, as a blocked kernel recv would say
+            }
             if p[1].revents & libc::POLLIN != 0 {
                 engine.on_cq_event(&self.dev);
             } else {

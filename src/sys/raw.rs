@@ -144,6 +144,22 @@ pub fn in_vfork_child() -> bool {
     cached != 0 && cached != getpid()
 }
 
+/// Whether a blocking call interrupted by a signal handler should go on waiting: true when
+/// every installed handler was set with `SA_RESTART`. The kernel decides per signal; which
+/// one interrupted us is not known here, so any handler without `SA_RESTART` means `EINTR`
+/// (what Python's Ctrl-C needs). Called only after an interruption: 64 `sigaction` queries.
+pub fn signals_restart() -> bool {
+    (1..=64).all(|sig| {
+        // SAFETY: a query only (null new action); sigaction is plain data.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+        r != 0
+            || old.sa_sigaction == libc::SIG_DFL
+            || old.sa_sigaction == libc::SIG_IGN
+            || old.sa_flags & libc::SA_RESTART != 0
+    })
+}
+
 /// Wall-clock time as (seconds, nanoseconds) since the epoch.
 pub fn realtime() -> (i64, i64) {
     let mut ts = libc::timespec {
@@ -153,4 +169,34 @@ pub fn realtime() -> (i64, i64) {
     // SAFETY: ts is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     (ts.tv_sec, ts.tv_nsec)
+}
+
+#[cfg(test)]
+mod signal_tests {
+    use super::signals_restart;
+
+    extern "C" fn noop(_: libc::c_int) {}
+
+    fn set(sig: libc::c_int, flags: libc::c_int) -> libc::sigaction {
+        // SAFETY: installing a no-op handler for a signal nobody sends in this test.
+        unsafe {
+            let mut new: libc::sigaction = std::mem::zeroed();
+            new.sa_sigaction = noop as usize;
+            new.sa_flags = flags;
+            let mut old: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(sig, &new, &mut old), 0);
+            old
+        }
+    }
+
+    #[test]
+    fn a_handler_without_sa_restart_means_eintr() {
+        let before = signals_restart();
+        let old = set(libc::SIGUSR2, libc::SA_RESTART);
+        assert_eq!(signals_restart(), before);
+        set(libc::SIGUSR2, 0);
+        assert!(!signals_restart());
+        // SAFETY: restoring the previous action.
+        unsafe { libc::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut()) };
+    }
 }
