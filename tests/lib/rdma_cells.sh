@@ -18,7 +18,8 @@
 #   rdma_begin                snapshot rxe0's counters; sample the RC QPs every QP_SAMPLE_S
 #                             (default 0.5) s: count per sample in qps.out, full lines in
 #                             qps.log ("@<time>" before each sample; each line ends with
-#                             "tgid N", the process of the thread `rdma` lists as "pid")
+#                             "tgid N ppid M": the process of the thread `rdma` lists as
+#                             "pid", and its parent; "?" once the thread has gone)
 #   rdma_end BYTES MIN_QPS    stop the sampler; fail unless MIN_QPS RC QPs were seen at once
 #                             and rxe0 sent at least BYTES/MTU packets
 #   expect_qps_released [S]   no RC QP left (within S s, default 30)
@@ -56,9 +57,10 @@ rdma_begin() {
         if [ -n "$s" ]; then
             # "pid" is the creating thread: add its process (tgid) while it still exists.
             { printf "@%s\n" "$(date +%s.%N)"
-              while IFS= read -r l; do p=${l##* pid }; p=${p%% *}; g="?"
-                  while read -r k v; do [ "$k" = Tgid: ] && { g=$v; break; }; done < "/proc/$p/status"
-                  printf "%s tgid %s\n" "$l" "$g"; done <<< "$s"; } >> qps.log 2>/dev/null
+              while IFS= read -r l; do p=${l##* pid }; p=${p%% *}; g="?" pp="?"
+                  while read -r k v; do case $k in Tgid:) g=$v ;; PPid:) pp=$v; break ;; esac
+                  done < "/proc/$p/status"
+                  printf "%s tgid %s ppid %s\n" "$l" "$g" "$pp"; done <<< "$s"; } >> qps.log 2>/dev/null
             printf "%s\n" "$s" | wc -l
         else echo 0; fi
         sleep "$0"; done' "${QP_SAMPLE_S:-0.5}"

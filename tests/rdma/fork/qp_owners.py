@@ -12,7 +12,8 @@ process that accepted / the master) or server-child (another server-side process
 neither is "unknown".
 
 Fails (exit 1, reasons on stdout) when: fewer than --min-server server-side or --min-client
-client-side QPs were seen; a QP's owner is unknown; --expect parent and a server child owns
+client-side QPs were seen; a QP's owner is a process of neither side (its parent chain, from the samples, is
+followed: an exec'd program without stats counts as a server child); --expect parent and a server child owns
 a QP; --expect child and the parent owns a QP.
 """
 
@@ -47,38 +48,69 @@ def main():
     ap.add_argument("--min-client", type=int, default=1)
     a = ap.parse_args()
     srv, cli = pids_of(a.server), pids_of(a.client)
-    qps = {}  # (lqpn, pid) -> (comm, samples)
+    # Lines: "... lqpn N ... [pid TID comm C] ... tgid G ppid P" (the sampler adds tgid/ppid
+    # while the thread exists, "?" after). A QP whose creating thread has gone is listed
+    # without pid: it keeps the owner seen in other samples of the same lqpn.
+    samples = []
+    tid2tgid, parent = {}, {}
     try:
         for line in open(a.log):
-            if line.startswith("@"):
+            m = re.search(r"lqpn (\d+)", line)
+            if not m or line.startswith("@"):
                 continue
-            m = re.search(r"lqpn (\d+).*? pid (\d+) comm (\S+)(?:.* tgid (\d+))?", line)
-            if not m:
-                m2 = re.search(r"lqpn (\d+)", line)
-                if m2:
-                    k = (int(m2.group(1)), -1)
-                    qps[k] = ("(kernel/no pid)", qps.get(k, ("", 0))[1] + 1)
-                continue
-            # `rdma` names the creating thread; the sampler adds its process (tgid).
-            k = (int(m.group(1)), int(m.group(4) or m.group(2)))
-            comm = m.group(3) + (f"(tid {m.group(2)})" if m.group(4) and m.group(4) != m.group(2) else "")
-            qps[k] = (comm, qps.get(k, ("", 0))[1] + 1)
+            lqpn = int(m.group(1))
+            m = re.search(r" pid (\d+) comm (\S+)", line)
+            tid, comm = (int(m.group(1)), m.group(2)) if m else (None, None)
+            g = re.search(r" tgid (\d+)", line)
+            pp = re.search(r" ppid (\d+)", line)
+            if tid is not None and g:
+                tid2tgid[tid] = int(g.group(1))
+                if pp:
+                    parent[int(g.group(1))] = int(pp.group(1))
+            samples.append((lqpn, tid, comm))
     except OSError:
         pass
-    roles = {"client": 0, "server-parent": 0, "server-child": 0, "unknown": 0}
-    for (lqpn, pid), (comm, n) in sorted(qps.items()):
-        if pid in cli:
-            role = "client"
-        elif pid == a.main:
-            role = "server-parent"
-        elif pid in srv:
-            role = "server-child"
+
+    def role(pid):
+        seen = 0
+        while pid is not None and seen < 32:
+            if pid in cli:
+                return "client"
+            if pid == a.main:
+                return "server-parent" if seen == 0 else "server-child"
+            if pid in srv:
+                return "server-child"
+            pid, seen = parent.get(pid), seen + 1
+        return "unknown"
+
+    qps = {}  # (lqpn, owner or None) -> [comm, samples]
+    owners = {}  # lqpn -> owners seen
+    for lqpn, tid, comm in samples:
+        if tid is not None:
+            owners.setdefault(lqpn, set()).add(tid2tgid.get(tid, tid))
+    for lqpn, tid, comm in samples:
+        if tid is None:
+            known = owners.get(lqpn, set())
+            owner = next(iter(known)) if len(known) == 1 else None
+            comm = "(no pid listed)"
         else:
-            role = "unknown"
-        roles[role] += 1
-        print(f"qp lqpn={lqpn} pid={pid} comm={comm} role={role} samples={n}")
+            owner = tid2tgid.get(tid, tid)
+            if owner != tid:
+                comm = f"{comm}(tid {tid})"
+        e = qps.setdefault((lqpn, owner), [comm, 0])
+        if e[0] == "(no pid listed)":
+            e[0] = comm
+        e[1] += 1
+    roles = {"client": 0, "server-parent": 0, "server-child": 0, "unknown": 0, "unattributed": 0}
+    for (lqpn, pid), (comm, n) in sorted(qps.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if pid is None and owners.get(lqpn):
+            continue  # only ownerless samples of a QP whose owner is known: counted there
+        r = role(pid) if pid is not None else "unattributed"
+        roles[r] += 1
+        print(f"qp lqpn={lqpn} pid={pid if pid is not None else '?'} comm={comm} role={r} samples={n}")
     print(f"qp owners: server parent (pid {a.main}) {roles['server-parent']}, server children "
-          f"{roles['server-child']}, client {roles['client']}, unknown {roles['unknown']}; expected owner: {a.expect}")
+          f"{roles['server-child']}, client {roles['client']}, unknown {roles['unknown']}, "
+          f"unattributed {roles['unattributed']} (creating thread gone before any sample); expected owner: {a.expect}")
     why = []
     nsrv = roles["server-parent"] + roles["server-child"]
     if nsrv < a.min_server:

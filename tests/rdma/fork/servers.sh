@@ -9,8 +9,9 @@
 #       Run: nginx -p DIR -c DIR/nginx.conf -e DIR/nginx-error.log
 #   pg_bin                   prints the newest /usr/lib/postgresql/*/bin
 #   as_pg CMD...             CMD as user postgres (setpriv: no PAM, limits kept)
-#   pg_init DIR              a fresh cluster in DIR/data (trust auth, user postgres), owned by
-#                            postgres; DIR is created and chowned too (its socket directory)
+#   pg_init DIR              a fresh cluster in DIR/data (trust auth, also from 10.77.0.0/24;
+#                            user postgres), owned by postgres; DIR is created and chowned too
+#                            (its socket directory)
 #   pg_server_args DIR ADDR PORT   postgres's arguments: listen on ADDR:PORT only, socket in
 #                            DIR, fsync off, 20 connections
 
@@ -51,7 +52,9 @@ as_pg() { setpriv --reuid=postgres --regid=postgres --init-groups "$@"; }
 pg_init() {
     local d=$1
     mkdir -p "$d" && chown postgres: "$d" || return 1
-    as_pg "$(pg_bin)/initdb" -D "$d/data" -A trust -U postgres --no-sync > "$d/initdb.out" 2>&1
+    as_pg "$(pg_bin)/initdb" -D "$d/data" -A trust -U postgres --no-sync > "$d/initdb.out" 2>&1 || return 1
+    # initdb trusts only loopback: the test bed's clients come from 10.77.0.1 and 10.77.0.2.
+    echo "host all all 10.77.0.0/24 trust" >> "$d/data/pg_hba.conf"
 }
 
 pg_server_args() {
