@@ -121,6 +121,9 @@ pub struct Socket {
     /// The program's epoll registrations of this socket: (epoll fd, event), kept so they can
     /// be moved when the fd's file is replaced by a doorbell.
     epoll: ForkMutex<Vec<(i32, libc::epoll_event)>>,
+    /// `accept` must wait even if the listener's file is nonblocking: the program expects
+    /// blocking, but the file is shared with processes that need it nonblocking.
+    blocking_accept: std::sync::atomic::AtomicBool,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -136,6 +139,7 @@ impl Socket {
             attached: ForkMutex::new(None),
             pending: ForkMutex::new(None),
             epoll: ForkMutex::new(Vec::new()),
+            blocking_accept: std::sync::atomic::AtomicBool::new(false),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -148,6 +152,7 @@ impl Socket {
         self.state.store(State::Created as u32, Relaxed);
         self.path.store(Path::Passthrough as u32, Relaxed);
         self.slot.store(0, Relaxed);
+        self.blocking_accept.store(false, Relaxed);
     }
 
     /// In a fork child (single-threaded, in the `pthread_atfork` handler): a lock that a
@@ -255,6 +260,16 @@ impl Socket {
     pub fn detach_quietly(&self) {
         let old = self.attached.lock().take();
         drop(old);
+    }
+
+    /// See the field `blocking_accept`.
+    pub fn set_blocking_accept(&self, on: bool) {
+        self.blocking_accept.store(on, Relaxed);
+    }
+
+    /// See the field `blocking_accept`.
+    pub fn blocking_accept(&self) -> bool {
+        self.blocking_accept.load(Relaxed)
     }
 
     /// Engages RDMA for this socket.

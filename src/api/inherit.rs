@@ -98,6 +98,15 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     relayed
 }
 
+/// Reads away the readiness tokens queued on a listener doorbell's A (`fd`).
+fn drain_tokens(fd: c_int) {
+    let mut buf = [0u8; 64];
+    // SAFETY: a valid buffer; a nonblocking receive on the caller's own fd.
+    while unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) }
+        == buf.len() as isize
+    {}
+}
+
 /// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
 fn dup_hidden(fd: c_int) -> c_int {
     // SAFETY: F_DUPFD_CLOEXEC on an fd this process holds.
@@ -130,11 +139,20 @@ pub(super) unsafe fn accept(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    let mut drained = false;
     loop {
         match ipc::call(&l.owner, Op::Accept, l.token) {
             Ok((m, Some(nfd))) => return install_accepted(&m, nfd, addr, len, flags),
             Ok((_, None)) => {}
+            Err(libc::EAGAIN) if !drained => {
+                // Queue empty: clear our listener fd's readiness (the owner may no longer hold
+                // a copy of it to do so), then ask once more — an item pushed meanwhile rang a
+                // token we may just have drained.
+                drain_tokens(fd);
+                drained = true;
+            }
             Err(libc::EAGAIN) => {
+                drained = false;
                 if fd_flags(fd).0 {
                     set_errno(libc::EAGAIN);
                     return -1;
@@ -146,7 +164,7 @@ pub(super) unsafe fn accept(
                     "fd {fd}: listener owner pid {} is gone (errno {e}): taking the listener over",
                     l.owner.pid
                 );
-                to_kernel_listener(s, l);
+                to_kernel_listener(s, l, false);
                 // Its rdma_cm listener lives in a file this process inherited: once every
                 // holder lets go, the port is free and RDMA clients are refused at once
                 // instead of waiting out their connect timeout.
@@ -223,11 +241,21 @@ unsafe fn install_accepted(
 
 /// The listener's owner is gone: every fd of it in this process becomes the kernel listener
 /// it wraps (inherited), with the file flags the program had.
-fn to_kernel_listener(s: &Socket, l: &Arc<Listener>) {
+///
+/// The kernel listener's file may be shared with other processes (siblings, or a new owner's
+/// helper, which needs it nonblocking): its flags are set to the program's only for an exec'd
+/// image (`for_exec`), which has no shim to wait for it; here a blocking `accept` is waited
+/// for by the shim instead.
+fn to_kernel_listener(s: &Socket, l: &Arc<Listener>, for_exec: bool) {
     let _g = crate::guard::enter();
     let fds = fdtable::fds_of(s);
     if let Some(&first) = fds.first() {
-        set_nonblock(l.tcp_fd, fd_flags(first).0);
+        let nonblock = fd_flags(first).0;
+        if for_exec {
+            set_nonblock(l.tcp_fd, nonblock);
+        } else {
+            s.set_blocking_accept(!nonblock);
+        }
     }
     for fd in fds {
         let flags = if fd_flags(fd).1 { libc::O_CLOEXEC } else { 0 };
@@ -264,7 +292,7 @@ pub(super) fn before_exec() {
             Some(Attachment::Stream(_)) if fd <= 2 => {
                 here(&s);
             }
-            Some(Attachment::Listener(l)) => to_kernel_listener(&s, &l),
+            Some(Attachment::Listener(l)) => to_kernel_listener(&s, &l, true),
             _ => {}
         }
     }

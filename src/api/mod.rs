@@ -463,15 +463,21 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
             _ => {}
         }
     }
-    let nfd = if flags == 0 {
-        real::accept(fd, addr, len)
-    } else {
-        real::accept4(fd, addr, len, flags)
-    };
-    if nfd >= 0 {
-        track_accepted(nfd);
+    let blocking = fdtable::get(fd).is_some_and(|s| s.blocking_accept());
+    loop {
+        let nfd = if flags == 0 {
+            real::accept(fd, addr, len)
+        } else {
+            real::accept4(fd, addr, len, flags)
+        };
+        if nfd >= 0 {
+            track_accepted(nfd);
+        } else if blocking && errno() == libc::EAGAIN {
+            crate::sys::unix::wait(fd, libc::POLLIN, 1000); // see Socket::blocking_accept
+            continue;
+        }
+        return nfd;
     }
-    nfd
 }
 
 // ---- fd lifetime ---------------------------------------------------------------------------

@@ -245,7 +245,13 @@ impl Listener {
         Some(a)
     }
 
-    /// The program closed its last fd of the listener.
+    /// Drops the doorbell's own fd of A under the queue lock (its readiness changes take it).
+    pub(super) fn release_app(&self) {
+        let _q = lock(&self.queue);
+        self.bell.release_app();
+    }
+
+    /// No process holds the listener any more: stop both halves and drop the queue.
     pub fn close(&self, engine: &Engine) {
         engine.unwatch(self.rdma_fd);
         engine.unwatch(self.tcp_fd);

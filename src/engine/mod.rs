@@ -40,14 +40,28 @@ pub fn detach(a: crate::socket::Attachment) {
     // `get` only for the owner: another process has nothing of its own to close.
     match a {
         crate::socket::Attachment::Stream(s) => {
-            s.release_app();
-            if let Some(engine) = s.owner.is_me().then(get).flatten() {
-                s.app_gone.store(true, Release);
-                engine.settle_holders(&s);
+            match s.owner.is_me().then(get).flatten() {
+                Some(engine) => {
+                    s.release_app();
+                    s.app_gone.store(true, Release);
+                    engine.settle_holders(&s);
+                }
+                // A copy inherited from the owner: its locks are never taken here (a parent
+                // thread may have held one at the fork), and nothing else uses its doorbell.
+                None => s.bell().release_app(),
             }
         }
         crate::socket::Attachment::Listener(l) => match l.owner.is_me().then(get).flatten() {
-            Some(engine) => l.close(engine),
+            // Like a kernel listener, it lives while any process holds it (prefork masters
+            // often close theirs after forking the workers).
+            Some(engine) => {
+                l.release_app();
+                if l.bell().peer_holds() {
+                    engine.watch_hold(l.bell().shim_fd(), l.token);
+                } else {
+                    l.close(engine);
+                }
+            }
             None => l.bell().release_app(),
         },
         crate::socket::Attachment::Relayed(_) => {}
@@ -551,6 +565,14 @@ impl Engine {
 
     /// Helper: something changed on a holder of stream `token`.
     fn on_hold_event(&'static self, token: u64) {
+        let l = lock(&self.listeners).get(&token).cloned();
+        if let Some(l) = l {
+            if !l.bell().peer_holds() {
+                self.unwatch(l.bell().shim_fd());
+                l.close(self); // the last process holding it let go
+            }
+            return;
+        }
         let Some(s) = lock(&self.streams_by_token).get(&token).cloned() else {
             return;
         };
