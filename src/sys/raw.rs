@@ -181,7 +181,7 @@ mod signal_tests {
         // SAFETY: installing a no-op handler for a signal nobody sends in this test.
         unsafe {
             let mut new: libc::sigaction = std::mem::zeroed();
-            new.sa_sigaction = noop as usize;
+            new.sa_sigaction = noop as extern "C" fn(libc::c_int) as usize;
             new.sa_flags = flags;
             let mut old: libc::sigaction = std::mem::zeroed();
             assert_eq!(libc::sigaction(sig, &new, &mut old), 0);
