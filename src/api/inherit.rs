@@ -63,19 +63,10 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
             None
         }
     };
-    // Without a relay: a pair whose other end is closed at once — end of stream, EPIPE.
-    let a = end.or_else(|| unix::stream_pair().ok().map(|(a, b)| (raw::close(b), a).1));
+    let a = end.or_else(dead_end);
     if let Some(a) = a {
         set_nonblock(a, nonblock);
-        for &fd in &fds {
-            let cloexec = fd_flags(fd).1;
-            let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-            // SAFETY: dup3 onto an fd this process holds for this socket.
-            let _ = swap_file(s, fd, || match unsafe { real::dup3(a, fd, flags) } {
-                r if r < 0 => Err(std::io::Error::last_os_error()),
-                _ => Ok(()),
-            });
-        }
+        point_fds_at(s, &fds, a);
         raw::close(a);
     }
     st.bell().release_app(); // this process's copy of the old doorbell
@@ -96,6 +87,27 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
         );
     }
     relayed
+}
+
+/// One end of a pair whose other end is already closed: reads see end of stream, writes
+/// EPIPE — what a dead connection looks like.
+fn dead_end() -> Option<c_int> {
+    let (a, b) = unix::stream_pair().ok()?;
+    raw::close(b);
+    Some(a)
+}
+
+/// Makes each of `fds` (this process's fds of `s`) refer to the file behind `file`, keeping
+/// each fd's close-on-exec flag and the program's epoll registrations.
+fn point_fds_at(s: &Socket, fds: &[c_int], file: c_int) {
+    for &fd in fds {
+        let flags = if fd_flags(fd).1 { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: dup3 onto an fd this process holds for this socket.
+        let _ = swap_file(s, fd, || match unsafe { real::dup3(file, fd, flags) } {
+            r if r < 0 => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        });
+    }
 }
 
 /// Reads away the readiness tokens queued on a listener doorbell's A (`fd`).
@@ -257,14 +269,7 @@ fn to_kernel_listener(s: &Socket, l: &Arc<Listener>, for_exec: bool) {
             s.set_blocking_accept(!nonblock);
         }
     }
-    for fd in fds {
-        let flags = if fd_flags(fd).1 { libc::O_CLOEXEC } else { 0 };
-        // SAFETY: dup3 onto an fd this process holds for this socket.
-        let _ = swap_file(s, fd, || match unsafe { real::dup3(l.tcp_fd, fd, flags) } {
-            r if r < 0 => Err(std::io::Error::last_os_error()),
-            _ => Ok(()),
-        });
-    }
+    point_fds_at(s, &fds, l.tcp_fd);
     l.bell().release_app();
     s.detach_quietly();
 }
