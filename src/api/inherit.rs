@@ -187,17 +187,8 @@ pub(super) unsafe fn accept(
                 let backlog = l.backlog();
                 if let Some((engine, local, rl)) = super::rdma_listen(fd, backlog) {
                     super::start_dual(s, fd, engine, local, rl, backlog);
-                    return super::accept4(fd, addr, len, flags);
                 }
-                let nfd = if flags == 0 {
-                    real::accept(fd, addr, len)
-                } else {
-                    real::accept4(fd, addr, len, flags)
-                };
-                if nfd >= 0 {
-                    track_accepted(nfd);
-                }
-                return nfd;
+                return super::accept4(fd, addr, len, flags); // as a listener of this process now
             }
         }
     }
