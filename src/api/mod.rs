@@ -98,6 +98,14 @@ unsafe fn addr_bytes<'a>(addr: *const sockaddr, len: socklen_t) -> &'a [u8] {
     }
 }
 
+/// The buffer sizes a rules decision gives an RDMA connection.
+fn buf_sizes(d: &crate::rules::Decision) -> engine::BufSizes {
+    engine::BufSizes {
+        ring: d.ring_size,
+        send: d.send_buf,
+    }
+}
+
 /// Why a connection goes to kernel TCP when no engine could be had.
 fn no_engine_reason() -> Fallback {
     if init::rdma_device_present() {
@@ -123,7 +131,12 @@ pub(super) fn fd_flags(fd: c_int) -> (bool, bool) {
 }
 
 /// Tries RDMA for a connect to `dest`; on success the program's `fd` is the stream's doorbell.
-fn connect_rdma(s: &crate::socket::Socket, fd: c_int, dest: SocketAddr) -> Result<(), Fallback> {
+fn connect_rdma(
+    s: &crate::socket::Socket,
+    fd: c_int,
+    dest: SocketAddr,
+    sizes: engine::BufSizes,
+) -> Result<(), Fallback> {
     let engine = engine::get().ok_or_else(no_engine_reason)?;
     let now = Instant::now();
     if engine.negcache.contains(&dest, now) {
@@ -134,7 +147,7 @@ fn connect_rdma(s: &crate::socket::Socket, fd: c_int, dest: SocketAddr) -> Resul
     if opts_fd < 0 {
         return Err(Fallback::Resources);
     }
-    let stream = match engine.connect(dest, opts_fd) {
+    let stream = match engine.connect(dest, opts_fd, sizes) {
         Ok(st) => st,
         Err(why) => {
             crate::sys::raw::close(opts_fd);
@@ -182,13 +195,14 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if !s.transition(State::Created, State::Connecting) {
         return connect_again(&s, fd, addr, len);
     }
-    let action = Config::get().decide(Role::Client, None, Some(dest)).action;
+    let decision = Config::get().decide(Role::Client, None, Some(dest));
+    let (action, sizes) = (decision.action, buf_sizes(&decision));
     let (path, reason) = if action == Action::Tcp {
         (Path::Tcp, Some(Fallback::Rule)) // never tries RDMA, so never starts the engine
     } else if action == Action::Passthrough && engine::get().is_some() {
         (Path::Passthrough, None)
     } else {
-        match keep_errno(|| connect_rdma(&s, fd, dest)) {
+        match keep_errno(|| connect_rdma(&s, fd, dest, sizes)) {
             Ok(()) => {
                 if fd_flags(fd).0 {
                     set_errno(libc::EINPROGRESS); // completes at once: writable, SO_ERROR 0
@@ -327,11 +341,12 @@ fn rdma_listen(
         }
         saddr::read(a.as_ptr().cast(), alen)?
     };
-    let action = Config::get().decide(Role::Server, Some(local), None).action;
+    let decision = Config::get().decide(Role::Server, Some(local), None);
+    let action = decision.action;
     if local.port() == 0 || action != Action::Rdma {
         return None; // unbound (the kernel picks the port at listen), excluded or ruled out
     }
-    match Listener::prepare(engine, local, backlog) {
+    match Listener::prepare(engine, local, backlog, buf_sizes(&decision)) {
         Ok(rl) => Some((engine, local, rl)),
         Err(e) => {
             log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}");

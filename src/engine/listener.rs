@@ -22,6 +22,7 @@ use std::time::Duration;
 pub struct RdmaListen {
     rl: rdma::Listener,
     token: u64,
+    sizes: super::BufSizes,
 }
 
 /// A connection waiting for `accept()`.
@@ -38,6 +39,8 @@ pub struct Listener {
     pub token: u64,
     /// The process whose engine runs it; others accept through it (`ipc`).
     pub owner: super::ipc::Owner,
+    /// Buffer sizes of the connections it accepts (config, or the rule that matched).
+    pub(super) sizes: super::BufSizes,
     rdma: Mutex<rdma::Listener>,
     /// The rdma_cm listener's event channel (its id lives in that file).
     pub rdma_fd: c_int,
@@ -65,11 +68,12 @@ impl Listener {
         engine: &'static Engine,
         addr: SocketAddr,
         backlog: c_int,
+        sizes: super::BufSizes,
     ) -> Result<RdmaListen, String> {
         let token = engine.token();
         let rl =
             rdma::Listener::bind(addr, backlog.clamp(1, 4096), token).map_err(|e| e.to_string())?;
-        Ok(RdmaListen { rl, token })
+        Ok(RdmaListen { rl, token, sizes })
     }
 
     /// Second half of a dual listen, once the kernel socket listens: makes the program's
@@ -80,7 +84,7 @@ impl Listener {
         prepared: RdmaListen,
         backlog: c_int,
     ) -> Result<Arc<Listener>, String> {
-        let RdmaListen { rl, token } = prepared;
+        let RdmaListen { rl, token, sizes } = prepared;
         let backlog = backlog.clamp(1, 4096) as usize;
         // SAFETY: fcntl on the program's fd, which it gave us in listen().
         let (fl, fdfl) = unsafe {
@@ -100,6 +104,7 @@ impl Listener {
         let l = Arc::new(Listener {
             token,
             owner: engine.owner,
+            sizes,
             rdma_fd: rl.fd(),
             rdma: Mutex::new(rl),
             tcp_fd,

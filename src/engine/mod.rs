@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 pub use listener::{Accepted, Listener, RdmaListen};
+pub use setup::BufSizes;
 pub use stream::Stream;
 
 /// This process's last fd of an RDMA socket is closed. The owner lets the connection finish
@@ -468,8 +469,9 @@ impl Engine {
         &'static self,
         dest: std::net::SocketAddr,
         opts_fd: c_int,
+        sizes: BufSizes,
     ) -> Result<Arc<Stream>, crate::stats::Fallback> {
-        setup::connect(self, dest, opts_fd)
+        setup::connect(self, dest, opts_fd, sizes)
     }
 
     /// A completion-channel event on `d` (whoever saw it: the helper or a blocked caller):

@@ -36,14 +36,28 @@ struct Memory {
     cfg: proto::Config,
 }
 
-fn memory(engine: &Engine, dev: &Arc<Device>) -> Result<Memory, rdma::Error> {
+/// A connection's buffer sizes in bytes (`RSOCK_RING_SIZE`/`RSOCK_SEND_BUF`, or a rule's).
+#[derive(Clone, Copy, Debug)]
+pub struct BufSizes {
+    /// The receive ring.
+    pub ring: u32,
+    /// The registered send buffer.
+    pub send: u32,
+}
+
+fn memory(engine: &Engine, dev: &Arc<Device>, sizes: BufSizes) -> Result<Memory, rdma::Error> {
     let c = engine.cfg;
-    let ring = RegBuf::new(dev, c.ring_size as usize, Access::RemoteWrite)?;
-    let send = RegBuf::new(dev, c.send_buf as usize, Access::LocalRead)?;
+    // Registrations come in pages: a size between pages would not match its buffer.
+    let (ring_size, send_size) = (
+        sizes.ring.div_ceil(4096) * 4096,
+        sizes.send.div_ceil(4096) * 4096,
+    );
+    let ring = RegBuf::new(dev, ring_size as usize, Access::RemoteWrite)?;
+    let send = RegBuf::new(dev, send_size as usize, Access::LocalRead)?;
     let cfg = proto::Config {
-        ring_size: c.ring_size,
+        ring_size,
         recv_credits: c.recv_credits,
-        send_buf_size: c.send_buf,
+        send_buf_size: send_size,
         // Half the ring's worth of writes in flight is plenty (bursts merge); a smaller queue
         // leaves room in the device's shared CQ for more connections.
         send_queue_depth: 64,
@@ -107,6 +121,7 @@ pub(super) fn connect(
     engine: &'static Engine,
     dest: SocketAddr,
     opts_fd: libc::c_int,
+    sizes: BufSizes,
 ) -> Result<Arc<Stream>, Fallback> {
     let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
     let deadline = Instant::now() + timeout;
@@ -119,7 +134,7 @@ pub(super) fn connect(
     let src = bound_addr(opts_fd);
     let (id, dev) = rdma::resolve(src, dest, token, timeout).map_err(fail)?;
     let d = engine.dev(&dev).map_err(fail)?;
-    let mut m = memory(engine, &dev).map_err(fail)?;
+    let mut m = memory(engine, &dev, sizes).map_err(fail)?;
     let mut rc = queue_pair(id, &dev, &mut m).map_err(fail)?;
     let ours = hello(&m, HelloKind::Connect);
     rc.connect(&ConnParam {
@@ -250,7 +265,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     id.set_token(token);
     let built = (|| {
         let d = engine.dev(&device)?;
-        let mut m = memory(engine, &device)?;
+        let mut m = memory(engine, &device, l.sizes)?;
         let mut rc = queue_pair(id, &device, &mut m)?;
         rc.id_mut().migrate(&engine.ch)?;
         let ours = hello(&m, HelloKind::Accept);
@@ -300,6 +315,11 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         Ok(s) => {
             *s.pending_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.clone());
             l.pending_add();
+            log::debug!(
+                "rdma stream {local} <- {peer_addr}: accepted, ring {} send buffer {}",
+                l.sizes.ring.div_ceil(4096) * 4096,
+                l.sizes.send.div_ceil(4096) * 4096
+            );
             engine.register(&s);
         }
         Err(e) => log::warn!("rdma accept from {peer_addr}: doorbell: {e}"),

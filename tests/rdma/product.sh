@@ -62,7 +62,7 @@ EOF
     grep -q 'line 3: unknown action "this"' rules.out || fail "rsock rules did not report line 3: $(paste -sd'|' rules.out)"
     rxe_counters_snapshot rxe.before
     rs srv1; bg srv1 $T "${RS[@]}" --config rules.conf -- $NC -l "$A" "$PORT"
-    rs srv2; bg srv2 $T "${RS[@]}" --config rules.conf -- $NC -l "$A" "$PORT2"
+    rs srv2; bg srv2 $T "${RS[@]}" --log-level debug --config rules.conf -- $NC -l "$A" "$PORT2"
     wait_listen "$PORT" 60 srv1 || fail "server 1 did not listen on $PORT"
     wait_listen "$PORT2" 60 srv2 || fail "server 2 did not listen on $PORT2"
     wait_rdma_listen "$PORT2" 60 || fail "no rdma_cm listener on $PORT2 (rule: rdma)"
@@ -91,6 +91,8 @@ EOF
         n=$(count_in "$f.log" 'rules.conf line 3: unknown action')
         [ "$n" -eq 1 ] || fail "$f.log: the bad line logged $n times, want 1: $(grep -m2 'line 3' "$f.log" | paste -sd'|')"
     done
+    # The rule's ring=512K sized the accepted connection's ring.
+    grep -q 'accepted, ring 524288 ' srv2.log || fail "srv2.log: no connection accepted with the rule's 512K ring: $(grep -m1 'accepted, ring' srv2.log)"
     n=$(count_in cli.log 'rules.conf line 3: unknown action')
     [ "$n" -eq 2 ] || fail "cli.log (2 processes): the bad line logged $n times, want 2"
     qps_released
