@@ -46,6 +46,7 @@ pub(super) fn run(engine: &'static Engine) {
                 _ => {}
             }
         }
+        engine.recheck_holders();
         reap(engine);
     }
 }

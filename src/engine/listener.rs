@@ -177,10 +177,10 @@ impl Listener {
             return;
         }
         q.items.push_back(a);
-        if !q.shown_readable {
-            q.shown_readable = true;
-            self.bell.set_readable(true);
-        }
+        // A token per connection, as a kernel listener wakes a waiter per connection: with
+        // EPOLLEXCLUSIVE each token wakes another worker while the first is busy.
+        q.shown_readable = true;
+        self.bell.set_readable(true);
     }
 
     /// Helper thread: connect requests on the rdma_cm listener.

@@ -111,6 +111,9 @@ pub struct Engine {
     listeners: Mutex<HashMap<u64, Arc<Listener>>>,
     devices: Mutex<Vec<Arc<Dev>>>,
     closing: Mutex<Vec<Arc<Stream>>>,
+    /// Streams whose owner program let go but another process still holds (re-checked by
+    /// the helper: the last holder's bytes may be taken in by a completion, not an event).
+    held_elsewhere: Mutex<Vec<Arc<Stream>>>,
     epfd: c_int,
     wake_fd: c_int,
     next_token: AtomicU64,
@@ -190,10 +193,20 @@ pub fn drain_at_exit() {
         return;
     }; // inside the shim (a signal handler?)
     let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
+    let deadline = std::time::Instant::now() + e.linger();
+    // Relayed streams first take in what their holders already wrote (a fork child that has
+    // just exited may have left its last bytes in the relay), as far as the linger allows.
+    while streams.iter().any(|s| s.relay_pending()) && std::time::Instant::now() < deadline {
+        let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
+        for d in &devs {
+            e.progress(d);
+        }
+        streams.iter().for_each(|s| s.on_hold_event());
+        std::thread::sleep(Duration::from_micros(200));
+    }
     for s in &streams {
         s.close_for_exit();
     }
-    let deadline = std::time::Instant::now() + e.linger();
     loop {
         let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
         for d in &devs {
@@ -341,6 +354,7 @@ impl Engine {
             listeners: Mutex::new(HashMap::new()),
             devices: Mutex::new(Vec::new()),
             closing: Mutex::new(Vec::new()),
+            held_elsewhere: Mutex::new(Vec::new()),
             epfd,
             wake_fd,
             next_token: AtomicU64::new(1),
@@ -539,6 +553,7 @@ impl Engine {
         if !s.held() {
             self.close_unheld(s);
         } else if !s.hold_watched.swap(true, AcqRel) {
+            lock(&self.held_elsewhere).push(s.clone());
             self.watch_hold(s.bell().shim_fd(), s.token);
             self.ensure_helper();
         }
@@ -581,6 +596,17 @@ impl Engine {
         s.on_hold_event();
         if s.app_gone.load(Acquire) && !s.held() {
             self.close_unheld(&s);
+        }
+    }
+
+    /// Helper: closes the streams held elsewhere whose last holder has gone.
+    fn recheck_holders(&'static self) {
+        let list: Vec<Arc<Stream>> = lock(&self.held_elsewhere).clone();
+        for s in list {
+            if s.released.load(Acquire) || !s.held() {
+                self.close_unheld(&s);
+                lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, &s));
+            }
         }
     }
 

@@ -386,6 +386,12 @@ impl Stream {
         self.lock().relays.iter_mut().any(|e| !e.check_gone())
     }
 
+    /// Whether a relay end still has holders or unread bytes (its holders' close not yet
+    /// taken in).
+    pub(super) fn relay_pending(&self) -> bool {
+        self.lock().relays.iter_mut().any(|e| !e.check_gone())
+    }
+
     /// The relay ends' fds (B), for the engine's watch list.
     pub(super) fn relay_fds(&self) -> Vec<c_int> {
         self.lock().relays.iter().map(|e| e.fd).collect()
