@@ -41,20 +41,9 @@ impl Doorbell {
     /// program wants it (a file flag, shared by every fd of A). Install A for the program with
     /// [`install_at`](Self::install_at) or [`install_new`](Self::install_new).
     pub fn new(nonblock: bool) -> io::Result<Doorbell> {
-        let mut sv = [-1; 2];
-        // SAFETY: sv is a valid out-array of two ints.
-        if unsafe {
-            real::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-                0,
-                sv.as_mut_ptr(),
-            )
-        } != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        let (app, shim) = (crate::sys::raw::hide(sv[0]), crate::sys::raw::hide(sv[1]));
+        // B comes back nonblocking and out of the program's fd range; A is moved there too.
+        let (a, shim) = crate::sys::unix::stream_pair()?;
+        let app = crate::sys::raw::hide(a);
         let d = Doorbell {
             app: std::sync::atomic::AtomicI32::new(app),
             shim,
@@ -71,7 +60,6 @@ impl Doorbell {
                 (&one as *const c_int).cast(),
                 4,
             );
-            set_flag(shim, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, true)?;
             set_flag(
                 app,
                 libc::F_GETFL,

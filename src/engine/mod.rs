@@ -129,11 +129,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Whether this process's engine (if any) is its own — false in a fork child of a process
 /// that had one: the engine there is the parent's.
 pub fn is_owner_process() -> bool {
-    ENGINE_PID.load(Relaxed) == 0 || ENGINE_PID.load(Relaxed) == crate::sys::raw::pid()
+    // SAFETY: engines are leaked, never freed: a non-null pointer stays valid.
+    match unsafe { ENGINE.load(Acquire).as_ref() } {
+        Some(e) => e.pid == crate::sys::raw::pid(),
+        None => true,
+    }
 }
-
-/// The pid that made the engine (0: none made).
-static ENGINE_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// RDMA streams alive in this process (what makes blocking waits spin first).
 static ACTIVE_STREAMS: AtomicUsize = AtomicUsize::new(0);
@@ -334,7 +335,6 @@ impl Engine {
             return Err(rdma::Error::last_os("epoll_create1/eventfd"));
         }
         let pid = crate::sys::raw::getpid();
-        ENGINE_PID.store(pid, Relaxed);
         let owner = ipc::Owner {
             pid,
             nonce: crate::sys::unix::random_u64(),
