@@ -327,11 +327,17 @@ impl Stream {
 
     /// Posts every write the protocol wants.
     fn post_all(&self, inner: &mut Inner) {
+        if inner.dead.is_some() {
+            return; // the QP failed or the peer is gone: nothing posted can arrive
+        }
         let Some(rc) = inner.rc.as_mut() else { return };
         while let Some(w) = inner.proto.poll_write() {
             if let Err(e) = post(rc, &inner.send, &inner.remote, &w) {
                 log::warn!("rdma stream {}: post failed: {e}", self.peer);
-                inner.proto.handle_send_error();
+                // Sending is over; what has arrived is not: marking the stream dead fails
+                // writes but still returns the queued bytes (and end of stream) to reads. A
+                // protocol-level failure would make them unreadable — seen when the peer sent
+                // everything, exited, and our credit return found its QP gone.
                 inner.dead.get_or_insert(libc::ECONNRESET);
                 break;
             }
