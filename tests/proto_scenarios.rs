@@ -139,6 +139,36 @@ fn test_established_send_buffer_full_blocks_then_wakes() {
 }
 
 #[test]
+fn test_established_poll_writable_needs_a_third_free() {
+    let mut p = pair(); // 64-byte send buffer and ring
+    assert_eq!(p.write(Side::A, &pattern(64)), Ok(64));
+    assert!(!p.a.conn.poll_writable());
+    assert!(
+        !p.a.conn.completions_could_wake_writer(),
+        "nothing posted yet"
+    );
+    assert!(p.post(Side::A).unwrap() > 0);
+    assert!(
+        p.a.conn.completions_could_wake_writer(),
+        "64 bytes in flight"
+    );
+    drive(&mut p); // delivered and completed; B reads nothing
+    assert!(p.a.conn.poll_writable());
+    // 44 of 64 queued: 20 free is less than a third — writable for send(), not for poll.
+    assert_eq!(p.write(Side::A, &pattern(44)), Ok(44));
+    assert_eq!(p.a.conn.writable(), 20);
+    assert!(!p.a.conn.poll_writable());
+    assert!(
+        !p.a.conn.completions_could_wake_writer(),
+        "B's ring is full: nothing posts"
+    );
+    // B reads everything: credits return, the 44 cross, and the buffer frees entirely.
+    assert_eq!(read_all(&mut p, Side::B).len(), 64);
+    drive(&mut p);
+    assert!(p.a.conn.poll_writable());
+}
+
+#[test]
 fn test_established_credits_are_returned_in_batches() {
     let mut p = pair();
     let data = pattern(64 * 20);

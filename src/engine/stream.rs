@@ -408,7 +408,7 @@ impl Stream {
         let p = &inner.proto;
         let reset = inner.dead.is_some() || p.state() == proto::State::Reset;
         let readable = p.readable() > 0 || p.at_eof() || reset;
-        let writable = p.writable() > 0
+        let writable = p.poll_writable()
             || reset
             || matches!(
                 p.state(),
@@ -649,16 +649,29 @@ impl Stream {
             || (fin_queued && c.tx_acked == c.tx_queued && c.wrs_posted == c.wrs_retired)
     }
 
-    /// Polls the CQ until every posted write of this stream has completed (bounded by
-    /// 2 ms or the spin time); true if anything was processed.
+    /// Polls the CQ until the writes still in flight could no longer make this stream
+    /// poll-writable on their own: spins for the spin time (at least 2 ms), then naps, for at
+    /// most 50 ms — RC completions come in microseconds on hardware, milliseconds under
+    /// emulation. True if anything was processed.
     fn settle(&self, engine: &'static Engine) -> bool {
-        let until = Instant::now() + self.spin.max(Duration::from_millis(2));
+        let start = Instant::now();
+        let spin_until = start + self.spin.max(Duration::from_millis(2));
+        let give_up = start + Duration::from_millis(50);
         let mut any = false;
         for i in 0u32.. {
             any |= engine.progress(&self.dev) > 0;
-            let c = self.counters();
-            if c.tx_posted == c.tx_acked || (i % 8 == 7 && Instant::now() >= until) {
+            if !self.lock().proto.completions_could_wake_writer() {
                 return any;
+            }
+            if i % 8 == 7 {
+                let now = Instant::now();
+                if now >= give_up {
+                    return any;
+                }
+                if now >= spin_until {
+                    std::thread::sleep(Duration::from_micros(50));
+                    continue;
+                }
             }
             std::hint::spin_loop();
         }

@@ -265,6 +265,24 @@ impl Conn {
         (u64::from(self.send_ring.size()) - (self.tx_queued - self.tx_acked)) as usize
     }
 
+    /// Whether poll/epoll should report the stream writable: a third of the send buffer
+    /// free, as kernel TCP's `sk_stream_is_writeable` (free ≥ queued / 2). The hysteresis
+    /// keeps a writer told EAGAIN from being woken for every few bytes a completion frees.
+    pub fn poll_writable(&self) -> bool {
+        let free = self.writable() as u64;
+        free > 0 && free * 3 >= u64::from(self.send_ring.size())
+    }
+
+    /// Whether completing the writes already posted could, by itself, make the stream
+    /// [`poll_writable`](Self::poll_writable) — what a writer that just hit EAGAIN waits out.
+    pub fn completions_could_wake_writer(&self) -> bool {
+        if self.is_reset() || self.write_shut {
+            return false;
+        }
+        let free = self.writable() as u64 + (self.tx_posted - self.tx_acked);
+        self.tx_posted > self.tx_acked && free * 3 >= u64::from(self.send_ring.size())
+    }
+
     /// Coarse state, for the socket layer and logs.
     pub fn state(&self) -> State {
         if self.is_reset() {
