@@ -26,7 +26,7 @@ use std::process::exit;
 use std::time::{Duration, Instant};
 
 use rsock_core::rdma::{
-    self, Access, Conn, ConnParam, Device, QpCaps, Reason, RegBuf, RemoteBuf, Signal, Wc,
+    self, Access, Conn, ConnParam, Device, Pd, QpCaps, Reason, RegBuf, RemoteBuf, Signal, Wc,
 };
 
 const MAGIC: u32 = 0x5253_5050; // "RSPP"
@@ -326,12 +326,12 @@ fn server(addr: SocketAddr, o: &Opts) {
         hello.ring.len,
         hello.flags & FLAG_EVENTS != 0
     );
-    let dev = inc.device.clone();
-    let ring = RegBuf::new(&dev, hello.ring.len as usize, Access::RemoteWrite)
+    let pd = Pd::new(&inc.device).unwrap_or_else(|e| fail("pd", e));
+    let ring = RegBuf::new(&pd, hello.ring.len as usize, Access::RemoteWrite)
         .unwrap_or_else(|e| fail("ring", e));
     let sendbuf =
-        RegBuf::new(&dev, 64 * 1024, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
-    let mut conn = match Conn::new(inc.id, &dev, caps()) {
+        RegBuf::new(&pd, 64 * 1024, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
+    let mut conn = match Conn::new(inc.id, &pd, caps()) {
         Ok(c) => c,
         Err((e, mut id)) => {
             let _ = id.reject(&[]);
@@ -359,7 +359,7 @@ fn server(addr: SocketAddr, o: &Opts) {
 
     let mut s = Side {
         conn,
-        dev,
+        dev: inc.device.clone(),
         ring,
         sendbuf,
         peer: hello.ring,
@@ -440,10 +440,11 @@ fn server(addr: SocketAddr, o: &Opts) {
 fn client(addr: SocketAddr, o: &Opts) {
     let t0 = Instant::now();
     let (id, dev) = rdma::resolve(None, addr, 2, o.timeout).unwrap_or_else(|e| fail("resolve", e));
-    let ring = RegBuf::new(&dev, o.ring, Access::RemoteWrite).unwrap_or_else(|e| fail("ring", e));
+    let pd = Pd::new(&dev).unwrap_or_else(|e| fail("pd", e));
+    let ring = RegBuf::new(&pd, o.ring, Access::RemoteWrite).unwrap_or_else(|e| fail("ring", e));
     let sendbuf =
-        RegBuf::new(&dev, o.ring, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
-    let mut conn = Conn::new(id, &dev, caps()).unwrap_or_else(|(e, _)| fail("create qp", e));
+        RegBuf::new(&pd, o.ring, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
+    let mut conn = Conn::new(id, &pd, caps()).unwrap_or_else(|(e, _)| fail("create qp", e));
     println!("client: qp {} caps {:?}", conn.qp_num(), conn.caps());
     conn.post_recvs(WR_RECV, RECV_DEPTH)
         .unwrap_or_else(|e| fail("post_recvs", e));

@@ -13,6 +13,7 @@
 mod helper;
 pub mod ipc;
 pub mod listener;
+mod peeked;
 pub mod relay;
 mod setup;
 pub mod stream;

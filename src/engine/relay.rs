@@ -10,9 +10,11 @@
 //! Lifetime follows the kernel's: a holder's `shutdown(SHUT_WR)` is a FIN; the end is gone
 //! when every fd of A, in every process, is closed (B then reports `POLLHUP`).
 
+use super::peeked::Peeked;
 use crate::proto;
 use crate::sys::real;
 use libc::c_int;
+use std::io::IoSliceMut;
 
 /// This process's view of a stream that another process owns and relays to it: the program's
 /// fd is a plain `AF_UNIX` stream socket (the relay's A), so data calls go straight to the
@@ -113,12 +115,14 @@ pub(super) fn out_of_stream(
     p: &mut proto::Conn,
     ring: &[u8],
     scratch: &mut [u8],
+    peeked: &mut Peeked,
     reset: bool,
 ) -> bool {
     let mut any = false;
     if let Some(e) = ends.iter_mut().rev().find(|e| !e.gone && !e.rx_shut) {
         while p.readable() > 0 {
             let Ok(n) = p.peek(ring, scratch) else { break };
+            peeked.after_peek(&mut [IoSliceMut::new(&mut scratch[..n])], n);
             // SAFETY: scratch holds n peeked bytes; B is ours.
             let w = unsafe {
                 real::send(
@@ -132,6 +136,7 @@ pub(super) fn out_of_stream(
                 break;
             }
             p.consume(w as usize);
+            peeked.forget(w as usize);
             any = true;
             if (w as usize) < n {
                 break;
@@ -223,7 +228,14 @@ mod tests {
             }
             p.drive().unwrap();
             let ep = p.ep_mut(Side::B);
-            out_of_stream(&mut ends, &mut ep.conn, &ep.ring, &mut scratch, false);
+            out_of_stream(
+                &mut ends,
+                &mut ep.conn,
+                &ep.ring,
+                &mut scratch,
+                &mut Peeked::default(),
+                false,
+            );
             p.drive().unwrap(); // credits back to A
                                 // The program reads only a little at a time: B keeps filling up.
             match read_some(a, &mut got) {

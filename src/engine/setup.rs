@@ -10,7 +10,9 @@
 use super::stream::{Parts, Stream};
 use super::{Engine, Listener};
 use crate::proto::{self, Hello, HelloError, HelloKind, Reject, RejectReason};
-use crate::rdma::{self, Access, CmEvent, ConnParam, Device, EventKind, QpCaps, Reason, RegBuf};
+use crate::rdma::{
+    self, Access, CmEvent, ConnParam, Device, EventKind, Pd, QpCaps, Reason, RegBuf,
+};
 use crate::stats::Fallback;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,8 +31,10 @@ pub(super) fn fallback_of(e: &rdma::Error) -> Fallback {
     }
 }
 
-/// Registered ring and send buffer, and the protocol config that describes them.
+/// The connection's own PD, its registered ring and send buffer, and the protocol config
+/// that describes them.
 struct Memory {
+    pd: Arc<Pd>,
     ring: RegBuf,
     send: RegBuf,
     cfg: proto::Config,
@@ -52,8 +56,9 @@ fn memory(engine: &Engine, dev: &Arc<Device>, sizes: BufSizes) -> Result<Memory,
         sizes.ring.div_ceil(4096) * 4096,
         sizes.send.div_ceil(4096) * 4096,
     );
-    let ring = RegBuf::new(dev, ring_size as usize, Access::RemoteWrite)?;
-    let send = RegBuf::new(dev, send_size as usize, Access::LocalRead)?;
+    let pd = Pd::new(dev)?;
+    let ring = RegBuf::new(&pd, ring_size as usize, Access::RemoteWrite)?;
+    let send = RegBuf::new(&pd, send_size as usize, Access::LocalRead)?;
     let cfg = proto::Config {
         ring_size,
         recv_credits: c.recv_credits,
@@ -63,22 +68,23 @@ fn memory(engine: &Engine, dev: &Arc<Device>, sizes: BufSizes) -> Result<Memory,
         send_queue_depth: 64,
         max_inline: c.max_inline,
     };
-    Ok(Memory { ring, send, cfg })
+    Ok(Memory {
+        pd,
+        ring,
+        send,
+        cfg,
+    })
 }
 
 /// The QP for `id`, with receives posted for every credit we will announce.
-fn queue_pair(
-    id: rdma::CmId,
-    dev: &Arc<Device>,
-    m: &mut Memory,
-) -> Result<rdma::Conn, rdma::Error> {
+fn queue_pair(id: rdma::CmId, m: &mut Memory) -> Result<rdma::Conn, rdma::Error> {
     let want = QpCaps {
         max_send_wr: m.cfg.send_queue_depth,
         max_recv_wr: m.cfg.recv_credits,
         max_send_sge: 1,
         max_inline_data: m.cfg.max_inline,
     };
-    let mut rc = rdma::Conn::new(id, dev, want).map_err(|(e, _id)| e)?;
+    let mut rc = rdma::Conn::new(id, &m.pd, want).map_err(|(e, _id)| e)?;
     let caps = rc.caps();
     // The protocol may use only what the device granted.
     m.cfg.send_queue_depth = caps.max_send_wr.min(m.cfg.send_queue_depth);
@@ -90,7 +96,7 @@ fn queue_pair(
 fn hello(m: &Memory, kind: HelloKind) -> [u8; Hello::LEN] {
     let r = m.ring.mr();
     m.cfg
-        .hello(kind, r.addr(), r.rkey().unwrap_or(0))
+        .hello(kind, r.iova(), r.rkey().unwrap_or(0))
         .to_bytes()
 }
 
@@ -135,7 +141,7 @@ pub(super) fn connect(
     let (id, dev) = rdma::resolve(src, dest, token, timeout).map_err(fail)?;
     let d = engine.dev(&dev).map_err(fail)?;
     let mut m = memory(engine, &dev, sizes).map_err(fail)?;
-    let mut rc = queue_pair(id, &dev, &mut m).map_err(fail)?;
+    let mut rc = queue_pair(id, &mut m).map_err(fail)?;
     let ours = hello(&m, HelloKind::Connect);
     rc.connect(&ConnParam {
         private_data: &ours,
@@ -266,7 +272,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     let built = (|| {
         let d = engine.dev(&device)?;
         let mut m = memory(engine, &device, l.sizes)?;
-        let mut rc = queue_pair(id, &device, &mut m)?;
+        let mut rc = queue_pair(id, &mut m)?;
         rc.id_mut().migrate(&engine.ch)?;
         let ours = hello(&m, HelloKind::Accept);
         let conn = proto::Conn::new(&m.cfg, &peer)

@@ -7,6 +7,7 @@
 //! so that a stream sees its completions in CQ order.
 
 use super::ipc::Owner;
+use super::peeked::Peeked;
 use super::relay;
 use super::{Dev, Engine};
 use crate::proto::{self, ReadError, WrId, WriteError};
@@ -81,6 +82,8 @@ pub(super) struct Inner {
     relays: Vec<relay::End>,
     /// Bounce buffer of the relays (allocated with the first).
     scratch: Vec<u8>,
+    /// What MSG_PEEK showed of the unread head (the ring may change under it).
+    peeked: Peeked,
 }
 
 #[derive(Default)]
@@ -130,6 +133,7 @@ impl Stream {
                 draining: false,
                 relays: Vec::new(),
                 scratch: Vec::new(),
+                peeked: Peeked::default(),
             }),
             bell,
             dev,
@@ -317,6 +321,7 @@ impl Stream {
                 &mut inner.proto,
                 inner.ring.as_slice(),
                 &mut inner.scratch,
+                &mut inner.peeked,
                 reset,
             );
         }
@@ -492,9 +497,17 @@ impl Stream {
                 let inner = &mut *g;
                 let mut rest = skip(bufs, done);
                 let r = if peek {
-                    inner.proto.peek_vectored(inner.ring.as_slice(), &mut rest)
+                    let r = inner.proto.peek_vectored(inner.ring.as_slice(), &mut rest);
+                    if let Ok(n) = r {
+                        inner.peeked.after_peek(&mut rest, n);
+                    }
+                    r
                 } else {
-                    inner.proto.read_vectored(inner.ring.as_slice(), &mut rest)
+                    let r = inner.proto.read_vectored(inner.ring.as_slice(), &mut rest);
+                    if let Ok(n) = r {
+                        inner.peeked.after_read(&mut rest, n);
+                    }
+                    r
                 };
                 match r {
                     Ok(0) => return Ok(done), // EOF

@@ -32,6 +32,7 @@ use super::device::{Device, Wc};
 use super::error::{Error, Reason, Result};
 use super::ffi::lib;
 use super::mr::{RemoteBuf, Sge};
+use super::pd::Pd;
 
 /// Bit 63 of the posted wr_id marks receive WRs ([`Conn::post_recvs`] sets it,
 /// [`Wc::is_recv`] tests it, [`Wc::wr_id`] strips it): the opcode of a flushed completion
@@ -80,6 +81,8 @@ pub struct Conn {
     qp_num: u32,
     caps: QpCaps,
     dev: Arc<Device>,
+    /// The connection's own PD (its ring and send buffer are registered in it).
+    pd: Arc<Pd>,
     cqe_reserved: u32,
     sq: SqAccount,
     rq_posted: u32,
@@ -152,14 +155,11 @@ impl SqAccount {
 }
 
 impl Conn {
-    /// Creates an RC QP on `id` (resolved or from a connect request) in `dev`'s PD,
-    /// posting to `dev`'s CQ. Lowers `max_inline_data` until the device accepts it.
+    /// Creates an RC QP on `id` (resolved or from a connect request) in `pd`, posting to
+    /// its device's CQ. Lowers `max_inline_data` until the device accepts it.
     /// On failure the id is handed back (to reject a connect request, say).
-    pub fn new(
-        id: CmId,
-        dev: &Arc<Device>,
-        want: QpCaps,
-    ) -> std::result::Result<Conn, (Error, CmId)> {
+    pub fn new(id: CmId, pd: &Arc<Pd>, want: QpCaps) -> std::result::Result<Conn, (Error, CmId)> {
+        let dev = pd.device();
         let lib = match lib() {
             Ok(l) => l,
             Err(e) => return Err((e, id)),
@@ -185,7 +185,7 @@ impl Conn {
             attr.cap.max_inline_data = inline;
             // SAFETY: live id on dev's context, live PD and CQ; attr is valid and is
             // updated with the granted caps.
-            let ret = unsafe { (lib.rdma_create_qp)(id.as_ptr(), dev.pd(), &mut attr) };
+            let ret = unsafe { (lib.rdma_create_qp)(id.as_ptr(), pd.as_ptr(), &mut attr) };
             if ret == 0 {
                 // SAFETY: rdma_create_qp stored the QP in the id.
                 let qp = unsafe { (*id.as_ptr()).qp };
@@ -224,6 +224,7 @@ impl Conn {
             qp_num: unsafe { (*qp).qp_num },
             caps,
             dev: dev.clone(),
+            pd: pd.clone(),
             cqe_reserved: reserve,
             sq: SqAccount::new(caps.max_send_wr),
             rq_posted: 0,
@@ -245,9 +246,14 @@ impl Conn {
         &mut self.id
     }
 
-    /// The device (PD and CQ)
+    /// The device (its CQ)
     pub fn device(&self) -> &Arc<Device> {
         &self.dev
+    }
+
+    /// The connection's protection domain
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
     }
 
     /// QP number, as in [`Wc::qp_num`]

@@ -1,5 +1,5 @@
-//! Per-device resources shared by connections: protection domain, completion channel
-//! and one completion queue.
+//! Per-device resources shared by connections: the completion channel and one completion
+//! queue (protection domains are per connection, see [`super::pd`]).
 //!
 //! All QPs of a device post their send and receive completions to the device's single
 //! CQ, so one poll (or one fd in an epoll set) serves every connection; completions are
@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
-    ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_pd, ibv_wc, ibv_wc_flags,
-    ibv_wc_opcode, ibv_wc_status,
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_wc, ibv_wc_flags, ibv_wc_opcode,
+    ibv_wc_status,
 };
 
 use super::cm::CmId;
@@ -40,12 +40,11 @@ pub struct DeviceLimits {
     pub max_mr_size: u64,
 }
 
-/// A device's PD, completion channel and shared CQ (see the module doc)
+/// A device's completion channel and shared CQ (see the module doc)
 pub struct Device {
     /// The process that made it: a fork child never uses its parent's (it makes its own).
     pid: i32,
     ctx: *mut ibv_context,
-    pd: *mut ibv_pd,
     channel: *mut ibv_comp_channel,
     cq: *mut ibv_cq,
     cq_entries: u32,
@@ -120,18 +119,12 @@ impl Device {
         let mut d = Device {
             pid: crate::sys::raw::pid(),
             ctx,
-            pd: std::ptr::null_mut(),
             channel: std::ptr::null_mut(),
             cq: std::ptr::null_mut(),
             cq_entries,
             cq_reserved: AtomicU32::new(0),
             limits,
         };
-        // SAFETY: live context.
-        d.pd = unsafe { (lib.ibv_alloc_pd)(ctx) };
-        if d.pd.is_null() {
-            return Err(Error::last_lib("ibv_alloc_pd").with_reason(Reason::Resources));
-        }
         // SAFETY: live context.
         d.channel = unsafe { (lib.ibv_create_comp_channel)(ctx) };
         if d.channel.is_null() {
@@ -152,11 +145,6 @@ impl Device {
     /// The verbs context
     pub fn context(&self) -> *mut ibv_context {
         self.ctx
-    }
-
-    /// The protection domain (QPs and MRs of this device live in it)
-    pub fn pd(&self) -> *mut ibv_pd {
-        self.pd
     }
 
     /// The shared CQ
@@ -299,17 +287,14 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let Ok(lib) = lib() else { return };
-        // SAFETY: every QP and MR holds an Arc<Device>, so none remains on these objects;
-        // every channel event was acked in take_cq_events. Order: CQ, channel, PD.
+        // SAFETY: every QP holds an Arc<Device> (through its Pd), so none remains on the CQ;
+        // every channel event was acked in take_cq_events. Order: CQ, channel.
         unsafe {
             if !self.cq.is_null() {
                 (lib.ibv_destroy_cq)(self.cq);
             }
             if !self.channel.is_null() {
                 (lib.ibv_destroy_comp_channel)(self.channel);
-            }
-            if !self.pd.is_null() {
-                (lib.ibv_dealloc_pd)(self.pd);
             }
         }
     }

@@ -104,8 +104,8 @@ fn_table! {
     verbs ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq,
                            cq_context: *mut *mut c_void) -> c_int;
     verbs ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint);
-    verbs ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize,
-                     access: c_int) -> *mut ibv_mr;
+    verbs ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64,
+                          access: c_int) -> *mut ibv_mr;
     verbs ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
     verbs ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int,
                        init_attr: *mut ibv_qp_init_attr) -> c_int;

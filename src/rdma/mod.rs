@@ -8,7 +8,8 @@
 //! - [`ffi`]: the lazily loaded function table.
 //! - [`error`]: [`Error`] = operation + errno + fallback [`Reason`].
 //! - [`cm`]: [`EventChannel`] (nonblocking fd), [`CmId`], [`CmEvent`], [`ConnParam`].
-//! - [`device`]: per-device PD + completion channel + shared CQ ([`Device`]), completions ([`Wc`]).
+//! - [`device`]: per-device completion channel + shared CQ ([`Device`]), completions ([`Wc`]).
+//! - [`pd`]: a protection domain per connection ([`Pd`]): a ring's rkey works on its own QP only.
 //! - [`mr`]: registrations ([`Mr`], [`RegBuf`]) with a closed set of [`Access`] modes.
 //! - [`conn`]: an RC QP on a cm id ([`Conn`]): WRITE / WRITE_WITH_IMM (inline when small,
 //!   selectively signaled), zero-length receives, queue accounting, drain.
@@ -28,6 +29,7 @@ pub mod error;
 pub mod fd;
 pub mod ffi;
 pub mod mr;
+pub mod pd;
 
 pub use cm::{
     CmEvent, CmId, ConnParam, EventChannel, EventKind, REJ_PRIVATE_MAX, REP_PRIVATE_MAX,
@@ -38,6 +40,7 @@ pub use connect::{accept, close, connect, connect_event, resolve, wait_event, In
 pub use device::{Device, DeviceLimits, Wc, WcOpcode};
 pub use error::{Error, Reason, Result};
 pub use mr::{Access, Mr, RegBuf, RemoteBuf, Sge};
+pub use pd::Pd;
 
 #[cfg(test)]
 mod tests {

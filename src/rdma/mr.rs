@@ -1,7 +1,9 @@
 //! Memory registration.
 //!
 //! Access is chosen from a closed set: this transport never lets a peer read its memory,
-//! so there is no way to ask for `IBV_ACCESS_REMOTE_READ` (nor atomics).
+//! so there is no way to ask for `IBV_ACCESS_REMOTE_READ` (nor atomics). A region the peer
+//! writes is registered zero-based (its IOVA starts at 0), so what the peer is told — an
+//! offset range and an rkey — says nothing about this process's address space.
 
 use std::alloc::Layout;
 use std::mem::ManuallyDrop;
@@ -9,9 +11,9 @@ use std::sync::Arc;
 
 use rdma_sys::{ibv_access_flags, ibv_mr, ibv_sge};
 
-use super::device::Device;
 use super::error::{Error, Reason, Result};
 use super::ffi::lib;
+use super::pd::Pd;
 
 /// What an MR allows
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +42,13 @@ impl Access {
 
 /// A registration of memory the caller owns; deregistered on drop
 pub struct Mr {
+    /// Null once deregistered.
     mr: *mut ibv_mr,
+    /// Where byte 0 sits in the MR's address space (SGEs and remote writes use it): the
+    /// virtual address, or 0 for a zero-based registration.
+    iova: u64,
     access: Access,
-    _dev: Arc<Device>,
+    _pd: Arc<Pd>,
 }
 
 // SAFETY: an MR is an immutable handle; dereg happens once in Drop.
@@ -51,35 +57,37 @@ unsafe impl Send for Mr {}
 unsafe impl Sync for Mr {}
 
 impl Mr {
-    /// Registers `len` bytes at `addr` in the device's PD.
+    /// Registers `len` bytes at `addr` in `pd`: zero-based for [`Access::RemoteWrite`]
+    /// (no local SGE may point into such a region), at its virtual address otherwise.
     ///
     /// # Safety
     /// The memory must stay valid (not freed or unmapped) until the `Mr` is dropped, and
     /// for [`Access::RemoteWrite`] the caller must expect it to change under it at any time.
-    pub unsafe fn register(
-        dev: &Arc<Device>,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<Mr> {
+    pub unsafe fn register(pd: &Arc<Pd>, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         let lib = lib()?;
+        let iova = if access == Access::RemoteWrite {
+            0
+        } else {
+            addr as u64
+        };
         // SAFETY: live PD; memory validity is the caller's contract.
-        let mr = unsafe { (lib.ibv_reg_mr)(dev.pd(), addr.cast(), len, access.flags()) };
+        let mr =
+            unsafe { (lib.ibv_reg_mr_iova)(pd.as_ptr(), addr.cast(), len, iova, access.flags()) };
         if mr.is_null() {
             // ENOMEM here is usually RLIMIT_MEMLOCK.
-            return Err(Error::last_lib("ibv_reg_mr").with_reason(Reason::Resources));
+            return Err(Error::last_lib("ibv_reg_mr_iova").with_reason(Reason::Resources));
         }
         Ok(Mr {
             mr,
+            iova,
             access,
-            _dev: dev.clone(),
+            _pd: pd.clone(),
         })
     }
 
-    /// Start address
-    pub fn addr(&self) -> u64 {
-        // SAFETY: live MR.
-        unsafe { (*self.mr).addr as u64 }
+    /// Where byte 0 is in the MR's own address space (0 for a zero-based MR)
+    pub fn iova(&self) -> u64 {
+        self.iova
     }
 
     /// Length in bytes
@@ -114,27 +122,46 @@ impl Mr {
     pub fn sge(&self, offset: usize, len: usize) -> Sge {
         assert!(offset <= self.len() && len <= self.len() - offset && len <= u32::MAX as usize);
         Sge {
-            addr: self.addr() + offset as u64,
+            addr: self.iova + offset as u64,
             length: len as u32,
             lkey: self.lkey(),
         }
     }
 }
 
+impl Mr {
+    /// Deregisters (once); false if the device refused, when the memory may still be
+    /// written by the NIC and must never be reused.
+    fn deregister(&mut self) -> bool {
+        if self.mr.is_null() {
+            return true;
+        }
+        let Ok(lib) = lib() else { return false };
+        // SAFETY: live MR, deregistered once. A QP still referencing it would see
+        // protection errors, never memory corruption.
+        let ret = unsafe { (lib.ibv_dereg_mr)(self.mr) };
+        if ret != 0 {
+            log::error!(
+                "{}: the memory is leaked, not freed",
+                Error::from_ret("ibv_dereg_mr", ret)
+            );
+            return false;
+        }
+        self.mr = std::ptr::null_mut();
+        true
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
-        if let Ok(lib) = lib() {
-            // SAFETY: live MR, deregistered once. A QP still referencing it would see
-            // protection errors, never memory corruption.
-            unsafe { (lib.ibv_dereg_mr)(self.mr) };
-        }
+        self.deregister();
     }
 }
 
 impl std::fmt::Debug for Mr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mr")
-            .field("addr", &self.addr())
+            .field("iova", &self.iova)
             .field("len", &self.len())
             .field("access", &self.access)
             .finish()
@@ -170,7 +197,7 @@ unsafe impl Sync for RegBuf {}
 
 impl RegBuf {
     /// Allocates `len` bytes (rounded up to a page) and registers them
-    pub fn new(dev: &Arc<Device>, len: usize, access: Access) -> Result<RegBuf> {
+    pub fn new(pd: &Arc<Pd>, len: usize, access: Access) -> Result<RegBuf> {
         let page = 4096;
         let size = len.max(1).div_ceil(page) * page;
         let layout = Layout::from_size_align(size, page)
@@ -181,7 +208,7 @@ impl RegBuf {
             return Err(Error::new("RegBuf::new", libc::ENOMEM, Reason::Resources));
         }
         // SAFETY: the allocation lives until Drop, which drops the MR first.
-        match unsafe { Mr::register(dev, ptr, size, access) } {
+        match unsafe { Mr::register(pd, ptr, size, access) } {
             Ok(mr) => Ok(RegBuf {
                 mr: ManuallyDrop::new(mr),
                 ptr,
@@ -233,10 +260,10 @@ impl RegBuf {
         self.mr.sge(offset, len)
     }
 
-    /// Where the peer should write: (address, rkey); `None` unless RemoteWrite
+    /// Where the peer should write: (IOVA, rkey); `None` unless RemoteWrite
     pub fn remote(&self) -> Option<RemoteBuf> {
         self.mr.rkey().map(|rkey| RemoteBuf {
-            addr: self.mr.addr(),
+            addr: self.mr.iova(),
             rkey,
             len: self.len() as u64,
         })
@@ -245,10 +272,15 @@ impl RegBuf {
 
 impl Drop for RegBuf {
     fn drop(&mut self) {
-        // SAFETY: the MR is dropped exactly once, here, before the memory is freed.
+        // The memory is freed only once the device gave up remote access to it.
+        let released = self.mr.deregister();
+        // SAFETY: the MR is dropped exactly once, here (already deregistered); the memory
+        // is freed once, only if deregistered.
         unsafe {
             ManuallyDrop::drop(&mut self.mr);
-            std::alloc::dealloc(self.ptr, self.layout);
+            if released {
+                std::alloc::dealloc(self.ptr, self.layout);
+            }
         }
     }
 }
@@ -256,7 +288,7 @@ impl Drop for RegBuf {
 /// A peer's registered region (from its private data): base address, rkey and length
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RemoteBuf {
-    /// Peer virtual address of byte 0
+    /// Byte 0 in the peer's MR address space (0 for rsock peers: zero-based rings)
     pub addr: u64,
     /// Peer's rkey
     pub rkey: u32,
