@@ -461,8 +461,12 @@ fn main() {
         ("c_key_plus_0x100", |_, _, c, s, _| {
             (c.rkey.wrapping_add(0x100), c.ring_addr.wrapping_add(s))
         }),
-        ("a_key_minus_0x200", |a, _, _, s, _| {
-            (a.rkey.wrapping_sub(0x200), a.ring_addr.wrapping_sub(2 * s))
+        // The ring of the connection made just before A (the victim's, in
+        // tests/rdma/isolation.sh): one connection's step back in MR index (ring and send
+        // buffer: 0x200) and in address (the distance from A's ring to B's).
+        ("prev_ring_stride", |a, b, _, _, _| {
+            let stride = b.ring_addr.wrapping_sub(a.ring_addr);
+            (a.rkey.wrapping_sub(0x200), a.ring_addr.wrapping_sub(stride))
         }),
         ("b_key_plus_0x200_page", |_, b, _, _, p| {
             (b.rkey.wrapping_add(0x200), b.ring_addr.wrapping_add(p))
