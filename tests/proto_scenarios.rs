@@ -366,6 +366,31 @@ fn test_fin_peer_reads_queued_bytes_then_eof() {
 }
 
 #[test]
+fn test_fin_shutdown_read_returns_queued_bytes_then_end_then_later_bytes() {
+    let mut p = pair();
+    assert_eq!(p.write(Side::A, b"queued"), Ok(6));
+    drive(&mut p);
+    p.b.conn.shutdown_read();
+    assert!(!p.b.conn.at_eof(), "queued bytes come first");
+    assert_eq!(read_all(&mut p, Side::B), b"queued");
+    assert!(p.b.conn.at_eof());
+    let mut buf = [0u8; 8];
+    assert_eq!(
+        p.read(Side::B, &mut buf),
+        Ok(0),
+        "end of stream, not Blocked"
+    );
+    assert!(!p.b.conn.hung_up(), "B can still write");
+    // As on Linux, bytes arriving after SHUT_RD are still delivered.
+    assert_eq!(p.write(Side::A, b"late"), Ok(4));
+    drive(&mut p);
+    assert_eq!(read_all(&mut p, Side::B), b"late");
+    p.b.conn.shutdown_write();
+    assert!(p.b.conn.hung_up());
+    assert_eq!(transfer(&mut p, Side::A, b"still flows"), b"still flows");
+}
+
+#[test]
 fn test_fin_write_after_shutdown_is_closed() {
     let mut p = pair();
     p.a.conn.shutdown_write();

@@ -39,9 +39,15 @@ fn owned(
     let Some(s) = fdtable::get(fd) else {
         return call();
     };
+    if guard::active() {
+        return in_handler(&s, call);
+    }
     let r = match super::inherit::stream(&s) {
         Some(st) => match guard::enter() {
-            Some(_g) => rdma(&st),
+            Some(_g) => {
+                let _call = engine::Call::begin(&st);
+                rdma(&st)
+            }
             None => call(),
         },
         None => call(),
@@ -51,6 +57,19 @@ fn owned(
     }
     count(&s, r);
     r
+}
+
+/// I/O on a socket of ours from a signal handler that interrupted this thread inside the
+/// shim: a kernel socket's call goes through; an RDMA stream cannot be served without the
+/// locks the interrupted code may hold, so the call fails with EAGAIN rather than reaching
+/// the doorbell (where writes would vanish and reads return its tokens). Takes no lock.
+#[cold]
+fn in_handler(s: &Socket, call: impl FnOnce() -> ssize_t) -> ssize_t {
+    if matches!(s.state(), crate::socket::State::Rdma) {
+        set_errno(libc::EAGAIN);
+        return -1;
+    }
+    call()
 }
 
 /// The caller's buffer as a slice (EFAULT for a null pointer with a length).

@@ -596,7 +596,7 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// `_exit`/`_Exit`: bytes the shim still holds for RDMA streams are delivered first (see
 /// [`engine::drain_at_exit`]; `exit` does the same through `atexit`), then the process ends.
 pub unsafe fn exit_now(status: c_int) -> ! {
-    engine::drain_at_exit();
+    engine::drain_at_exit_from_any_context();
     libc::syscall(libc::SYS_exit_group, status as libc::c_long);
     libc::abort() // not reached
 }

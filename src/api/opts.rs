@@ -223,18 +223,20 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
         None => real::shutdown(fd, how),
         Some(Attachment::Listener(l)) => real::shutdown(l.tcp_fd, how),
         Some(Attachment::Relayed(_)) => real::shutdown(fd, how), // the owner relays the FIN
-        Some(Attachment::Stream(s)) => match how {
-            libc::SHUT_WR | libc::SHUT_RDWR => {
-                let _g = crate::guard::enter();
-                s.shutdown_write();
-                0
-            }
-            libc::SHUT_RD => 0, // reads keep returning queued bytes; nothing to tell the peer
-            _ => {
+        Some(Attachment::Stream(s)) => {
+            if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
                 set_errno(libc::EINVAL);
-                -1
+                return -1;
             }
-        },
+            let _g = crate::guard::enter();
+            if how != libc::SHUT_WR {
+                s.shutdown_read();
+            }
+            if how != libc::SHUT_RD {
+                s.shutdown_write();
+            }
+            0
+        }
     }
 }
 

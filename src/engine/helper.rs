@@ -32,7 +32,10 @@ pub(super) fn run(engine: &'static Engine) {
         for ev in &evs[..n.max(0) as usize] {
             let tag = ev.u64;
             match tag & TAG_MASK {
-                TAG_WAKE => drain_eventfd(engine.wake_fd),
+                TAG_WAKE => {
+                    drain_eventfd(engine.wake_fd);
+                    engine.exit_drain_if_asked();
+                }
                 TAG_CM => cm_events(engine),
                 TAG_DEV => completions(engine, (tag & !TAG_MASK) as usize),
                 TAG_LISTEN_RDMA => {

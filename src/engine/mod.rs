@@ -23,7 +23,7 @@ use crate::negcache::NegCache;
 use crate::rdma::{self, Device, EventChannel, Wc};
 use libc::c_int;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
@@ -42,15 +42,8 @@ pub fn detach(a: crate::socket::Attachment) {
     // `get` only for the owner: another process has nothing of its own to close.
     match a {
         crate::socket::Attachment::Stream(s) => {
-            match s.owner.is_me().then(get).flatten() {
-                Some(engine) => {
-                    s.release_app();
-                    s.app_gone.store(true, Release);
-                    engine.settle_holders(&s);
-                }
-                // A copy inherited from the owner: its locks are never taken here (a parent
-                // thread may have held one at the fork), and nothing else uses its doorbell.
-                None => s.bell().release_app(),
+            if !s.defer_close() {
+                stream_fd_closed(&s);
             }
         }
         crate::socket::Attachment::Listener(l) => match l.owner.is_me().then(get).flatten() {
@@ -67,6 +60,41 @@ pub fn detach(a: crate::socket::Attachment) {
             None => l.bell().release_app(),
         },
         crate::socket::Attachment::Relayed(_) => {}
+    }
+}
+
+/// The program's last fd of `s` is closed and no call of it is in progress (call inside
+/// the reentrancy guard).
+fn stream_fd_closed(s: &Arc<Stream>) {
+    match s.owner.is_me().then(get).flatten() {
+        Some(engine) => {
+            s.release_app();
+            s.app_gone.store(true, Release);
+            engine.settle_holders(s);
+        }
+        // A copy inherited from the owner: its locks are never taken here (a parent
+        // thread may have held one at the fork), and nothing else uses its doorbell.
+        None => s.bell().release_app(),
+    }
+}
+
+/// A program call on a stream, from start to end (see [`Stream::defer_close`]); create and
+/// drop it inside the reentrancy guard.
+pub struct Call<'a>(&'a Arc<Stream>);
+
+impl<'a> Call<'a> {
+    /// The call starts.
+    pub fn begin(s: &'a Arc<Stream>) -> Call<'a> {
+        s.call_begins();
+        Call(s)
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if self.0.call_ends() {
+            stream_fd_closed(self.0);
+        }
     }
 }
 
@@ -117,6 +145,10 @@ pub struct Engine {
     held_elsewhere: Mutex<Vec<Arc<Stream>>>,
     epfd: c_int,
     wake_fd: c_int,
+    /// `_exit` asks the helper to drain (see [`drain_at_exit_from_any_context`]) ...
+    exit_asked: AtomicBool,
+    /// ... and waits for this eventfd.
+    exit_done_fd: c_int,
     next_token: AtomicU64,
     helper: Once,
     /// Destinations that failed RDMA recently.
@@ -194,6 +226,40 @@ pub fn drain_at_exit() {
     let Some(_g) = crate::guard::enter() else {
         return;
     }; // inside the shim (a signal handler?)
+    drain_streams(e);
+}
+
+/// `_exit`'s drain, async-signal-safe (`_exit` may be called from a signal handler): this
+/// thread only sets a flag, rings the helper thread, which drains as [`drain_at_exit`]
+/// does, and waits for its answer, bounded by the linger time. No lock, no allocation.
+pub fn drain_at_exit_from_any_context() {
+    if !active() || crate::sys::raw::in_vfork_child() {
+        return;
+    }
+    // SAFETY: engines are leaked, never freed: a non-null pointer stays valid.
+    let Some(e) = (unsafe { ENGINE.load(Acquire).as_ref() }) else {
+        return;
+    };
+    // Not ours (a fork child's copy), no helper (so no stream), or this thread is inside the
+    // shim — the helper could wait for a lock it holds: nothing to drain that can be drained.
+    if e.pid != crate::sys::raw::pid() || !e.helper.is_completed() || crate::guard::active() {
+        return;
+    }
+    e.exit_asked.store(true, Release);
+    e.wake();
+    let mut p = libc::pollfd {
+        fd: e.exit_done_fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = (e.linger().as_millis() + 200) as libc::c_int;
+    // SAFETY: one pollfd on our eventfd; poll(2) is async-signal-safe.
+    unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, ms) };
+}
+
+/// Delivers what every stream of `e` holds, FIN included, bounded by the linger time (call
+/// inside the reentrancy guard).
+fn drain_streams(e: &'static Engine) {
     let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
     let deadline = std::time::Instant::now() + e.linger();
     // Relayed streams first take in what their holders already wrote (a fork child that has
@@ -227,6 +293,20 @@ pub fn drain_at_exit() {
         }
         std::thread::sleep(Duration::from_micros(200));
     }
+}
+
+/// Adds one to an eventfd (async-signal-safe).
+fn ring_eventfd(fd: c_int) {
+    let one: u64 = 1;
+    // SAFETY: 8-byte write to an eventfd of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_write,
+            fd as libc::c_long,
+            &one as *const u64,
+            8usize,
+        )
+    };
 }
 
 extern "C" fn drain_at_exit_c() {
@@ -326,13 +406,14 @@ impl Engine {
         rdma::ffi::lib()?;
         let ch = EventChannel::new()?;
         // SAFETY: plain syscalls creating fds we own.
-        let (epfd, wake_fd) = unsafe {
+        let (epfd, wake_fd, exit_done_fd) = unsafe {
             (
                 crate::sys::raw::hide(crate::sys::real::epoll_create1(libc::EPOLL_CLOEXEC)),
                 crate::sys::raw::hide(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)),
+                crate::sys::raw::hide(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)),
             )
         };
-        if epfd < 0 || wake_fd < 0 {
+        if epfd < 0 || wake_fd < 0 || exit_done_fd < 0 {
             return Err(rdma::Error::last_os("epoll_create1/eventfd"));
         }
         let pid = crate::sys::raw::getpid();
@@ -358,6 +439,8 @@ impl Engine {
             held_elsewhere: Mutex::new(Vec::new()),
             epfd,
             wake_fd,
+            exit_asked: AtomicBool::new(false),
+            exit_done_fd,
             next_token: AtomicU64::new(1),
             helper: Once::new(),
             negcache: NegCache::new(),
@@ -527,18 +610,17 @@ impl Engine {
         });
     }
 
-    /// Wakes the helper thread (to look at the closing list).
+    /// Wakes the helper thread (to look at the closing list, or drain for `_exit`).
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: 8-byte write to our eventfd.
-        unsafe {
-            libc::syscall(
-                libc::SYS_write,
-                self.wake_fd as libc::c_long,
-                &one as *const u64,
-                8usize,
-            )
-        };
+        ring_eventfd(self.wake_fd);
+    }
+
+    /// Helper: `_exit` may have asked for the exit drain; answers once it is done.
+    fn exit_drain_if_asked(&'static self) {
+        if self.exit_asked.swap(false, AcqRel) {
+            drain_streams(self);
+            ring_eventfd(self.exit_done_fd);
+        }
     }
 
     /// A stream whose program fds are all closed: the helper finishes and frees it.

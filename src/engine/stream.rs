@@ -16,7 +16,7 @@ use crate::readiness::Doorbell;
 use libc::c_int;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,12 @@ pub struct Stream {
     pub(super) released: AtomicBool,
     /// The helper watches the doorbell's B for the last other holder of A.
     pub(super) hold_watched: AtomicBool,
+    /// Program calls in progress on it, and [`CLOSE_DEFERRED`]: see [`Stream::defer_close`].
+    calls: AtomicU32,
 }
+
+/// In [`Stream::calls`]: the program closed its last fd while a call was in progress.
+const CLOSE_DEFERRED: u32 = 1 << 31;
 
 pub(super) struct Inner {
     pub(super) rc: Option<rdma::Conn>,
@@ -148,6 +153,7 @@ impl Stream {
             timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
             owner,
             app_gone: AtomicBool::new(false),
+            calls: AtomicU32::new(0),
             released: AtomicBool::new(false),
             hold_watched: AtomicBool::new(false),
         });
@@ -216,6 +222,24 @@ impl Stream {
         Some(self.timeouts_us[1].load(Relaxed))
             .filter(|&u| u > 0)
             .map(Duration::from_micros)
+    }
+
+    /// A program call (recv, send, ...) starts on this stream.
+    pub(super) fn call_begins(&self) {
+        self.calls.fetch_add(1, AcqRel);
+    }
+
+    /// A program call ends; true if it was the last one and a close waited for it (the
+    /// caller now does that close).
+    pub(super) fn call_ends(&self) -> bool {
+        self.calls.fetch_sub(1, AcqRel) == CLOSE_DEFERRED | 1
+    }
+
+    /// The program closed its last fd: true if calls are still in progress (blocked in
+    /// another thread), in which case the close happens when the last one ends — as a
+    /// kernel socket lives until the calls holding its file return.
+    pub(super) fn defer_close(&self) -> bool {
+        self.calls.fetch_or(CLOSE_DEFERRED, AcqRel) & !CLOSE_DEFERRED != 0
     }
 
     /// Whether the program's file is nonblocking.
@@ -423,7 +447,7 @@ impl Stream {
         // kernel reports POLLHUP for a TCP socket shut both ways. The strongest change goes
         // first: a waiter woken by it must see the whole picture at once (HUP implies
         // RDHUP and IN), as the kernel sets these flags together.
-        let both_shut = matches!(p.state(), proto::State::Closing | proto::State::Closed);
+        let both_shut = p.hung_up();
         if (reset || both_shut) && !inner.shown.hangup {
             inner.shown.hangup = true;
             inner.shown.eof = true;
@@ -607,6 +631,15 @@ impl Stream {
                 return if done > 0 { Ok(done) } else { Err(e) };
             }
         }
+    }
+
+    /// `shutdown(SHUT_RD)`: reads return what is queued, then 0 instead of blocking; a
+    /// reader blocked in another thread wakes up.
+    pub fn shutdown_read(&self) {
+        self.with(|inner| {
+            inner.proto.shutdown_read();
+            self.show(inner);
+        });
     }
 
     /// `shutdown(SHUT_WR)`: FIN after the queued bytes.

@@ -189,6 +189,9 @@ pub struct Conn {
 
     // Lifecycle.
     write_shut: bool,
+    /// `shutdown(SHUT_RD)`: reads end (0) once the queue is empty, as on Linux TCP, where
+    /// bytes already queued — or arriving later — are still returned.
+    read_shut: bool,
     read_closed: bool,
     fin_sent: bool,
     fin_received: bool,
@@ -228,6 +231,7 @@ impl Conn {
             planned: VecDeque::with_capacity(3),
             rx: RxCredits::new(config.ring_size, config.recv_credits),
             write_shut: false,
+            read_shut: false,
             read_closed: false,
             fin_sent: false,
             fin_received: false,
@@ -252,9 +256,16 @@ impl Conn {
         self.rx.unread() as usize
     }
 
-    /// True once the peer's FIN has arrived and every byte before it has been consumed.
+    /// True once the peer's FIN has arrived (or reading was shut down) and every byte
+    /// before it has been consumed.
     pub fn at_eof(&self) -> bool {
-        !self.is_reset() && self.fin_received && self.rx.unread() == 0
+        !self.is_reset() && (self.fin_received || self.read_shut) && self.rx.unread() == 0
+    }
+
+    /// Both directions are shut (ours by shutdown or close, theirs by FIN or our
+    /// `SHUT_RD`): poll reports a hang-up, as Linux does for a TCP socket shut both ways.
+    pub fn hung_up(&self) -> bool {
+        self.write_shut && (self.fin_received || self.read_shut)
     }
 
     /// Send-buffer bytes a write would accept now.
@@ -347,6 +358,12 @@ impl Conn {
     }
 
     // ---- application commands (reads and writes are in recv.rs and send.rs) ---------------
+
+    /// `shutdown(SHUT_RD)`: a read finding nothing queued returns end of stream instead of
+    /// blocking; nothing is told to the peer. Idempotent.
+    pub fn shutdown_read(&mut self) {
+        self.read_shut = true;
+    }
 
     /// Half-close (SHUT_WR): queued bytes still go out, then FIN. Later writes fail with
     /// `Closed`. Idempotent.

@@ -50,7 +50,7 @@ impl Conn {
         }
         if self.readable() == 0 {
             let empty = bufs.iter().all(|b| b.is_empty());
-            return if empty || self.fin_received {
+            return if empty || self.fin_received || self.read_shut {
                 Ok(0)
             } else {
                 Err(ReadError::Blocked)
