@@ -78,19 +78,29 @@ fn memory(engine: &Engine, dev: &Arc<Device>, sizes: BufSizes) -> Result<Memory,
 
 /// The QP for `id`, with receives posted for every credit we will announce.
 fn queue_pair(id: rdma::CmId, m: &mut Memory) -> Result<rdma::Conn, rdma::Error> {
-    let want = QpCaps {
+    let mut rc = rdma::Conn::new(id, &m.pd, qp_caps(m)).map_err(|(e, _id)| e)?;
+    fit_and_post(&mut rc, m)?;
+    Ok(rc)
+}
+
+/// The queues a connection with memory `m` asks for.
+fn qp_caps(m: &Memory) -> QpCaps {
+    QpCaps {
         max_send_wr: m.cfg.send_queue_depth,
         max_recv_wr: m.cfg.recv_credits,
         max_send_sge: 1,
         max_inline_data: m.cfg.max_inline,
-    };
-    let mut rc = rdma::Conn::new(id, &m.pd, want).map_err(|(e, _id)| e)?;
+    }
+}
+
+/// Fits the protocol to the queues the device granted and posts the receives for every
+/// credit we will announce.
+fn fit_and_post(rc: &mut rdma::Conn, m: &mut Memory) -> Result<(), rdma::Error> {
     let caps = rc.caps();
     // The protocol may use only what the device granted.
     m.cfg.send_queue_depth = caps.max_send_wr.min(m.cfg.send_queue_depth);
     m.cfg.max_inline = caps.max_inline_data.min(m.cfg.max_inline);
-    rc.post_recvs(0, m.cfg.recv_credits)?;
-    Ok(rc)
+    rc.post_recvs(0, m.cfg.recv_credits)
 }
 
 fn hello(m: &Memory, kind: HelloKind) -> [u8; Hello::LEN] {
@@ -269,27 +279,46 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     }
     let token = engine.token();
     id.set_token(token);
-    let built = (|| {
-        let d = engine.dev(&device)?;
-        let mut m = memory(engine, &device, l.sizes)?;
-        let mut rc = queue_pair(id, &mut m)?;
-        rc.id_mut().migrate(&engine.ch)?;
-        let ours = hello(&m, HelloKind::Accept);
-        let conn = proto::Conn::new(&m.cfg, &peer)
-            .map_err(|_| rdma::Error::new("hello", libc::EPROTO, Reason::BadHandshake))?;
-        let local = rc.id().local_addr();
-        let peer_addr = rc.id().peer_addr();
-        Ok::<_, rdma::Error>((d, m, rc, ours, conn, local, peer_addr))
-    })();
-    let (d, m, mut rc, ours, conn, local, peer_addr) = match built {
+    // Out of resources here (memlock, CQ entries, QPs) says nothing against the peer's
+    // listener: the rsock reject makes the client fall back at once, without remembering
+    // this server as one that cannot do RDMA.
+    let no_room = Reject::new(RejectReason::NoResources).to_bytes();
+    let refuse = |e: &rdma::Error| log::warn!("refusing rdma connection from {from:?}: {e}");
+    let (d, mut m) = match engine
+        .dev(&device)
+        .and_then(|d| Ok((d, memory(engine, &device, l.sizes)?)))
+    {
         Ok(x) => x,
         Err(e) => {
-            // The id went into the failed QP setup and was dropped with it: the peer sees a
-            // reject and falls back to TCP.
-            log::warn!("refusing rdma connection from {from:?}: {e}");
+            refuse(&e);
+            let _ = id.reject(&no_room);
             return;
         }
     };
+    let mut rc = match rdma::Conn::new(id, &m.pd, qp_caps(&m)) {
+        Ok(rc) => rc,
+        Err((e, mut id)) => {
+            refuse(&e);
+            let _ = id.reject(&no_room);
+            return;
+        }
+    };
+    let built = fit_and_post(&mut rc, &mut m)
+        .and_then(|()| rc.id_mut().migrate(&engine.ch))
+        .and_then(|()| {
+            proto::Conn::new(&m.cfg, &peer)
+                .map_err(|_| rdma::Error::new("hello", libc::EPROTO, Reason::BadHandshake))
+        });
+    let conn = match built {
+        Ok(c) => c,
+        Err(e) => {
+            refuse(&e);
+            let _ = rc.reject(&no_room);
+            return;
+        }
+    };
+    let ours = hello(&m, HelloKind::Accept);
+    let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
     let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
         return;
     };
