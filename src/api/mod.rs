@@ -443,6 +443,7 @@ unsafe fn accept_dual(
                 }
             };
             stream.set_nonblocking(nonblock);
+            stream.inherit_options(l.tcp_fd);
             saddr::write(&stream.peer, addr, len);
             let (local, _) = saddr::encode(&stream.local);
             let (peer, _) = saddr::encode(&stream.peer);

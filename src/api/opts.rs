@@ -80,8 +80,23 @@ pub unsafe fn setsockopt(
     };
     let r = real::setsockopt(opts_fd(&a), level, name, val, len);
     if let (0, Attachment::Stream(s)) = (r, &a) {
-        if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) {
-            s.load_timeouts();
+        let mirrored = match level {
+            libc::SOL_SOCKET => matches!(
+                name,
+                libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_KEEPALIVE
+            ),
+            libc::IPPROTO_TCP => matches!(
+                name,
+                libc::TCP_KEEPIDLE
+                    | libc::TCP_KEEPINTVL
+                    | libc::TCP_KEEPCNT
+                    | libc::TCP_USER_TIMEOUT
+            ),
+            _ => false,
+        };
+        if mirrored {
+            let _g = crate::guard::enter();
+            s.load_options();
         }
     }
     r

@@ -6,12 +6,15 @@
 //! The thread holds the reentrancy guard for its whole life: everything it calls, and
 //! everything librdmacm/libibverbs call on its behalf, goes straight to libc.
 
+use super::stream::TIMED;
 use super::{
     lock, Engine, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_LISTEN_RDMA, TAG_LISTEN_TCP, TAG_MASK,
     TAG_WAKE,
 };
 use crate::rdma::EventKind;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub(super) fn run(engine: &'static Engine) {
     let Some(_guard) = crate::guard::enter() else {
@@ -19,11 +22,15 @@ pub(super) fn run(engine: &'static Engine) {
     };
     // SAFETY: epoll_event is plain data.
     let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
+    let mut next_tick = Instant::now();
     loop {
-        let timeout = if lock(&engine.closing).is_empty() {
-            1000
-        } else {
+        let timed = TIMED.load(Relaxed) > 0;
+        let timeout = if !lock(&engine.closing).is_empty() {
             50
+        } else if timed {
+            TICK_MS
+        } else {
+            1000
         };
         // SAFETY: valid epoll fd and buffer.
         let n = unsafe {
@@ -51,8 +58,18 @@ pub(super) fn run(engine: &'static Engine) {
         }
         engine.recheck_holders();
         reap(engine);
+        if timed && Instant::now() >= next_tick {
+            let now = Instant::now();
+            next_tick = now + Duration::from_millis(TICK_MS as u64);
+            let streams: Vec<Arc<super::Stream>> =
+                lock(&engine.streams_by_qp).values().cloned().collect();
+            streams.iter().for_each(|s| s.tick(now));
+        }
     }
 }
+
+/// How often keepalive and user timeouts are looked at (their resolution).
+const TICK_MS: i32 = 250;
 
 fn drain_eventfd(fd: i32) {
     let mut v = 0u64;

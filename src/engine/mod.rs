@@ -13,6 +13,7 @@
 mod helper;
 pub mod ipc;
 pub mod listener;
+mod liveness;
 mod peeked;
 pub mod relay;
 mod setup;

@@ -83,10 +83,11 @@ fn queue_pair(id: rdma::CmId, m: &mut Memory) -> Result<rdma::Conn, rdma::Error>
     Ok(rc)
 }
 
-/// The queues a connection with memory `m` asks for.
+/// The queues a connection with memory `m` asks for: the protocol's send queue and one
+/// slot for a keepalive probe, which the protocol does not account.
 fn qp_caps(m: &Memory) -> QpCaps {
     QpCaps {
-        max_send_wr: m.cfg.send_queue_depth,
+        max_send_wr: m.cfg.send_queue_depth + 1,
         max_recv_wr: m.cfg.recv_credits,
         max_send_sge: 1,
         max_inline_data: m.cfg.max_inline,
@@ -98,7 +99,11 @@ fn qp_caps(m: &Memory) -> QpCaps {
 fn fit_and_post(rc: &mut rdma::Conn, m: &mut Memory) -> Result<(), rdma::Error> {
     let caps = rc.caps();
     // The protocol may use only what the device granted.
-    m.cfg.send_queue_depth = caps.max_send_wr.min(m.cfg.send_queue_depth);
+    m.cfg.send_queue_depth = caps
+        .max_send_wr
+        .saturating_sub(1)
+        .max(1)
+        .min(m.cfg.send_queue_depth);
     m.cfg.max_inline = caps.max_inline_data.min(m.cfg.max_inline);
     rc.post_recvs(0, m.cfg.recv_credits)
 }

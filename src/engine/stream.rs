@@ -7,6 +7,7 @@
 //! so that a stream sees its completions in CQ order.
 
 use super::ipc::Owner;
+use super::liveness::{self, Action};
 use super::peeked::Peeked;
 use super::relay;
 use super::{Dev, Engine};
@@ -16,7 +17,7 @@ use crate::readiness::Doorbell;
 use libc::c_int;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,8 @@ use std::time::{Duration, Instant};
 const PROTO_SIGNALED: u64 = 1 << 62;
 /// wr_id of receive WRs (their completions are told apart by the verbs layer's flag).
 const RECV_WR: u64 = 0;
+/// wr_id of a keepalive probe (a zero-length WRITE the protocol does not account).
+const PROBE_WR: u64 = 1 << 61;
 
 /// What a blocked caller waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,7 +68,12 @@ pub struct Stream {
     pub(super) hold_watched: AtomicBool,
     /// Program calls in progress on it, and [`CLOSE_DEFERRED`]: see [`Stream::defer_close`].
     calls: AtomicU32,
+    /// Keepalive or a user timeout is on: the helper ticks it (counted in [`TIMED`]).
+    timed: AtomicBool,
 }
+
+/// Streams of this process with keepalive or a user timeout on (the helper then ticks).
+pub(super) static TIMED: AtomicUsize = AtomicUsize::new(0);
 
 /// In [`Stream::calls`]: the program closed its last fd while a call was in progress.
 const CLOSE_DEFERRED: u32 = 1 << 31;
@@ -89,6 +97,10 @@ pub(super) struct Inner {
     scratch: Vec<u8>,
     /// What MSG_PEEK showed of the unread head (the ring may change under it).
     peeked: Peeked,
+    /// Keepalive and user timeout, as the program set them ...
+    live: liveness::Settings,
+    /// ... and their clocks.
+    timers: liveness::Timers,
 }
 
 #[derive(Default)]
@@ -139,6 +151,8 @@ impl Stream {
                 relays: Vec::new(),
                 scratch: Vec::new(),
                 peeked: Peeked::default(),
+                live: liveness::Settings::default(),
+                timers: liveness::Timers::new(Instant::now()),
             }),
             bell,
             dev,
@@ -154,10 +168,11 @@ impl Stream {
             owner,
             app_gone: AtomicBool::new(false),
             calls: AtomicU32::new(0),
+            timed: AtomicBool::new(false),
             released: AtomicBool::new(false),
             hold_watched: AtomicBool::new(false),
         });
-        s.load_timeouts();
+        s.load_options();
         s.with(|inner| s.pump(inner));
         Ok(s)
     }
@@ -181,7 +196,92 @@ impl Stream {
     }
 
     /// Re-reads SO_RCVTIMEO/SO_SNDTIMEO from the options socket (after a setsockopt).
-    pub fn load_timeouts(&self) {
+    /// Mirrors the options the driver honours from `opts_fd` (after the program set one):
+    /// SO_RCVTIMEO/SO_SNDTIMEO, keepalive and the user timeout.
+    pub fn load_options(&self) {
+        self.load_timeouts();
+        let live = read_liveness(self.opts_fd);
+        self.with(|inner| inner.live = live);
+        if live.any() != self.timed.swap(live.any(), AcqRel) {
+            if live.any() {
+                TIMED.fetch_add(1, AcqRel);
+            } else {
+                TIMED.fetch_sub(1, AcqRel);
+            }
+        }
+    }
+
+    /// An accepted stream takes the listener's keepalive and user timeout, as a socket
+    /// accepted by the kernel does (two reads when the listener set neither).
+    pub fn inherit_options(&self, listener_fd: c_int) {
+        let get = |level, name| sockopt_int(listener_fd, level, name);
+        if get(libc::SOL_SOCKET, libc::SO_KEEPALIVE) == 0
+            && get(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) == 0
+        {
+            return;
+        }
+        for (level, name) in LIVENESS_OPTIONS {
+            let v = get(level, name) as c_int;
+            // SAFETY: an int option from a valid buffer.
+            unsafe {
+                crate::sys::real::setsockopt(
+                    self.opts_fd,
+                    level,
+                    name,
+                    (&v as *const c_int).cast(),
+                    std::mem::size_of::<c_int>() as libc::socklen_t,
+                )
+            };
+        }
+        self.load_options();
+    }
+
+    /// Helper, a few times a second while [`TIMED`]: keepalive probes and timeouts.
+    pub(super) fn tick(&self, now: Instant) {
+        if !self.timed.load(Acquire) {
+            return;
+        }
+        self.with(|inner| {
+            let c = inner.proto.counters();
+            let (Some(rc), None) = (inner.rc.as_mut(), inner.dead) else {
+                return;
+            };
+            match inner
+                .timers
+                .decide(&inner.live, now, c.tx_posted > c.tx_acked)
+            {
+                Action::Wait => {}
+                Action::Probe => {
+                    // SAFETY: no SGEs; a zero-length write names no memory of the peer's.
+                    let r = unsafe {
+                        rc.post_write(
+                            PROBE_WR,
+                            &[],
+                            inner.remote.at(0),
+                            inner.remote.rkey,
+                            None,
+                            Signal::Yes,
+                        )
+                    };
+                    if let Err(e) = r {
+                        log::info!("rdma stream {}: keepalive probe: {e}", self.peer);
+                        inner.timers.probe_done();
+                    }
+                }
+                Action::TimedOut => {
+                    log::info!(
+                        "rdma stream {} -> {}: peer silent past keepalive/user timeout: ETIMEDOUT",
+                        self.local,
+                        self.peer
+                    );
+                    inner.dead.get_or_insert(libc::ETIMEDOUT);
+                    self.show(inner);
+                }
+            }
+        });
+    }
+
+    fn load_timeouts(&self) {
         for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO]
             .into_iter()
             .enumerate()
@@ -285,6 +385,9 @@ impl Stream {
                 return;
             }
             inner.recvs_owed += 1;
+            if inner.live.any() {
+                inner.timers.heard(Instant::now());
+            }
             let r = match wc.imm() {
                 Some(imm) => inner.proto.handle_imm(imm),
                 None => Err(proto::ProtocolError::BadImm(
@@ -305,9 +408,22 @@ impl Stream {
             if !wc.is_ok() {
                 inner.proto.handle_send_error();
                 if !wc.is_flush() || !inner.proto.is_finished() {
-                    fail(inner, libc::ECONNRESET, "send failed", wc);
+                    // The peer's NIC stopped answering (its host is gone): as TCP's
+                    // retransmission timeout, not a reset.
+                    let e = if wc.status() == rdma_sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR {
+                        libc::ETIMEDOUT
+                    } else {
+                        libc::ECONNRESET
+                    };
+                    fail(inner, e, "send failed", wc);
                 }
                 return;
+            }
+            if inner.live.any() {
+                inner.timers.heard(Instant::now());
+                if wc.wr_id() == PROBE_WR {
+                    inner.timers.probe_done();
+                }
             }
             if wc.wr_id() & PROTO_SIGNALED != 0 && wc.wr_id() != rdma::DRAIN_SEND_WR_ID {
                 let id = WrId(wc.wr_id() & !PROTO_SIGNALED);
@@ -848,10 +964,52 @@ impl Stream {
             (inner.rc.take(), std::mem::take(&mut inner.relays))
         };
         drop(rc);
+        if self.timed.swap(false, AcqRel) {
+            TIMED.fetch_sub(1, AcqRel);
+        }
         for e in relays {
             crate::sys::raw::close(e.fd);
         }
         crate::sys::raw::close(self.opts_fd);
+    }
+}
+
+/// The options [`liveness`] follows, in the order of [`liveness::Settings`]'s fields.
+const LIVENESS_OPTIONS: [(c_int, c_int); 5] = [
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+];
+
+/// An int socket option of a kernel socket (0 if it cannot be read).
+fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> u32 {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: valid out-buffer of len bytes.
+    let r = unsafe {
+        crate::sys::real::getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut len)
+    };
+    if r == 0 {
+        v.max(0) as u32
+    } else {
+        0
+    }
+}
+
+/// Keepalive and user timeout of a kernel socket (its effective values: the system's
+/// defaults where the program set none).
+fn read_liveness(fd: c_int) -> liveness::Settings {
+    let [keepalive, idle, intvl, cnt, user_ms] =
+        LIVENESS_OPTIONS.map(|(level, name)| sockopt_int(fd, level, name));
+    let secs = |n: u32| Duration::from_secs(u64::from(n));
+    liveness::Settings {
+        keepalive: keepalive != 0,
+        idle: secs(idle),
+        intvl: secs(intvl),
+        cnt,
+        user_timeout: Duration::from_millis(u64::from(user_ms)),
     }
 }
 

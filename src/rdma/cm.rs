@@ -357,7 +357,9 @@ pub struct ConnParam<'a> {
     pub initiator_depth: u8,
     /// Transport retries (max 7)
     pub retry_count: u8,
-    /// RNR retries (7 = retry forever; credits should make RNR impossible anyway)
+    /// RNR retries (7 = retry forever). Finite by default: credits make RNR impossible
+    /// with a well-behaved peer, and one that never posts a receive must fail the QP, not
+    /// hang it.
     pub rnr_retry_count: u8,
 }
 
@@ -368,7 +370,7 @@ impl Default for ConnParam<'_> {
             responder_resources: 0,
             initiator_depth: 0,
             retry_count: 7,
-            rnr_retry_count: 7,
+            rnr_retry_count: 6,
         }
     }
 }
