@@ -706,7 +706,8 @@ mod tests {
         assert!(raw.private_data.is_null());
         assert_eq!(
             (raw.retry_count, raw.rnr_retry_count, raw.flow_control),
-            (7, 7, 1)
+            (7, 6, 1),
+            "RNR retry must be finite (7 means forever)"
         );
     }
 }
