@@ -435,6 +435,33 @@ cell_epoll_modes() {
     expect_qps_released
 }
 
+# Socket edge cases (examples/socket_edges.rs, issue #11): SHUT_RD / SHUT_RDWR, close() while
+# another thread is blocked in recv, EINTR with and without SA_RESTART, send from a signal
+# handler that interrupted a blocked recv, _exit from a signal handler (a child process sends
+# 8 MiB, then _exit: every byte must arrive). Output compared line for line with kernel TCP.
+# Connections: 6 pairs in one process (12) + the child's and its accepted end (2); the child
+# _exits with its socket open, so that one may stay listed.
+cell_socket_edges() {
+    [ -x "$EX/socket_edges" ] || fail "missing $EX/socket_edges"
+    timeout $T "$EX/socket_edges" "$A" "$PORT" > plain.out 2> plain.err ||
+        fail "socket_edges failed on kernel TCP: $(tail -c 300 plain.err)"
+    rdma_begin
+    local rc=0
+    timeout $T env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$CELL_DIR/st" RSOCK_STATS_KEEP=1 \
+        RSOCK_CONNECT_TIMEOUT_MS=$CTO RSOCK_LOG="$CELL_DIR/st.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" \
+        "$EX/socket_edges" "$A" "$PORT2" > shim.out 2> shim.err || rc=$?
+    grep '^# ' shim.err | sed 's/^# /# under the shim: /'
+    diff plain.out shim.out > diff.out
+    local secs
+    secs=$(grep '^[<>] ' diff.out | sed 's/^[<>] //; s/:.*//' | sort -u | paste -sd' ')
+    [ $rc -eq 0 ] || fail "socket_edges failed under the shim (status $rc): $(tail -c 300 shim.err); sections differing: ${secs:-none}; first difference: $(grep -m3 '^[<>]' diff.out | paste -sd' ')"
+    [ -s diff.out ] && fail "output differs under the shim in sections: $secs: $(grep '^[<>]' diff.out | head -8 | paste -sd'|')"
+    grep -q '^done$' shim.out || fail "socket_edges did not finish"
+    soft rdma_end $((8 * 1048576)) 2
+    soft expect_rdma st 14 -D B=$((8 * 1048576)) 'nproc==2' 'B <= rx.rdma' 'B <= tx.rdma' 'len(sockets)<=1'
+    expect_qps_released
+}
+
 # ---- 6. peer killed mid-stream --------------------------------------------------------------------
 
 # A slow reader (python) that prints its pid, then reads 4 KiB every 10 ms.
@@ -625,7 +652,7 @@ CELLS=(
     fallback_rejected fallback_plain_ns fallback_client_no_device
     dual_listen plain_client_nc
     enable_0
-    epoll_modes
+    epoll_modes socket_edges
     kill_receiver kill_sender
     exit_after_close exit_after_shutdown exit_without_close
     many_conns
