@@ -47,6 +47,8 @@ pub enum Action {
 #[derive(Clone, Copy, Debug)]
 pub struct Timers {
     last_heard: Instant,
+    /// Since when written data has awaited acknowledgement (seen by a tick).
+    pending_since: Option<Instant>,
     unanswered: u32,
     probe_outstanding: bool,
 }
@@ -56,6 +58,7 @@ impl Timers {
     pub fn new(now: Instant) -> Timers {
         Timers {
             last_heard: now,
+            pending_since: None,
             unanswered: 0,
             probe_outstanding: false,
         }
@@ -72,20 +75,42 @@ impl Timers {
         self.probe_outstanding = false;
     }
 
-    /// Decides at `now`; `in_flight` says whether written data awaits acknowledgement.
+    /// Decides at `now`; `in_flight` says whether written data may await acknowledgement
+    /// or credits (unsignaled writes leave the driver unsure: a probe's completion settles
+    /// it, and keeps telling, while the peer cannot take more, that it is alive).
     /// Probes are due at idle, idle + intvl, …; after `cnt` unanswered ones, one more
     /// interval ends the connection — unless a user timeout is set, which then decides
-    /// alone (as on Linux).
+    /// alone (as on Linux), counting from when data was last acknowledged or first seen
+    /// waiting.
     pub fn decide(&mut self, s: &Settings, now: Instant, in_flight: bool) -> Action {
+        let pending = if in_flight {
+            Some(*self.pending_since.get_or_insert(now))
+        } else {
+            self.pending_since = None;
+            None
+        };
         let silent = now.saturating_duration_since(self.last_heard);
-        if !s.user_timeout.is_zero()
-            && (in_flight || self.unanswered > 0)
-            && silent >= s.user_timeout
-        {
-            return Action::TimedOut;
+        if !s.user_timeout.is_zero() {
+            let waited = match pending {
+                Some(p) => now.saturating_duration_since(p.max(self.last_heard)),
+                None if self.unanswered > 0 => silent,
+                None => Duration::ZERO,
+            };
+            if waited >= s.user_timeout {
+                return Action::TimedOut;
+            }
         }
-        if !s.keepalive || in_flight {
-            return Action::Wait; // a queue pair with data in flight notices by itself
+        if in_flight {
+            // The queue pair notices a dead peer by itself (retries exhausted); a probe
+            // behind the data tells when it was all acknowledged.
+            if self.probe_outstanding {
+                return Action::Wait;
+            }
+            self.probe_outstanding = true;
+            return Action::Probe;
+        }
+        if !s.keepalive {
+            return Action::Wait;
         }
         if silent < s.idle + s.intvl * self.unanswered {
             return Action::Wait;
@@ -152,17 +177,34 @@ mod tests {
     }
 
     #[test]
-    fn no_keepalive_while_data_is_in_flight_or_when_off() {
+    fn data_in_flight_gets_one_settling_probe_and_no_keepalive_count() {
         let t0 = Instant::now();
+        let s = ka(1, 1, 1);
         let mut t = Timers::new(t0);
-        assert_eq!(t.decide(&ka(1, 1, 1), at(t0, 60_000), true), Action::Wait);
+        assert_eq!(t.decide(&s, at(t0, 60_000), true), Action::Probe);
+        assert_eq!(
+            t.decide(&s, at(t0, 61_000), true),
+            Action::Wait,
+            "one at a time"
+        );
+        assert_eq!(
+            t.decide(&s, at(t0, 90_000), true),
+            Action::Wait,
+            "the QP's own retries decide"
+        );
+        t.probe_done();
+        t.heard(at(t0, 90_010));
+        assert_eq!(t.decide(&s, at(t0, 90_020), false), Action::Wait);
         let off = Settings::default();
         assert!(!off.any());
-        assert_eq!(t.decide(&off, at(t0, 60_000), false), Action::Wait);
+        assert_eq!(
+            Timers::new(t0).decide(&off, at(t0, 60_000), false),
+            Action::Wait
+        );
     }
 
     #[test]
-    fn user_timeout_ends_unacknowledged_data_and_overrides_keepcnt() {
+    fn user_timeout_counts_from_when_data_was_first_seen_waiting() {
         let t0 = Instant::now();
         let ut = Settings {
             user_timeout: Duration::from_millis(1500),
@@ -174,10 +216,21 @@ mod tests {
             Action::Wait,
             "idle is fine"
         );
-        t.heard(at(t0, 10_000));
+        // Data waits from 10 s on (the last answer was at 0 s): the clock starts at 10 s.
+        assert_eq!(t.decide(&ut, at(t0, 10_000), true), Action::Probe);
         assert_eq!(t.decide(&ut, at(t0, 11_499), true), Action::Wait);
         assert_eq!(t.decide(&ut, at(t0, 11_500), true), Action::TimedOut);
+        // An answer meanwhile moves it.
+        let mut t = Timers::new(t0);
+        assert_eq!(t.decide(&ut, at(t0, 10_000), true), Action::Probe);
+        t.heard(at(t0, 11_000));
+        assert_eq!(t.decide(&ut, at(t0, 12_000), true), Action::Wait);
+        assert_eq!(t.decide(&ut, at(t0, 12_500), true), Action::TimedOut);
+    }
 
+    #[test]
+    fn user_timeout_overrides_keepcnt() {
+        let t0 = Instant::now();
         let both = Settings {
             user_timeout: Duration::from_secs(10),
             ..ka(1, 1, 1)

@@ -88,6 +88,8 @@ pub(super) struct Inner {
     shown: Shown,
     /// Peer disconnected or the QP failed: errno for calls once queued data is read.
     dead: Option<c_int>,
+    /// A write has reported `dead`'s error (later ones get EPIPE).
+    dead_told: bool,
     /// When the program's last fd closed (the stream lingers to deliver queued bytes).
     pub(super) closed_at: Option<Instant>,
     pub(super) draining: bool,
@@ -101,6 +103,10 @@ pub(super) struct Inner {
     live: liveness::Settings,
     /// ... and their clocks.
     timers: liveness::Timers,
+    /// Send position a probe in flight follows, and the last one a probe's completion
+    /// showed acknowledged (unsignaled writes complete silently).
+    probe_covers: u64,
+    confirmed: u64,
 }
 
 #[derive(Default)]
@@ -151,8 +157,11 @@ impl Stream {
                 relays: Vec::new(),
                 scratch: Vec::new(),
                 peeked: Peeked::default(),
+                dead_told: false,
                 live: liveness::Settings::default(),
                 timers: liveness::Timers::new(Instant::now()),
+                probe_covers: 0,
+                confirmed: 0,
             }),
             bell,
             dev,
@@ -201,6 +210,7 @@ impl Stream {
     pub fn load_options(&self) {
         self.load_timeouts();
         let live = read_liveness(self.opts_fd);
+        log::debug!("rdma stream {}: liveness {live:?}", self.peer);
         self.with(|inner| inner.live = live);
         if live.any() != self.timed.swap(live.any(), AcqRel) {
             if live.any() {
@@ -246,12 +256,14 @@ impl Stream {
             let (Some(rc), None) = (inner.rc.as_mut(), inner.dead) else {
                 return;
             };
-            match inner
-                .timers
-                .decide(&inner.live, now, c.tx_posted > c.tx_acked)
-            {
+            // Written and not known acknowledged — posted, or queued for want of credits (a
+            // peer that stopped reading, as TCP's zero window): both await the peer.
+            let in_flight = c.tx_queued > c.tx_acked.max(inner.confirmed);
+            match inner.timers.decide(&inner.live, now, in_flight) {
                 Action::Wait => {}
                 Action::Probe => {
+                    log::trace!("rdma stream {}: probe (in flight: {in_flight})", self.peer);
+                    inner.probe_covers = c.tx_posted;
                     // SAFETY: no SGEs; a zero-length write names no memory of the peer's.
                     let r = unsafe {
                         rc.post_write(
@@ -423,6 +435,7 @@ impl Stream {
                 inner.timers.heard(Instant::now());
                 if wc.wr_id() == PROBE_WR {
                     inner.timers.probe_done();
+                    inner.confirmed = inner.confirmed.max(inner.probe_covers);
                 }
             }
             if wc.wr_id() & PROTO_SIGNALED != 0 && wc.wr_id() != rdma::DRAIN_SEND_WR_ID {
@@ -573,7 +586,7 @@ impl Stream {
                 p.state()
             );
             self.bell.set_hangup();
-        } else if p.at_eof() && !inner.shown.eof {
+        } else if p.read_ended() && !inner.shown.eof {
             inner.shown.eof = true;
             log::trace!(
                 "rdma stream {}: end of stream shown (state {:?})",
@@ -704,8 +717,16 @@ impl Stream {
             {
                 let mut g = self.lock();
                 let inner = &mut *g;
-                if inner.dead.is_some() {
-                    return if done > 0 { Ok(done) } else { Err(libc::EPIPE) }; // a write on a dead stream, as on a reset TCP one
+                if let Some(e) = inner.dead {
+                    if done > 0 {
+                        return Ok(done);
+                    }
+                    // As on TCP: a timed-out connection's error is told once, then EPIPE.
+                    if e == libc::ETIMEDOUT && !inner.dead_told {
+                        inner.dead_told = true;
+                        return Err(e);
+                    }
+                    return Err(libc::EPIPE); // a write on a dead stream, as on a reset TCP one
                 }
                 if want == 0 {
                     return Ok(0);

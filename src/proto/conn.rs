@@ -262,6 +262,12 @@ impl Conn {
         !self.is_reset() && (self.fin_received || self.read_shut) && self.rx.unread() == 0
     }
 
+    /// The peer's FIN arrived or reading was shut down, bytes may still be queued: poll
+    /// reports `POLLRDHUP` from here on, as Linux does.
+    pub fn read_ended(&self) -> bool {
+        !self.is_reset() && (self.fin_received || self.read_shut)
+    }
+
     /// Both directions are shut (ours by shutdown or close, theirs by FIN or our
     /// `SHUT_RD`): poll reports a hang-up, as Linux does for a TCP socket shut both ways.
     pub fn hung_up(&self) -> bool {

@@ -149,7 +149,16 @@ pub fn in_vfork_child() -> bool {
 /// one interrupted us is not known here, so any handler without `SA_RESTART` means `EINTR`
 /// (what Python's Ctrl-C needs). Called only after an interruption: 64 `sigaction` queries.
 pub fn signals_restart() -> bool {
-    (1..=64).all(|sig| {
+    // Fault signals (Rust's runtime handles SIGSEGV and SIGBUS for stack overflows) are raised
+    // by the faulting thread itself, never while it sleeps in a call: they don't count.
+    let synchronous = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+    ];
+    (1..=64).filter(|s| !synchronous.contains(s)).all(|sig| {
         // SAFETY: a query only (null new action); sigaction is plain data.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         let r = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
