@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every rsock test: formatting and lints (cargo fmt --check, clippy -D warnings), host
-# unit/property tests, the passthrough matrix, and the RDMA suite inside the Soft-RoCE test
-# bed (one guest boot). This is the README's test command
+# unit/property tests, the passthrough matrix, and the RDMA suites inside the Soft-RoCE test
+# bed (one guest boot, then a two-guest boot for what needs two hosts). This is the README's
+# test command
 # and what CI runs.
 #
 #   scripts/test.sh              everything (sets up what is missing first)
@@ -44,6 +45,7 @@ if ((host_only)); then
 else
   suite testbed-setup tests/rdma-vm/setup.sh
   suite rdma tests/rdma-vm/run.sh --timeout 3600 -- tests/guest-suite.sh
+  suite rdma-pair tests/rdma-vm/run.sh --topology pair --timeout 900 -- tests/pair-suite.sh
 fi
 
 ((failed)) && printf 'failed: %s\n' "${failures[@]}"
