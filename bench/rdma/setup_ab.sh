@@ -3,7 +3,7 @@
 # under a base build of the shim, this build, and kernel TCP, three rounds interleaved.
 # Inside the test bed:  tests/rdma-vm/run.sh -- bench/rdma/setup_ab.sh BASE_SO
 # (BASE_SO e.g. from `git worktree add ../base REV && cargo build --release` there).
-cd /work/main
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 EX=$PWD/target/release/examples
 NEW=$PWD/target/release/librsock.so BASE=${1:?usage: setup_ab.sh BASE_SO}
 export RSOCK_CONNECT_TIMEOUT_MS=5000 RSOCK_STATS_KEEP=1

@@ -8,8 +8,8 @@
 
 use super::stream::TIMED;
 use super::{
-    lock, Engine, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_LISTEN_RDMA, TAG_LISTEN_TCP, TAG_MASK,
-    TAG_WAKE,
+    lock, Engine, TAG_ASYNC, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_LISTEN_RDMA, TAG_LISTEN_TCP,
+    TAG_MASK, TAG_WAKE,
 };
 use crate::rdma::EventKind;
 use std::sync::atomic::Ordering::Relaxed;
@@ -50,6 +50,7 @@ pub(super) fn run(engine: &'static Engine) {
                 }
                 TAG_IPC => engine.serve_requests(),
                 TAG_HOLD => engine.on_hold_event(tag & !TAG_MASK),
+                TAG_ASYNC => engine.on_async_events((tag & !TAG_MASK) as usize),
                 TAG_LISTEN_TCP => {
                     with_listener(engine, tag & !TAG_MASK, |l| l.on_tcp_ready(engine))
                 }

@@ -400,6 +400,7 @@ const TAG_LISTEN_RDMA: u64 = 3 << 56;
 const TAG_LISTEN_TCP: u64 = 4 << 56;
 const TAG_IPC: u64 = 5 << 56;
 const TAG_HOLD: u64 = 6 << 56;
+const TAG_ASYNC: u64 = 7 << 56;
 const TAG_MASK: u64 = 0xff << 56;
 
 impl Engine {
@@ -514,6 +515,11 @@ impl Engine {
             poll: Mutex::new(()),
         });
         self.watch(dev.comp_fd(), TAG_DEV | devs.len() as u64)?;
+        // Asynchronous events (a QP or the CQ failing, the port going down) end streams.
+        match rdma::fd::set_nonblocking(dev.async_fd()) {
+            Ok(()) => self.watch(dev.async_fd(), TAG_ASYNC | devs.len() as u64)?,
+            Err(e) => log::warn!("device async events unwatched: {e}"),
+        }
         dev.arm()?;
         devs.push(d.clone());
         Ok(d)
@@ -551,7 +557,14 @@ impl Engine {
     fn poll_locked(&self, d: &Dev, _g: MutexGuard<'_, ()>) -> usize {
         // SAFETY: ibv_wc is plain data; all-zero is valid.
         let mut wcs: [Wc; 32] = unsafe { std::mem::zeroed() };
-        let n = d.dev.poll(&mut wcs).unwrap_or(0);
+        let n = match d.dev.poll(&mut wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                // A CQ that cannot be polled is lost, with every QP posting to it.
+                self.fail_device(d, &format!("{e}"));
+                0
+            }
+        };
         for wc in &wcs[..n] {
             let s = lock(&self.streams_by_qp).get(&wc.qp_num()).cloned();
             match s {
@@ -560,6 +573,41 @@ impl Engine {
             }
         }
         n
+    }
+
+    /// Helper: reads device `i`'s asynchronous events and ends the streams they concern.
+    fn on_async_events(&self, i: usize) {
+        let Some(d) = lock(&self.devices).get(i).cloned() else {
+            return;
+        };
+        while let Some(ev) = d.dev.async_event() {
+            match ev {
+                rdma::AsyncEvent::QpFatal(qpn) => {
+                    let s = lock(&self.streams_by_qp).get(&qpn).cloned();
+                    if let Some(s) = s {
+                        s.on_fatal("its queue pair failed (async event)");
+                    }
+                }
+                rdma::AsyncEvent::DeviceFatal(t) => {
+                    self.fail_device(&d, &format!("async event {t} (CQ or device failed)"));
+                }
+                rdma::AsyncEvent::PortDown => self.fail_device(&d, "the port went down"),
+                rdma::AsyncEvent::Other(t) => log::debug!("device async event {t}"),
+            }
+        }
+    }
+
+    /// Ends every stream on `d` (ECONNRESET): its CQ, device or port is gone.
+    fn fail_device(&self, d: &Dev, why: &str) {
+        log::warn!("rdma device: {why}: its connections are reset");
+        let streams: Vec<Arc<Stream>> = lock(&self.streams_by_qp)
+            .values()
+            .filter(|s| std::ptr::eq(Arc::as_ptr(&s.dev), d))
+            .cloned()
+            .collect();
+        for s in streams {
+            s.on_fatal(why);
+        }
     }
 
     /// Connects to `dest` over RDMA (blocking, bounded by `RSOCK_CONNECT_TIMEOUT_MS`).

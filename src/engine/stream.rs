@@ -605,6 +605,22 @@ impl Stream {
         }
     }
 
+    /// The device says this stream's QP (or its CQ, device or port) failed: reset, as a TCP
+    /// connection whose path died; queued bytes stay readable first.
+    pub(super) fn on_fatal(&self, why: &str) {
+        self.with(|inner| {
+            if inner.dead.is_none() {
+                log::info!(
+                    "rdma stream {} -> {}: {why}: ECONNRESET",
+                    self.local,
+                    self.peer
+                );
+                inner.dead = Some(libc::ECONNRESET);
+                self.show(inner);
+            }
+        });
+    }
+
     /// The peer's side of the rdma_cm connection went away.
     pub(super) fn on_disconnected(&self) {
         let mut g = self.lock();

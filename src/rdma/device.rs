@@ -195,6 +195,55 @@ impl Device {
         unsafe { (*self.channel).fd }
     }
 
+    /// The context's async-event fd (set nonblocking on first use by [`Self::async_event`]
+    /// readers; readable when an event waits)
+    pub fn async_fd(&self) -> RawFd {
+        // SAFETY: live context.
+        unsafe { (*self.ctx).async_fd }
+    }
+
+    /// The next asynchronous event of the device, if one waits (the fd must be nonblocking:
+    /// see [`fd::set_nonblocking`]). Acknowledged before returning.
+    pub fn async_event(&self) -> Option<AsyncEvent> {
+        let lib = lib().ok()?;
+        // `ibv_async_event` with the event type read as a plain integer: a value this build
+        // does not know must not become an invalid Rust enum.
+        #[repr(C)]
+        struct Raw {
+            element: *mut std::ffi::c_void,
+            event_type: u32,
+        }
+        let mut raw = Raw {
+            element: std::ptr::null_mut(),
+            event_type: u32::MAX,
+        };
+        // SAFETY: live context; `raw` has ibv_async_event's layout (a pointer-sized union,
+        // then a C enum).
+        if unsafe { (lib.ibv_get_async_event)(self.ctx, (&mut raw as *mut Raw).cast()) } != 0 {
+            return None;
+        }
+        use rdma_sys::ibv_event_type as T;
+        let kind = raw.event_type;
+        let is = |t: T| kind == t as u32;
+        let ev = if is(T::IBV_EVENT_QP_FATAL)
+            || is(T::IBV_EVENT_QP_REQ_ERR)
+            || is(T::IBV_EVENT_QP_ACCESS_ERR)
+            || is(T::IBV_EVENT_PATH_MIG_ERR)
+        {
+            // SAFETY: for QP events the element is the QP, live until acknowledged.
+            AsyncEvent::QpFatal(unsafe { (*raw.element.cast::<rdma_sys::ibv_qp>()).qp_num })
+        } else if is(T::IBV_EVENT_CQ_ERR) || is(T::IBV_EVENT_DEVICE_FATAL) {
+            AsyncEvent::DeviceFatal(kind)
+        } else if is(T::IBV_EVENT_PORT_ERR) {
+            AsyncEvent::PortDown
+        } else {
+            AsyncEvent::Other(kind)
+        };
+        // SAFETY: the event just got, acknowledged once.
+        unsafe { (lib.ibv_ack_async_event)((&mut raw as *mut Raw).cast()) };
+        Some(ev)
+    }
+
     /// Polls up to `wcs.len()` completions; returns how many were written
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
         let n = wcs.len().min(i32::MAX as usize) as i32;
@@ -307,6 +356,19 @@ impl std::fmt::Debug for Device {
             .field("limits", &self.limits)
             .finish()
     }
+}
+
+/// An asynchronous event of a device, as the transport needs it
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The QP with this number is in the error state (fatal, request or access error)
+    QpFatal(u32),
+    /// The CQ or the whole device failed (raw `ibv_event_type`): every QP on it is lost
+    DeviceFatal(u32),
+    /// A port went down: its connections cannot carry anything
+    PortDown,
+    /// Anything else (raw `ibv_event_type`): informational
+    Other(u32),
 }
 
 /// Opcode of a completion

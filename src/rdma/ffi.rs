@@ -107,6 +107,8 @@ fn_table! {
     verbs ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64,
                           access: c_int) -> *mut ibv_mr;
     verbs ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
+    verbs ibv_get_async_event(context: *mut ibv_context, event: *mut c_void) -> c_int;
+    verbs ibv_ack_async_event(event: *mut c_void);
     verbs ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int,
                        init_attr: *mut ibv_qp_init_attr) -> c_int;
     verbs ibv_wc_status_str(status: ibv_wc_status::Type) -> *const c_char;

@@ -37,7 +37,7 @@ pub use cm::{
 };
 pub use conn::{Conn, QpCaps, Signal, DRAIN_SEND_WR_ID, RECV_FLAG};
 pub use connect::{accept, close, connect, connect_event, resolve, wait_event, Incoming, Listener};
-pub use device::{Device, DeviceLimits, Wc, WcOpcode};
+pub use device::{AsyncEvent, Device, DeviceLimits, Wc, WcOpcode};
 pub use error::{Error, Reason, Result};
 pub use mr::{Access, Mr, RegBuf, RemoteBuf, Sge};
 pub use pd::Pd;

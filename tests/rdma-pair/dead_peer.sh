@@ -6,6 +6,8 @@
 #   user_timeout  TCP_USER_TIMEOUT 3 s and a writer: its send fails with ETIMEDOUT (bound 12 s);
 #   control       neither: its blocked reader is still waiting 14 s later, as on kernel TCP
 #                 (so it is keepalive that tells, not some device event).
+# On node 1, whose port went down, the device's async event resets the server's streams: its
+# blocked reads end with an error within 15 s.
 # Every connection echoes a message first and must be on RDMA (the shim's counters).
 #
 #   tests/rdma-vm/run.sh --topology pair --timeout 600 -- tests/rdma-pair/dead_peer.sh
@@ -32,9 +34,21 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
     pair_wait cut 240 || { grep -E 'WARN|ERROR|rdma stream' "$dir.log" | tail -n 20 | sed 's/^/    | srv: /'; exit 1; }
     ip link set eth0 down
     echo "# node 1: eth0 down"
+    # This side's port went down: the device's async event resets its three streams, and
+    # the echo server's blocked reads end with an error (within seconds, not on a timer).
+    ended() { [ "$(grep -c 'result=error' "$T_WORK/srv.out")" -ge 3 ]; }
+    rc=0
+    if wait_until 15 ended; then
+        echo "# node 1: server connections ended: $(grep -c 'result=error' "$T_WORK/srv.out") with an error"
+    else
+        echo "FAIL dead_peer (node 1): the server's connections did not end after the port went down: $(paste -sd'|' "$T_WORK/srv.out")"
+        rc=1
+    fi
+    grep -q 'the port went down' "$dir.log" || { echo "FAIL dead_peer (node 1): no port-down event in the shim's log"; rc=1; }
     pair_wait done 240
-    grep -E 'WARN|ERROR|INFO  rdma|refus|fail' "$dir.log" | tail -n 10 | sed 's/^/    | srv: /'
-    exit 0
+    [ $rc -eq 0 ] || grep -E 'WARN|ERROR|INFO  rdma' "$dir.log" | tail -n 10 | sed 's/^/    | srv: /'
+    [ $rc -eq 0 ] && echo "PASS dead_peer (node 1: port down resets the server's streams)"
+    exit $rc
 fi
 
 CLIENT='import errno, os, socket, sys, threading, time
