@@ -43,7 +43,9 @@ pub fn detach(a: crate::socket::Attachment) {
     // `get` only for the owner: another process has nothing of its own to close.
     match a {
         crate::socket::Attachment::Stream(s) => {
-            if !s.defer_close() {
+            // Only the owner's own threads make calls on it (a fork child's copy of the
+            // counter may show a parent thread's call, which never ends there).
+            if !(s.owner.is_me() && s.defer_close()) {
                 stream_fd_closed(&s);
             }
         }

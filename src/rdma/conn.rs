@@ -83,6 +83,8 @@ pub struct Conn {
     dev: Arc<Device>,
     /// The connection's own PD (its ring and send buffer are registered in it).
     pd: Arc<Pd>,
+    /// The device CQ it posts to, and the entries it holds there.
+    cq_slot: usize,
     cqe_reserved: u32,
     sq: SqAccount,
     rq_posted: u32,
@@ -170,12 +172,20 @@ impl Conn {
                 id,
             ));
         }
+        // Entries in a CQ with room are reserved before the QP exists (it must post to one
+        // that can take its depth), then trued up to what the device granted.
+        let asked = want.max_send_wr.max(1) + want.max_recv_wr.max(1);
+        let slot = match dev.cqs().reserve(asked) {
+            Ok(slot) => slot,
+            Err(e) => return Err((e, id)),
+        };
+        let cq = dev.cqs().cq(slot);
         let mut inline = want.max_inline_data;
         let (qp, caps) = loop {
             // SAFETY: plain C struct; zero is valid for all fields.
             let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-            attr.send_cq = dev.cq();
-            attr.recv_cq = dev.cq();
+            attr.send_cq = cq;
+            attr.recv_cq = cq;
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
             attr.sq_sig_all = 0;
             attr.cap.max_send_wr = want.max_send_wr.max(1);
@@ -210,13 +220,19 @@ impl Conn {
             } else {
                 e
             };
+            dev.cqs().release(slot, asked);
             return Err((e, id));
         };
         let reserve = caps.max_send_wr + caps.max_recv_wr;
-        if let Err(e) = dev.reserve_cqe(reserve) {
-            // SAFETY: the QP was just created on this id and is not used.
-            unsafe { (lib.rdma_destroy_qp)(id.as_ptr()) };
-            return Err((e, id));
+        if reserve > asked {
+            if let Err(e) = dev.cqs().add(slot, reserve - asked) {
+                dev.cqs().release(slot, asked);
+                // SAFETY: the QP was just created on this id and is not used.
+                unsafe { (lib.rdma_destroy_qp)(id.as_ptr()) };
+                return Err((e, id));
+            }
+        } else {
+            dev.cqs().release(slot, asked - reserve);
         }
         Ok(Conn {
             qp,
@@ -225,6 +241,7 @@ impl Conn {
             caps,
             dev: dev.clone(),
             pd: pd.clone(),
+            cq_slot: slot,
             cqe_reserved: reserve,
             sq: SqAccount::new(caps.max_send_wr),
             rq_posted: 0,
@@ -617,7 +634,7 @@ impl Drop for Conn {
             // SAFETY: the QP belongs to `id`, which is dropped after this (field drop).
             unsafe { (lib.rdma_destroy_qp)(self.id.as_ptr()) };
         }
-        self.dev.release_cqe(self.cqe_reserved);
+        self.dev.cqs().release(self.cq_slot, self.cqe_reserved);
     }
 }
 

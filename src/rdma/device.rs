@@ -1,13 +1,14 @@
-//! Per-device resources shared by connections: the completion channel and one completion
-//! queue (protection domains are per connection, see [`super::pd`]).
+//! Per-device resources shared by connections: the completion channel and a pool of
+//! completion queues ([`super::cq`]; protection domains are per connection, see
+//! [`super::pd`]).
 //!
-//! All QPs of a device post their send and receive completions to the device's single
-//! CQ, so one poll (or one fd in an epoll set) serves every connection; completions are
-//! told apart by [`Wc::qp_num`]. A CQ entry budget is reserved per QP so the CQ can never
-//! overflow (an overflow is fatal to every QP on it).
+//! All QPs of a device post their send and receive completions to the device's CQs, all on
+//! one channel, so one poll (or one fd in an epoll set) serves every connection;
+//! completions are told apart by [`Wc::qp_num`]. A CQ entry budget is reserved per QP so a
+//! CQ can never overflow (an overflow is fatal to every QP on it).
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -17,13 +18,14 @@ use rdma_sys::{
 };
 
 use super::cm::CmId;
+use super::cq::CqPool;
 use super::error::{Error, Reason, Result};
 use super::fd;
 use super::ffi::{self, lib};
 
-/// CQ entries per device (capped at the device's `max_cqe`): the CQ is shared by all of the
-/// device's connections, each reserving its send + receive queue depth (128 with the
-/// defaults), so this bounds RDMA connections per process per device (255 on rxe).
+/// Entries of each CQ of a device (capped at the device's `max_cqe`): shared by the
+/// connections it serves, each reserving its send + receive queue depth (about 130 with the
+/// defaults); the pool makes another CQ when none has room (see [`super::cq`]).
 pub const DEFAULT_CQ_ENTRIES: u32 = 65536;
 
 /// Limits of a device that callers size things by
@@ -46,9 +48,8 @@ pub struct Device {
     pid: i32,
     ctx: *mut ibv_context,
     channel: *mut ibv_comp_channel,
-    cq: *mut ibv_cq,
-    cq_entries: u32,
-    cq_reserved: AtomicU32,
+    /// Taken in Drop: the CQs go before the channel.
+    cqs: Option<CqPool>,
     limits: DeviceLimits,
 }
 
@@ -120,9 +121,7 @@ impl Device {
             pid: crate::sys::raw::pid(),
             ctx,
             channel: std::ptr::null_mut(),
-            cq: std::ptr::null_mut(),
-            cq_entries,
-            cq_reserved: AtomicU32::new(0),
+            cqs: None,
             limits,
         };
         // SAFETY: live context.
@@ -132,13 +131,8 @@ impl Device {
         }
         // SAFETY: channel is live.
         fd::set_nonblocking(unsafe { (*d.channel).fd })?;
-        // SAFETY: live context and channel; cq_context unused.
-        d.cq = unsafe {
-            (lib.ibv_create_cq)(ctx, cq_entries as i32, std::ptr::null_mut(), d.channel, 0)
-        };
-        if d.cq.is_null() {
-            return Err(Error::last_lib("ibv_create_cq").with_reason(Reason::Resources));
-        }
+        // SAFETY: context and channel live as long as the device.
+        d.cqs = Some(unsafe { CqPool::new(ctx, d.channel, cq_entries) }?);
         Ok(d)
     }
 
@@ -147,9 +141,10 @@ impl Device {
         self.ctx
     }
 
-    /// The shared CQ
-    pub fn cq(&self) -> *mut ibv_cq {
-        self.cq
+    /// The CQ pool.
+    pub fn cqs(&self) -> &CqPool {
+        // Some from `open` until Drop.
+        self.cqs.as_ref().expect("CQ pool")
     }
 
     /// Device limits from `ibv_query_device`
@@ -157,35 +152,9 @@ impl Device {
         self.limits
     }
 
-    /// CQ entries: (reserved by QPs, total)
+    /// CQ entries: (reserved by QPs, total over the CQs made)
     pub fn cq_usage(&self) -> (u32, u32) {
-        (self.cq_reserved.load(Ordering::Relaxed), self.cq_entries)
-    }
-
-    /// Reserves `n` CQ entries for a new QP; fails with [`Reason::Resources`] if the CQ
-    /// would overflow
-    pub fn reserve_cqe(&self, n: u32) -> Result<()> {
-        let mut cur = self.cq_reserved.load(Ordering::Relaxed);
-        loop {
-            let next = cur.checked_add(n).filter(|&v| v <= self.cq_entries);
-            let Some(next) = next else {
-                return Err(Error::new("reserve_cqe", libc::ENOSPC, Reason::Resources));
-            };
-            match self.cq_reserved.compare_exchange_weak(
-                cur,
-                next,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(v) => cur = v,
-            }
-        }
-    }
-
-    /// Returns entries reserved by [`Self::reserve_cqe`]
-    pub fn release_cqe(&self, n: u32) {
-        self.cq_reserved.fetch_sub(n, Ordering::AcqRel);
+        self.cqs().usage()
     }
 
     /// The completion channel's fd (nonblocking; readable after [`Self::arm`] once a
@@ -244,31 +213,16 @@ impl Device {
         Some(ev)
     }
 
-    /// Polls up to `wcs.len()` completions; returns how many were written
+    /// Polls up to `wcs.len()` completions from the device's CQs; returns how many were
+    /// written
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
-        let n = wcs.len().min(i32::MAX as usize) as i32;
-        // SAFETY: live CQ; Wc is repr(transparent) over ibv_wc, so the buffer holds n
-        // writable ibv_wc. rdma-sys's ibv_poll_cq calls the provider through the ops
-        // table (no libibverbs symbol).
-        let ret = unsafe { rdma_sys::ibv_poll_cq(self.cq, n, wcs.as_mut_ptr().cast::<ibv_wc>()) };
-        if ret < 0 {
-            return Err(Error::new("ibv_poll_cq", libc::EIO, Reason::Other));
-        }
-        Ok(ret as usize)
+        self.cqs().poll(wcs)
     }
 
-    /// Requests an event on the completion channel for the next completion. Poll once
-    /// more after arming: a completion that arrived before it raises no event.
+    /// Requests an event on the completion channel for the next completion of any CQ.
+    /// Poll once more after arming: a completion that arrived before it raises no event.
     pub fn arm(&self) -> Result<()> {
-        // SAFETY: live CQ; ops-table call, no libibverbs symbol.
-        let ret = unsafe { rdma_sys::ibv_req_notify_cq(self.cq, 0) };
-        if ret != 0 {
-            return Err(Error::from_errno(
-                "ibv_req_notify_cq",
-                if ret > 0 { ret } else { libc::EIO },
-            ));
-        }
-        Ok(())
+        self.cqs().arm()
     }
 
     /// Consumes pending completion-channel events without blocking (and acks them);
@@ -289,7 +243,7 @@ impl Device {
                 return Err(e);
             }
             any = true;
-            // SAFETY: `cq` is our CQ (the only one on this channel); ack what we took.
+            // SAFETY: `cq` is one of our CQs (the only ones on this channel); ack it.
             unsafe { (lib.ibv_ack_cq_events)(cq, 1) };
         }
     }
@@ -336,12 +290,11 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let Ok(lib) = lib() else { return };
-        // SAFETY: every QP holds an Arc<Device> (through its Pd), so none remains on the CQ;
-        // every channel event was acked in take_cq_events. Order: CQ, channel.
+        // Every QP holds an Arc<Device> (through its Pd), so none remains on the CQs; every
+        // channel event was acked in take_cq_events. Order: CQs, channel.
+        drop(self.cqs.take());
+        // SAFETY: as above.
         unsafe {
-            if !self.cq.is_null() {
-                (lib.ibv_destroy_cq)(self.cq);
-            }
             if !self.channel.is_null() {
                 (lib.ibv_destroy_comp_channel)(self.channel);
             }

@@ -8,7 +8,7 @@
 //! - [`ffi`]: the lazily loaded function table.
 //! - [`error`]: [`Error`] = operation + errno + fallback [`Reason`].
 //! - [`cm`]: [`EventChannel`] (nonblocking fd), [`CmId`], [`CmEvent`], [`ConnParam`].
-//! - [`device`]: per-device completion channel + shared CQ ([`Device`]), completions ([`Wc`]).
+//! - [`device`]: per-device completion channel + CQ pool ([`Device`], [`cq`]), completions ([`Wc`]).
 //! - [`pd`]: a protection domain per connection ([`Pd`]): a ring's rkey works on its own QP only.
 //! - [`mr`]: registrations ([`Mr`], [`RegBuf`]) with a closed set of [`Access`] modes.
 //! - [`conn`]: an RC QP on a cm id ([`Conn`]): WRITE / WRITE_WITH_IMM (inline when small,
@@ -24,6 +24,7 @@
 pub mod cm;
 pub mod conn;
 pub mod connect;
+pub mod cq;
 pub mod device;
 pub mod error;
 pub mod fd;
