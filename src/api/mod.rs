@@ -501,13 +501,18 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 /// Forgets `fd` if owned; the connection ends with its last fd.
 #[inline]
 fn forget(fd: c_int) {
-    // A vfork child shares its parent's memory: the table is the parent's, not its own.
-    if !fdtable::owns(fd) || raw::in_vfork_child() {
-        return;
-    }
-    if let Some(s) = fdtable::remove(fd) {
+    if let Some(s) = take(fd) {
         s.fd_closed();
     }
+}
+
+/// Takes `fd` out of the table (its socket's close is the caller's to run).
+fn take(fd: c_int) -> Option<SockRef> {
+    // A vfork child shares its parent's memory: the table is the parent's, not its own.
+    if !fdtable::owns(fd) || raw::in_vfork_child() {
+        return None;
+    }
+    fdtable::remove(fd)
 }
 
 /// Makes `new` refer to the socket behind `old` (after a successful dup of an owned fd).
@@ -523,9 +528,16 @@ fn share(old_sock: &SockRef, new: c_int) {
 
 #[inline]
 pub unsafe fn close(fd: c_int) -> c_int {
-    // Forget first: once closed, the number may be reused by another thread at once.
-    forget(fd);
-    real::close(fd)
+    // Out of the table first: once closed, the number may be reused by another thread at
+    // once. The socket's own close comes after the real one, so that when the engine asks
+    // whether any fd still holds the doorbell, the program's is already gone: a listener
+    // then releases its port before close returns (iperf3 -s re-listens at once).
+    let s = take(fd);
+    let r = real::close(fd);
+    if let Some(s) = s {
+        keep_errno(|| s.fd_closed());
+    }
+    r
 }
 
 #[inline]
@@ -562,7 +574,12 @@ pub unsafe fn fclose(stream: *mut libc::FILE) -> c_int {
     if !stream.is_null() {
         let fd = libc::fileno(stream);
         if fd >= 0 && fdtable::owns(fd) {
-            forget(fd);
+            let s = take(fd);
+            let r = real::fclose(stream);
+            if let Some(s) = s {
+                keep_errno(|| s.fd_closed());
+            }
+            return r;
         }
     }
     real::fclose(stream)
