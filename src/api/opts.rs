@@ -94,7 +94,9 @@ pub unsafe fn setsockopt(
             ),
             _ => false,
         };
-        if mirrored {
+        // Only the owner's copy is ever locked (a fork child's may have been locked by a
+        // parent thread at the fork); a child's option reaches the shared options socket.
+        if mirrored && s.owner.is_me() {
             let _g = crate::guard::enter();
             s.load_options();
         }
