@@ -528,12 +528,17 @@ fn share(old_sock: &SockRef, new: c_int) {
 
 #[inline]
 pub unsafe fn close(fd: c_int) -> c_int {
-    // Out of the table first: once closed, the number may be reused by another thread at
-    // once. The socket's own close comes after the real one, so that when the engine asks
-    // whether any fd still holds the doorbell, the program's is already gone: a listener
-    // then releases its port before close returns (iperf3 -s re-listens at once).
+    closing(fd, || real::close(fd))
+}
+
+/// Runs `close`, the real call that closes `fd`. The fd leaves the table first: once
+/// closed, the number may be reused by another thread at once. The socket's own close
+/// comes after the real one, so that when the engine asks whether any fd still holds the
+/// doorbell, the program's is already gone: a listener then releases its port before close
+/// returns (iperf3 -s re-listens at once).
+fn closing(fd: c_int, close: impl FnOnce() -> c_int) -> c_int {
     let s = take(fd);
-    let r = real::close(fd);
+    let r = close();
     if let Some(s) = s {
         keep_errno(|| s.fd_closed());
     }
@@ -574,12 +579,7 @@ pub unsafe fn fclose(stream: *mut libc::FILE) -> c_int {
     if !stream.is_null() {
         let fd = libc::fileno(stream);
         if fd >= 0 && fdtable::owns(fd) {
-            let s = take(fd);
-            let r = real::fclose(stream);
-            if let Some(s) = s {
-                keep_errno(|| s.fd_closed());
-            }
-            return r;
+            return closing(fd, || real::fclose(stream));
         }
     }
     real::fclose(stream)

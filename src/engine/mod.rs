@@ -384,6 +384,8 @@ fn get_unlocked(me: i32) -> Option<&'static Engine> {
 /// In a fork child: the parent's streams are not this process's to drive or wait for.
 pub fn after_fork_child() {
     ACTIVE_STREAMS.store(0, Relaxed);
+    stream::TIMED.store(0, Relaxed); // the parent's timed streams are not ticked here
+
     // The parent's ipc socket must not answer for it from here: once the parent is gone,
     // callers must be refused, not left waiting on a socket nobody serves.
     // SAFETY: engines are never freed; a plain close of an inherited fd.
