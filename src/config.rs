@@ -48,7 +48,8 @@ pub struct Config {
     pub recv_credits: u32,
     /// `RSOCK_INLINE` (default 128, 0–1024): largest write posted inline (capped by the device).
     pub max_inline: u32,
-    /// `RSOCK_SPIN_US` (default 20, 0–100000): how long a blocking call polls before sleeping.
+    /// `RSOCK_SPIN_US` (default 1000, 0–100000): the longest a blocking call or wait polls
+    /// before sleeping; each waiter adapts its polling below it (engine/spin.rs).
     pub spin_us: u32,
     /// `RSOCK_EXCLUDE` (default `127.0.0.0/8,::1/128`): destinations that never try RDMA:
     /// comma-separated `ADDR/PREFIX` or `port=N` / `port=N-M` entries (empty: none).
@@ -186,7 +187,7 @@ impl Default for Config {
             send_buf: 256 * 1024,
             recv_credits: 64,
             max_inline: 128,
-            spin_us: 20,
+            spin_us: 1000,
             exclude: DEFAULT_EXCLUDE
                 .split(',')
                 .filter_map(Exclude::parse)

@@ -35,9 +35,15 @@ fn start() {
         cfg.stats_dir.display()
     );
     crate::sys::raw::refresh_pid(); // cached before any vfork child could fill it
-                                    // SAFETY: registering a plain extern "C" fn; runs in the child of every fork().
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+                                    // SAFETY: registering plain extern "C" fns; they run around every fork().
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
     ENABLED.store(cfg.enable, Ordering::Release);
+}
+
+/// In the parent, before a fork: the child may poll the streams it inherits, so their
+/// doorbells must show their state from now on.
+extern "C" fn before_fork() {
+    crate::engine::before_fork();
 }
 
 /// In a forked child: the child gets its own stats region (the parent's mapping is shared),

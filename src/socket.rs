@@ -124,6 +124,9 @@ pub struct Socket {
     /// `accept` must wait even if the listener's file is nonblocking: the program expects
     /// blocking, but the file is shared with processes that need it nonblocking.
     blocking_accept: std::sync::atomic::AtomicBool,
+    /// The program polled this socket or put it in an epoll set: its doorbell must follow
+    /// every readiness change (see `Stream::watch`).
+    watched: std::sync::atomic::AtomicBool,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -140,6 +143,7 @@ impl Socket {
             pending: ForkMutex::new(None),
             epoll: ForkMutex::new(Vec::new()),
             blocking_accept: std::sync::atomic::AtomicBool::new(false),
+            watched: std::sync::atomic::AtomicBool::new(false),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -153,6 +157,7 @@ impl Socket {
         self.path.store(Path::Passthrough as u32, Relaxed);
         self.slot.store(0, Relaxed);
         self.blocking_accept.store(false, Relaxed);
+        self.watched.store(false, Relaxed);
     }
 
     /// In a fork child (single-threaded, in the `pthread_atfork` handler): a lock that a
@@ -274,7 +279,33 @@ impl Socket {
 
     /// Engages RDMA for this socket.
     pub fn attach(&self, a: Attachment) {
+        if let Attachment::Stream(st) = &a {
+            if self.watched.load(Acquire) || !self.epoll.lock().is_empty() {
+                st.watch();
+            }
+        }
         *self.attached.lock() = Some(a);
+    }
+
+    /// The program polls this socket, or registered it with epoll (sticky): its stream's
+    /// doorbell follows every change from now on. One load once marked.
+    #[inline]
+    pub fn mark_watched(&self) {
+        if !self.watched.load(Relaxed) {
+            self.mark_watched_slow();
+        }
+    }
+
+    #[cold]
+    fn mark_watched_slow(&self) {
+        self.watched.store(true, Release);
+        if let Some(st) = self.stream() {
+            // Only the owner drives a stream; a fork child's copy was brought up to date
+            // (and marked) by its parent before the fork.
+            if st.owner.pid == crate::sys::raw::pid() {
+                st.watch();
+            }
+        }
     }
 
     /// Current state.

@@ -128,6 +128,35 @@ fn test_established_writer_stops_at_the_granted_window() {
 }
 
 #[test]
+fn test_established_output_pending_until_credits_release_it() {
+    let mut p = Pair::new(
+        Config {
+            send_buf_size: 256,
+            ..small_config()
+        },
+        small_config(),
+    );
+    assert!(!p.a.conn.output_pending());
+    p.write(Side::A, &pattern(200)).unwrap();
+    drive(&mut p);
+    // A ring's worth crossed; the rest waits for credits the reader has not returned.
+    assert!(p.a.conn.output_pending());
+    assert!(!p.b.conn.output_pending());
+    p.a.conn.close();
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got.extend(read_all(&mut p, Side::B));
+        drive(&mut p);
+        if p.b.conn.at_eof() {
+            break;
+        }
+    }
+    assert_eq!(got.len(), 200);
+    // Everything, FIN included, went out: nothing waits on the peer any more.
+    assert!(!p.a.conn.output_pending());
+}
+
+#[test]
 fn test_established_send_buffer_full_blocks_then_wakes() {
     let mut p = pair();
     assert_eq!(p.write(Side::A, &pattern(100)), Ok(64));

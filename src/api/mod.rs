@@ -680,8 +680,38 @@ pub unsafe fn fork() -> pid_t {
 // completion queues for RSOCK_SPIN_US (engine::spin_then): a reply that lands meanwhile rings
 // its doorbell without a trip through the helper thread.
 
+/// The owned fds among `fds` are being polled: their doorbells must follow the streams
+/// (`Socket::mark_watched`). Only while the process has RDMA streams.
+unsafe fn mark_polled(fds: *const pollfd, n: nfds_t) {
+    if fds.is_null() || !engine::active() {
+        return;
+    }
+    for p in std::slice::from_raw_parts(fds, n as usize) {
+        if fdtable::owns(p.fd) {
+            if let Some(s) = fdtable::get(p.fd) {
+                s.mark_watched();
+            }
+        }
+    }
+}
+
+/// As [`mark_polled`] for select's sets.
+unsafe fn mark_selected(n: c_int, sets: [*mut fd_set; 3]) {
+    if !engine::active() {
+        return;
+    }
+    for fd in 0..n.clamp(0, libc::FD_SETSIZE as c_int) {
+        if fdtable::owns(fd) && sets.iter().any(|s| !s.is_null() && libc::FD_ISSET(fd, *s)) {
+            if let Some(s) = fdtable::get(fd) {
+                s.mark_watched();
+            }
+        }
+    }
+}
+
 #[inline]
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    mark_polled(fds, n);
     if timeout == 0 || !engine::active() {
         return real::poll(fds, n, timeout);
     }
@@ -693,6 +723,7 @@ pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+    mark_polled(fds, n);
     if timeout == 0 || !engine::active() {
         return real::__poll_chk(fds, n, timeout, fdslen);
     }
@@ -709,6 +740,7 @@ pub unsafe fn ppoll(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    mark_polled(fds, n);
     if is_zero_ts(ts) || !engine::active() {
         return real::ppoll(fds, n, ts, mask);
     }
@@ -730,6 +762,7 @@ pub unsafe fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
+    mark_selected(n, [r, w, e]);
     if (!tv.is_null() && (*tv).tv_sec == 0 && (*tv).tv_usec == 0) || !engine::active() {
         return real::select(n, r, w, e, tv);
     }
@@ -759,6 +792,7 @@ pub unsafe fn pselect(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    mark_selected(n, [r, w, e]);
     if is_zero_ts(ts) || !engine::active() {
         return real::pselect(n, r, w, e, ts, mask);
     }
@@ -822,6 +856,9 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
     if r == 0 && fdtable::owns(fd) {
         if let Some(s) = fdtable::get(fd) {
             s.note_epoll(epfd, op, (!ev.is_null()).then(|| *ev));
+            if op != libc::EPOLL_CTL_DEL {
+                s.mark_watched();
+            }
         }
     }
     r

@@ -220,6 +220,9 @@ fn fcntl_impl(
         if let Some(a) = s.attachment() {
             set_nonblocking(&a, arg as c_int & libc::O_NONBLOCK != 0);
         }
+        if arg as c_int & libc::O_ASYNC != 0 {
+            s.mark_watched(); // SIGIO comes from the doorbell's readiness
+        }
     }
     r
 }

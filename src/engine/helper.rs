@@ -42,6 +42,10 @@ pub(super) fn run(engine: &'static Engine) {
                 TAG_WAKE => {
                     drain_eventfd(engine.wake_fd);
                     engine.exit_drain_if_asked();
+                    // A device may have just been listened to again (`Dev::demand_up`):
+                    // completions from before its CQ was armed raise no event.
+                    let devs: Vec<_> = lock(&engine.devices).clone();
+                    devs.iter().for_each(|d| engine.progress_all(d));
                 }
                 TAG_CM => cm_events(engine),
                 TAG_DEV => completions(engine, (tag & !TAG_MASK) as usize),
@@ -60,6 +64,10 @@ pub(super) fn run(engine: &'static Engine) {
         engine.recheck_holders();
         reap(engine);
         if timed && Instant::now() >= next_tick {
+            // Probe completions are looked at here, whether or not the helper listens to
+            // the devices' completion events.
+            let devs: Vec<_> = lock(&engine.devices).clone();
+            devs.iter().for_each(|d| engine.progress_all(d));
             let now = Instant::now();
             next_tick = now + Duration::from_millis(TICK_MS as u64);
             let streams: Vec<Arc<super::Stream>> =
@@ -98,9 +106,11 @@ fn completions(engine: &Engine, i: usize) {
         return;
     };
     engine.on_cq_event(&d);
-    // Stay armed: a program blocked in its own poll/epoll (or one that will call a
-    // nonblocking recv later) relies on the helper to move its doorbell.
-    engine.sleep_armed(&d);
+    // Stay armed while some stream needs its completions seen between calls (a doorbell
+    // someone polls, a relay, output waiting for credits); see `Dev::demand_up`.
+    if d.keep_listening() {
+        engine.sleep_armed(&d);
+    }
 }
 
 /// Events of connected and accepting ids: establishment of accepted streams, disconnects.

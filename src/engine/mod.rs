@@ -17,6 +17,7 @@ mod liveness;
 mod peeked;
 pub mod relay;
 mod setup;
+mod spin;
 pub mod stream;
 
 use crate::config::Config;
@@ -126,6 +127,84 @@ fn linger_zero(opts_fd: c_int) -> bool {
 pub struct Dev {
     pub(crate) dev: Arc<Device>,
     poll: Mutex<()>,
+    /// Streams on this device that need their completions handled while no program thread
+    /// is in a call on them (see [`Dev::demand_up`]).
+    demand: AtomicUsize,
+    /// Whether the helper's epoll reports this device's completion events; changed under
+    /// `listen_lock` only.
+    listening: AtomicBool,
+    listen_lock: Mutex<()>,
+    /// The helper's epoll fd and this device's tag there.
+    epfd: c_int,
+    tag: u64,
+    wake_fd: c_int,
+}
+
+/// Who handles a completion. A program thread blocked in a call on a stream sleeps on the
+/// completion channel itself and handles its own completions; the helper thread is needed
+/// only for streams whose completions must be seen while no call is in progress: a doorbell
+/// someone polls, a relay, or output that waits for the peer's credits. While no stream on a
+/// device needs it, the helper's epoll does not report that device's completion events at
+/// all, so a blocked reader's wake-up does not also wake the helper (a context switch and
+/// four syscalls per message, measured).
+impl Dev {
+    /// A stream needs the helper: make sure the helper hears this device's completions.
+    /// Never call with a stream lock held (no polling here; the helper polls once woken).
+    pub(crate) fn demand_up(&self) {
+        self.demand.fetch_add(1, SeqCst);
+        if self.listening.load(SeqCst) {
+            return;
+        }
+        let _g = lock(&self.listen_lock);
+        if self.listening.load(SeqCst) {
+            return;
+        }
+        self.set_listening(true);
+        if let Err(e) = self.dev.arm() {
+            log::error!("arming the CQ failed: {e}");
+        }
+        // Completions that landed before the arm raise no event: the helper polls once.
+        ring_eventfd(self.wake_fd);
+    }
+
+    /// A stream no longer needs the helper (the helper stops listening lazily).
+    pub(crate) fn demand_down(&self) {
+        self.demand.fetch_sub(1, SeqCst);
+    }
+
+    /// Helper, after a completion event: whether to keep listening (and re-arm). Stops when
+    /// no stream needs it; `demand_up` turns it back on.
+    fn keep_listening(&self) -> bool {
+        if self.demand.load(SeqCst) > 0 {
+            return true;
+        }
+        let _g = lock(&self.listen_lock);
+        self.listening.store(false, SeqCst);
+        if self.demand.load(SeqCst) > 0 {
+            self.listening.store(true, SeqCst); // raced with a demand_up that saw us on
+            return true;
+        }
+        self.set_listening(false);
+        false
+    }
+
+    fn set_listening(&self, on: bool) {
+        self.listening.store(on, SeqCst);
+        let mut ev = libc::epoll_event {
+            events: if on { libc::EPOLLIN as u32 } else { 0 },
+            u64: self.tag,
+        };
+        // SAFETY: our epoll fd and the device's channel fd, registered when the Dev was made.
+        let r = unsafe {
+            crate::sys::real::epoll_ctl(self.epfd, libc::EPOLL_CTL_MOD, self.dev.comp_fd(), &mut ev)
+        };
+        if r != 0 {
+            log::error!(
+                "epoll_ctl(completion channel): errno {}",
+                crate::sys::raw::errno()
+            );
+        }
+    }
 }
 
 /// See the module doc.
@@ -156,6 +235,8 @@ pub struct Engine {
     helper: Once,
     /// Destinations that failed RDMA recently.
     pub negcache: NegCache,
+    /// How long the poll/select/epoll hooks poll before the real wait (engine/spin.rs).
+    poll_budget: spin::Budget,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -190,17 +271,16 @@ pub fn spin_then<T>(mut probe: impl FnMut() -> Option<T>, block: impl FnOnce() -
         return r;
     }
     if let (Some(e), Some(g)) = (get(), crate::guard::enter()) {
-        let until = std::time::Instant::now() + Duration::from_micros(e.cfg.spin_us as u64);
+        let mut spin = e.poll_budget.spin();
         let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
-        for i in 0u32.. {
+        loop {
             for d in &devs {
                 e.progress(d);
             }
             if let Some(r) = probe() {
                 return r;
             }
-            // The clock can be a syscall (hpet); reading it every pass would be the spin.
-            if i % 8 == 7 && std::time::Instant::now() >= until {
+            if !spin.go_on() {
                 break;
             }
             std::hint::spin_loop();
@@ -213,6 +293,10 @@ pub fn spin_then<T>(mut probe: impl FnMut() -> Option<T>, block: impl FnOnce() -
             return r;
         }
         drop(g);
+        let slept_from = std::time::Instant::now();
+        let r = block();
+        e.poll_budget.slept(slept_from.elapsed(), e.spin_max());
+        return r;
     }
     block()
 }
@@ -381,6 +465,27 @@ fn get_unlocked(me: i32) -> Option<&'static Engine> {
     unsafe { ENGINE.load(Acquire).as_ref() }.filter(|e| e.pid == me)
 }
 
+/// Before a fork, in the parent: every stream's doorbell follows its state from now on (the
+/// child may poll the fd it inherits). Skipped in a thread that is inside the shim (a fork
+/// from a signal handler): it might hold a stream's lock.
+pub fn before_fork() {
+    if !active() || crate::guard::active() {
+        return;
+    }
+    // SAFETY: engines are leaked, never freed.
+    let Some(e) = (unsafe { ENGINE.load(Acquire).as_ref() }) else {
+        return;
+    };
+    if e.pid != crate::sys::raw::pid() {
+        return;
+    }
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    };
+    let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
+    streams.iter().for_each(|s| s.watch());
+}
+
 /// In a fork child: the parent's streams are not this process's to drive or wait for.
 pub fn after_fork_child() {
     ACTIVE_STREAMS.store(0, Relaxed);
@@ -450,6 +555,7 @@ impl Engine {
             next_token: AtomicU64::new(1),
             helper: Once::new(),
             negcache: NegCache::new(),
+            poll_budget: spin::Budget::new(Duration::from_micros(u64::from(Config::get().spin_us))),
         };
         e.watch(wake_fd, TAG_WAKE)?;
         e.watch(e.ch.fd(), TAG_CM)?;
@@ -514,11 +620,18 @@ impl Engine {
         if let Some(d) = devs.iter().find(|d| Arc::ptr_eq(&d.dev, dev)) {
             return Ok(d.clone());
         }
+        let tag = TAG_DEV | devs.len() as u64;
         let d = Arc::new(Dev {
             dev: dev.clone(),
             poll: Mutex::new(()),
+            demand: AtomicUsize::new(0),
+            listening: AtomicBool::new(true),
+            listen_lock: Mutex::new(()),
+            epfd: self.epfd,
+            tag,
+            wake_fd: self.wake_fd,
         });
-        self.watch(dev.comp_fd(), TAG_DEV | devs.len() as u64)?;
+        self.watch(dev.comp_fd(), tag)?;
         // Asynchronous events (a QP or the CQ failing, the port going down) end streams.
         match rdma::fd::set_nonblocking(dev.async_fd()) {
             Ok(()) => self.watch(dev.async_fd(), TAG_ASYNC | devs.len() as u64)?,
@@ -629,7 +742,15 @@ impl Engine {
     /// consume and ack it and poll. Re-arming is the caller's: the helper re-arms after every
     /// event, and a thread about to sleep arms first ([`sleep_armed`](Self::sleep_armed)).
     pub(crate) fn on_cq_event(&self, d: &Dev) {
-        let _ = d.dev.take_cq_events();
+        let _ = d.dev.take_cq_events(usize::MAX);
+        self.progress_all(d);
+    }
+
+    /// As [`on_cq_event`](Self::on_cq_event) for a thread that armed the CQ once and woke on
+    /// the channel: one event is all its arm can have raised (one read, not one more to find
+    /// the channel empty); a later one leaves the channel readable for its next sleeper.
+    pub(crate) fn on_own_cq_event(&self, d: &Dev) {
+        let _ = d.dev.take_cq_events(1);
         self.progress_all(d);
     }
 
@@ -819,6 +940,11 @@ impl Engine {
     }
 
     /// The negative cache's time-to-live.
+    /// `RSOCK_SPIN_US`.
+    pub(super) fn spin_max(&self) -> Duration {
+        Duration::from_micros(u64::from(self.cfg.spin_us))
+    }
+
     pub fn neg_ttl(&self) -> Duration {
         Duration::from_millis(self.cfg.neg_cache_ms as u64)
     }

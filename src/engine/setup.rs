@@ -197,13 +197,7 @@ pub(super) fn connect(
         opts_fd,
         token,
     };
-    let s = Stream::new(
-        parts,
-        d,
-        Duration::from_micros(engine.cfg.spin_us as u64),
-        engine.owner,
-    )
-    .map_err(|e| {
+    let s = Stream::new(parts, d, engine.spin_max(), engine.owner).map_err(|e| {
         log::warn!("rdma connect to {dest}: doorbell: {e}");
         Fallback::Resources
     })?;
@@ -346,12 +340,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         opts_fd,
         token,
     };
-    match Stream::new(
-        parts,
-        d,
-        Duration::from_micros(engine.cfg.spin_us as u64),
-        engine.owner,
-    ) {
+    match Stream::new(parts, d, engine.spin_max(), engine.owner) {
         Ok(s) => {
             *s.pending_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.clone());
             l.pending_add();

@@ -10,6 +10,7 @@ use super::ipc::Owner;
 use super::liveness::{self, Action};
 use super::peeked::Peeked;
 use super::relay;
+use super::spin::Budget;
 use super::{Dev, Engine};
 use crate::proto::{self, ReadError, WrId, WriteError};
 use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
@@ -54,7 +55,10 @@ pub struct Stream {
     pub opts_fd: c_int,
     /// For an accepted stream not yet established: the listener to queue it on.
     pub(super) pending_for: Mutex<Option<Arc<super::listener::Listener>>>,
+    /// `RSOCK_SPIN_US`: the longest a blocked call polls before sleeping ...
     spin: Duration,
+    /// ... and how long it polls now (adapted to how soon waits end).
+    budget: Budget,
     /// SO_RCVTIMEO / SO_SNDTIMEO in µs (0: none), mirrored from `opts_fd`.
     timeouts_us: [AtomicU64; 2],
     /// The process whose engine drives this stream.
@@ -70,6 +74,10 @@ pub struct Stream {
     calls: AtomicU32,
     /// Keepalive or a user timeout is on: the helper ticks it (counted in [`TIMED`]).
     timed: AtomicBool,
+    /// Someone may look at the doorbell's A from outside the shim's own waits (the program
+    /// polled it or put it in an epoll set, or another process holds it): readiness moves it
+    /// on every change. Until then only a thread sleeping in [`wait`](Self::wait) needs it.
+    watched: AtomicBool,
 }
 
 /// Streams of this process with keepalive or a user timeout on (the helper then ticks).
@@ -85,7 +93,12 @@ pub(super) struct Inner {
     send: RegBuf,
     remote: RemoteBuf,
     recvs_owed: u32,
+    /// What the doorbell's A shows (it lags the protocol while nobody looks; see `show`).
     shown: Shown,
+    /// Program threads sleeping in `wait` on A.
+    sleepers: u32,
+    /// Counted in the device's demand for the helper (see `Dev::demand_up`).
+    demand: bool,
     /// Peer disconnected or the QP failed: errno for calls once queued data is read.
     dead: Option<c_int>,
     /// A write has reported `dead`'s error (later ones get EPIPE).
@@ -147,6 +160,8 @@ impl Stream {
                 send: p.send,
                 remote: p.remote,
                 recvs_owed: 0,
+                sleepers: 0,
+                demand: false,
                 shown: Shown {
                     writable: true,
                     ..Shown::default()
@@ -173,6 +188,7 @@ impl Stream {
             opts_fd: p.opts_fd,
             pending_for: Mutex::new(None),
             spin,
+            budget: Budget::new(spin),
             timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
             owner,
             app_gone: AtomicBool::new(false),
@@ -180,6 +196,7 @@ impl Stream {
             timed: AtomicBool::new(false),
             released: AtomicBool::new(false),
             hold_watched: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
         });
         s.load_options();
         s.with(|inner| s.pump(inner));
@@ -481,6 +498,36 @@ impl Stream {
         self.post_all(inner);
         while inner.proto.poll_event().is_some() {}
         self.show(inner);
+        self.update_demand(inner);
+    }
+
+    /// Whether completions must be handled while no program thread is in a call on this
+    /// stream, and so the helper must listen for them (see `Dev::demand_up`).
+    fn update_demand(&self, inner: &mut Inner) {
+        let want = inner.dead.is_none()
+            && inner.rc.is_some()
+            && (self.watched.load(Relaxed)
+                || !inner.relays.is_empty()
+                || inner.proto.output_pending());
+        if want != inner.demand {
+            inner.demand = want;
+            if want {
+                self.dev.demand_up();
+            } else {
+                self.dev.demand_down();
+            }
+        }
+    }
+
+    /// Someone may look at A from outside the shim's waits from now on (sticky): bring A up
+    /// to date and keep it so.
+    pub fn watch(&self) {
+        if !self.watched.swap(true, AcqRel) {
+            self.with(|inner| {
+                self.show(inner);
+                self.update_demand(inner);
+            });
+        }
     }
 
     /// Posts every write the protocol wants.
@@ -594,6 +641,12 @@ impl Stream {
                 p.state()
             );
             self.bell.set_eof();
+        }
+        // Readable and writable change with every message: A follows them only while
+        // someone can look (each change is a syscall). Hang-up and end of stream above are
+        // shown at once — they happen once, and they must also wake a sleeping waiter.
+        if inner.sleepers == 0 && !self.watched.load(Relaxed) {
+            return;
         }
         if readable != inner.shown.readable {
             inner.shown.readable = readable;
@@ -879,39 +932,42 @@ impl Stream {
 
     /// Whether `want` can proceed without blocking.
     fn ready(&self, want: Want) -> bool {
-        let inner = self.lock();
-        let p = &inner.proto;
-        inner.dead.is_some()
-            || p.state() == proto::State::Reset
-            || match want {
-                Want::Read => p.readable() > 0 || p.at_eof(),
-                Want::Write => {
-                    p.writable() > 0
-                        || !matches!(p.state(), proto::State::Open | proto::State::ReadClosed)
-                }
-            }
+        ready_in(&self.lock(), want)
     }
 
-    /// Blocks until `want` may proceed: polls the CQ for `RSOCK_SPIN_US`, then sleeps on A,
-    /// which the engine's helper thread rings. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
+    /// Blocks until `want` may proceed: polls the CQ for the stream's spin budget (see
+    /// engine/spin.rs), then sleeps. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
     fn wait(
         &self,
         engine: &'static Engine,
         want: Want,
         deadline: Option<Instant>,
     ) -> Result<(), c_int> {
-        let spin_until = Instant::now() + self.spin;
-        for i in 0u32.. {
+        let mut spin = self.budget.spin();
+        loop {
             engine.progress(&self.dev);
             if self.ready(want) {
                 return Ok(());
             }
-            // The clock can be a syscall (hpet); reading it every pass would be the spin.
-            if i % 8 == 7 && Instant::now() >= spin_until {
+            if !spin.go_on() {
                 break;
             }
             std::hint::spin_loop();
         }
+        let slept_from = Instant::now();
+        let r = self.sleep(engine, want, deadline);
+        self.budget.slept(slept_from.elapsed(), self.spin);
+        r
+    }
+
+    /// The sleeping part of [`wait`](Self::wait): on the completion channel (our own
+    /// completions wake us directly) and on A (everything else rings it).
+    fn sleep(
+        &self,
+        engine: &'static Engine,
+        want: Want,
+        deadline: Option<Instant>,
+    ) -> Result<(), c_int> {
         engine.ensure_helper();
         let events = if want == Want::Read {
             libc::POLLIN
@@ -920,16 +976,27 @@ impl Stream {
         };
         loop {
             engine.sleep_armed(&self.dev);
-            if self.ready(want) {
-                return Ok(());
-            }
             let mut ms = 100; // bounded: a missed ring costs at most this
             if let Some(d) = deadline {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(libc::EAGAIN);
+                    return if self.ready(want) {
+                        Ok(())
+                    } else {
+                        Err(libc::EAGAIN)
+                    };
                 }
                 ms = ms.min(left.as_millis().max(1) as c_int);
+            }
+            {
+                let mut g = self.lock();
+                if ready_in(&g, want) {
+                    return Ok(());
+                }
+                // From here until we wake, A must follow the stream: a completion another
+                // thread handles rings it (ours wake us through the channel directly).
+                g.sleepers += 1;
+                self.show(&mut g);
             }
             // Sleep on our doorbell and on the device's completion channel: a completion wakes
             // this thread directly rather than through the helper thread and the doorbell.
@@ -947,16 +1014,19 @@ impl Stream {
             ];
             // SAFETY: two valid pollfds.
             let r = unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
-            if r < 0
-                && crate::sys::raw::errno() == libc::EINTR
-                && !crate::sys::raw::signals_restart()
-            {
+            let e = crate::sys::raw::errno();
+            self.lock().sleepers -= 1;
+            if r < 0 && e == libc::EINTR && !crate::sys::raw::signals_restart() {
                 return Err(libc::EINTR); // a handler ran, as a blocked kernel recv would say
             }
             if p[1].revents & libc::POLLIN != 0 {
-                engine.on_cq_event(&self.dev);
+                engine.on_own_cq_event(&self.dev);
             } else {
                 engine.progress(&self.dev);
+            }
+            // Woken for what we wait for (the common case): no arming again for nothing.
+            if self.ready(want) {
+                return Ok(());
             }
         }
     }
@@ -998,6 +1068,9 @@ impl Stream {
     pub(super) fn destroy(&self) {
         let (rc, relays) = {
             let mut inner = self.lock();
+            if std::mem::take(&mut inner.demand) {
+                self.dev.demand_down();
+            }
             (inner.rc.take(), std::mem::take(&mut inner.relays))
         };
         drop(rc);
@@ -1135,4 +1208,18 @@ fn skip_const<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
         n = 0;
     }
     out
+}
+
+/// Whether `want` can proceed without blocking.
+fn ready_in(inner: &Inner, want: Want) -> bool {
+    let p = &inner.proto;
+    inner.dead.is_some()
+        || p.state() == proto::State::Reset
+        || match want {
+            Want::Read => p.readable() > 0 || p.at_eof(),
+            Want::Write => {
+                p.writable() > 0
+                    || !matches!(p.state(), proto::State::Open | proto::State::ReadClosed)
+            }
+        }
 }

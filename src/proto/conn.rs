@@ -300,6 +300,22 @@ impl Conn {
         self.tx_posted > self.tx_acked && free * 3 >= u64::from(self.send_ring.size())
     }
 
+    /// Whether something is waiting to be sent that the next [`poll_write`](Self::poll_write)
+    /// could not give out (no credits or send-queue room yet): only a completion or a
+    /// peer's message can release it, so the driver must keep listening for those even
+    /// while no application thread is in a call on this connection.
+    pub fn output_pending(&self) -> bool {
+        if self.failed.is_some() || self.peer_reset || self.reset_sent {
+            return false;
+        }
+        self.reset_queued
+            || !self.planned.is_empty()
+            || self.tx_queued > self.tx_posted
+            || (self.write_shut && !self.fin_sent)
+            || (self.need_signal && self.unsignaled_wrs > 0)
+            || (!(self.fin_sent && self.fin_received) && self.rx.update_due())
+    }
+
     /// Coarse state, for the socket layer and logs.
     pub fn state(&self) -> State {
         if self.is_reset() {

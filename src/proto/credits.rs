@@ -191,11 +191,17 @@ impl RxCredits {
     }
 
     /// A credit message worth sending now, if one is due and `tx` allows it. Commits it.
+    /// Whether enough is reclaimable that a credit message is owed to the peer.
+    pub(crate) fn update_due(&self) -> bool {
+        self.consumed - self.returned >= self.byte_threshold
+            || self.wrs_pending >= self.wr_threshold
+    }
+
     pub(crate) fn take_update(&mut self, tx: &mut TxCredits) -> Option<Imm> {
-        let pending_bytes = self.consumed - self.returned;
-        if pending_bytes < self.byte_threshold && self.wrs_pending < self.wr_threshold {
+        if !self.update_due() {
             return None;
         }
+        let pending_bytes = self.consumed - self.returned;
         let wrs = self.wrs_pending.min(MAX_CREDIT_WRS);
         let bytes = pending_bytes.min(u64::from(MAX_CREDIT_BYTES)) as u32;
         let class = if wrs > 0 {

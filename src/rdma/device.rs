@@ -225,12 +225,12 @@ impl Device {
         self.cqs().arm()
     }
 
-    /// Consumes pending completion-channel events without blocking (and acks them);
-    /// returns whether there was any. Re-[`arm`](Self::arm) afterwards.
-    pub fn take_cq_events(&self) -> Result<bool> {
+    /// Consumes up to `max` pending completion-channel events without blocking (and acks
+    /// them); returns whether there was any. Re-[`arm`](Self::arm) afterwards.
+    pub fn take_cq_events(&self, max: usize) -> Result<bool> {
         let lib = lib()?;
         let mut any = false;
-        loop {
+        for _ in 0..max {
             let mut cq: *mut ibv_cq = std::ptr::null_mut();
             let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
             // SAFETY: live nonblocking channel; out-pointers valid.
@@ -246,19 +246,20 @@ impl Device {
             // SAFETY: `cq` is one of our CQs (the only ones on this channel); ack it.
             unsafe { (lib.ibv_ack_cq_events)(cq, 1) };
         }
+        Ok(any)
     }
 
     /// Waits up to `timeout` for a completion-channel event (caller has armed the CQ);
     /// consumes it and re-arms. Returns `Ok(false)` on timeout.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
-        if self.take_cq_events()? {
+        if self.take_cq_events(usize::MAX)? {
             self.arm()?;
             return Ok(true);
         }
         if !fd::wait_readable(self.comp_fd(), timeout)? {
             return Ok(false);
         }
-        self.take_cq_events()?;
+        self.take_cq_events(usize::MAX)?;
         self.arm()?;
         Ok(true)
     }
