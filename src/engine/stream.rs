@@ -974,9 +974,13 @@ impl Stream {
         } else {
             libc::POLLOUT
         };
+        // Bounded sleeps, in case a wake-up is ever missed; doubling, so that an idle waiter
+        // wakes a few times, not ten times a second.
+        let mut bound = 100;
         loop {
             engine.sleep_armed(&self.dev);
-            let mut ms = 100; // bounded: a missed ring costs at most this
+            let mut ms = bound;
+            bound = (bound * 2).min(MAX_SLEEP_MS);
             if let Some(d) = deadline {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -1209,6 +1213,9 @@ fn skip_const<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
     }
     out
 }
+
+/// The longest a blocked call sleeps before it looks again by itself (see `Stream::sleep`).
+const MAX_SLEEP_MS: c_int = 1600;
 
 /// Whether `want` can proceed without blocking.
 fn ready_in(inner: &Inner, want: Want) -> bool {
