@@ -3,9 +3,13 @@
 //! with one and the same program (bench/rdma).
 //!
 //! ```text
-//! pingpong server ADDR:PORT [--once]
-//! pingpong client ADDR:PORT [--size N[,N...]] [--iters N[,N...]] [--warmup N] [--label S]
+//! pingpong server ADDR:PORT [--once] [--epoll]
+//! pingpong client ADDR:PORT [--size N[,N...]] [--iters N[,N...]] [--warmup N] [--label S] [--epoll]
 //! ```
+//!
+//! `--epoll`: the socket is nonblocking and every wait is an `epoll_wait` (level-triggered,
+//! `EPOLLIN` registered once, `EPOLLOUT` added only while a write would block), the way an
+//! event loop such as Redis's waits — rather than a blocking `read`.
 //!
 //! The client sends `--size` bytes, the server echoes them back, and the client times each
 //! round trip with `Instant` (after `--warmup` untimed ones). Several sizes may be given, run
@@ -31,7 +35,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -39,8 +43,8 @@ const MAGIC: u32 = 0x5050_4e47; // "PPNG"
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: pingpong server ADDR:PORT [--once]\n       \
-         pingpong client ADDR:PORT [--size N[,N...]] [--iters N[,N...]] [--warmup N] [--label S]"
+        "usage: pingpong server ADDR:PORT [--once] [--epoll]\n       \
+         pingpong client ADDR:PORT [--size N[,N...]] [--iters N[,N...]] [--warmup N] [--label S] [--epoll]"
     );
     ExitCode::from(2)
 }
@@ -146,6 +150,101 @@ fn accept(lfd: libc::c_int) -> io::Result<TcpStream> {
     }
 }
 
+/// A connection whose waits are blocking reads and writes, or `epoll_wait` (`--epoll`).
+struct Conn {
+    s: TcpStream,
+    /// The epoll fd, in `--epoll` mode.
+    ep: Option<libc::c_int>,
+}
+
+impl Conn {
+    fn new(s: TcpStream, epoll: bool) -> io::Result<Conn> {
+        s.set_nodelay(true)?;
+        if !epoll {
+            return Ok(Conn { s, ep: None });
+        }
+        s.set_nonblocking(true)?;
+        // SAFETY: plain syscall wrappers; ev is a valid epoll_event.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(os_err("epoll_create1"));
+        }
+        let c = Conn { s, ep: Some(ep) };
+        c.ctl(libc::EPOLL_CTL_ADD, libc::EPOLLIN)?;
+        Ok(c)
+    }
+
+    fn ctl(&self, op: libc::c_int, events: libc::c_int) -> io::Result<()> {
+        let (Some(ep), fd) = (self.ep, self.s.as_raw_fd()) else {
+            return Ok(());
+        };
+        let mut ev = libc::epoll_event {
+            events: events as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: our epoll fd and socket; valid event.
+        if unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) } != 0 {
+            return Err(os_err("epoll_ctl"));
+        }
+        Ok(())
+    }
+
+    /// Waits in epoll_wait until the socket is ready (anything: the caller retries).
+    fn wait(&self) -> io::Result<()> {
+        let Some(ep) = self.ep else { return Ok(()) };
+        // SAFETY: all-zero is a valid epoll_event.
+        let mut ev: libc::epoll_event = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: our epoll fd; room for one event.
+            match unsafe { libc::epoll_wait(ep, &mut ev, 1, -1) } {
+                n if n > 0 => return Ok(()),
+                _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+                _ => return Err(os_err("epoll_wait")),
+            }
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.s.read(b) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait()?,
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        loop {
+            match self.s.write(b) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.ctl(libc::EPOLL_CTL_MOD, libc::EPOLLIN | libc::EPOLLOUT)?;
+                    let r = self.wait();
+                    self.ctl(libc::EPOLL_CTL_MOD, libc::EPOLLIN)?;
+                    r?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(ep) = self.ep {
+            // SAFETY: our epoll fd.
+            unsafe { libc::close(ep) };
+        }
+    }
+}
+
 /// (CPU µs user + system, context switches voluntary + involuntary) of this process so far.
 fn usage_now() -> (u64, u64) {
     // SAFETY: all-zero is a valid rusage; getrusage fills it.
@@ -167,8 +266,7 @@ fn get_u64(b: &[u8], i: usize) -> u64 {
 }
 
 /// One connection: headers (magic, size, warmup, iters) until a size of 0 or EOF.
-fn serve(mut s: TcpStream) -> io::Result<()> {
-    s.set_nodelay(true)?;
+fn serve(mut s: Conn) -> io::Result<()> {
     let mut buf = Vec::new();
     loop {
         let mut h = [0u8; 16];
@@ -202,10 +300,10 @@ fn serve(mut s: TcpStream) -> io::Result<()> {
     }
 }
 
-fn server(addr: &SocketAddr, once: bool) -> io::Result<()> {
+fn server(addr: &SocketAddr, once: bool, epoll: bool) -> io::Result<()> {
     let lfd = listen(addr)?;
     loop {
-        let s = accept(lfd)?;
+        let s = Conn::new(accept(lfd)?, epoll)?;
         if let Err(e) = serve(s) {
             eprintln!("pingpong server: {e}");
             if once {
@@ -230,9 +328,9 @@ fn client(
     iters: &[u32],
     warmup: u32,
     label: &str,
+    epoll: bool,
 ) -> io::Result<()> {
-    let mut s = connect(addr)?;
-    s.set_nodelay(true)?;
+    let mut s = Conn::new(connect(addr)?, epoll)?;
     for (k, &size) in sizes.iter().enumerate() {
         let n = if iters.len() == 1 { iters[0] } else { iters[k] };
         let mut h = [0u8; 16];
@@ -311,13 +409,23 @@ fn main() -> ExitCode {
         eprintln!("pingpong: ADDR:PORT expected, got {}", args[1]);
         return usage();
     };
-    let (mut sizes, mut iters, mut warmup, mut label, mut once) =
-        (vec![64usize], vec![1000u32], 100u32, "-".to_string(), false);
+    let (mut sizes, mut iters, mut warmup, mut label, mut once, mut epoll) = (
+        vec![64usize],
+        vec![1000u32],
+        100u32,
+        "-".to_string(),
+        false,
+        false,
+    );
     let mut it = args[2..].iter();
     while let Some(a) = it.next() {
         let ok = match a.as_str() {
             "--once" => {
                 once = true;
+                true
+            }
+            "--epoll" => {
+                epoll = true;
                 true
             }
             "--size" => it.next().and_then(|v| list(v)).map(|v| sizes = v).is_some(),
@@ -343,8 +451,8 @@ fn main() -> ExitCode {
         return usage();
     }
     let r = match args[0].as_str() {
-        "server" => server(&addr, once),
-        "client" => client(&addr, &sizes, &iters, warmup, &label),
+        "server" => server(&addr, once, epoll),
+        "client" => client(&addr, &sizes, &iters, warmup, &label, epoll),
         _ => return usage(),
     };
     match r {

@@ -305,15 +305,17 @@ rsocket_bw() {
 # ---- pingpong: rsock, tcp, librspreload ----------------------------------------------
 
 # pp_server PATH PORT: starts the pingpong server for PATH; sets PP_SRV.
+# A path named X-epoll is path X with pingpong's --epoll (waits in epoll_wait).
 pp_server() {
-  local path=$1 port=$2 envc=()
-  case $path in
-    rsock) read -ra envc <<<"$(rsock_env "$OUT/stats/pp-rsock-srv")"; mkdir -p "$OUT/stats/pp-rsock-srv" ;;
+  local path=$1 port=$2 envc=() mode=()
+  [[ $path == *-epoll ]] && mode=(--epoll)
+  case ${path%-epoll} in
+    rsock) read -ra envc <<<"$(rsock_env "$OUT/stats/pp-$path-srv")"; mkdir -p "$OUT/stats/pp-$path-srv" ;;
     rspreload) read -ra envc <<<"$(rsp_env)" ;;
   esac
-  start_bg "$LOGS/pp-$path-srv-$port.log" "${envc[@]}" "$PP" server "$A:$port"
+  start_bg "$LOGS/pp-$path-srv-$port.log" "${envc[@]}" "$PP" server "$A:$port" "${mode[@]}"
   PP_SRV=$BG_PID
-  case $path in
+  case ${path%-epoll} in
     rsock | rspreload) wait_rdma_listen "$port" 60 ;;
     tcp) wait_tcp_listen "$port" 60 ;;
   esac
@@ -321,14 +323,15 @@ pp_server() {
 
 # pp_client PATH PORT RUN LOG [pingpong args...]: one client run, output in LOG.
 pp_client() {
-  local path=$1 port=$2 run=$3 log=$4 envc=() pre=()
+  local path=$1 port=$2 run=$3 log=$4 envc=() pre=() mode=()
   shift 4
-  case $path in
-    rsock) mkdir -p "$OUT/stats/pp-rsock-cli-$run"; read -ra envc <<<"$(rsock_env "$OUT/stats/pp-rsock-cli-$run")" ;;
+  [[ $path == *-epoll ]] && mode=(--epoll)
+  case ${path%-epoll} in
+    rsock) mkdir -p "$OUT/stats/pp-$path-cli-$run"; read -ra envc <<<"$(rsock_env "$OUT/stats/pp-$path-cli-$run")" ;;
     rspreload) read -ra envc <<<"$(rsp_env)" ;;
     tcp) pre=(in_plain) ;;
   esac
-  "${pre[@]}" timeout 300 "${envc[@]}" ${PP_WRAP:-} "$PP" client "$A:$port" --label "$path" "$@" >"$log" 2>&1
+  "${pre[@]}" timeout 300 "${envc[@]}" ${PP_WRAP:-} "$PP" client "$A:$port" --label "$path" "${mode[@]}" "$@" >"$log" 2>&1
 }
 
 # Servers stay up for all runs (one per path); each run is a fresh client connection.
@@ -464,11 +467,11 @@ profile_path() { # PATH
   say "  profile $path: $(grep "^prof path=$path side=client thread=main syscall=ALL" "$DATA" | sed 's/.*per_rt=//') syscalls/RT in the client's main thread"
 }
 
-# RSOCK_SPIN_US sweep: one run of 64 B and 4 KiB ping-pong per value (20 = the default, as
+# RSOCK_SPIN_US sweep: one run of 64 B and 4 KiB ping-pong per value (1000 = the default, as
 # the control: the sweep runs after the profile, when the host's load may differ).
 spin_sweep() {
   local spin port log
-  for spin in 0 20 200 2000; do
+  for spin in 0 20 200 1000 5000; do
     next_port; port=$PORT
     RSOCK_SPIN_US=$spin pp_server rsock "$port" || { fail "spin-$spin" "server did not listen"; stop_bg "$PP_SRV"; continue; }
     log=$LOGS/pp-spin-$spin.log
@@ -510,7 +513,7 @@ rspreload_iperf_probe() {
   echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
   echo "smoke=$SMOKE"
   echo "runs=$RUNS"
-  echo "rsock_spin_us=${RSOCK_SPIN_US:-default(20)}"
+  echo "rsock_spin_us=${RSOCK_SPIN_US:-default(1000)}"
   echo "librsock_sha256=$(sha256sum "$SO" | cut -c1-16)"
 } >"$OUT/env.txt"
 
@@ -518,7 +521,8 @@ say "rdma bench: $([[ $SMOKE == 1 ]] && echo smoke || echo full), $RUNS run(s), 
 
 # Every run measures every path, one after the other, so that the host's load (which
 # drifts) hits all of them alike.
-for p in rsock tcp rspreload; do pp_start "$p"; done
+PP_PATHS=(rsock tcp rspreload rsock-epoll tcp-epoll)
+for p in "${PP_PATHS[@]}"; do pp_start "$p"; done
 for p in rsock tcp; do iperf_start "$p"; done
 for r in $(seq "$RUNS"); do
   say "run $r/$RUNS: verbs"
@@ -531,7 +535,7 @@ for r in $(seq "$RUNS"); do
   for s in "${RS_LAT_SIZES[@]}"; do rsocket_lat "$s" "$r"; done
   for s in "${RS_BW_SIZES[@]}"; do rsocket_bw "$s" "$r"; done
   say "run $r/$RUNS: pingpong"
-  for p in rsock tcp rspreload; do pp_run "$p" "$r"; done
+  for p in "${PP_PATHS[@]}"; do pp_run "$p" "$r"; done
   say "run $r/$RUNS: iperf3"
   for P in 1 4; do
     for p in rsock tcp; do iperf_run "$p" "$P" "$r"; done

@@ -149,6 +149,14 @@ for size in (64, 4096):
         tgt = "≤ 1.3× verbs, < rsocket" if field == "median_us" else ""
         w(f"| ping-pong RTT {hsize(size)}, {label} (µs) | {f(v)} | {f(rs)} | {f(t)} | **{f(k)}** | "
           f"{ratio(k, v)} | {ratio(k, rs)} | {ratio(k, t)} | {tgt} |")
+for size in (64, 4096):
+    # The same ping-pong waiting in epoll_wait (pingpong --epoll), as an event loop does;
+    # librspreload has no epoll support, so rsocket has no figure here.
+    t = med("lat", "tcp-epoll", size, "median_us")
+    k = med("lat", "rsock-epoll", size, "median_us")
+    if k is not None or t is not None:
+        w(f"| ping-pong RTT {hsize(size)}, epoll-driven, median (µs) | | | {f(t)} | **{f(k)}** | "
+          f"{ratio(k, med('lat', 'verbs', size, 'median_us'))} | | {ratio(k, t)} | |")
 
 
 def bwcell(path, size):

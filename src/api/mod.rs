@@ -22,7 +22,7 @@ pub use io::*;
 pub use opts::*;
 
 use crate::config::Config;
-use crate::engine::{self, Accepted, Listener};
+use crate::engine::{self, waits, Accepted, Listener};
 use crate::fdtable::{self, SockRef};
 use crate::guard;
 use crate::init;
@@ -676,9 +676,9 @@ pub unsafe fn fork() -> pid_t {
 
 // ---- readiness -----------------------------------------------------------------------------
 // The fd a program holds is always a real kernel fd whose readiness the shim drives, so
-// these forward. While the process has RDMA streams, a wait that would block first polls the
-// completion queues for RSOCK_SPIN_US (engine::spin_then): a reply that lands meanwhile rings
-// its doorbell without a trip through the helper thread.
+// these forward. While the process has RDMA streams, a wait first handles completions: a
+// zero timeout polls the CQs once; a wait that would block polls them for the spin budget,
+// then sleeps on the program's fds and the completion channels together (engine::waits).
 
 /// The owned fds among `fds` are being polled: their doorbells must follow the streams
 /// (`Socket::mark_watched`). Only while the process has RDMA streams.
@@ -709,13 +709,29 @@ unsafe fn mark_selected(n: c_int, sets: [*mut fd_set; 3]) {
     }
 }
 
+/// The program's pollfds as a slice (empty for a null pointer).
+unsafe fn pollfds<'a>(fds: *const pollfd, n: nfds_t) -> &'a [pollfd] {
+    if fds.is_null() {
+        &[]
+    } else {
+        std::slice::from_raw_parts(fds, n as usize)
+    }
+}
+
 #[inline]
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    mark_polled(fds, n);
-    if timeout == 0 || !engine::active() {
+    if !engine::active() {
         return real::poll(fds, n, timeout);
     }
-    engine::spin_then(
+    mark_polled(fds, n);
+    if timeout == 0 {
+        waits::before_nonblocking_wait();
+        return real::poll(fds, n, 0);
+    }
+    waits::sleep_with_channels(
+        pollfds(fds, n),
+        timeout,
+        std::ptr::null(),
         || probe(real::poll(fds, n, 0)),
         || real::poll(fds, n, timeout),
     )
@@ -723,11 +739,18 @@ pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
-    mark_polled(fds, n);
-    if timeout == 0 || !engine::active() {
+    if !engine::active() {
         return real::__poll_chk(fds, n, timeout, fdslen);
     }
-    engine::spin_then(
+    mark_polled(fds, n);
+    if timeout == 0 {
+        waits::before_nonblocking_wait();
+        return real::__poll_chk(fds, n, 0, fdslen);
+    }
+    waits::sleep_with_channels(
+        pollfds(fds, n),
+        timeout,
+        std::ptr::null(),
         || probe(real::__poll_chk(fds, n, 0, fdslen)),
         || real::__poll_chk(fds, n, timeout, fdslen),
     )
@@ -740,18 +763,37 @@ pub unsafe fn ppoll(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    mark_polled(fds, n);
-    if is_zero_ts(ts) || !engine::active() {
+    if !engine::active() {
         return real::ppoll(fds, n, ts, mask);
     }
+    mark_polled(fds, n);
     let zero = timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    engine::spin_then(
+    if is_zero_ts(ts) {
+        waits::before_nonblocking_wait();
+        return real::ppoll(fds, n, &zero, mask);
+    }
+    waits::sleep_with_channels(
+        pollfds(fds, n),
+        ts_ms(ts),
+        mask,
         || probe(real::ppoll(fds, n, &zero, mask)),
         || real::ppoll(fds, n, ts, mask),
     )
+}
+
+/// A timespec timeout in ms for poll (rounded up; null: no limit).
+unsafe fn ts_ms(ts: *const timespec) -> c_int {
+    if ts.is_null() {
+        return -1;
+    }
+    let (sec, nsec): (i64, i64) = ((*ts).tv_sec, (*ts).tv_nsec);
+    let ms = sec
+        .saturating_mul(1000)
+        .saturating_add((nsec + 999_999) / 1_000_000);
+    ms.clamp(0, i64::from(c_int::MAX)) as c_int
 }
 
 #[inline]
@@ -762,12 +804,16 @@ pub unsafe fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
+    if !engine::active() {
+        return real::select(n, r, w, e, tv);
+    }
     mark_selected(n, [r, w, e]);
-    if (!tv.is_null() && (*tv).tv_sec == 0 && (*tv).tv_usec == 0) || !engine::active() {
+    if !tv.is_null() && (*tv).tv_sec == 0 && (*tv).tv_usec == 0 {
+        waits::before_nonblocking_wait();
         return real::select(n, r, w, e, tv);
     }
     let sets = FdSets::save(r, w, e);
-    engine::spin_then(
+    waits::spin_then(
         || {
             sets.restore(r, w, e);
             let mut zero = timeval {
@@ -792,8 +838,12 @@ pub unsafe fn pselect(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    if !engine::active() {
+        return real::pselect(n, r, w, e, ts, mask);
+    }
     mark_selected(n, [r, w, e]);
-    if is_zero_ts(ts) || !engine::active() {
+    if is_zero_ts(ts) {
+        waits::before_nonblocking_wait();
         return real::pselect(n, r, w, e, ts, mask);
     }
     let sets = FdSets::save(r, w, e);
@@ -801,7 +851,7 @@ pub unsafe fn pselect(
         tv_sec: 0,
         tv_nsec: 0,
     };
-    engine::spin_then(
+    waits::spin_then(
         || {
             sets.restore(r, w, e);
             probe(real::pselect(n, r, w, e, &zero, mask))
@@ -889,13 +939,30 @@ pub(super) fn swap_file(
 
 #[inline]
 pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
-    if timeout == 0 || !engine::active() {
+    if !engine::active() {
         return real::epoll_wait(epfd, ev, max, timeout);
     }
-    engine::spin_then(
+    if timeout == 0 {
+        waits::before_nonblocking_wait();
+        return real::epoll_wait(epfd, ev, max, 0);
+    }
+    waits::sleep_with_channels(
+        &[epoll_pollfd(epfd)],
+        timeout,
+        std::ptr::null(),
         || probe(real::epoll_wait(epfd, ev, max, 0)),
         || real::epoll_wait(epfd, ev, max, timeout),
     )
+}
+
+/// An epoll fd is readable while its ready list is not empty: the program's epoll set, as one
+/// fd among the ones a wait sleeps on.
+fn epoll_pollfd(epfd: c_int) -> pollfd {
+    pollfd {
+        fd: epfd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
 }
 
 #[inline]
@@ -906,10 +973,17 @@ pub unsafe fn epoll_pwait(
     timeout: c_int,
     mask: *const sigset_t,
 ) -> c_int {
-    if timeout == 0 || !engine::active() {
+    if !engine::active() {
         return real::epoll_pwait(epfd, ev, max, timeout, mask);
     }
-    engine::spin_then(
+    if timeout == 0 {
+        waits::before_nonblocking_wait();
+        return real::epoll_pwait(epfd, ev, max, 0, mask);
+    }
+    waits::sleep_with_channels(
+        &[epoll_pollfd(epfd)],
+        timeout,
+        mask,
         || probe(real::epoll_pwait(epfd, ev, max, 0, mask)),
         || real::epoll_pwait(epfd, ev, max, timeout, mask),
     )

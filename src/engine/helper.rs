@@ -6,7 +6,7 @@
 //! The thread holds the reentrancy guard for its whole life: everything it calls, and
 //! everything librdmacm/libibverbs call on its behalf, goes straight to libc.
 
-use super::stream::TIMED;
+use super::stream::{TIMED, WATCHED};
 use super::{
     lock, Engine, TAG_ASYNC, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_LISTEN_RDMA, TAG_LISTEN_TCP,
     TAG_MASK, TAG_WAKE,
@@ -25,9 +25,10 @@ pub(super) fn run(engine: &'static Engine) {
     let mut next_tick = Instant::now();
     loop {
         let timed = TIMED.load(Relaxed) > 0;
+        let watched = WATCHED.load(Relaxed) > 0;
         let timeout = if !lock(&engine.closing).is_empty() {
             50
-        } else if timed {
+        } else if timed || watched {
             TICK_MS
         } else {
             1000
@@ -60,6 +61,14 @@ pub(super) fn run(engine: &'static Engine) {
                 }
                 _ => {}
             }
+        }
+        if watched {
+            // The safety net for polled streams (see `WATCHED`); a try: never waits for a
+            // program thread that is polling.
+            let devs: Vec<_> = lock(&engine.devices).clone();
+            devs.iter().for_each(|d| {
+                engine.progress(d);
+            });
         }
         engine.recheck_holders();
         reap(engine);

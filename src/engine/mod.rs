@@ -19,6 +19,7 @@ pub mod relay;
 mod setup;
 mod spin;
 pub mod stream;
+pub mod waits;
 
 use crate::config::Config;
 use crate::negcache::NegCache;
@@ -262,45 +263,6 @@ pub fn active() -> bool {
     ACTIVE_STREAMS.load(Relaxed) != 0
 }
 
-/// Runs `probe` (a non-blocking try of a wait); if nothing is ready, polls every device's
-/// completion queue for `RSOCK_SPIN_US`, probing after each pass; then, still nothing,
-/// `block` (the real blocking wait). Completions handled while spinning ring doorbells, so a
-/// reply shows up in the probe without a trip through the helper thread.
-pub fn spin_then<T>(mut probe: impl FnMut() -> Option<T>, block: impl FnOnce() -> T) -> T {
-    if let Some(r) = probe() {
-        return r;
-    }
-    if let (Some(e), Some(g)) = (get(), crate::guard::enter()) {
-        let mut spin = e.poll_budget.spin();
-        let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
-        loop {
-            for d in &devs {
-                e.progress(d);
-            }
-            if let Some(r) = probe() {
-                return r;
-            }
-            if !spin.go_on() {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        // About to sleep in the program's own wait: the helper must be woken by the next
-        // completion to ring the doorbells this wait is watching.
-        e.ensure_helper();
-        e.arm_all();
-        if let Some(r) = probe() {
-            return r;
-        }
-        drop(g);
-        let slept_from = std::time::Instant::now();
-        let r = block();
-        e.poll_budget.slept(slept_from.elapsed(), e.spin_max());
-        return r;
-    }
-    block()
-}
-
 /// At process exit (`exit`, return from `main`, `_exit`): give every stream a graceful close
 /// and wait — bounded by the linger time — until the bytes it holds and its FIN have reached
 /// the peer. The kernel keeps delivering a TCP socket's queued bytes after its process is
@@ -483,13 +445,14 @@ pub fn before_fork() {
         return;
     };
     let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
-    streams.iter().for_each(|s| s.watch());
+    streams.iter().for_each(|s| s.share());
 }
 
 /// In a fork child: the parent's streams are not this process's to drive or wait for.
 pub fn after_fork_child() {
     ACTIVE_STREAMS.store(0, Relaxed);
     stream::TIMED.store(0, Relaxed); // the parent's timed streams are not ticked here
+    stream::WATCHED.store(0, Relaxed);
 
     // The parent's ipc socket must not answer for it from here: once the parent is gone,
     // callers must be refused, not left waiting on a socket nobody serves.
@@ -762,14 +725,6 @@ impl Engine {
             log::error!("arming the CQ failed: {e}");
         }
         self.progress_all(d);
-    }
-
-    /// [`sleep_armed`](Self::sleep_armed) for every device.
-    fn arm_all(&self) {
-        let devs: Vec<Arc<Dev>> = lock(&self.devices).clone();
-        for d in &devs {
-            self.sleep_armed(d);
-        }
     }
 
     /// Starts the helper thread (once).

@@ -74,11 +74,18 @@ pub struct Stream {
     calls: AtomicU32,
     /// Keepalive or a user timeout is on: the helper ticks it (counted in [`TIMED`]).
     timed: AtomicBool,
-    /// Someone may look at the doorbell's A from outside the shim's own waits (the program
+    /// Someone may look at the doorbell's A outside the shim's own data calls (the program
     /// polled it or put it in an epoll set, or another process holds it): readiness moves it
     /// on every change. Until then only a thread sleeping in [`wait`](Self::wait) needs it.
     watched: AtomicBool,
+    /// Another process may poll A (its holder forked): its completions must be handled
+    /// even while this process waits nowhere the shim sees, so the helper listens.
+    shared: AtomicBool,
 }
+
+/// Watched streams of this process: while there are any, the helper also polls the CQs on
+/// a short timer, a safety net for waits the hooks do not see (a raw `epoll_wait` syscall).
+pub(super) static WATCHED: AtomicUsize = AtomicUsize::new(0);
 
 /// Streams of this process with keepalive or a user timeout on (the helper then ticks).
 pub(super) static TIMED: AtomicUsize = AtomicUsize::new(0);
@@ -197,6 +204,7 @@ impl Stream {
             released: AtomicBool::new(false),
             hold_watched: AtomicBool::new(false),
             watched: AtomicBool::new(false),
+            shared: AtomicBool::new(false),
         });
         s.load_options();
         s.with(|inner| s.pump(inner));
@@ -506,7 +514,7 @@ impl Stream {
     fn update_demand(&self, inner: &mut Inner) {
         let want = inner.dead.is_none()
             && inner.rc.is_some()
-            && (self.watched.load(Relaxed)
+            && (self.shared.load(Relaxed)
                 || !inner.relays.is_empty()
                 || inner.proto.output_pending());
         if want != inner.demand {
@@ -519,14 +527,21 @@ impl Stream {
         }
     }
 
-    /// Someone may look at A from outside the shim's waits from now on (sticky): bring A up
-    /// to date and keep it so.
+    /// The program polls A from now on (sticky): bring A up to date and keep it so. The
+    /// program's hooked waits handle completions themselves (engine/waits.rs).
     pub fn watch(&self) {
         if !self.watched.swap(true, AcqRel) {
-            self.with(|inner| {
-                self.show(inner);
-                self.update_demand(inner);
-            });
+            WATCHED.fetch_add(1, AcqRel);
+            self.with(|inner| self.show(inner));
+        }
+    }
+
+    /// Another process may poll A from now on (a fork): as [`watch`](Self::watch), and the
+    /// helper handles completions, since that process's waits are not this one's.
+    pub fn share(&self) {
+        if !self.shared.swap(true, AcqRel) {
+            self.watch();
+            self.with(|inner| self.update_demand(inner));
         }
     }
 
@@ -1080,6 +1095,9 @@ impl Stream {
         drop(rc);
         if self.timed.swap(false, AcqRel) {
             TIMED.fetch_sub(1, AcqRel);
+        }
+        if self.watched.swap(false, AcqRel) {
+            WATCHED.fetch_sub(1, AcqRel);
         }
         for e in relays {
             crate::sys::raw::close(e.fd);
