@@ -141,16 +141,17 @@ pub struct Dev {
     wake_fd: c_int,
 }
 
-/// Who handles a completion. A program thread blocked in a call on a stream sleeps on the
-/// completion channel itself and handles its own completions; the helper thread is needed
-/// only for streams whose completions must be seen while no call is in progress: a doorbell
-/// someone polls, a relay, or output that waits for the peer's credits. While no stream on a
-/// device needs it, the helper's epoll does not report that device's completion events at
-/// all, so a blocked reader's wake-up does not also wake the helper (a context switch and
-/// four syscalls per message, measured).
+/// Who handles a completion. A program thread blocked in a call on a stream, or in a hooked
+/// poll/epoll wait, sleeps on the completion channel itself and handles what it finds; the
+/// helper thread is needed only for streams whose completions must be seen while no such
+/// wait is in progress: a doorbell another process polls, a relay, or output that waits for
+/// the peer's credits. While no stream on a device needs it, the helper's epoll does not
+/// report that device's completion events at all, so a waiter's wake-up does not also wake
+/// the helper (a context switch and four syscalls per message, measured).
 impl Dev {
     /// A stream needs the helper: make sure the helper hears this device's completions.
-    /// Never call with a stream lock held (no polling here; the helper polls once woken).
+    /// Takes only `listen_lock` and polls nothing (the helper polls once woken), so a
+    /// stream may call it under its own lock.
     pub(crate) fn demand_up(&self) {
         self.demand.fetch_add(1, SeqCst);
         if self.listening.load(SeqCst) {
