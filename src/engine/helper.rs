@@ -114,12 +114,10 @@ fn completions(engine: &Engine, i: usize) {
     let Some(d) = lock(&engine.devices).get(i).cloned() else {
         return;
     };
+    // Re-armed there while some stream needs its completions seen between calls (a
+    // doorbell another process polls, a relay, output waiting for credits).
     engine.on_cq_event(&d);
-    // Stay armed while some stream needs its completions seen between calls (a doorbell
-    // someone polls, a relay, output waiting for credits); see `Dev::demand_up`.
-    if d.keep_listening() {
-        engine.sleep_armed(&d);
-    }
+    d.stop_listening_if_idle();
 }
 
 /// Events of connected and accepting ids: establishment of accepted streams, disconnects.

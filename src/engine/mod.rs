@@ -153,15 +153,15 @@ impl Dev {
     /// Takes only `listen_lock` and polls nothing (the helper polls once woken), so a
     /// stream may call it under its own lock.
     pub(crate) fn demand_up(&self) {
-        self.demand.fetch_add(1, SeqCst);
-        if self.listening.load(SeqCst) {
+        // While there is demand, whoever consumes a completion event re-arms the CQ
+        // (`Engine::on_cq_event`); the first demand arms it here.
+        if self.demand.fetch_add(1, SeqCst) > 0 && self.listening.load(SeqCst) {
             return;
         }
         let _g = lock(&self.listen_lock);
-        if self.listening.load(SeqCst) {
-            return;
+        if !self.listening.load(SeqCst) {
+            self.set_listening(true);
         }
-        self.set_listening(true);
         if let Err(e) = self.dev.arm() {
             log::error!("arming the CQ failed: {e}");
         }
@@ -174,20 +174,18 @@ impl Dev {
         self.demand.fetch_sub(1, SeqCst);
     }
 
-    /// Helper, after a completion event: whether to keep listening (and re-arm). Stops when
+    /// Helper, after a completion event: stops listening when no stream needs it;
     /// no stream needs it; `demand_up` turns it back on.
-    fn keep_listening(&self) -> bool {
+    fn stop_listening_if_idle(&self) {
         if self.demand.load(SeqCst) > 0 {
-            return true;
+            return;
         }
         let _g = lock(&self.listen_lock);
-        self.listening.store(false, SeqCst);
-        if self.demand.load(SeqCst) > 0 {
-            self.listening.store(true, SeqCst); // raced with a demand_up that saw us on
-            return true;
+        // A demand_up that raced with us either made demand non-zero before this check or
+        // takes the lock after us and turns listening back on.
+        if self.demand.load(SeqCst) == 0 && self.listening.load(SeqCst) {
+            self.set_listening(false);
         }
-        self.set_listening(false);
-        false
     }
 
     fn set_listening(&self, on: bool) {
@@ -708,6 +706,16 @@ impl Engine {
     pub(crate) fn on_cq_event(&self, d: &Dev) {
         let _ = d.dev.take_cq_events(usize::MAX);
         self.progress_all(d);
+        self.rearm_for_helper(d);
+    }
+
+    /// After consuming a completion event: while some stream needs the helper to hear
+    /// completions, the CQ must stay armed — the event this thread took was that arm's one
+    /// report, and the helper (woken too) found nothing left to read.
+    fn rearm_for_helper(&self, d: &Dev) {
+        if d.demand.load(SeqCst) > 0 {
+            self.sleep_armed(d);
+        }
     }
 
     /// As [`on_cq_event`](Self::on_cq_event) for a thread that armed the CQ once and woke on
@@ -716,6 +724,7 @@ impl Engine {
     pub(crate) fn on_own_cq_event(&self, d: &Dev) {
         let _ = d.dev.take_cq_events(1);
         self.progress_all(d);
+        self.rearm_for_helper(d);
     }
 
     /// Arms `d`'s CQ for the next completion and polls once more: a completion that landed
