@@ -174,8 +174,8 @@ impl Dev {
         self.demand.fetch_sub(1, SeqCst);
     }
 
-    /// Helper, after a completion event: stops listening when no stream needs it;
-    /// no stream needs it; `demand_up` turns it back on.
+    /// Helper, after a completion event: stops listening when no stream needs it
+    /// (`demand_up` turns it back on).
     fn stop_listening_if_idle(&self) {
         if self.demand.load(SeqCst) > 0 {
             return;

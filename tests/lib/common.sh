@@ -93,11 +93,6 @@ t_cell() {
     local t0=$SECONDS rc
     ( cd "$CELL_DIR" && set -o pipefail && "$fn" "$@" ) > "$CELL_DIR/cell.log" 2>&1
     rc=$?
-    # A blocked call that had to wake itself although its stream was ready: a lost
-    # wake-up in the shim (it logs each), whatever the cell checked.
-    local missed
-    missed=$(grep -ho 'rdma stream [^ ]*: a wait ended by its [0-9]* ms bound.*' "$CELL_DIR"/*.log 2>/dev/null | head -n 2 | paste -sd'|')
-    [ -n "$missed" ] && echo "shim: $missed" >> "$CELL_DIR/.why"
     [ $rc -eq 0 ] && [ -s "$CELL_DIR/.why" ] && rc=1  # a `soft` check failed
     kill_cell_procs
     if [ $rc -eq 0 ]; then
