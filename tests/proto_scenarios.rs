@@ -61,6 +61,30 @@ fn transfer(p: &mut Pair, from: Side, data: &[u8]) -> Vec<u8> {
     panic!("no progress: sent {sent}, got {}", got.len());
 }
 
+/// A pair whose A has a send buffer four rings big: writes wait there for B's credits.
+fn pair_big_sender() -> Pair {
+    Pair::new(
+        Config {
+            send_buf_size: 256,
+            ..small_config()
+        },
+        small_config(),
+    )
+}
+
+/// Reads at `side`, driving the pair, until end of stream (or 100 rounds).
+fn read_to_eof(p: &mut Pair, side: Side) -> Vec<u8> {
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got.extend(read_all(p, side));
+        drive(p);
+        if p.ep(side).conn.at_eof() {
+            break;
+        }
+    }
+    got
+}
+
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
 }
@@ -108,13 +132,7 @@ fn test_established_odd_sizes_wrap_everywhere() {
 
 #[test]
 fn test_established_writer_stops_at_the_granted_window() {
-    let mut p = Pair::new(
-        Config {
-            send_buf_size: 256,
-            ..small_config()
-        },
-        small_config(),
-    );
+    let mut p = pair_big_sender();
     assert_eq!(p.write(Side::A, &pattern(200)), Ok(200));
     drive(&mut p);
     // B does not read: exactly one ring's worth crossed, the rest waits in A's send buffer.
@@ -129,13 +147,7 @@ fn test_established_writer_stops_at_the_granted_window() {
 
 #[test]
 fn test_established_output_pending_until_credits_release_it() {
-    let mut p = Pair::new(
-        Config {
-            send_buf_size: 256,
-            ..small_config()
-        },
-        small_config(),
-    );
+    let mut p = pair_big_sender();
     assert!(!p.a.conn.output_pending());
     p.write(Side::A, &pattern(200)).unwrap();
     drive(&mut p);
@@ -143,14 +155,7 @@ fn test_established_output_pending_until_credits_release_it() {
     assert!(p.a.conn.output_pending());
     assert!(!p.b.conn.output_pending());
     p.a.conn.close();
-    let mut got = Vec::new();
-    for _ in 0..100 {
-        got.extend(read_all(&mut p, Side::B));
-        drive(&mut p);
-        if p.b.conn.at_eof() {
-            break;
-        }
-    }
+    let got = read_to_eof(&mut p, Side::B);
     assert_eq!(got.len(), 200);
     // Everything, FIN included, went out: nothing waits on the peer any more.
     assert!(!p.a.conn.output_pending());
@@ -445,27 +450,14 @@ fn test_fin_half_closed_side_still_receives() {
 
 #[test]
 fn test_fin_waits_behind_data_blocked_on_credits() {
-    let mut p = Pair::new(
-        Config {
-            send_buf_size: 256,
-            ..small_config()
-        },
-        small_config(),
-    );
+    let mut p = pair_big_sender();
     let data = pattern(200);
     p.write(Side::A, &data).unwrap();
     p.a.conn.close();
     drive(&mut p);
     // Only a ring's worth is across; FIN must not overtake the rest.
     assert_eq!(p.b.conn.state(), State::Open);
-    let mut got = Vec::new();
-    for _ in 0..100 {
-        got.extend(read_all(&mut p, Side::B));
-        drive(&mut p);
-        if p.b.conn.at_eof() {
-            break;
-        }
-    }
+    let got = read_to_eof(&mut p, Side::B);
     assert_eq!(got, data);
     assert!(p.b.conn.at_eof());
     p.b.conn.close();

@@ -45,8 +45,7 @@ pub(super) fn run(engine: &'static Engine) {
                     engine.exit_drain_if_asked();
                     // A device may have just been listened to again (`Dev::demand_up`):
                     // completions from before its CQ was armed raise no event.
-                    let devs: Vec<_> = lock(&engine.devices).clone();
-                    devs.iter().for_each(|d| engine.progress_all(d));
+                    engine.progress_devices(true);
                 }
                 TAG_CM => cm_events(engine),
                 TAG_DEV => completions(engine, (tag & !TAG_MASK) as usize),
@@ -65,18 +64,14 @@ pub(super) fn run(engine: &'static Engine) {
         if watched {
             // The safety net for polled streams (see `WATCHED`); a try: never waits for a
             // program thread that is polling.
-            let devs: Vec<_> = lock(&engine.devices).clone();
-            devs.iter().for_each(|d| {
-                engine.progress(d);
-            });
+            engine.progress_devices(false);
         }
         engine.recheck_holders();
         reap(engine);
         if timed && Instant::now() >= next_tick {
             // Probe completions are looked at here, whether or not the helper listens to
             // the devices' completion events.
-            let devs: Vec<_> = lock(&engine.devices).clone();
-            devs.iter().for_each(|d| engine.progress_all(d));
+            engine.progress_devices(true);
             let now = Instant::now();
             next_tick = now + Duration::from_millis(TICK_MS as u64);
             let streams: Vec<Arc<super::Stream>> =
@@ -116,7 +111,7 @@ fn completions(engine: &Engine, i: usize) {
     };
     // Re-armed there while some stream needs its completions seen between calls (a
     // doorbell another process polls, a relay, output waiting for credits).
-    engine.on_cq_event(&d);
+    engine.on_cq_event(&d, usize::MAX);
     d.stop_listening_if_idle();
 }
 
@@ -160,10 +155,7 @@ fn reap(engine: &Engine) {
     if list.is_empty() {
         return;
     }
-    let devs: Vec<_> = lock(&engine.devices).clone();
-    for d in &devs {
-        engine.progress_all(d);
-    }
+    engine.progress_devices(true);
     for s in list {
         if s.reap_step(engine.linger()) {
             engine.unregister(&s);

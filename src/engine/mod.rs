@@ -313,10 +313,7 @@ fn drain_streams(e: &'static Engine) {
     // Relayed streams first take in what their holders already wrote (a fork child that has
     // just exited may have left its last bytes in the relay), as far as the linger allows.
     while streams.iter().any(|s| s.relay_pending()) && std::time::Instant::now() < deadline {
-        let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
-        for d in &devs {
-            e.progress(d);
-        }
+        e.progress_devices(false);
         streams.iter().for_each(|s| s.on_hold_event());
         std::thread::sleep(Duration::from_micros(200));
     }
@@ -324,10 +321,7 @@ fn drain_streams(e: &'static Engine) {
         s.close_for_exit();
     }
     loop {
-        let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
-        for d in &devs {
-            e.progress(d);
-        }
+        e.progress_devices(false);
         let left = streams.iter().filter(|s| !s.flushed()).count();
         if left == 0 {
             return;
@@ -627,6 +621,24 @@ impl Engine {
         }
     }
 
+    /// A snapshot of the devices in use.
+    fn devices(&self) -> Vec<Arc<Dev>> {
+        lock(&self.devices).clone()
+    }
+
+    /// Polls every device's CQ once: [`progress`](Self::progress) on each (a try: never
+    /// waits for a thread that is polling), or, with `wait`, [`progress_all`]
+    /// (Self::progress_all) on each.
+    pub(crate) fn progress_devices(&self, wait: bool) {
+        for d in &self.devices() {
+            if wait {
+                self.progress_all(d);
+            } else {
+                self.progress(d);
+            }
+        }
+    }
+
     /// As [`progress`](Self::progress), waiting for the poll lock (the helper must not miss
     /// completions that arrived before it re-armed the CQ).
     fn progress_all(&self, d: &Dev) {
@@ -703,8 +715,12 @@ impl Engine {
     /// A completion-channel event on `d` (whoever saw it: the helper or a blocked caller):
     /// consume and ack it and poll. Re-arming is the caller's: the helper re-arms after every
     /// event, and a thread about to sleep arms first ([`sleep_armed`](Self::sleep_armed)).
-    pub(crate) fn on_cq_event(&self, d: &Dev) {
-        let _ = d.dev.take_cq_events(usize::MAX);
+    ///
+    /// `max` bounds the events read: a thread that armed the CQ once and woke on the channel
+    /// takes 1 (all its arm can have raised; a later one stays for the next sleeper), the
+    /// helper takes them all.
+    pub(crate) fn on_cq_event(&self, d: &Dev, max: usize) {
+        let _ = d.dev.take_cq_events(max);
         self.progress_all(d);
         self.rearm_for_helper(d);
     }
@@ -716,15 +732,6 @@ impl Engine {
         if d.demand.load(SeqCst) > 0 {
             self.sleep_armed(d);
         }
-    }
-
-    /// As [`on_cq_event`](Self::on_cq_event) for a thread that armed the CQ once and woke on
-    /// the channel: one event is all its arm can have raised (one read, not one more to find
-    /// the channel empty); a later one leaves the channel readable for its next sleeper.
-    pub(crate) fn on_own_cq_event(&self, d: &Dev) {
-        let _ = d.dev.take_cq_events(1);
-        self.progress_all(d);
-        self.rearm_for_helper(d);
     }
 
     /// Arms `d`'s CQ for the next completion and polls once more: a completion that landed

@@ -1034,23 +1034,12 @@ impl Stream {
             // SAFETY: two valid pollfds.
             let r = unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
             let e = crate::sys::raw::errno();
-            {
-                let mut g = self.lock();
-                g.sleepers -= 1;
-                if r == 0 && shown_ready(&g, want) {
-                    // Whoever made it ready should have woken us — unless it did so just as
-                    // the bound expired (seen under heavy load), so this is only a hint.
-                    log::debug!(
-                        "rdma stream {}: a wait ended by its {ms} ms bound with the stream ready (a late or missed wake-up)",
-                        self.peer
-                    );
-                }
-            }
+            self.lock().sleepers -= 1;
             if r < 0 && e == libc::EINTR && !crate::sys::raw::signals_restart() {
                 return Err(libc::EINTR); // a handler ran, as a blocked kernel recv would say
             }
             if p[1].revents & libc::POLLIN != 0 {
-                engine.on_own_cq_event(&self.dev);
+                engine.on_cq_event(&self.dev, 1);
             } else {
                 engine.progress(&self.dev);
             }
@@ -1245,21 +1234,6 @@ fn skip_const<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
 
 /// The longest a blocked call sleeps before it looks again by itself (see `Stream::sleep`).
 const MAX_SLEEP_MS: c_int = 1600;
-
-/// Whether the doorbell should have woken a waiter for `want` (A's rules: a writer wakes
-/// when a third of the send buffer is free, as on kernel TCP).
-fn shown_ready(inner: &Inner, want: Want) -> bool {
-    let p = &inner.proto;
-    match want {
-        Want::Read => ready_in(inner, want),
-        Want::Write => {
-            inner.dead.is_some()
-                || p.state() == proto::State::Reset
-                || p.poll_writable()
-                || !matches!(p.state(), proto::State::Open | proto::State::ReadClosed)
-        }
-    }
-}
 
 /// Whether `want` can proceed without blocking.
 fn ready_in(inner: &Inner, want: Want) -> bool {

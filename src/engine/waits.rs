@@ -10,7 +10,7 @@
 //! select's fd sets cannot take the channels (they may exceed `FD_SETSIZE`), so select and
 //! pselect keep the helper listening while they sleep instead.
 
-use super::{get, lock, Dev, Engine};
+use super::{get, Dev, Engine};
 use crate::sys::raw::{errno, set_errno};
 use crate::sys::real;
 use libc::{c_int, pollfd, sigset_t};
@@ -29,21 +29,36 @@ const PROBE_EVERY: u32 = 16;
 /// a program that only ever polls with timeout 0 still sees its streams move.
 pub fn before_nonblocking_wait() {
     if let (Some(e), Some(_g)) = (get(), crate::guard::enter()) {
-        for d in lock(&e.devices).iter() {
-            e.progress(d);
-        }
+        e.progress_devices(false);
     }
 }
 
-/// Polls the CQs for the spin budget, probing as it goes. `Ok(r)`: the probe's answer;
-/// `Err(())`: nothing yet, time to sleep.
-fn spin(e: &'static Engine, devs: &[Arc<Dev>], probe: &mut impl Probe) -> Result<c_int, ()> {
+/// The start of a wait that may block: tries it, then polls the CQs for the spin budget,
+/// trying it as it goes. `Ok`: nothing yet, time to sleep (the engine and its devices).
+/// `Err(Some(r))`: the program's answer. `Err(None)`: the shim cannot take part (no engine,
+/// or this thread is already inside the shim): make the real call.
+fn spin_first(probe: &mut impl Probe) -> Result<(&'static Engine, Vec<Arc<Dev>>), Option<c_int>> {
+    if let Some(r) = probe() {
+        return Err(Some(r));
+    }
+    let (Some(e), Some(_g)) = (get(), crate::guard::enter()) else {
+        return Err(None);
+    };
+    let devs = e.devices();
+    match spin(e, &devs, probe) {
+        Some(r) => Err(Some(r)),
+        None => Ok((e, devs)),
+    }
+}
+
+/// Polls the CQs for the spin budget, probing as it goes: the probe's answer, if any.
+fn spin(e: &'static Engine, devs: &[Arc<Dev>], probe: &mut impl Probe) -> Option<c_int> {
     let mut spin = e.poll_budget.spin();
     for pass in 1u32.. {
         let handled: usize = devs.iter().map(|d| e.progress(d)).sum();
         if handled > 0 || pass % PROBE_EVERY == 0 {
             if let Some(r) = probe() {
-                return Ok(r);
+                return Some(r);
             }
         }
         if !spin.go_on() {
@@ -51,7 +66,7 @@ fn spin(e: &'static Engine, devs: &[Arc<Dev>], probe: &mut impl Probe) -> Result
         }
         std::hint::spin_loop();
     }
-    probe().ok_or(())
+    probe()
 }
 
 /// poll/ppoll/epoll_wait/epoll_pwait that would block: `fds` is what the program waits on
@@ -68,18 +83,11 @@ pub unsafe fn sleep_with_channels(
     mut probe: impl Probe,
     block: impl FnOnce() -> c_int,
 ) -> c_int {
-    if let Some(r) = probe() {
-        return r;
-    }
-    let Some(e) = get() else { return block() };
-    let Some(g) = crate::guard::enter() else {
-        return block();
+    let (e, devs) = match spin_first(&mut probe) {
+        Ok(x) => x,
+        Err(Some(r)) => return r,
+        Err(None) => return block(),
     };
-    let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
-    if let Ok(r) = spin(e, &devs, &mut probe) {
-        return r;
-    }
-    drop(g);
     let deadline = (timeout_ms >= 0).then(|| Instant::now() + ms(timeout_ms));
     let mut set: Vec<pollfd> = fds.to_vec();
     set.extend(devs.iter().map(|d| pollfd {
@@ -118,13 +126,11 @@ pub unsafe fn sleep_with_channels(
         }
         {
             let _g = crate::guard::enter();
-            let err = errno();
             for (d, p) in devs.iter().zip(&set[fds.len()..]) {
                 if p.revents & libc::POLLIN != 0 {
-                    e.on_cq_event(d);
+                    e.on_cq_event(d, usize::MAX);
                 }
             }
-            set_errno(err);
         }
         if let Some(r) = probe() {
             break r;
@@ -137,24 +143,20 @@ pub unsafe fn sleep_with_channels(
 /// select/pselect that would block: spin, then `block` (the real call) while the helper
 /// listens for completions, so that it rings the doorbells the program waits on.
 pub fn spin_then(mut probe: impl Probe, block: impl FnOnce() -> c_int) -> c_int {
-    if let Some(r) = probe() {
-        return r;
-    }
-    let Some(e) = get() else { return block() };
-    let Some(g) = crate::guard::enter() else {
-        return block();
+    let (e, devs) = match spin_first(&mut probe) {
+        Ok(x) => x,
+        Err(Some(r)) => return r,
+        Err(None) => return block(),
     };
-    let devs: Vec<Arc<Dev>> = lock(&e.devices).clone();
-    if let Ok(r) = spin(e, &devs, &mut probe) {
-        return r;
+    {
+        let _g = crate::guard::enter(); // arming goes through libibverbs
+        e.ensure_helper();
+        devs.iter().for_each(|d| d.demand_up());
     }
-    e.ensure_helper();
-    devs.iter().for_each(|d| d.demand_up());
     if let Some(r) = probe() {
         devs.iter().for_each(|d| d.demand_down());
         return r;
     }
-    drop(g);
     let slept_from = Instant::now();
     let r = block();
     let err = errno();
