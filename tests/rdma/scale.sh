@@ -11,15 +11,8 @@
 #   cargo build --release --workspace --examples
 #   tests/rdma-vm/run.sh -- tests/rdma/scale.sh [PATTERN]
 set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-# shellcheck source=../rdma-vm/lib.sh
-. tests/rdma-vm/lib.sh
-# shellcheck source=../lib/common.sh
-. tests/lib/common.sh
-# shellcheck source=../lib/rdma_cells.sh
-. tests/lib/rdma_cells.sh
-rdma_vm_require_guest
-t_init
+# shellcheck source=../lib/rdma_suite.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/rdma_suite.sh"
 need python3 rdma
 PATTERN=${1:-}
 MUT=0
