@@ -51,6 +51,10 @@ enum Action {
     Recv(Side, usize),
     Complete(Side, usize),
     Shutdown(Side),
+    /// That end starts handing itself over (PROTOCOL.md §11); refused ones change nothing.
+    Migrate(Side),
+    /// The started hand-over completes: the pair continues with the taker.
+    Resume,
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -63,6 +67,15 @@ fn action() -> impl Strategy<Value = Action> {
         3 => (side(), 1usize..=4).prop_map(|(s, n)| Action::Recv(s, n)),
         3 => (side(), 1usize..=4).prop_map(|(s, n)| Action::Complete(s, n)),
         1 => side().prop_map(Action::Shutdown),
+    ]
+}
+
+/// `action()` plus queue-pair hand-overs started and completed at random points.
+fn action_or_move() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        20 => action(),
+        1 => side().prop_map(Action::Migrate),
+        1 => Just(Action::Resume),
     ]
 }
 
@@ -84,6 +97,9 @@ struct World {
     closed: [bool; 2],
     /// Indexed by sending side: 0 = A->B, 1 = B->A.
     s: [Stream; 2],
+    /// Hand-overs started (indexed by side) and completed.
+    moving: [bool; 2],
+    moves: usize,
 }
 
 fn idx(side: Side) -> usize {
@@ -218,14 +234,46 @@ impl World {
                 self.p.ep_mut(s).conn.shutdown_write();
                 self.s[idx(s)].shut = true;
             }
+            Action::Migrate(s) => {
+                let port = 7 + self.moves as u16;
+                if self.p.ep_mut(s).conn.start_migration(port).is_ok() {
+                    self.moving[idx(s)] = true;
+                }
+            }
+            Action::Resume => self.resume()?,
         }
         self.p.check_invariants().map_err(TestCaseError::fail)?;
         Ok(())
     }
 
+    /// Completes a started hand-over. When both ends started one, the passive end's (B)
+    /// wins. The end that stays becomes A; the taker B (with the moved end's config).
+    fn resume(&mut self) -> Result<(), TestCaseError> {
+        let from = match self.moving {
+            [false, false] => return Ok(()),
+            [true, false] => Side::A,
+            _ => Side::B,
+        };
+        let port = 7 + self.moves as u16;
+        let cfg = self.p.ep(from).config().clone();
+        let placeholder = Pair::new(cfg.clone(), cfg.clone());
+        let p = std::mem::replace(&mut self.p, placeholder);
+        self.p = p
+            .complete_hand_over(from, port, cfg)
+            .map_err(|f| TestCaseError::fail(format!("hand-over: {f:?}")))?;
+        if from == Side::A {
+            self.s.swap(0, 1);
+            self.closed.swap(0, 1);
+        }
+        self.moving = [false; 2];
+        self.moves += 1;
+        self.p.check_invariants().map_err(TestCaseError::fail)
+    }
+
     /// Fair schedule until both streams are complete, at EOF, and both ends finished (after a
     /// disconnect: until both ends are finished).
     fn finish(&mut self) -> Result<(), TestCaseError> {
+        self.resume()?;
         for _ in 0..20_000 {
             for side in [Side::A, Side::B] {
                 let i = idx(side);
@@ -314,6 +362,8 @@ fn run_with_cut(
             .collect()
     };
     let mut w = World {
+        moving: [false; 2],
+        moves: 0,
         broken: false,
         closed: [false; 2],
         p: Pair::new(ca, cb),
@@ -376,6 +426,24 @@ proptest! {
         actions in proptest::collection::vec(action(), 0..100),
     ) {
         run(ca, cb, la, 0, actions)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(pt_config(512))]
+
+    /// Queue-pair hand-overs (either end, crossing ones too, several in a row) at random
+    /// points of random traffic: unread, unposted and in-flight bytes all arrive once, in
+    /// order, and both ends finish.
+    #[test]
+    fn handed_over_midway(
+        ca in config(),
+        cb in config(),
+        la in 0usize..=600,
+        lb in 0usize..=600,
+        actions in proptest::collection::vec(action_or_move(), 0..250),
+    ) {
+        run(ca, cb, la, lb, actions)?;
     }
 }
 

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngSeed};
 use rsock_core::proto::wire::{
-    field, Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, MAGIC,
+    field, Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint, MAGIC,
     MAX_REP_PRIVATE_DATA, VERSION,
 };
 use rsock_core::proto::{Config, ReadError, State};
@@ -26,7 +26,7 @@ fn hello_like() -> impl Strategy<Value = Vec<u8>> {
         proptest::collection::vec(any::<u8>(), 0..=MAX_REP_PRIVATE_DATA),
         any::<bool>(),
         any::<bool>(),
-        0u8..=4,
+        0u8..=5,
     )
         .prop_map(|(mut b, magic, version, kind)| {
             if magic && b.len() >= 4 {
@@ -49,11 +49,11 @@ fn hello_like() -> impl Strategy<Value = Vec<u8>> {
 fn mutated_hello() -> impl Strategy<Value = Vec<u8>> {
     (
         valid_hello(),
-        proptest::collection::vec((0usize..40, any::<u8>()), 0..4),
-        0usize..=48,
+        proptest::collection::vec((0usize..56, any::<u8>()), 0..4),
+        0usize..=64,
     )
         .prop_map(|(h, edits, len)| {
-            let mut b = vec![0u8; 48];
+            let mut b = vec![0u8; 64];
             h.emit(&mut b);
             for (i, v) in edits {
                 b[i] = v;
@@ -65,21 +65,34 @@ fn mutated_hello() -> impl Strategy<Value = Vec<u8>> {
 
 fn valid_hello() -> impl Strategy<Value = Hello> {
     (
-        prop_oneof![Just(HelloKind::Connect), Just(HelloKind::Accept)],
+        prop_oneof![
+            Just(HelloKind::Connect),
+            Just(HelloKind::Accept),
+            Just(HelloKind::Resume)
+        ],
         any::<u16>(),
         0u64..(u64::MAX >> 2),
         any::<u32>(),
         1u32..=(1 << 30),
         4u32..=(1 << 16),
+        any::<u64>(),
+        any::<(u64, u64)>(),
     )
         .prop_map(
-            |(kind, flags, ring_addr, rkey, ring_size, recv_credits)| Hello {
-                kind,
-                flags,
-                ring_addr,
-                rkey,
-                ring_size,
-                recv_credits,
+            |(kind, flags, ring_addr, rkey, ring_size, recv_credits, conn_id, (sent, granted))| {
+                Hello {
+                    kind,
+                    flags,
+                    ring_addr,
+                    rkey,
+                    ring_size,
+                    recv_credits,
+                    conn_id,
+                    resume: (kind == HelloKind::Resume).then_some(ResumePoint {
+                        sent_end: sent,
+                        granted_end: granted,
+                    }),
+                }
             },
         )
 }
@@ -95,9 +108,9 @@ proptest! {
                 // Re-encoding keeps every field; only `reserved` (ignored) and `len`
                 // (extensions skipped) may differ from the input.
                 prop_assert_eq!(Hello::parse(&h.to_bytes()), Ok(h));
-                let out = h.to_bytes();
+                let (out, n) = (h.to_bytes(), h.encoded_len());
                 prop_assert_eq!(&out[..field::LEN.start], &buf[..field::LEN.start]);
-                prop_assert_eq!(&out[field::RKEY.start..], &buf[field::RKEY.start..Hello::LEN]);
+                prop_assert_eq!(&out[field::RKEY.start..n], &buf[field::RKEY.start..n]);
             }
             Err(HelloError::Truncated { needed, got }) => {
                 prop_assert_eq!(got, buf.len());
@@ -116,8 +129,8 @@ proptest! {
     }
 
     #[test]
-    fn hello_round_trip(h in valid_hello(), pad in 0usize..=(MAX_REP_PRIVATE_DATA - Hello::LEN)) {
-        let mut buf = vec![0u8; Hello::LEN + pad];
+    fn hello_round_trip(h in valid_hello(), pad in 0usize..=(MAX_REP_PRIVATE_DATA - Hello::RESUME_LEN)) {
+        let mut buf = vec![0u8; h.encoded_len() + pad];
         h.emit(&mut buf);
         prop_assert_eq!(Hello::parse(&buf), Ok(h));
     }
@@ -178,7 +191,7 @@ proptest! {
 #[test]
 fn wrong_magic_and_version_are_distinct_errors() {
     let good = Config::default()
-        .hello(HelloKind::Connect, 0x1000, 7)
+        .hello(HelloKind::Connect, 0x1000, 7, 9)
         .to_bytes();
     let mut foreign = good;
     foreign[..4].copy_from_slice(b"SSH-");
@@ -206,7 +219,12 @@ fn wrong_magic_and_version_are_distinct_errors() {
 fn imm_errors_are_specific() {
     assert_eq!(Imm::decode(0), Err(ImmError::EmptyData));
     assert_eq!(Imm::decode(0x8000_0000), Err(ImmError::EmptyCredit));
-    assert_eq!(Imm::decode(0xc300_0000), Err(ImmError::UnknownOp(3)));
+    assert_eq!(Imm::decode(0xc400_0000), Err(ImmError::UnknownOp(4)));
+    // MIGRATE needs a port, and only 16 bits of argument.
+    assert_eq!(
+        Imm::decode(0xc300_0000),
+        Err(ImmError::ReservedBits(0xc300_0000))
+    );
     assert_eq!(
         Imm::decode(0xc1ff_ffff),
         Err(ImmError::ReservedBits(0xc1ff_ffff))

@@ -21,6 +21,8 @@ fuzz_target!(|data: &[u8]| {
         rkey: 0,
         ring_size: 29,
         recv_credits: 4,
+        conn_id: 1,
+        resume: None,
     };
     let mut conn = Conn::new(&cfg, &peer).unwrap();
     let mut ring = vec![0u8; 61];

@@ -108,10 +108,10 @@ fn fit_and_post(rc: &mut rdma::Conn, m: &mut Memory) -> Result<(), rdma::Error> 
     rc.post_recvs(0, m.cfg.recv_credits)
 }
 
-fn hello(m: &Memory, kind: HelloKind) -> [u8; Hello::LEN] {
+fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RESUME_LEN] {
     let r = m.ring.mr();
     m.cfg
-        .hello(kind, r.iova(), r.rkey().unwrap_or(0))
+        .hello(kind, r.iova(), r.rkey().unwrap_or(0), conn_id)
         .to_bytes()
 }
 
@@ -157,7 +157,7 @@ pub(super) fn connect(
     let d = engine.dev(&dev).map_err(fail)?;
     let mut m = memory(engine, &dev, sizes).map_err(fail)?;
     let mut rc = queue_pair(id, &mut m).map_err(fail)?;
-    let ours = hello(&m, HelloKind::Connect);
+    let ours = hello(&m, HelloKind::Connect, crate::sys::unix::random_u64());
     rc.connect(&ConnParam {
         private_data: &ours,
         ..ConnParam::default()
@@ -316,7 +316,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
             return;
         }
     };
-    let ours = hello(&m, HelloKind::Accept);
+    let ours = hello(&m, HelloKind::Accept, peer.conn_id);
     let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
     let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
         return;

@@ -504,7 +504,20 @@ impl Stream {
             );
         }
         self.post_all(inner);
-        while inner.proto.poll_event().is_some() {}
+        while let Some(ev) = inner.proto.poll_event() {
+            if let proto::Event::PeerMoving { port } = ev {
+                // Resuming towards a taker is not driven yet (DESIGN.md, "Processes"): a
+                // peer that moves is treated as gone, never waited for.
+                if inner.dead.is_none() {
+                    log::info!(
+                        "rdma stream {} -> {}: peer moves to port {port}; resume not supported: ECONNRESET",
+                        self.local,
+                        self.peer
+                    );
+                }
+                inner.dead.get_or_insert(libc::ECONNRESET);
+            }
+        }
         self.show(inner);
         self.update_demand(inner);
     }

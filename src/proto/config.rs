@@ -88,8 +88,9 @@ impl Config {
         Ok(())
     }
 
-    /// The hello announcing this config, for a ring registered at `ring_addr` with `rkey`.
-    pub fn hello(&self, kind: HelloKind, ring_addr: u64, rkey: u32) -> Hello {
+    /// The connect or accept hello announcing this config, for a ring registered at
+    /// `ring_addr` with `rkey`, on the connection `conn_id`.
+    pub fn hello(&self, kind: HelloKind, ring_addr: u64, rkey: u32, conn_id: u64) -> Hello {
         Hello {
             kind,
             flags: 0,
@@ -97,6 +98,8 @@ impl Config {
             rkey,
             ring_size: self.ring_size,
             recv_credits: self.recv_credits,
+            conn_id,
+            resume: None,
         }
     }
 }

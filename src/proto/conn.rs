@@ -9,14 +9,18 @@
 //! signaling, completions) is in `conn/send.rs` and the receive path (immediates, reads) in
 //! `conn/recv.rs`.
 
+mod migrate;
 mod recv;
 mod send;
+
+use migrate::Migration;
+pub use migrate::{Handover, MigrateError};
 
 use std::collections::VecDeque;
 
 use super::credits::{MsgClass, RxCredits, TxCredits};
 use super::ring::Ring;
-use super::wire::{Hello, Imm};
+use super::wire::{Hello, HelloKind, Imm};
 use super::{Config, ConfigError, ProtocolError};
 
 /// Identifies one posted work request; the driver stores it in `wr_id` and hands it back in
@@ -58,6 +62,12 @@ pub enum Event {
     Reset,
     /// Nothing more will be posted or expected: the driver may disconnect and free memory.
     Finished,
+    /// The peer's end moves to a taker listening on `port` at the peer's address: quiesce
+    /// this queue pair, then resume there (PROTOCOL.md §11).
+    PeerMoving {
+        /// rdma_cm port of the taker.
+        port: u16,
+    },
 }
 
 /// Coarse connection state, derived from what has been sent and received.
@@ -134,6 +144,7 @@ impl std::hash::Hash for Stats {
 const EV_READABLE: u8 = 1;
 const EV_WRITABLE: u8 = 2;
 const EV_RESET: u8 = 4;
+const EV_MOVING: u8 = 8;
 
 /// One end of an rsock stream.
 ///
@@ -203,6 +214,12 @@ pub struct Conn {
     writer_waiting: bool,
     events: u8,
 
+    // Queue-pair hand-over (conn/migrate.rs).
+    migration: Migration,
+    /// We sent the connect (or resume) that made this queue pair: a crossing MIGRATE from
+    /// the passive end wins over ours.
+    active: bool,
+
     stats: Stats,
 }
 
@@ -242,6 +259,8 @@ impl Conn {
             finished_reported: false,
             writer_waiting: false,
             events: 0,
+            migration: Migration::None,
+            active: peer.kind == HelloKind::Accept,
             stats: Stats::default(),
         })
     }
@@ -308,6 +327,9 @@ impl Conn {
         if self.failed.is_some() || self.peer_reset || self.reset_sent {
             return false;
         }
+        if self.migrating() {
+            return !self.planned.is_empty() || self.migration_output_pending();
+        }
         self.reset_queued
             || !self.planned.is_empty()
             || self.tx_queued > self.tx_posted
@@ -335,6 +357,9 @@ impl Conn {
     pub fn is_finished(&self) -> bool {
         if !(self.fin_received || self.reset_sent || self.peer_reset || self.failed.is_some()) {
             return false; // the common case while open, checked on every poll_event
+        }
+        if self.migrating() && self.failed.is_none() && !self.peer_reset {
+            return false; // the taker or the resume still needs this end's memory
         }
         let drained = self.planned.is_empty() && self.wrs_retired == self.next_wr;
         if self.failed.is_some() || self.peer_reset {
@@ -431,7 +456,7 @@ impl Conn {
     /// Harmless once [`is_finished`](Self::is_finished); before that the connection fails
     /// like [`handle_send_error`](Self::handle_send_error).
     pub fn handle_disconnect(&mut self) {
-        if !self.is_finished() {
+        if !self.is_finished() && !self.migration_expects_disconnect() {
             self.handle_send_error();
         }
     }
@@ -445,6 +470,9 @@ impl Conn {
         }
         if self.failed.is_some() || self.peer_reset || self.reset_sent {
             return None;
+        }
+        if let Some(w) = self.migration_write() {
+            return w;
         }
         if self.reset_queued {
             if self.tx.allows(MsgClass::Reset) && self.sq_room(1) {
@@ -488,6 +516,12 @@ impl Conn {
     pub fn poll_event(&mut self) -> Option<Event> {
         if self.events == 0 && (self.finished_reported || !self.is_finished()) {
             return None;
+        }
+        if self.events & EV_MOVING != 0 {
+            self.events &= !EV_MOVING;
+            if let Some(port) = self.peer_moving_to() {
+                return Some(Event::PeerMoving { port });
+            }
         }
         for (bit, ev) in [
             (EV_RESET, Event::Reset),

@@ -62,6 +62,15 @@ impl TxCredits {
         self.granted_end
     }
 
+    /// Credits on a new queue pair continuing a connection: the byte window carries over
+    /// (`granted_end`), the peer's posted receives are fresh.
+    pub(crate) fn resumed(peer_ring: u32, peer_recvs: u32, granted_end: u64) -> TxCredits {
+        TxCredits {
+            granted_end,
+            ..TxCredits::new(peer_ring, peer_recvs)
+        }
+    }
+
     pub(crate) fn wrs(&self) -> u32 {
         self.wrs
     }
@@ -142,6 +151,39 @@ impl RxCredits {
             returned: 0,
             wrs_pending: 0,
         }
+    }
+
+    /// Accounting continued on a new queue pair at the given positions (no receive owed
+    /// yet); `None` if they are inconsistent.
+    pub(crate) fn resumed(
+        ring: u32,
+        recvs: u32,
+        consumed: u64,
+        received_end: u64,
+        returned: u64,
+    ) -> Option<RxCredits> {
+        let ok = returned <= consumed
+            && consumed <= received_end
+            && received_end <= returned.checked_add(u64::from(ring))?;
+        ok.then(|| RxCredits {
+            received_end,
+            consumed,
+            returned,
+            ..RxCredits::new(ring, recvs)
+        })
+    }
+
+    /// The old queue pair's receives are gone: none is owed to the peer any more.
+    pub(crate) fn forget_messages(&mut self) {
+        self.wrs_pending = 0;
+    }
+
+    pub(crate) fn recvs(&self) -> u32 {
+        self.recvs
+    }
+
+    pub(crate) fn returned(&self) -> u64 {
+        self.returned
     }
 
     pub(crate) fn received_end(&self) -> u64 {

@@ -23,9 +23,9 @@ pub mod wire;
 use core::fmt;
 
 pub use config::{Config, ConfigError, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH};
-pub use conn::{Conn, Counters, Event, State, Stats, WrId, Write};
+pub use conn::{Conn, Counters, Event, Handover, MigrateError, State, Stats, WrId, Write};
 pub use credits::CONTROL_RESERVE;
-pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason};
+pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint};
 
 /// Why an application write did not copy anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +74,8 @@ pub enum ProtocolError {
     },
     /// A send completed in error (reported through `handle_send_error`).
     TransportFailed,
+    /// An immediate after the peer's MIGRATE (it promised to send nothing more there).
+    AfterMigrate,
 }
 
 impl fmt::Display for ProtocolError {
@@ -93,6 +95,7 @@ impl fmt::Display for ProtocolError {
                 )
             }
             ProtocolError::TransportFailed => f.write_str("send completed in error"),
+            ProtocolError::AfterMigrate => f.write_str("message after MIGRATE"),
         }
     }
 }

@@ -13,8 +13,9 @@ use core::fmt;
 
 /// First four bytes of every hello and reject: ASCII "RSCK".
 pub const MAGIC: [u8; 4] = *b"RSCK";
-/// The only protocol version this build speaks.
-pub const VERSION: u8 = 1;
+/// The only protocol version this build speaks (2 added the connection id, the resume hello
+/// and MIGRATE; see PROTOCOL.md §11).
+pub const VERSION: u8 = 2;
 /// Private data an rdma_cm connect request can carry (IB REQ 92 bytes minus the 36-byte CM header).
 pub const MAX_REQ_PRIVATE_DATA: usize = 56;
 /// Private data an rdma_cm accept can carry (IB REP).
@@ -54,6 +55,12 @@ pub mod field {
     pub const RING_SIZE: Range<usize> = 24..28;
     /// Receives posted for the peer.
     pub const RECV_CREDITS: Range<usize> = 28..32;
+    /// Connection id (v2), chosen by the side that first connected.
+    pub const CONN_ID: Range<usize> = 32..40;
+    /// Resume hello: end of the stream the resuming side posted on the old queue pair.
+    pub const SENT_END: Range<usize> = 40..48;
+    /// Resume hello: end of the resuming side's ring window granted to the peer's writer.
+    pub const GRANTED_END: Range<usize> = 48..56;
     /// Reject body.
     pub const REASON: Range<usize> = 10..12;
 }
@@ -65,6 +72,8 @@ pub enum HelloKind {
     Connect,
     /// Sent by the passive side in the accept.
     Accept,
+    /// Sent by the active side to continue a connection whose peer moved (PROTOCOL.md §11).
+    Resume,
 }
 
 impl HelloKind {
@@ -72,6 +81,7 @@ impl HelloKind {
         match self {
             HelloKind::Connect => KIND_CONNECT,
             HelloKind::Accept => KIND_ACCEPT,
+            HelloKind::Resume => KIND_RESUME,
         }
     }
 }
@@ -79,6 +89,7 @@ impl HelloKind {
 const KIND_CONNECT: u8 = 1;
 const KIND_ACCEPT: u8 = 2;
 const KIND_REJECT: u8 = 3;
+const KIND_RESUME: u8 = 4;
 
 /// Why a hello could not be used. The driver falls back to kernel TCP on any of these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,9 +153,10 @@ impl std::error::Error for HelloError {}
 /// Connection parameters one side announces to the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
-    /// Connect (in the request) or accept (in the reply).
+    /// Connect (in the request), accept (in the reply) or resume (a request continuing a
+    /// connection; `resume` is set exactly for this kind).
     pub kind: HelloKind,
-    /// Optional features; v1 defines none, sends 0 and ignores unknown bits.
+    /// Optional features; none are defined, senders send 0 and receivers ignore unknown bits.
     pub flags: u16,
     /// Virtual address of the sender's receive ring (the peer's RDMA WRITE target base).
     pub ring_addr: u64,
@@ -154,13 +166,30 @@ pub struct Hello {
     pub ring_size: u32,
     /// Receives the sender has posted: the peer's initial message credits.
     pub recv_credits: u32,
+    /// Random id the connecting side chose; the accept echoes it, a resume proves with it
+    /// that the resuming side is the connection's peer.
+    pub conn_id: u64,
+    /// Where a resume continues the connection (kind `Resume` only).
+    pub resume: Option<ResumePoint>,
+}
+
+/// The resuming side's stream positions, carried by a resume hello (PROTOCOL.md §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ResumePoint {
+    /// End of the bytes it posted on the old queue pair: the new peer has every byte before
+    /// this (its predecessor's ring holds them), and nothing after.
+    pub sent_end: u64,
+    /// End of its ring window granted to the peer's writer (its credits, exactly).
+    pub granted_end: u64,
 }
 
 impl Hello {
-    /// Encoded length in version 1.
-    pub const LEN: usize = 32;
+    /// Encoded length of a connect or accept.
+    pub const LEN: usize = 40;
+    /// Encoded length of a resume; also the longest hello.
+    pub const RESUME_LEN: usize = 56;
 
-    /// Parses and validates a hello of either kind; a reject becomes `Err(Rejected)`.
+    /// Parses and validates a hello of any kind; a reject becomes `Err(Rejected)`.
     ///
     /// Bytes past the length field are ignored: rdma_cm may zero-pad private data.
     pub fn parse(buf: &[u8]) -> Result<Hello, HelloError> {
@@ -168,10 +197,15 @@ impl Hello {
         let kind = match kind {
             KIND_CONNECT => HelloKind::Connect,
             KIND_ACCEPT => HelloKind::Accept,
+            KIND_RESUME => HelloKind::Resume,
             KIND_REJECT => return Err(HelloError::Rejected(Reject::parse_body(buf, len)?)),
             other => return Err(HelloError::UnknownKind(other)),
         };
-        if usize::from(len) < Self::LEN {
+        let fixed = match kind {
+            HelloKind::Resume => Self::RESUME_LEN,
+            _ => Self::LEN,
+        };
+        if usize::from(len) < fixed {
             return Err(HelloError::BadLength(len));
         }
         let body = need(buf, usize::from(len))?;
@@ -182,6 +216,11 @@ impl Hello {
             ring_addr: be_u64(body, field::RING_ADDR),
             ring_size: be_u32(body, field::RING_SIZE),
             recv_credits: be_u32(body, field::RECV_CREDITS),
+            conn_id: be_u64(body, field::CONN_ID),
+            resume: (kind == HelloKind::Resume).then(|| ResumePoint {
+                sent_end: be_u64(body, field::SENT_END),
+                granted_end: be_u64(body, field::GRANTED_END),
+            }),
         };
         hello.check()?;
         Ok(hello)
@@ -211,27 +250,47 @@ impl Hello {
         if !(MIN_RECV_CREDITS..=MAX_RECV_CREDITS).contains(&self.recv_credits) {
             return Err(HelloError::BadRecvCredits(self.recv_credits));
         }
+        if (self.kind == HelloKind::Resume) != self.resume.is_some() {
+            return Err(HelloError::UnexpectedKind(self.kind));
+        }
         Ok(())
     }
 
-    /// Encodes into the first [`Hello::LEN`] bytes of `buf`; returns the length written.
+    /// Bytes [`emit`](Self::emit) writes: [`LEN`](Self::LEN), or
+    /// [`RESUME_LEN`](Self::RESUME_LEN) for a resume.
+    pub fn encoded_len(&self) -> usize {
+        match self.resume {
+            Some(_) => Self::RESUME_LEN,
+            None => Self::LEN,
+        }
+    }
+
+    /// Encodes into the first [`encoded_len`](Self::encoded_len) bytes of `buf`; returns
+    /// that length.
     ///
     /// # Panics
-    /// If `buf` is shorter than [`Hello::LEN`] (a caller bug, never peer input).
+    /// If `buf` is shorter (a caller bug, never peer input).
     pub fn emit(&self, buf: &mut [u8]) -> usize {
-        let buf = &mut buf[..Self::LEN];
-        emit_header(buf, self.kind.code(), self.flags, Self::LEN as u16);
+        let len = self.encoded_len();
+        let buf = &mut buf[..len];
+        emit_header(buf, self.kind.code(), self.flags, len as u16);
         buf[field::RESERVED].fill(0);
         buf[field::RKEY].copy_from_slice(&self.rkey.to_be_bytes());
         buf[field::RING_ADDR].copy_from_slice(&self.ring_addr.to_be_bytes());
         buf[field::RING_SIZE].copy_from_slice(&self.ring_size.to_be_bytes());
         buf[field::RECV_CREDITS].copy_from_slice(&self.recv_credits.to_be_bytes());
-        Self::LEN
+        buf[field::CONN_ID].copy_from_slice(&self.conn_id.to_be_bytes());
+        if let Some(r) = self.resume {
+            buf[field::SENT_END].copy_from_slice(&r.sent_end.to_be_bytes());
+            buf[field::GRANTED_END].copy_from_slice(&r.granted_end.to_be_bytes());
+        }
+        len
     }
 
-    /// Encodes into a fresh array.
-    pub fn to_bytes(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
+    /// Encodes into a fresh array, zero-padded past [`encoded_len`](Self::encoded_len)
+    /// (rdma_cm pads private data the same way).
+    pub fn to_bytes(&self) -> [u8; Self::RESUME_LEN] {
+        let mut out = [0u8; Self::RESUME_LEN];
         self.emit(&mut out);
         out
     }
@@ -426,6 +485,8 @@ const OP_MASK: u32 = 0x3f;
 const OP_ARG_MASK: u32 = (1 << 24) - 1;
 const OP_FIN: u32 = 1;
 const OP_RESET: u32 = 2;
+const OP_MIGRATE: u32 = 3;
+const PORT_MASK: u32 = 0xffff;
 
 /// Meaning of one immediate value (host order; verbs carry it big-endian).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -447,6 +508,13 @@ pub enum Imm {
     Fin,
     /// The sender has abandoned the connection; discard everything.
     Reset,
+    /// The sender's end of the connection moves to another process, listening for a resume
+    /// on `port` at the sender's address; it sends nothing more on this queue pair
+    /// (PROTOCOL.md §11).
+    Migrate {
+        /// rdma_cm port (TCP port space) of the taker's listener; never 0.
+        port: u16,
+    },
 }
 
 /// An immediate value that does not decode.
@@ -458,7 +526,7 @@ pub enum ImmError {
     EmptyCredit,
     /// A control opcode this version does not define.
     UnknownOp(u8),
-    /// A control immediate with non-zero argument bits (reserved in v1).
+    /// A control immediate with argument bits its opcode does not define.
     ReservedBits(u32),
 }
 
@@ -493,12 +561,13 @@ impl Imm {
             }
             return Ok(Imm::Credit { wrs, bytes });
         }
-        if v & OP_ARG_MASK != 0 {
-            return Err(ImmError::ReservedBits(v));
-        }
+        let arg = v & OP_ARG_MASK;
         match (v >> OP_SHIFT) & OP_MASK {
+            OP_FIN | OP_RESET if arg != 0 => Err(ImmError::ReservedBits(v)),
             OP_FIN => Ok(Imm::Fin),
             OP_RESET => Ok(Imm::Reset),
+            OP_MIGRATE if arg & !PORT_MASK != 0 || arg == 0 => Err(ImmError::ReservedBits(v)),
+            OP_MIGRATE => Ok(Imm::Migrate { port: arg as u16 }),
             op => Err(ImmError::UnknownOp(op as u8)),
         }
     }
@@ -518,6 +587,10 @@ impl Imm {
             }
             Imm::Fin => IMM_TAG_MASK | OP_FIN << OP_SHIFT,
             Imm::Reset => IMM_TAG_MASK | OP_RESET << OP_SHIFT,
+            Imm::Migrate { port } => {
+                debug_assert!(port != 0);
+                IMM_TAG_MASK | OP_MIGRATE << OP_SHIFT | u32::from(port)
+            }
         }
     }
 }
@@ -526,18 +599,45 @@ impl Imm {
 mod tests {
     use super::*;
 
-    const HELLO_BYTES: [u8; 32] = [
+    const HELLO_BYTES: [u8; 40] = [
         b'R', b'S', b'C', b'K', // magic
-        0x01, // version
+        0x02, // version
         0x01, // kind: connect
         0x00, 0x00, // flags
-        0x00, 0x20, // len 32
+        0x00, 0x28, // len 40
         0x00, 0x00, // reserved
         0xde, 0xad, 0xbe, 0xef, // rkey
         0x00, 0x00, 0x7f, 0x12, 0x34, 0x56, 0x70, 0x00, // ring addr
         0x00, 0x04, 0x00, 0x00, // ring size 256 KiB
         0x00, 0x00, 0x00, 0x80, // recv credits 128
+        0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, // conn id
     ];
+
+    const RESUME_BYTES: [u8; 56] = [
+        b'R', b'S', b'C', b'K', 0x02, // magic, version
+        0x04, // kind: resume
+        0x00, 0x00, // flags
+        0x00, 0x38, // len 56
+        0x00, 0x00, // reserved
+        0xde, 0xad, 0xbe, 0xef, // rkey
+        0x00, 0x00, 0x7f, 0x12, 0x34, 0x56, 0x70, 0x00, // ring addr
+        0x00, 0x04, 0x00, 0x00, // ring size 256 KiB
+        0x00, 0x00, 0x00, 0x80, // recv credits 128
+        0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, // conn id
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x07, // sent end
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x00, // granted end
+    ];
+
+    fn resume() -> Hello {
+        Hello {
+            kind: HelloKind::Resume,
+            resume: Some(ResumePoint {
+                sent_end: 0x10_0007,
+                granted_end: 0x0c_0000,
+            }),
+            ..hello()
+        }
+    }
 
     fn hello() -> Hello {
         Hello {
@@ -547,6 +647,8 @@ mod tests {
             rkey: 0xdead_beef,
             ring_size: 256 * 1024,
             recv_credits: 128,
+            conn_id: 0x0123_4567_89ab_cdef,
+            resume: None,
         }
     }
 
@@ -557,22 +659,42 @@ mod tests {
 
     #[test]
     fn hello_construct_over_poisoned_buffer() {
-        let mut buf = [0xa5u8; 40];
+        let mut buf = [0xa5u8; 48];
         assert_eq!(hello().emit(&mut buf), Hello::LEN);
-        assert_eq!(buf[..32], HELLO_BYTES);
-        assert_eq!(buf[32..], [0xa5; 8]);
+        assert_eq!(buf[..40], HELLO_BYTES);
+        assert_eq!(buf[40..], [0xa5; 8]);
+        assert_eq!(hello().to_bytes()[..40], HELLO_BYTES);
+    }
+
+    #[test]
+    fn resume_golden() {
+        assert_eq!(Hello::parse(&RESUME_BYTES), Ok(resume()));
+        assert_eq!(resume().to_bytes(), RESUME_BYTES);
+        assert_eq!(resume().encoded_len(), Hello::RESUME_LEN);
+        for n in 0..RESUME_BYTES.len() {
+            assert!(Hello::parse(&RESUME_BYTES[..n]).is_err(), "len {n}");
+        }
+        let mut short = RESUME_BYTES;
+        short[9] = 40; // a resume with only a connect's length
+        assert_eq!(Hello::parse(&short), Err(HelloError::BadLength(40)));
+        let mut odd = resume();
+        odd.resume = None;
+        assert_eq!(
+            odd.check(),
+            Err(HelloError::UnexpectedKind(HelloKind::Resume))
+        );
     }
 
     #[test]
     fn hello_fits_connect_request() {
-        const { assert!(Hello::LEN <= MAX_REQ_PRIVATE_DATA) };
+        const { assert!(Hello::RESUME_LEN <= MAX_REQ_PRIVATE_DATA) };
         const { assert!(Reject::LEN <= MAX_REP_PRIVATE_DATA) };
     }
 
     #[test]
     fn hello_ignores_cm_zero_padding() {
         let mut padded = [0u8; MAX_REQ_PRIVATE_DATA];
-        padded[..32].copy_from_slice(&HELLO_BYTES);
+        padded[..40].copy_from_slice(&HELLO_BYTES);
         assert_eq!(Hello::parse(&padded), Ok(hello()));
     }
 
@@ -600,21 +722,21 @@ mod tests {
     #[test]
     fn hello_unknown_version() {
         let mut b = HELLO_BYTES;
-        b[4] = 2;
-        assert_eq!(Hello::parse(&b), Err(HelloError::UnsupportedVersion(2)));
+        b[4] = 1; // a version 1 peer is refused (and refuses us) cleanly
+        assert_eq!(Hello::parse(&b), Err(HelloError::UnsupportedVersion(1)));
     }
 
     #[test]
     fn hello_length_field_checked() {
         let mut b = HELLO_BYTES;
-        b[9] = 31;
-        assert_eq!(Hello::parse(&b), Err(HelloError::BadLength(31)));
-        b[9] = 33;
+        b[9] = 39;
+        assert_eq!(Hello::parse(&b), Err(HelloError::BadLength(39)));
+        b[9] = 41;
         assert_eq!(
             Hello::parse(&b),
             Err(HelloError::Truncated {
-                needed: 33,
-                got: 32
+                needed: 41,
+                got: 40
             })
         );
     }
@@ -656,7 +778,7 @@ mod tests {
     }
 
     const REJECT_BYTES: [u8; 12] = [
-        b'R', b'S', b'C', b'K', 0x01, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01,
+        b'R', b'S', b'C', b'K', 0x02, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01,
     ];
 
     #[test]
@@ -703,6 +825,7 @@ mod tests {
         );
         assert_eq!(Imm::Fin.encode(), 0xc100_0000);
         assert_eq!(Imm::Reset.encode(), 0xc200_0000);
+        assert_eq!(Imm::Migrate { port: 0x1234 }.encode(), 0xc300_1234);
     }
 
     #[test]
@@ -716,6 +839,8 @@ mod tests {
             },
             Imm::Fin,
             Imm::Reset,
+            Imm::Migrate { port: 1 },
+            Imm::Migrate { port: u16::MAX },
         ] {
             assert_eq!(Imm::decode(imm.encode()), Ok(imm));
         }
@@ -723,9 +848,8 @@ mod tests {
         assert_eq!(Imm::decode(0x8000_0000), Err(ImmError::EmptyCredit));
         assert_eq!(Imm::decode(0xc000_0000), Err(ImmError::UnknownOp(0)));
         assert_eq!(Imm::decode(0xff00_0000), Err(ImmError::UnknownOp(0x3f)));
-        assert_eq!(
-            Imm::decode(0xc100_0001),
-            Err(ImmError::ReservedBits(0xc100_0001))
-        );
+        for bad in [0xc100_0001, 0xc200_0100, 0xc300_0000, 0xc301_0001] {
+            assert_eq!(Imm::decode(bad), Err(ImmError::ReservedBits(bad)));
+        }
     }
 }

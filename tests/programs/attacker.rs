@@ -127,7 +127,7 @@ impl Peer {
             cq: std::ptr::null_mut(),
             pd: std::ptr::null_mut(),
             qpn: 0,
-            ring: Config::default().hello(HelloKind::Accept, 0, 0),
+            ring: Config::default().hello(HelloKind::Accept, 0, 0, 0),
         };
         // SAFETY: live context from the resolved id.
         p.pd = unsafe { (lib.ibv_alloc_pd)(ctx) };
@@ -191,7 +191,7 @@ impl Peer {
             recv_credits: RECV_CREDITS,
             ..Config::default()
         };
-        let ours = cfg.hello(HelloKind::Connect, 0, 0).to_bytes();
+        let ours = cfg.hello(HelloKind::Connect, 0, 0, 0).to_bytes();
         let id = p.id.as_mut().expect("id");
         id.connect(&ConnParam {
             private_data: &ours,

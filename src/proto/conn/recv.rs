@@ -109,6 +109,9 @@ impl Conn {
 
     fn process_imm(&mut self, raw: u32) -> Result<(), ProtocolError> {
         let imm = Imm::decode(raw).map_err(ProtocolError::BadImm)?;
+        if !self.migration_allows_input() {
+            return Err(ProtocolError::AfterMigrate);
+        }
         self.rx.on_message()?;
         match imm {
             Imm::Data { len } => {
@@ -140,6 +143,7 @@ impl Conn {
                 self.planned.clear();
                 self.events |= EV_RESET;
             }
+            Imm::Migrate { port } => self.on_migrate(port)?,
         }
         Ok(())
     }

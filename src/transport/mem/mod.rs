@@ -12,6 +12,8 @@
 //! receiver has granted ([`Fault::OutsideGrant`]). It does not model latency, loss (RC has
 //! none) or multiple QPs.
 
+mod handover;
+
 use std::collections::VecDeque;
 
 use crate::proto::wire::{Hello, HelloKind, Imm};
@@ -55,6 +57,8 @@ pub enum Fault {
     Protocol { side: Side, error: ProtocolError },
     /// The pair stopped making progress before the test's goal was reached.
     Stalled,
+    /// A hand-over step was refused.
+    Migrate(crate::proto::MigrateError),
 }
 
 #[derive(Debug, Clone, Hash)]
@@ -158,6 +162,7 @@ pub struct Pair {
 /// Fake ring addresses and keys for the handshake.
 const RING_ADDR: [u64; 2] = [0x1000_0000, 0x2000_0000];
 const RKEY: [u32; 2] = [0xa, 0xb];
+const CONN_ID: u64 = 0x00c0_ffee;
 
 impl Pair {
     /// Connects A (active) to B (passive), exchanging real encoded hellos.
@@ -166,10 +171,10 @@ impl Pair {
     /// If either config is invalid.
     pub fn new(config_a: Config, config_b: Config) -> Pair {
         let req = config_a
-            .hello(HelloKind::Connect, RING_ADDR[0], RKEY[0])
+            .hello(HelloKind::Connect, RING_ADDR[0], RKEY[0], CONN_ID)
             .to_bytes();
         let rep = config_b
-            .hello(HelloKind::Accept, RING_ADDR[1], RKEY[1])
+            .hello(HelloKind::Accept, RING_ADDR[1], RKEY[1], CONN_ID)
             .to_bytes();
         let a_peer = Hello::parse_kind(&rep, HelloKind::Accept).expect("accept parses");
         let b_peer = Hello::parse_kind(&req, HelloKind::Connect).expect("connect parses");
