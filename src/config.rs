@@ -57,6 +57,10 @@ pub struct Config {
     /// `RSOCK_RDMA` (default 1): 0 keeps every connection off RDMA (tracked as `tcp`,
     /// reason `rule`), as if a first rule said `tcp`; `passthrough` decisions stay.
     pub rdma: bool,
+    /// `RSOCK_TAKEOVER` (default 1): a process that uses an RDMA connection it inherited
+    /// (a fork child) takes it over from its owner — the queue pair moves to it; 0 keeps
+    /// the owner relaying it instead.
+    pub takeover: bool,
     /// `RSOCK_CONFIG` (default `/etc/rsock.conf` if it exists; empty: none): the rules file.
     pub rules_path: Option<PathBuf>,
     /// The rules of [`Config::rules_path`], in file order.
@@ -193,6 +197,7 @@ impl Default for Config {
                 .filter_map(Exclude::parse)
                 .collect(),
             rdma: true,
+            takeover: true,
             rules_path: None,
             rules: Vec::new(),
             prog: String::new(),
@@ -221,6 +226,7 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_SPIN_US",
     "RSOCK_EXCLUDE",
     "RSOCK_RDMA",
+    "RSOCK_TAKEOVER",
     "RSOCK_CONFIG",
 ];
 
@@ -252,6 +258,7 @@ impl Config {
                 "RSOCK_STATS" => set_bool(&mut c.stats, v, &mut bad),
                 "RSOCK_STATS_KEEP" => set_bool(&mut c.stats_keep, v, &mut bad),
                 "RSOCK_RDMA" => set_bool(&mut c.rdma, v, &mut bad),
+                "RSOCK_TAKEOVER" => set_bool(&mut c.takeover, v, &mut bad),
                 "RSOCK_CONFIG" => config_path = Some(value.clone()),
                 "RSOCK_LOG" if v.is_empty() => {}
                 "RSOCK_LOG" => c.log_path = Some(PathBuf::from(value.as_os_str())),

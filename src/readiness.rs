@@ -28,7 +28,8 @@ use std::io;
 #[derive(Debug)]
 pub struct Doorbell {
     app: std::sync::atomic::AtomicI32,
-    shim: c_int,
+    /// B; -1 once handed to another process ([`take_shim`](Self::take_shim)).
+    shim: std::sync::atomic::AtomicI32,
 }
 
 /// Bytes sent per filler write when making A unwritable.
@@ -46,7 +47,7 @@ impl Doorbell {
         let app = crate::sys::raw::hide(a);
         let d = Doorbell {
             app: std::sync::atomic::AtomicI32::new(app),
-            shim,
+            shim: std::sync::atomic::AtomicI32::new(shim),
         };
         // The smallest send buffer: few filler bytes make A unwritable. The kernel clamps 1
         // up to its minimum.
@@ -70,6 +71,26 @@ impl Doorbell {
             set_flag(app, libc::F_GETFD, libc::F_SETFD, libc::FD_CLOEXEC, true)?;
         }
         Ok(d)
+    }
+
+    /// The doorbell of a stream taken over from another process: `app`, a private fd of the A
+    /// the program already holds, and `shim`, the B that process handed over (already set up
+    /// by [`new`](Self::new) there). Both become the doorbell's.
+    pub fn from_fds(app: c_int, shim: c_int) -> Doorbell {
+        Doorbell {
+            app: std::sync::atomic::AtomicI32::new(app),
+            shim: std::sync::atomic::AtomicI32::new(shim),
+        }
+    }
+
+    /// Gives up B (to pass it to the process taking the stream over): from now on this
+    /// doorbell rings nothing, and dropping it closes only its copy of A.
+    pub fn take_shim(&self) -> c_int {
+        self.shim.swap(-1, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    fn shim(&self) -> c_int {
+        self.shim.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Sets or clears `O_NONBLOCK` on A's file (shared by every fd of A).
@@ -139,7 +160,7 @@ impl Doorbell {
         unsafe {
             if on {
                 real::send(
-                    self.shim,
+                    self.shim(),
                     b"r".as_ptr().cast(),
                     1,
                     libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
@@ -166,7 +187,7 @@ impl Doorbell {
         unsafe {
             if on {
                 while real::recv(
-                    self.shim,
+                    self.shim(),
                     buf.as_mut_ptr().cast(),
                     buf.len(),
                     libc::MSG_DONTWAIT,
@@ -196,7 +217,7 @@ impl Doorbell {
     pub fn set_eof(&self) {
         let e = errno();
         // SAFETY: the fd is ours.
-        unsafe { real::shutdown(self.shim, libc::SHUT_WR) };
+        unsafe { real::shutdown(self.shim(), libc::SHUT_WR) };
         set_errno(e);
     }
 
@@ -204,7 +225,7 @@ impl Doorbell {
     pub fn set_hangup(&self) {
         let e = errno();
         // SAFETY: the fd is ours.
-        unsafe { real::shutdown(self.shim, libc::SHUT_RDWR) };
+        unsafe { real::shutdown(self.shim(), libc::SHUT_RDWR) };
         set_errno(e);
     }
 
@@ -212,13 +233,13 @@ impl Doorbell {
     /// fd of A is closed everywhere (B then sees `POLLRDHUP`), and also after a hang-up the
     /// shim itself made (B shut both ways), when the stream is dead anyway.
     pub fn peer_holds(&self) -> bool {
-        crate::sys::unix::wait(self.shim, libc::POLLRDHUP, 0) & (libc::POLLRDHUP | libc::POLLHUP)
+        crate::sys::unix::wait(self.shim(), libc::POLLRDHUP, 0) & (libc::POLLRDHUP | libc::POLLHUP)
             == 0
     }
 
     /// B, the shim's end (to watch for the last holder of A going away).
     pub fn shim_fd(&self) -> c_int {
-        self.shim
+        self.shim()
     }
 
     /// Whether A currently reports all of `events` to poll (used by tests and assertions).
@@ -237,7 +258,10 @@ impl Drop for Doorbell {
     /// Closing B hangs A up (`POLLHUP`) for any fd of A the program still has.
     fn drop(&mut self) {
         self.release_app();
-        crate::sys::raw::close(self.shim);
+        let shim = self.take_shim();
+        if shim >= 0 {
+            crate::sys::raw::close(shim);
+        }
     }
 }
 

@@ -302,7 +302,7 @@ impl Socket {
         if let Some(st) = self.stream() {
             // Only the owner drives a stream; a fork child's copy was brought up to date
             // (and marked) by its parent before the fork.
-            if st.owner.pid == crate::sys::raw::pid() {
+            if st.owner().pid == crate::sys::raw::pid() {
                 st.watch();
             }
         }

@@ -4,8 +4,10 @@
 //!
 //! Nothing an owner holds — queue pairs, memory, locks — is usable or even touched here.
 //! Instead:
-//! - a stream is **adopted** on its first use: the owner relays it over a fresh socketpair
-//!   whose end replaces every fd of it in this process (a plain kernel socket from then on);
+//! - a stream is **taken over** on its first use: its end of the connection moves to this
+//!   process's engine (a new queue pair, the same doorbell: `engine/takeover.rs`); where that
+//!   cannot be, it is **adopted**: the owner relays it over a fresh socketpair whose end
+//!   replaces every fd of it in this process (a plain kernel socket from then on);
 //! - a listener's `accept` asks the owner for the next connection of its queue; once the
 //!   owner is gone (a daemon's parent exited), this process takes the listener over: the
 //!   kernel listener it wraps, plus an rdma_cm listener of its own when the port is free;
@@ -15,7 +17,7 @@
 use super::{fd_flags, swap_file, track, track_accepted};
 use crate::engine::ipc::{self, Carried, Op};
 use crate::engine::relay::Relayed;
-use crate::engine::{Listener, Stream};
+use crate::engine::{Listener, Stream, TakeError};
 use crate::fdtable;
 use crate::socket::{Attachment, Socket, State};
 use crate::stats::Path;
@@ -28,7 +30,7 @@ use std::sync::Arc;
 /// process adopted first (so the answer is never another process's stream).
 pub(super) fn here(s: &Socket) -> Option<Attachment> {
     match s.attachment()? {
-        Attachment::Stream(st) if !st.owner.is_me() => Some(adopt(s, &st)),
+        Attachment::Stream(st) if !st.owner().is_me() => Some(take_or_adopt(s, &st)),
         a => Some(a),
     }
 }
@@ -41,6 +43,42 @@ pub(super) fn stream(s: &Socket) -> Option<Arc<Stream>> {
     }
 }
 
+/// Makes the inherited stream `st` this process's own (take-over), or else a relayed socket.
+fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
+    let _g = crate::guard::enter();
+    let fds = fdtable::fds_of(s);
+    let Some(&first) = fds.first() else {
+        return Attachment::Stream(st.clone());
+    };
+    // On stdio it is the inetd-style hand-off to a program that is about to exec (or was
+    // exec'd): a relay end survives that, an owned stream would not.
+    if fds.iter().any(|&fd| fd <= 2) {
+        return adopt(s, st);
+    }
+    match crate::engine::take_over(st, first) {
+        Ok(own) => {
+            own.set_nonblocking(fd_flags(first).0);
+            st.bell().release_app(); // this process's copy of the owner's hidden A
+            let a = Attachment::Stream(own);
+            s.attach(a.clone());
+            return a;
+        }
+        Err(TakeError::Refused(why)) => {
+            log::debug!(
+                "fd {first}: rdma stream to {}: no take-over ({why})",
+                st.peer
+            )
+        }
+        Err(TakeError::Lost(why)) => {
+            log::warn!(
+                "fd {first}: rdma stream to {}: take-over failed: {why}",
+                st.peer
+            )
+        }
+    }
+    adopt(s, st)
+}
+
 /// Makes the inherited stream `st` a relayed socket in this process: every fd of it now
 /// refers to a relay end the owner serves. If the owner cannot serve it (gone, or the
 /// stream is closed there), the fds read end of stream and writes fail, as on a dead socket.
@@ -51,14 +89,14 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
         return Attachment::Stream(st.clone());
     };
     let (nonblock, _) = fd_flags(first);
-    let end = match ipc::call(&st.owner, Op::Relay, st.token) {
+    let end = match ipc::call(&st.owner(), Op::Relay, st.token) {
         Ok((_, Some(a))) => Some(a),
         Ok((_, None)) => None,
         Err(e) => {
             log::warn!(
                 "fd {first}: rdma stream to {} inherited from pid {}: cannot adopt it (errno {e})",
                 st.peer,
-                st.owner.pid
+                st.owner().pid
             );
             None
         }
@@ -83,7 +121,7 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
         log::debug!(
             "fd {first}: rdma stream to {} adopted from pid {} (relayed)",
             st.peer,
-            st.owner.pid
+            st.owner().pid
         );
     }
     relayed
@@ -279,14 +317,14 @@ pub(super) fn before_exec() {
         }
         let Some(s) = fdtable::get(fd) else { continue };
         match s.attachment() {
-            Some(Attachment::Stream(st)) if st.owner.is_me() => {
+            Some(Attachment::Stream(st)) if st.owner().is_me() => {
                 log::warn!("fd {fd}: exec with an RDMA stream this process owns: the new image cannot use it");
             }
             // Only a stream on stdio is handed to the new image (inetd, sshd, `--sh-exec`
             // style). One on another number is usually an fd leaked into a program that never
             // reads it; adopting it would send it bytes meant for the process that does.
-            Some(Attachment::Stream(_)) if fd <= 2 => {
-                here(&s);
+            Some(Attachment::Stream(st)) if fd <= 2 => {
+                adopt(&s, &st); // relayed: the new image needs no shim for it
             }
             Some(Attachment::Listener(l)) => to_kernel_listener(&s, &l, true),
             _ => {}

@@ -58,7 +58,7 @@ pub unsafe fn getsockopt(
     if let Attachment::Stream(s) = &a {
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_ERROR) => return put_int(val, len, 0),
-            (libc::IPPROTO_TCP, libc::TCP_INFO) if s.owner.is_me() => {
+            (libc::IPPROTO_TCP, libc::TCP_INFO) if s.owner().is_me() => {
                 return put_bytes(val, len, &tcp_info(s))
             }
             _ => {}
@@ -96,7 +96,7 @@ pub unsafe fn setsockopt(
         };
         // Only the owner's copy is ever locked (a fork child's may have been locked by a
         // parent thread at the fork); a child's option reaches the shared options socket.
-        if mirrored && s.owner.is_me() {
+        if mirrored && s.owner().is_me() {
             let _g = crate::guard::enter();
             s.load_options();
         }

@@ -8,7 +8,13 @@
 //! - [`Op::Relay`]: "serve this stream to me": the owner relays it over a fresh socketpair and
 //!   sends one end;
 //! - [`Op::Accept`]: "the next connection of this listener": a kernel TCP socket, or an RDMA
-//!   stream's relay end, with the connection's addresses.
+//!   stream's relay end, with the connection's addresses;
+//! - [`Op::Take`] then [`Op::Export`]: "hand this stream's end of the connection to me"
+//!   (`engine/takeover.rs`): the owner sends the peer MIGRATE and passes the doorbell's B,
+//!   then, once the peer's resume reached the caller, the stream's state and bytes.
+//!
+//! An owner that handed a stream over answers requests for it with [`MOVED`] and the new
+//! owner in the reply's `owner` field: the caller asks there.
 //!
 //! The helper thread serves requests one at a time; callers wait at most [`CALL_TIMEOUT`].
 
@@ -49,7 +55,17 @@ pub enum Op {
     Relay = 1,
     /// Hand the caller the next connection of the listener with this token.
     Accept = 2,
+    /// Start handing the stream over to the caller, whose rdma_cm listener is on port `arg`
+    /// and whose engine is `owner`: the reply carries the doorbell's B and, in `token`, the
+    /// connection id.
+    Take = 3,
+    /// Finish the hand-over once the stream has received up to position `arg` (the peer's
+    /// resume point): the reply carries a memfd with the state and the bytes.
+    Export = 4,
 }
+
+/// Reply status: the stream has a new owner (in the reply's `owner`), ask there.
+pub const MOVED: i32 = -1;
 
 /// What the fd attached to a successful reply is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +75,10 @@ pub enum Carried {
     Relay = 1,
     /// A kernel TCP socket.
     Tcp = 2,
+    /// The doorbell's B ([`Op::Take`]).
+    Doorbell = 3,
+    /// A memfd with a hand-over's state ([`Op::Export`]).
+    State = 4,
 }
 
 /// One request or reply (fixed layout, native endianness: both ends are one host).
@@ -70,6 +90,10 @@ pub struct Msg {
     pub status: i32,
     /// The stream's or listener's token in the owner's engine.
     pub token: u64,
+    /// The operation's argument (see [`Op`]).
+    pub arg: u64,
+    /// Request: the caller's engine (zero if it has none); [`MOVED`] reply: the new owner.
+    pub owner: Owner,
     /// Reply: the connection's addresses (raw sockaddr, zero-padded).
     pub local: [u8; 28],
     /// See `local`.
@@ -77,17 +101,17 @@ pub struct Msg {
 }
 
 /// Encoded size of a [`Msg`].
-pub const MSG_LEN: usize = 72;
+pub const MSG_LEN: usize = 96;
+
+const NO_OWNER: Owner = Owner { pid: 0, nonce: 0 };
 
 impl Msg {
     /// A request.
     pub fn request(op: Op, token: u64) -> Msg {
         Msg {
             kind: op as u32,
-            status: 0,
             token,
-            local: [0; 28],
-            peer: [0; 28],
+            ..Msg::error(0)
         }
     }
 
@@ -97,8 +121,18 @@ impl Msg {
             kind: 0,
             status: errno,
             token: 0,
+            arg: 0,
+            owner: NO_OWNER,
             local: [0; 28],
             peer: [0; 28],
+        }
+    }
+
+    /// The reply for a stream handed over to `to`.
+    pub fn moved(to: Owner) -> Msg {
+        Msg {
+            owner: to,
+            ..Msg::error(MOVED)
         }
     }
 
@@ -114,10 +148,9 @@ impl Msg {
         };
         Msg {
             kind: what as u32,
-            status: 0,
-            token: 0,
             local: raw(local),
             peer: raw(peer),
+            ..Msg::error(0)
         }
     }
 
@@ -127,8 +160,11 @@ impl Msg {
         b[0..4].copy_from_slice(&self.kind.to_ne_bytes());
         b[4..8].copy_from_slice(&self.status.to_ne_bytes());
         b[8..16].copy_from_slice(&self.token.to_ne_bytes());
-        b[16..44].copy_from_slice(&self.local);
-        b[44..72].copy_from_slice(&self.peer);
+        b[16..24].copy_from_slice(&self.arg.to_ne_bytes());
+        b[24..28].copy_from_slice(&self.owner.pid.to_ne_bytes());
+        b[32..40].copy_from_slice(&self.owner.nonce.to_ne_bytes());
+        b[40..68].copy_from_slice(&self.local);
+        b[68..96].copy_from_slice(&self.peer);
         b
     }
 
@@ -138,16 +174,24 @@ impl Msg {
             return None;
         }
         let u32_at = |o: usize| u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let mut token = [0u8; 8];
-        token.copy_from_slice(&b[8..16]);
+        let u64_at = |o: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[o..o + 8]);
+            u64::from_ne_bytes(x)
+        };
         let mut local = [0u8; 28];
-        local.copy_from_slice(&b[16..44]);
+        local.copy_from_slice(&b[40..68]);
         let mut peer = [0u8; 28];
-        peer.copy_from_slice(&b[44..72]);
+        peer.copy_from_slice(&b[68..96]);
         Some(Msg {
             kind: u32_at(0),
             status: u32_at(4) as i32,
-            token: u64::from_ne_bytes(token),
+            token: u64_at(8),
+            arg: u64_at(16),
+            owner: Owner {
+                pid: u32_at(24) as i32,
+                nonce: u64_at(32),
+            },
             local,
             peer,
         })
@@ -158,6 +202,8 @@ impl Msg {
         match self.kind {
             1 => Some(Op::Relay),
             2 => Some(Op::Accept),
+            3 => Some(Op::Take),
+            4 => Some(Op::Export),
             _ => None,
         }
     }
@@ -167,6 +213,8 @@ impl Msg {
         match self.kind {
             1 => Some(Carried::Relay),
             2 => Some(Carried::Tcp),
+            3 => Some(Carried::Doorbell),
+            4 => Some(Carried::State),
             _ => None,
         }
     }
@@ -179,32 +227,39 @@ impl Msg {
 }
 
 /// Asks `owner` for `op` on `token`. Ok: the reply and the fd it carried. Err: an errno —
-/// ECONNREFUSED/ENOENT when the owner is gone, the owner's answer otherwise.
+/// ECONNREFUSED/ENOENT when the owner is gone, the owner's answer otherwise ([`MOVED`] when
+/// the stream has a new owner: see [`ask`]).
 pub fn call(owner: &Owner, op: Op, token: u64) -> Result<(Msg, Option<c_int>), c_int> {
+    ask(owner, &Msg::request(op, token)).map_err(|(e, _)| e)
+}
+
+/// As [`call`] with a whole request; an error comes with the owner's reply when there was
+/// one (a [`MOVED`] reply names the new owner).
+pub fn ask(owner: &Owner, req: &Msg) -> Result<(Msg, Option<c_int>), (c_int, Option<Msg>)> {
     let fd = unix::connect_abstract(&owner.name(), CALL_TIMEOUT)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        .map_err(|e| (e.raw_os_error().unwrap_or(libc::EIO), None))?;
     let result = (|| {
-        unix::send(fd, &Msg::request(op, token).to_bytes(), None)
-            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let os = |e: std::io::Error| (e.raw_os_error().unwrap_or(libc::EIO), None);
+        unix::send(fd, &req.to_bytes(), None).map_err(os)?;
         let mut buf = [0u8; MSG_LEN + 1];
         let (n, got) = unix::recv(fd, &mut buf).map_err(|e| match e.raw_os_error() {
-            Some(libc::EAGAIN) => libc::ETIMEDOUT, // the receive timeout, not the owner's EAGAIN
-            other => other.unwrap_or(libc::EIO),
+            Some(libc::EAGAIN) => (libc::ETIMEDOUT, None), // the receive timeout, not the owner's EAGAIN
+            other => (other.unwrap_or(libc::EIO), None),
         })?;
-        let reply = Msg::parse(&buf[..n]);
-        match reply {
+        match Msg::parse(&buf[..n]) {
             Some(m) if m.status == 0 && got.is_some() => Ok((m, got)),
             other => {
                 if let Some(g) = got {
                     crate::sys::raw::close(g);
                 }
-                Err(other.map_or(libc::EPROTO, |m| {
+                let errno = other.map_or(libc::EPROTO, |m| {
                     if m.status != 0 {
                         m.status
                     } else {
                         libc::EPROTO
                     }
-                }))
+                });
+                Err((errno, other))
             }
         }
     })();
@@ -262,7 +317,12 @@ mod tests {
         assert_eq!(Msg::addr(&p.peer), Some(b));
         let r = Msg::request(Op::Accept, 0xdead_beef_0000_0001);
         assert_eq!(Msg::parse(&r.to_bytes()).unwrap().op(), Some(Op::Accept));
-        assert_eq!(Msg::parse(&r.to_bytes()[..71]), None);
+        assert_eq!(Msg::parse(&r.to_bytes()[..MSG_LEN - 1]), None);
+        let to = Owner { pid: 77, nonce: 9 };
+        let mut t = Msg::request(Op::Take, 5);
+        (t.arg, t.owner) = (4791, to);
+        assert_eq!(Msg::parse(&t.to_bytes()), Some(t));
+        assert_eq!(Msg::parse(&Msg::moved(to).to_bytes()).unwrap().owner, to);
         assert_eq!(Msg::addr(&[0; 28]), None);
     }
 

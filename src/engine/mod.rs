@@ -19,6 +19,7 @@ pub mod relay;
 mod setup;
 mod spin;
 pub mod stream;
+mod takeover;
 pub mod waits;
 
 use crate::config::Config;
@@ -33,6 +34,7 @@ use std::time::Duration;
 pub use listener::{Accepted, Listener, RdmaListen};
 pub use setup::BufSizes;
 pub use stream::Stream;
+pub use takeover::{take_over, TakeError};
 
 /// This process's last fd of an RDMA socket is closed. The owner lets the connection finish
 /// in the background (or resets it, for `SO_LINGER` with a zero timeout) once no other
@@ -47,7 +49,7 @@ pub fn detach(a: crate::socket::Attachment) {
         crate::socket::Attachment::Stream(s) => {
             // Only the owner's own threads make calls on it (a fork child's copy of the
             // counter may show a parent thread's call, which never ends there).
-            if !(s.owner.is_me() && s.defer_close()) {
+            if !(s.owner().is_me() && s.defer_close()) {
                 stream_fd_closed(&s);
             }
         }
@@ -71,15 +73,21 @@ pub fn detach(a: crate::socket::Attachment) {
 /// The program's last fd of `s` is closed and no call of it is in progress (call inside
 /// the reentrancy guard).
 fn stream_fd_closed(s: &Arc<Stream>) {
-    match s.owner.is_me().then(get).flatten() {
+    match s.owner().is_me().then(get).flatten() {
         Some(engine) => {
             s.release_app();
             s.app_gone.store(true, Release);
             engine.settle_holders(s);
         }
         // A copy inherited from the owner: its locks are never taken here (a parent
-        // thread may have held one at the fork), and nothing else uses its doorbell.
-        None => s.bell().release_app(),
+        // thread may have held one at the fork), and nothing else uses its doorbell. A
+        // stream this process handed over keeps its options fd until now.
+        None => {
+            s.bell().release_app();
+            if s.moved_away.swap(false, AcqRel) {
+                crate::sys::raw::close(s.opts_fd);
+            }
+        }
     }
 }
 
@@ -225,6 +233,15 @@ pub struct Engine {
     /// Streams whose owner program let go but another process still holds (re-checked by
     /// the helper: the last holder's bytes may be taken in by a completion, not an event).
     held_elsewhere: Mutex<Vec<Arc<Stream>>>,
+    /// Streams handed over to another process, by token: requests for them are sent on.
+    moved: Mutex<HashMap<u64, ipc::Owner>>,
+    /// Streams whose peer moved (token, the taker's port): resumes for the helper to start.
+    resumes: Mutex<Vec<(u64, u16)>>,
+    resume_cv: std::sync::Condvar,
+    mover: Once,
+    /// Completions of QPs whose stream is not registered yet (a take-over or resume builds
+    /// the QP first), kept in CQ order for it.
+    early: Mutex<HashMap<u32, Vec<Wc>>>,
     epfd: c_int,
     wake_fd: c_int,
     /// `_exit` asks the helper to drain (see [`drain_at_exit_from_any_context`]) ...
@@ -504,11 +521,18 @@ impl Engine {
             devices: Mutex::new(Vec::new()),
             closing: Mutex::new(Vec::new()),
             held_elsewhere: Mutex::new(Vec::new()),
+            moved: Mutex::new(HashMap::new()),
+            resumes: Mutex::new(Vec::new()),
+            resume_cv: std::sync::Condvar::new(),
+            mover: Once::new(),
+            early: Mutex::new(HashMap::new()),
             epfd,
             wake_fd,
             exit_asked: AtomicBool::new(false),
             exit_done_fd,
-            next_token: AtomicU64::new(1),
+            // Tokens differ between engines (a taker keeps the stream's token), so each
+            // starts at a random point.
+            next_token: AtomicU64::new((crate::sys::unix::random_u64() >> 16) | 1),
             helper: Once::new(),
             negcache: NegCache::new(),
             poll_budget: spin::Budget::new(Duration::from_micros(u64::from(Config::get().spin_us))),
@@ -601,12 +625,12 @@ impl Engine {
     /// Registers a new stream for completions and cm events.
     fn register(&self, s: &Arc<Stream>) {
         ACTIVE_STREAMS.fetch_add(1, Relaxed);
-        lock(&self.streams_by_qp).insert(s.qp_num, s.clone());
         lock(&self.streams_by_token).insert(s.token, s.clone());
+        self.route_qp(s, None);
     }
 
     fn unregister(&self, s: &Stream) {
-        if lock(&self.streams_by_qp).remove(&s.qp_num).is_some() {
+        if lock(&self.streams_by_qp).remove(&s.qp_num()).is_some() {
             ACTIVE_STREAMS.fetch_sub(1, Relaxed);
         }
         lock(&self.streams_by_token).remove(&s.token);
@@ -660,10 +684,42 @@ impl Engine {
             let s = lock(&self.streams_by_qp).get(&wc.qp_num()).cloned();
             match s {
                 Some(s) => s.on_completion(wc),
-                None => log::trace!("completion for unknown qp {} ignored", wc.qp_num()),
+                None => match lock(&self.early).get_mut(&wc.qp_num()) {
+                    Some(kept) => kept.push(wc.copied()),
+                    None => log::trace!("completion for unknown qp {} ignored", wc.qp_num()),
+                },
             }
         }
         n
+    }
+
+    /// Keeps the completions of QP `qp` until its stream is registered with
+    /// [`route_qp`](Self::route_qp) (or the attempt is dropped with
+    /// [`forget_qp`](Self::forget_qp)).
+    fn hold_qp(&self, qp: u32) {
+        lock(&self.early).insert(qp, Vec::new());
+    }
+
+    fn forget_qp(&self, qp: u32) {
+        lock(&self.early).remove(&qp);
+    }
+
+    /// Routes the completions of `s`'s current QP to it from now on (and no longer those of
+    /// `old`, the QP it left, if any), first handing it those kept since
+    /// [`hold_qp`](Self::hold_qp): under the device's poll lock, so that they stay in order.
+    fn route_qp(&self, s: &Arc<Stream>, old: Option<u32>) {
+        let _g = lock(&s.dev.poll);
+        let kept = lock(&self.early).remove(&s.qp_num()).unwrap_or_default();
+        {
+            let mut by_qp = lock(&self.streams_by_qp);
+            if let Some(old) = old {
+                by_qp.remove(&old);
+            }
+            by_qp.insert(s.qp_num(), s.clone());
+        }
+        for wc in &kept {
+            s.on_completion(wc);
+        }
     }
 
     /// Helper: reads device `i`'s asynchronous events and ends the streams they concern.
@@ -850,9 +906,11 @@ impl Engine {
                 let s = lock(&self.streams_by_token).get(&m.token).cloned();
                 match s {
                     Some(s) if !s.released.load(Acquire) => self.relay(&s),
-                    _ => (ipc::Msg::error(libc::ECONNRESET), None),
+                    _ => self.not_here(m.token),
                 }
             }
+            Some(ipc::Op::Take) => self.answer_take(m),
+            Some(ipc::Op::Export) => self.answer_export(m),
             Some(ipc::Op::Accept) => {
                 let l = lock(&self.listeners).get(&m.token).cloned();
                 let Some(l) = l else {

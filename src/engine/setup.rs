@@ -33,11 +33,11 @@ pub(super) fn fallback_of(e: &rdma::Error) -> Fallback {
 
 /// The connection's own PD, its registered ring and send buffer, and the protocol config
 /// that describes them.
-struct Memory {
-    pd: Arc<Pd>,
-    ring: RegBuf,
-    send: RegBuf,
-    cfg: proto::Config,
+pub(super) struct Memory {
+    pub pd: Arc<Pd>,
+    pub ring: RegBuf,
+    pub send: RegBuf,
+    pub cfg: proto::Config,
 }
 
 /// A connection's buffer sizes in bytes (`RSOCK_RING_SIZE`/`RSOCK_SEND_BUF`, or a rule's).
@@ -49,7 +49,11 @@ pub struct BufSizes {
     pub send: u32,
 }
 
-fn memory(engine: &Engine, dev: &Arc<Device>, sizes: BufSizes) -> Result<Memory, rdma::Error> {
+pub(super) fn memory(
+    engine: &Engine,
+    dev: &Arc<Device>,
+    sizes: BufSizes,
+) -> Result<Memory, rdma::Error> {
     let c = engine.cfg;
     // Registrations come in pages: a size between pages would not match its buffer.
     let (ring_size, send_size) = (
@@ -85,7 +89,7 @@ fn queue_pair(id: rdma::CmId, m: &mut Memory) -> Result<rdma::Conn, rdma::Error>
 
 /// The queues a connection with memory `m` asks for: the protocol's send queue and one
 /// slot for a keepalive probe, which the protocol does not account.
-fn qp_caps(m: &Memory) -> QpCaps {
+pub(super) fn qp_caps(m: &Memory) -> QpCaps {
     QpCaps {
         max_send_wr: m.cfg.send_queue_depth + 1,
         max_recv_wr: m.cfg.recv_credits,
@@ -96,7 +100,7 @@ fn qp_caps(m: &Memory) -> QpCaps {
 
 /// Fits the protocol to the queues the device granted and posts the receives for every
 /// credit we will announce.
-fn fit_and_post(rc: &mut rdma::Conn, m: &mut Memory) -> Result<(), rdma::Error> {
+pub(super) fn fit_and_post(rc: &mut rdma::Conn, m: &mut Memory) -> Result<(), rdma::Error> {
     let caps = rc.caps();
     // The protocol may use only what the device granted.
     m.cfg.send_queue_depth = caps
@@ -108,14 +112,14 @@ fn fit_and_post(rc: &mut rdma::Conn, m: &mut Memory) -> Result<(), rdma::Error> 
     rc.post_recvs(0, m.cfg.recv_credits)
 }
 
-fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RESUME_LEN] {
+pub(super) fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RESUME_LEN] {
     let r = m.ring.mr();
     m.cfg
         .hello(kind, r.iova(), r.rkey().unwrap_or(0), conn_id)
         .to_bytes()
 }
 
-fn remote(peer: &Hello) -> rdma::RemoteBuf {
+pub(super) fn remote(peer: &Hello) -> rdma::RemoteBuf {
     rdma::RemoteBuf {
         addr: peer.ring_addr,
         rkey: peer.rkey,
@@ -157,7 +161,8 @@ pub(super) fn connect(
     let d = engine.dev(&dev).map_err(fail)?;
     let mut m = memory(engine, &dev, sizes).map_err(fail)?;
     let mut rc = queue_pair(id, &mut m).map_err(fail)?;
-    let ours = hello(&m, HelloKind::Connect, crate::sys::unix::random_u64());
+    let conn_id = crate::sys::unix::random_u64();
+    let ours = hello(&m, HelloKind::Connect, conn_id);
     rc.connect(&ConnParam {
         private_data: &ours,
         ..ConnParam::default()
@@ -196,6 +201,8 @@ pub(super) fn connect(
         peer: dest,
         opts_fd,
         token,
+        conn_id,
+        bell: None,
     };
     let s = Stream::new(parts, d, engine.spin_max(), engine.owner).map_err(|e| {
         log::warn!("rdma connect to {dest}: doorbell: {e}");
@@ -316,7 +323,8 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
             return;
         }
     };
-    let ours = hello(&m, HelloKind::Accept, peer.conn_id);
+    let conn_id = peer.conn_id;
+    let ours = hello(&m, HelloKind::Accept, conn_id);
     let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
     let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
         return;
@@ -339,6 +347,8 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         peer: peer_addr,
         opts_fd,
         token,
+        conn_id,
+        bell: None,
     };
     match Stream::new(parts, d, engine.spin_max(), engine.owner) {
         Ok(s) => {

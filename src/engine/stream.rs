@@ -6,6 +6,8 @@
 //! [`Stream::on_completion`], called by whoever polls its device's CQ, one at a time per device
 //! so that a stream sees its completions in CQ order.
 
+mod handover;
+
 use super::ipc::Owner;
 use super::liveness::{self, Action};
 use super::peeked::Peeked;
@@ -18,7 +20,7 @@ use crate::readiness::Doorbell;
 use libc::c_int;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -43,8 +45,14 @@ pub struct Stream {
     inner: Mutex<Inner>,
     bell: Doorbell,
     pub(super) dev: Arc<Dev>,
-    pub(super) qp_num: u32,
+    /// The QP's number (a resume moves the stream to a new QP).
+    qp_num: AtomicU32,
     pub token: u64,
+    /// The connection's id from the handshake (a resume proves itself with it).
+    pub conn_id: u64,
+    /// Registered sizes of the ring and send buffer (a taker needs the same ring size).
+    pub ring_size: u32,
+    pub send_size: u32,
     /// Local address (rdma_cm's view).
     pub local: SocketAddr,
     /// Peer address.
@@ -61,8 +69,10 @@ pub struct Stream {
     budget: Budget,
     /// SO_RCVTIMEO / SO_SNDTIMEO in µs (0: none), mirrored from `opts_fd`.
     timeouts_us: [AtomicU64; 2],
-    /// The process whose engine drives this stream.
-    pub owner: Owner,
+    /// The process whose engine drives this stream (changed by a hand-over; atomics, so
+    /// that a fork child reads its copy without a lock).
+    owner_pid: AtomicI32,
+    owner_nonce: AtomicU64,
     /// The owner's program holds no fd of it any more (or never did: relayed from its
     /// accept queue). The stream lives on while another process holds one.
     pub(super) app_gone: AtomicBool,
@@ -81,6 +91,8 @@ pub struct Stream {
     /// Another process may poll A (its holder forked): its completions must be handled
     /// even while this process waits nowhere the shim sees, so the helper listens.
     shared: AtomicBool,
+    /// Handed over to another process; its options fd is closed with the program's last fd.
+    pub(super) moved_away: AtomicBool,
 }
 
 /// Watched streams of this process: while there are any, the helper also polls the CQs on
@@ -127,14 +139,38 @@ pub(super) struct Inner {
     /// showed acknowledged (unsignaled writes complete silently).
     probe_covers: u64,
     confirmed: u64,
+    /// Handed over to another process: nothing here moves the doorbell or posts any more;
+    /// the QP only drains before it is freed.
+    pub(super) moved: bool,
+    /// The peer moves (MIGRATE): the resume towards its taker has been scheduled.
+    resume_scheduled: bool,
 }
 
-#[derive(Default)]
-struct Shown {
+/// What A shows; also carried to a taker, whose A is the same file.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Shown {
     readable: bool,
     writable: bool,
     eof: bool,
     hangup: bool,
+}
+
+impl Shown {
+    pub(super) fn bits(self) -> u8 {
+        u8::from(self.readable)
+            | u8::from(self.writable) << 1
+            | u8::from(self.eof) << 2
+            | u8::from(self.hangup) << 3
+    }
+
+    pub(super) fn from_bits(b: u8) -> Shown {
+        Shown {
+            readable: b & 1 != 0,
+            writable: b & 2 != 0,
+            eof: b & 4 != 0,
+            hangup: b & 8 != 0,
+        }
+    }
 }
 
 /// Everything a new stream is made of (built by `setup`).
@@ -148,6 +184,10 @@ pub(super) struct Parts {
     pub peer: SocketAddr,
     pub opts_fd: c_int,
     pub token: u64,
+    pub conn_id: u64,
+    /// A taker's doorbell (the handed-over B and its own copy of A) and what that A shows;
+    /// `None` for a new stream (a new socketpair, writable).
+    pub bell: Option<(Doorbell, Shown)>,
 }
 
 impl Stream {
@@ -157,8 +197,18 @@ impl Stream {
         spin: Duration,
         owner: Owner,
     ) -> std::io::Result<Arc<Stream>> {
-        let bell = Doorbell::new(false)?;
-        let qp_num = p.rc.qp_num();
+        let (bell, shown) = match p.bell {
+            Some(b) => b,
+            None => (
+                Doorbell::new(false)?,
+                Shown {
+                    writable: true,
+                    ..Shown::default()
+                },
+            ),
+        };
+        let qp_num = AtomicU32::new(p.rc.qp_num());
+        let (ring_size, send_size) = (p.ring.len() as u32, p.send.len() as u32);
         let s = Arc::new(Stream {
             inner: Mutex::new(Inner {
                 rc: Some(p.rc),
@@ -169,10 +219,7 @@ impl Stream {
                 recvs_owed: 0,
                 sleepers: 0,
                 demand: false,
-                shown: Shown {
-                    writable: true,
-                    ..Shown::default()
-                },
+                shown,
                 dead: None,
                 closed_at: None,
                 draining: false,
@@ -184,11 +231,16 @@ impl Stream {
                 timers: liveness::Timers::new(Instant::now()),
                 probe_covers: 0,
                 confirmed: 0,
+                moved: false,
+                resume_scheduled: false,
             }),
             bell,
             dev,
             qp_num,
             token: p.token,
+            conn_id: p.conn_id,
+            ring_size,
+            send_size,
             local: p.local,
             peer: p.peer,
             nonblocking: AtomicBool::new(false),
@@ -197,7 +249,8 @@ impl Stream {
             spin,
             budget: Budget::new(spin),
             timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
-            owner,
+            owner_pid: AtomicI32::new(owner.pid),
+            owner_nonce: AtomicU64::new(owner.nonce),
             app_gone: AtomicBool::new(false),
             calls: AtomicU32::new(0),
             timed: AtomicBool::new(false),
@@ -205,6 +258,7 @@ impl Stream {
             hold_watched: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             shared: AtomicBool::new(false),
+            moved_away: AtomicBool::new(false),
         });
         s.load_options();
         s.with(|inner| s.pump(inner));
@@ -222,6 +276,30 @@ impl Stream {
     /// The doorbell whose A the program holds.
     pub fn bell(&self) -> &Doorbell {
         &self.bell
+    }
+
+    /// The process whose engine drives this stream.
+    pub fn owner(&self) -> Owner {
+        Owner {
+            pid: self.owner_pid.load(Acquire),
+            nonce: self.owner_nonce.load(Acquire),
+        }
+    }
+
+    /// The stream now belongs to `to` (a hand-over; or, in a holder's copy, news of one).
+    pub fn set_owner(&self, to: Owner) {
+        self.owner_nonce.store(to.nonce, Release);
+        self.owner_pid.store(to.pid, Release);
+    }
+
+    /// The current QP's number.
+    pub(super) fn qp_num(&self) -> u32 {
+        self.qp_num.load(Acquire)
+    }
+
+    /// Program calls in progress in this process.
+    pub(super) fn calls_in_progress(&self) -> u32 {
+        self.calls.load(Acquire) & !CLOSE_DEFERRED
     }
 
     /// Records the program's `O_NONBLOCK` (from fcntl/ioctl hooks and at install time).
@@ -412,11 +490,17 @@ impl Stream {
         let mut g = self.lock();
         let inner = &mut *g;
         let Some(rc) = inner.rc.as_mut() else { return };
+        if wc.qp_num() != rc.qp_num() {
+            return; // the QP this stream left for a new one (a resume) flushing
+        }
+        // Flushes are expected once the connection is going down, and on the old QP of a
+        // peer that moved once everything on it completed (its old owner tears it down).
+        let expected_flush = wc.is_flush()
+            && (inner.proto.is_finished() || inner.proto.ready_to_resume() || inner.moved);
         if wc.is_recv() {
             rc.on_recv_completion(wc);
             if !wc.is_ok() {
-                // Flushed receives are expected once the connection is going down.
-                if !wc.is_flush() || !inner.proto.is_finished() {
+                if !expected_flush {
                     fail(inner, libc::ECONNRESET, "receive failed", wc);
                 }
                 return;
@@ -443,17 +527,18 @@ impl Stream {
         } else {
             rc.on_send_completion(wc);
             if !wc.is_ok() {
-                inner.proto.handle_send_error();
-                if !wc.is_flush() || !inner.proto.is_finished() {
-                    // The peer's NIC stopped answering (its host is gone): as TCP's
-                    // retransmission timeout, not a reset.
-                    let e = if wc.status() == rdma_sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR {
-                        libc::ETIMEDOUT
-                    } else {
-                        libc::ECONNRESET
-                    };
-                    fail(inner, e, "send failed", wc);
+                if expected_flush {
+                    return;
                 }
+                inner.proto.handle_send_error();
+                // The peer's NIC stopped answering (its host is gone): as TCP's
+                // retransmission timeout, not a reset.
+                let e = if wc.status() == rdma_sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR {
+                    libc::ETIMEDOUT
+                } else {
+                    libc::ECONNRESET
+                };
+                fail(inner, e, "send failed", wc);
                 return;
             }
             if inner.live.any() {
@@ -477,6 +562,9 @@ impl Stream {
     /// Reposts owed receives, runs the relays, posts every write the protocol wants, and
     /// shows the new state on the doorbell. Call with `inner` locked after any change.
     fn pump(&self, inner: &mut Inner) {
+        if inner.moved {
+            return;
+        }
         if let Some(rc) = inner.rc.as_mut() {
             if inner.recvs_owed > 0 && inner.dead.is_none() {
                 match rc.post_recvs(RECV_WR, inner.recvs_owed) {
@@ -506,16 +594,17 @@ impl Stream {
         self.post_all(inner);
         while let Some(ev) = inner.proto.poll_event() {
             if let proto::Event::PeerMoving { port } = ev {
-                // Resuming towards a taker is not driven yet (DESIGN.md, "Processes"): a
-                // peer that moves is treated as gone, never waited for.
-                if inner.dead.is_none() {
-                    log::info!(
-                        "rdma stream {} -> {}: peer moves to port {port}; resume not supported: ECONNRESET",
+                if !std::mem::replace(&mut inner.resume_scheduled, true) {
+                    log::debug!(
+                        "rdma stream {} -> {}: peer moves to port {port}",
                         self.local,
                         self.peer
                     );
+                    match super::get() {
+                        Some(engine) => engine.schedule_resume(self.token, port),
+                        None => inner.dead = Some(libc::ECONNRESET),
+                    }
                 }
-                inner.dead.get_or_insert(libc::ECONNRESET);
             }
         }
         self.show(inner);
@@ -638,6 +727,9 @@ impl Stream {
 
     /// Moves the doorbell to match the protocol state (edges only).
     fn show(&self, inner: &mut Inner) {
+        if inner.moved {
+            return; // the doorbell is the taker's
+        }
         let p = &inner.proto;
         let reset = inner.dead.is_some() || p.state() == proto::State::Reset;
         let readable = p.readable() > 0 || p.at_eof() || reset;
@@ -1115,7 +1207,10 @@ impl Stream {
         for e in relays {
             crate::sys::raw::close(e.fd);
         }
-        crate::sys::raw::close(self.opts_fd);
+        if !self.lock().moved {
+            // A moved stream's options fd still answers for the program's fds of it.
+            crate::sys::raw::close(self.opts_fd);
+        }
     }
 }
 

@@ -343,6 +343,12 @@ pub enum WcOpcode {
 pub struct Wc(pub ibv_wc);
 
 impl Wc {
+    /// A copy, to keep past the poll buffer.
+    pub fn copied(&self) -> Wc {
+        // SAFETY: ibv_wc is plain data (no pointers owned, no drop).
+        Wc(unsafe { std::ptr::read(&self.0) })
+    }
+
     /// A zeroed buffer of `n` completions for [`Device::poll`]
     pub fn buffer(n: usize) -> Vec<Wc> {
         // SAFETY: ibv_wc is plain data; all-zero is valid.

@@ -227,6 +227,45 @@ pub fn stream_pair() -> io::Result<(c_int, c_int)> {
     Ok((sv[0], b))
 }
 
+/// An anonymous memory file (close-on-exec, out of the program's fd range) holding `bytes`,
+/// to pass a large blob to another process with `SCM_RIGHTS`.
+pub fn memfd_with(bytes: &[u8]) -> io::Result<c_int> {
+    // SAFETY: a NUL-terminated name; plain memfd_create(2).
+    let fd = unsafe { libc::memfd_create(c"rsock-state".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(last());
+    }
+    let fd = hide(fd);
+    if !super::raw::write_all(fd, bytes) {
+        super::raw::close(fd);
+        return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    Ok(fd)
+}
+
+/// Everything in the file `fd` from offset 0 (a [`memfd_with`] blob).
+pub fn read_file(fd: c_int) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        // SAFETY: a valid buffer; pread(2) on the caller's fd.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                out.len() as libc::off_t,
+            )
+        };
+        match n {
+            0 => return Ok(out),
+            n if n > 0 => out.extend_from_slice(&buf[..n as usize]),
+            _ if errno() == libc::EINTR => {}
+            _ => return Err(last()),
+        }
+    }
+}
+
 /// A 64-bit random number from the kernel (0 if it cannot give one).
 pub fn random_u64() -> u64 {
     let mut v = 0u64;

@@ -20,9 +20,10 @@
 # The expected owner of the server side's QPs (EXPECT_QP_OWNER below): "parent" is the
 # process that accepted (fork after accept: the listener process; prefork: the master, which
 # holds the rdma_cm listener; nginx/PostgreSQL: master/postmaster), "child" any other server
-# process (the forked child or worker that serves). The lead's first milestone keeps QPs in
-# the parent and relays; the final design moves them to the child. Every cell prints the
-# expectation; "any" only asserts that server and client QPs were seen.
+# process (the forked child or worker that serves). A child that uses a connection takes it
+# over (the QP moves to it): "child" allows the parent a QP for PARENT_GRACE samples (the
+# moment between accept and take-over) and wants at least one child QP per connection.
+# Every cell prints the expectation; "any" only asserts that server and client QPs were seen.
 #
 # Clean-up: each cell runs in its own cgroup (cgroup2, mounted here if needed); whatever is
 # left when the cell ends (daemons, setsid'd children) is listed as "LEFTOVER" and killed.
@@ -41,6 +42,7 @@ FK=$T_ROOT/tests/rdma/fork
 T=240     # per-process bound, seconds
 CTO=5000  # RSOCK_CONNECT_TIMEOUT_MS: the default 500 ms is too short under TCG
 QP_SAMPLE_S=0.3
+PARENT_GRACE=4  # samples a parent may own a connection before its child takes it over
 PAUSE=2000  # ms each client pauses mid-stream with its connection open (the QP sampler looks)
 RUN_ID=$(date -u +%Y%m%dT%H%M%S)
 KEEP_DIR=$T_ROOT/.cache/rdma-fork-logs/$RUN_ID
@@ -54,14 +56,14 @@ chmod 755 "$T_WORK"  # postgres (user postgres) reaches its cell's directory
 
 declare -A EXPECT_QP_OWNER=(
     [prefork_blocking]=any [prefork_epoll]=any
-    [fork_echo_plain]=any [fork_echo_data_before_fork]=any [fork_echo_shared]=any
-    [fork_echo_sinksrc]=any [fork_echo_daemon]=any [fork_echo_daemon_first]=any
-    [python_forking]=any
+    [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
+    [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
+    [python_forking]=child
     [python_client_control]=parent [subprocess_during_transfer]=parent  # no fork on the server side
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
     [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
     [nginx_accept_mutex]=any [nginx_epollexclusive]=any [nginx_reuseport]=any
-    [postgres_pgbench]=any
+    [postgres_pgbench]=child
 )
 owner_of() { echo "${T_QP_OWNER:-${EXPECT_QP_OWNER[$1]:-any}}"; }
 
@@ -150,7 +152,8 @@ qp_check() {
     exp=$(owner_of "$CUR_CELL")
     stats_json "$CELL_DIR/srv" stats.srv.all.json 2>/dev/null
     stats_json "$CELL_DIR/cli" stats.cli.all.json 2>/dev/null
-    python3 "$FK/qp_owners.py" qps.log --main "$main" --expect "$exp" --min-server "$ms" --min-client "$mc" \
+    python3 "$FK/qp_owners.py" qps.log --main "$main" --expect "$exp" --parent-grace "$PARENT_GRACE" \
+        --min-server "$ms" --min-client "$mc" \
         --server stats.srv.all.json --client stats.cli.all.json > qp_owners.txt
     local rc=$?
     sed 's/^/# /' qp_owners.txt | grep -v '^# qp lqpn' | head -n 5

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which process owned each RC QP seen during a cell (tests/rdma/fork_matrix.sh).
 
-usage: qp_owners.py QPS_LOG --main PID --expect parent|child|any
+usage: qp_owners.py QPS_LOG --main PID --expect parent|child|any [--parent-grace N]
                     [--server STATS_JSON]... [--client STATS_JSON]... [--min-server N] [--min-client N]
 
 QPS_LOG is rdma_begin's sampler log (tests/lib/rdma_cells.sh): "@time" lines, each followed
@@ -14,7 +14,9 @@ neither is "unknown".
 Fails (exit 1, reasons on stdout) when: fewer than --min-server server-side or --min-client
 client-side QPs were seen; a QP's owner is a process of neither side (its parent chain, from the samples, is
 followed: an exec'd program without stats counts as a server child); --expect parent and a server child owns
-a QP; --expect child and the parent owns a QP.
+a QP; --expect child and the parent owns a QP seen in more than --parent-grace samples (a
+connection the parent accepted is its own until the child that serves it takes it over: a
+moment, not a transfer), or fewer server-child QPs than --min-server.
 """
 
 import argparse
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--client", action="append", default=[])
     ap.add_argument("--min-server", type=int, default=1)
     ap.add_argument("--min-client", type=int, default=1)
+    ap.add_argument("--parent-grace", type=int, default=0)
     a = ap.parse_args()
     srv, cli = pids_of(a.server), pids_of(a.client)
     # Lines: "... lqpn N ... [pid TID comm C] ... tgid G ppid P" (the sampler adds tgid/ppid
@@ -102,11 +105,14 @@ def main():
             e[0] = comm
         e[1] += 1
     roles = {"client": 0, "server-parent": 0, "server-child": 0, "unknown": 0, "unattributed": 0}
+    lingering = 0  # parent QPs seen in more samples than the grace allows
     for (lqpn, pid), (comm, n) in sorted(qps.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         if pid is None and owners.get(lqpn):
             continue  # only ownerless samples of a QP whose owner is known: counted there
         r = role(pid) if pid is not None else "unattributed"
         roles[r] += 1
+        if r == "server-parent" and n > a.parent_grace:
+            lingering += 1
         print(f"qp lqpn={lqpn} pid={pid if pid is not None else '?'} comm={comm} role={r} samples={n}")
     print(f"qp owners: server parent (pid {a.main}) {roles['server-parent']}, server children "
           f"{roles['server-child']}, client {roles['client']}, unknown {roles['unknown']}, "
@@ -121,8 +127,11 @@ def main():
         why.append(f"{roles['unknown']} QPs owned by a process that is neither side's")
     if a.expect == "parent" and roles["server-child"]:
         why.append(f"EXPECT_QP_OWNER=parent but {roles['server-child']} server QPs are owned by children")
-    if a.expect == "child" and roles["server-parent"]:
-        why.append(f"EXPECT_QP_OWNER=child but {roles['server-parent']} server QPs are owned by the parent (pid {a.main})")
+    if a.expect == "child" and lingering:
+        why.append(f"EXPECT_QP_OWNER=child but {lingering} server QPs stayed with the parent (pid {a.main}) "
+                   f"for more than {a.parent_grace} samples")
+    if a.expect == "child" and roles["server-child"] < a.min_server:
+        why.append(f"EXPECT_QP_OWNER=child but only {roles['server-child']} server QPs are children's")
     for w in why:
         print("FAIL " + w)
     return 1 if why else 0

@@ -1,0 +1,114 @@
+//! A stream's part in moving one end of its connection between processes (PROTOCOL.md §11,
+//! docs/DESIGN.md "Processes"): as the old owner it sends MIGRATE and exports its state; as
+//! the staying peer it swaps its old QP for the one its resume made. The orchestration
+//! (ipc, listeners, threads) is in `engine/takeover.rs`.
+
+use super::Stream;
+use crate::engine::ipc::Owner;
+use crate::proto::{self, Hello};
+use crate::rdma::{self, Pd, QpCaps, RemoteBuf};
+use libc::c_int;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Stream {
+    /// Old owner: starts handing the stream to a taker listening on `port` (MIGRATE goes out
+    /// now). Refused (EBUSY) while this process's program is in a call on it, while it is
+    /// relayed to another process, or once it is closed, dead or finished both ways.
+    pub(in crate::engine) fn start_move(&self, port: u16) -> Result<(), c_int> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let busy = inner.moved
+            || inner.dead.is_some()
+            || inner.closed_at.is_some()
+            || !inner.relays.is_empty()
+            || self.calls_in_progress() > 0;
+        if busy || inner.proto.start_migration(port).is_err() {
+            return Err(libc::EBUSY);
+        }
+        self.pump(inner);
+        Ok(())
+    }
+
+    /// Old owner: how far the peer's bytes have arrived (the export waits for its resume
+    /// point).
+    pub(in crate::engine) fn received_end(&self) -> u64 {
+        self.lock().proto.counters().rx_received_end
+    }
+
+    /// Old owner: the state a taker continues from — the protocol's [`proto::Handover`],
+    /// what A shows, the unread ring bytes and the queued unsent bytes, in that order — and
+    /// the stream is `to`'s from now on: nothing here moves its doorbell or posts again, and
+    /// the engine tears its QP down. `None` if the stream cannot be exported (reset).
+    pub(in crate::engine) fn export(&self, to: Owner) -> Option<Vec<u8>> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let h = inner.proto.handover()?;
+        let unread = (h.rx_received_end - h.rx_consumed) as usize;
+        let unsent = (h.tx_queued - h.tx_posted) as usize;
+        let mut out = Vec::with_capacity(proto::Handover::LEN + 1 + unread + unsent);
+        out.extend_from_slice(&h.to_bytes());
+        out.push(inner.shown.bits());
+        for r in inner.proto.readable_ranges() {
+            out.extend_from_slice(&inner.ring.as_slice()[r]);
+        }
+        for r in inner.proto.unsent_ranges() {
+            out.extend_from_slice(&inner.send.as_slice()[r]);
+        }
+        inner.moved = true;
+        self.moved_away
+            .store(true, std::sync::atomic::Ordering::Release);
+        inner.dead.get_or_insert(libc::ECONNRESET);
+        inner.closed_at = Some(Instant::now());
+        self.set_owner(to);
+        Some(out)
+    }
+
+    /// Staying peer: the old QP is quiet (everything posted on it completed).
+    pub(in crate::engine) fn quiesced(&self) -> bool {
+        self.lock().proto.ready_to_resume()
+    }
+
+    /// Staying peer: what a new QP for the resume needs — the connection's PD (its ring and
+    /// send buffer stay registered there), the old QP's queue sizes, and the resume hello.
+    /// The old QP's rdma_cm events are ignored from now (its id's token is cleared).
+    pub(in crate::engine) fn resume_parts(&self) -> Option<(Arc<Pd>, QpCaps, Hello)> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let rc = inner.rc.as_mut()?;
+        rc.id_mut().set_token(0);
+        let mr = inner.ring.mr();
+        let hello = inner
+            .proto
+            .resume_hello(mr.iova(), mr.rkey().unwrap_or(0), self.conn_id);
+        Some((rc.pd().clone(), rc.caps(), hello))
+    }
+
+    /// Staying peer: continues on `rc`, whose accept hello is `accept`; returns the old QP
+    /// (drop it outside any lock) and the old QP number.
+    pub(in crate::engine) fn finish_resume(
+        &self,
+        rc: rdma::Conn,
+        accept: &Hello,
+    ) -> Result<(Option<rdma::Conn>, u32), String> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        if accept.conn_id != self.conn_id {
+            return Err("the taker answered for another connection".into());
+        }
+        inner.proto.resume(accept).map_err(|e| e.to_string())?;
+        let old_qp = self.qp_num();
+        self.qp_num
+            .store(rc.qp_num(), std::sync::atomic::Ordering::Release);
+        let old = inner.rc.replace(rc);
+        inner.remote = RemoteBuf {
+            addr: accept.ring_addr,
+            rkey: accept.rkey,
+            len: u64::from(accept.ring_size),
+        };
+        inner.recvs_owed = 0;
+        inner.resume_scheduled = false;
+        self.pump(inner);
+        Ok((old, old_qp))
+    }
+}

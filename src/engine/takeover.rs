@@ -1,0 +1,407 @@
+//! Moving one end of an RDMA connection to the process that uses it (docs/DESIGN.md,
+//! "Processes"; the wire side is PROTOCOL.md §11). Three parties:
+//!
+//! - the **taker** (a fork child using an inherited stream): listens on an ephemeral rdma_cm
+//!   port at the stream's address, asks the owner to [`Op::Take`] (MIGRATE goes to the peer,
+//!   the doorbell's B comes back), waits for the peer's resume, asks for the state at the
+//!   resume point ([`Op::Export`]), builds the stream in its own engine on the same doorbell
+//!   and accepts — [`take_over`];
+//! - the **old owner** answers both requests on its helper thread — [`Engine::answer_take`],
+//!   [`Engine::answer_export`] — then tears its QP down;
+//! - the **peer** quiesces its old QP and resumes towards the taker on a new QP in the same
+//!   protection domain, in a short-lived thread — [`resume`].
+
+use super::ipc::{self, Msg, Op};
+use super::setup::{self, BufSizes};
+use super::stream::{Parts, Shown, Stream};
+use super::{lock, Engine};
+use crate::proto::{self, Hello, HelloKind};
+use crate::rdma::{self, ConnParam, Device, EventKind};
+use crate::readiness::Doorbell;
+use crate::sys::{raw, unix};
+use libc::c_int;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a hand-over may take from MIGRATE to the resumed QP (Soft-RoCE under emulation
+/// takes tens of milliseconds; hardware well under one).
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a take-over did not happen.
+#[derive(Debug)]
+pub enum TakeError {
+    /// Nothing changed (no engine here, the owner refused, resources): relay instead.
+    Refused(String),
+    /// The peer was told to move and the move failed: the connection is lost.
+    Lost(String),
+}
+
+/// Taker: takes the inherited stream `st` (whose A this process holds as `fd`) over from
+/// its owner. On success the stream is this process's own, on the same doorbell.
+pub fn take_over(st: &Arc<Stream>, fd: c_int) -> Result<Arc<Stream>, TakeError> {
+    let refused =
+        |what: &str, e: &dyn std::fmt::Display| TakeError::Refused(format!("{what}: {e}"));
+    let engine = super::get().ok_or_else(|| TakeError::Refused("no RDMA engine here".into()))?;
+    if !engine.cfg.takeover {
+        return Err(TakeError::Refused("RSOCK_TAKEOVER=0".into()));
+    }
+    if lock(&engine.streams_by_token).contains_key(&st.token) {
+        return Err(TakeError::Refused("token in use here".into()));
+    }
+    // Everything that can fail for lack of resources is set up before the peer is told.
+    let here = SocketAddr::new(st.local.ip(), 0);
+    let listener =
+        rdma::Listener::bind(here, 4, engine.token()).map_err(|e| refused("listen", &e))?;
+    let port = listener.id().local_addr().map_or(0, |a| a.port());
+    let dev = Device::for_id(listener.id()).map_err(|e| refused("device", &e))?;
+    let d = engine.dev(&dev).map_err(|e| refused("device", &e))?;
+    let sizes = BufSizes {
+        ring: st.ring_size,
+        send: st.send_size,
+    };
+    let mut m = setup::memory(engine, &dev, sizes).map_err(|e| refused("memory", &e))?;
+    let mut owner = st.owner();
+    let (reply, bfd) = loop {
+        let mut req = Msg::request(Op::Take, st.token);
+        (req.arg, req.owner) = (u64::from(port), engine.owner);
+        match ipc::ask(&owner, &req) {
+            Ok((reply, Some(bfd))) => break (reply, bfd),
+            Err((ipc::MOVED, Some(r))) if r.owner != owner && r.owner.pid != 0 => {
+                owner = r.owner; // handed over before: ask where it went
+                st.set_owner(owner);
+            }
+            Ok((_, None)) => return Err(TakeError::Refused("owner sent no doorbell".into())),
+            Err((e, _)) => return Err(refused("owner refused", &errno_name(e))),
+        }
+    };
+    let conn_id = reply.token;
+    let started = Instant::now();
+    // From here the peer is moving: a failure loses the connection.
+    let built = (|| {
+        let deadline = started + HANDOVER_TIMEOUT;
+        let (inc, hello) = next_resume(&listener, conn_id, st.peer, deadline)?;
+        let sent_end = hello.resume.map_or(0, |r| r.sent_end);
+        let mut rc = rdma::Conn::new(inc.id, &m.pd, setup::qp_caps(&m))
+            .map_err(|(e, _)| format!("queue pair: {e}"))?;
+        engine.hold_qp(rc.qp_num());
+        setup::fit_and_post(&mut rc, &mut m).map_err(|e| format!("queue pair: {e}"))?;
+        let mut req = Msg::request(Op::Export, st.token);
+        (req.arg, req.owner) = (sent_end, engine.owner);
+        let (_, memfd) =
+            ipc::ask(&owner, &req).map_err(|(e, _)| format!("export: {}", errno_name(e)))?;
+        let state = memfd.map(|fd| {
+            let r = unix::read_file(fd);
+            raw::close(fd);
+            r
+        });
+        let state = match state {
+            Some(Ok(s)) => s,
+            _ => return Err("export: no state".to_string()),
+        };
+        let (conn, shown) = restore(&state, &mut m, &hello)?;
+        let ours = setup::hello(&m, HelloKind::Accept, conn_id);
+        let param = ConnParam {
+            private_data: &ours,
+            ..ConnParam::default()
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        rdma::accept(&mut rc, &param, left).map_err(|e| format!("accept: {e}"))?;
+        rc.id_mut()
+            .migrate(&engine.ch)
+            .map_err(|e| format!("accept: {e}"))?;
+        Ok((rc, conn, shown, hello))
+    })();
+    let (rc, conn, shown, hello) = match built {
+        Ok(x) => x,
+        Err(why) => {
+            raw::close(bfd);
+            return Err(TakeError::Lost(why));
+        }
+    };
+    let qp = rc.qp_num();
+    // SAFETY: F_DUPFD_CLOEXEC on the program's fd of A.
+    let app = raw::hide(unsafe { crate::sys::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
+    // SAFETY: as above, on the inherited options socket.
+    let opts_fd =
+        raw::hide(unsafe { crate::sys::real::fcntl(st.opts_fd, libc::F_DUPFD_CLOEXEC, 0) });
+    let parts = Parts {
+        rc,
+        proto: conn,
+        ring: m.ring,
+        send: m.send,
+        remote: setup::remote(&hello),
+        local: st.local,
+        peer: st.peer,
+        opts_fd,
+        token: st.token,
+        conn_id,
+        bell: Some((Doorbell::from_fds(app, bfd), shown)),
+    };
+    let s = Stream::new(parts, d, engine.spin_max(), engine.owner).map_err(|e| {
+        engine.forget_qp(qp);
+        TakeError::Lost(format!("stream: {e}"))
+    })?;
+    engine.register(&s);
+    engine.ensure_helper();
+    log::info!(
+        "rdma stream {} -> {}: taken over from pid {} in {} us",
+        s.local,
+        s.peer,
+        owner.pid,
+        started.elapsed().as_micros()
+    );
+    Ok(s)
+}
+
+/// The peer's resume on `listener`: a resume hello for `conn_id` from `peer`'s address.
+/// Anything else is refused and waited past.
+fn next_resume(
+    listener: &rdma::Listener,
+    conn_id: u64,
+    peer: SocketAddr,
+    deadline: Instant,
+) -> Result<(rdma::Incoming, Hello), String> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let inc = listener
+            .next_request(Some(left))
+            .map_err(|e| format!("resume: {e}"))?
+            .ok_or("resume: the peer did not come")?;
+        let from = inc.id.peer_addr().map(|a| a.ip());
+        match Hello::parse_kind(inc.event.private_data(), HelloKind::Resume) {
+            Ok(h) if h.conn_id == conn_id && from == Some(peer.ip()) => return Ok((inc, h)),
+            r => {
+                log::warn!("refusing a resume from {from:?} on a take-over listener: {r:?}");
+                let mut id = inc.id;
+                let _ = id.reject(&[]);
+            }
+        }
+    }
+}
+
+/// Builds the taker's protocol state from the old owner's export and places its unread and
+/// unsent bytes in `m`'s ring and send buffer.
+fn restore(
+    state: &[u8],
+    m: &mut setup::Memory,
+    peer: &Hello,
+) -> Result<(proto::Conn, Shown), String> {
+    let h = proto::Handover::parse(state).ok_or("export: short state")?;
+    let shown = Shown::from_bits(state[proto::Handover::LEN]);
+    let bytes = &state[proto::Handover::LEN + 1..];
+    let conn = proto::Conn::from_handover(&m.cfg, &h, peer).map_err(|e| format!("state: {e}"))?;
+    let mut at = 0;
+    let ring = m.ring.as_mut_slice();
+    for r in conn.readable_ranges() {
+        let n = r.len();
+        ring[r].copy_from_slice(bytes.get(at..at + n).ok_or("export: bytes missing")?);
+        at += n;
+    }
+    let send = m.send.as_mut_slice();
+    for r in conn.unsent_ranges() {
+        let n = r.len();
+        send[r].copy_from_slice(bytes.get(at..at + n).ok_or("export: bytes missing")?);
+        at += n;
+    }
+    if at != bytes.len() {
+        return Err("export: byte count differs".into());
+    }
+    Ok((conn, shown))
+}
+
+impl Engine {
+    /// Old owner, helper thread: [`Op::Take`] — MIGRATE to the peer, B to the caller.
+    pub(super) fn answer_take(&'static self, m: &Msg) -> (Msg, Option<c_int>) {
+        let s = lock(&self.streams_by_token).get(&m.token).cloned();
+        let Some(s) = s.filter(|s| !s.released.load(std::sync::atomic::Ordering::Acquire)) else {
+            return self.not_here(m.token);
+        };
+        let port = u16::try_from(m.arg).unwrap_or(0);
+        if m.owner.pid == 0 || port == 0 {
+            return (Msg::error(libc::EINVAL), None);
+        }
+        if let Err(e) = s.start_move(port) {
+            return (Msg::error(e), None);
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on our own B; the reply carries the copy.
+        let b = raw::hide(unsafe {
+            crate::sys::real::fcntl(s.bell().shim_fd(), libc::F_DUPFD_CLOEXEC, 0)
+        });
+        log::debug!(
+            "rdma stream {} -> {}: moving to pid {} (port {port})",
+            s.local,
+            s.peer,
+            m.owner.pid
+        );
+        let mut r = Msg::carrying(ipc::Carried::Doorbell, Some(&s.local), Some(&s.peer));
+        r.token = s.conn_id;
+        (r, (b >= 0).then_some(b))
+    }
+
+    /// Old owner, helper thread: [`Op::Export`] — once the peer's bytes up to the resume
+    /// point are in, the state in a memfd; the stream is the caller's from then on.
+    pub(super) fn answer_export(&'static self, m: &Msg) -> (Msg, Option<c_int>) {
+        let s = lock(&self.streams_by_token).get(&m.token).cloned();
+        let Some(s) = s else {
+            return self.not_here(m.token);
+        };
+        let deadline = Instant::now() + HANDOVER_TIMEOUT;
+        while s.received_end() < m.arg {
+            if Instant::now() > deadline {
+                return (Msg::error(libc::ETIMEDOUT), None);
+            }
+            if self.progress(&s.dev) == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let Some(state) = s.export(m.owner) else {
+            return (Msg::error(libc::ECONNRESET), None);
+        };
+        // The stream is the taker's: this engine forgets it (requests are sent on), keeps
+        // nothing of its doorbell, and frees its QP and memory once drained.
+        lock(&self.streams_by_token).remove(&s.token);
+        lock(&self.moved).insert(s.token, m.owner);
+        lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, &s));
+        self.unwatch(s.bell().shim_fd());
+        for fd in s.relay_fds() {
+            self.unwatch(fd);
+        }
+        raw::close(s.bell().take_shim());
+        s.released.store(true, std::sync::atomic::Ordering::Release);
+        self.retire(s);
+        match unix::memfd_with(&state) {
+            Ok(fd) => (Msg::carrying(ipc::Carried::State, None, None), Some(fd)),
+            Err(e) => {
+                log::error!("hand-over state not passed: {e}");
+                (Msg::error(libc::ENOMEM), None)
+            }
+        }
+    }
+
+    /// The answer for a stream this engine no longer has: where it went, if it was handed
+    /// over, else ECONNRESET.
+    pub(super) fn not_here(&self, token: u64) -> (Msg, Option<c_int>) {
+        match lock(&self.moved).get(&token) {
+            Some(&to) => (Msg::moved(to), None),
+            None => (Msg::error(libc::ECONNRESET), None),
+        }
+    }
+
+    /// Any thread, stream lock held: the peer of stream `token` moves to `port`. The resume
+    /// may block, so it runs on the engine's mover thread (one, long-lived: the QPs it makes
+    /// stay attributed to a live thread in `rdma resource show`).
+    pub(super) fn schedule_resume(&'static self, token: u64, port: u16) {
+        lock(&self.resumes).push((token, port));
+        self.resume_cv.notify_one();
+        self.mover.call_once(|| {
+            let r = std::thread::Builder::new()
+                .name("rsock-mover".into())
+                .spawn(move || self.run_mover());
+            if let Err(e) = r {
+                log::error!("no thread for resumes ({e}): moved peers' streams will reset");
+            }
+        });
+    }
+
+    /// The mover thread: resumes streams whose peer moved, one at a time.
+    fn run_mover(&'static self) {
+        let Some(_g) = crate::guard::enter() else {
+            return;
+        };
+        loop {
+            let next = {
+                let mut q = lock(&self.resumes);
+                while q.is_empty() {
+                    q = self.resume_cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+                q.remove(0)
+            };
+            let (token, port) = next;
+            let s = lock(&self.streams_by_token).get(&token).cloned();
+            if let Some(s) = s {
+                resume(self, s, port);
+            }
+        }
+    }
+}
+
+/// Staying peer, mover thread: waits for the old QP to go quiet, connects a new QP to the
+/// taker with the resume hello, and swaps it in. A failure resets the stream.
+fn resume(engine: &'static Engine, s: Arc<Stream>, port: u16) {
+    let started = Instant::now();
+    match resume_steps(engine, &s, port) {
+        Ok(()) => log::info!(
+            "rdma stream {} -> {}: resumed with the peer's new process in {} us",
+            s.local,
+            s.peer,
+            started.elapsed().as_micros()
+        ),
+        Err(why) => s.on_fatal(&format!("resume after the peer moved: {why}")),
+    }
+}
+
+fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(), String> {
+    let deadline = Instant::now() + HANDOVER_TIMEOUT;
+    while !s.quiesced() {
+        if Instant::now() > deadline {
+            return Err("the old queue pair did not drain".into());
+        }
+        if engine.progress(&s.dev) == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    let (pd, caps, hello) = s.resume_parts().ok_or("no queue pair")?;
+    let dest = SocketAddr::new(s.peer.ip(), port);
+    let src = SocketAddr::new(s.local.ip(), 0);
+    let left = deadline.saturating_duration_since(Instant::now());
+    let (id, dev) =
+        rdma::resolve(Some(src), dest, s.token, left).map_err(|e| format!("resolve: {e}"))?;
+    if !Arc::ptr_eq(&dev, &s.dev.dev) {
+        return Err("the taker is on another device".into());
+    }
+    let rc = rdma::Conn::new(id, &pd, caps).map_err(|(e, _)| format!("queue pair: {e}"))?;
+    let qp = rc.qp_num();
+    engine.hold_qp(qp);
+    let r = connect_resume(engine, s, rc, &hello, deadline);
+    if r.is_err() {
+        engine.forget_qp(qp);
+    }
+    r
+}
+
+/// The resume's connect on the new QP `rc`, and the swap once the taker accepted.
+fn connect_resume(
+    engine: &'static Engine,
+    s: &Arc<Stream>,
+    mut rc: rdma::Conn,
+    hello: &Hello,
+    deadline: Instant,
+) -> Result<(), String> {
+    rc.post_recvs(0, hello.recv_credits)
+        .map_err(|e| format!("receives: {e}"))?;
+    let bytes = hello.to_bytes();
+    let param = ConnParam {
+        private_data: &bytes[..hello.encoded_len()],
+        ..ConnParam::default()
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ev = rdma::connect_event(&mut rc, &param, left).map_err(|e| format!("connect: {e}"))?;
+    if ev.kind != EventKind::Established {
+        return Err(format!("connect: {}", ev.name()));
+    }
+    let accept = Hello::parse_kind(ev.private_data(), HelloKind::Accept)
+        .map_err(|e| format!("accept hello: {e}"))?;
+    drop(ev);
+    rc.id_mut()
+        .migrate(&engine.ch)
+        .map_err(|e| format!("migrate id: {e}"))?;
+    let (old, old_qp) = s.finish_resume(rc, &accept)?;
+    engine.route_qp(s, Some(old_qp));
+    drop(old); // the old QP and id (its flushes are no one's now)
+    Ok(())
+}
+
+fn errno_name(e: c_int) -> String {
+    std::io::Error::from_raw_os_error(e).to_string()
+}
