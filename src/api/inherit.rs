@@ -17,7 +17,7 @@
 use super::{fd_flags, swap_file, track, track_accepted};
 use crate::engine::ipc::{self, Carried, Op};
 use crate::engine::relay::Relayed;
-use crate::engine::{Listener, Stream, TakeError};
+use crate::engine::{Inherited, Listener, Stream, TakeError};
 use crate::fdtable;
 use crate::socket::{Attachment, Socket, State};
 use crate::stats::Path;
@@ -55,7 +55,12 @@ fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     if fds.iter().any(|&fd| fd <= 2) {
         return adopt(s, st);
     }
-    match crate::engine::take_over(st, first) {
+    let mut facts = Inherited::of(st);
+    let taken = crate::engine::take_over(&mut facts, first);
+    if facts.owner != st.owner() {
+        st.set_owner(facts.owner); // it had moved on: later requests go there directly
+    }
+    match taken {
         Ok(own) => {
             own.set_nonblocking(fd_flags(first).0);
             st.bell().release_app(); // this process's copy of the owner's hidden A
@@ -190,8 +195,16 @@ pub(super) unsafe fn accept(
     flags: c_int,
 ) -> c_int {
     let mut drained = false;
+    let mut req = ipc::Msg::request(Op::Accept, l.token);
+    if crate::config::Config::get().takeover {
+        // With an engine here, an RDMA connection is handed over rather than relayed.
+        let _g = crate::guard::enter();
+        if let Some(engine) = crate::engine::get() {
+            req.owner = engine.owner;
+        }
+    }
     loop {
-        match ipc::call(&l.owner, Op::Accept, l.token) {
+        match ipc::ask(&l.owner, &req).map_err(|(e, _)| e) {
             Ok((m, Some(nfd))) => return install_accepted(&m, nfd, addr, len, flags),
             Ok((_, None)) => {}
             Err(libc::EAGAIN) if !drained => {
@@ -253,7 +266,7 @@ unsafe fn install_accepted(
         }
     }
     match (m.carried(), local, peer) {
-        (Some(Carried::Relay), Some(local), Some(peer)) => {
+        (Some(c @ (Carried::Relay | Carried::Stream)), Some(local), Some(peer)) => {
             let _g = crate::guard::enter();
             let opts_fd = raw::hide(real::socket(
                 if peer.is_ipv4() {
@@ -264,20 +277,76 @@ unsafe fn install_accepted(
                 libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
                 0,
             ));
-            let (l, _) = saddr::encode(&local);
-            let (p, _) = saddr::encode(&peer);
-            track(nfd, |s| {
-                s.attach(Attachment::Relayed(Arc::new(Relayed {
+            let attachment = match c {
+                Carried::Stream => {
+                    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+                    take_accepted(m, nfd, nonblock, (local, peer), opts_fd)
+                }
+                _ => None,
+            };
+            let attachment = attachment.unwrap_or_else(|| {
+                Attachment::Relayed(Arc::new(Relayed {
                     local,
                     peer,
                     opts_fd,
-                })));
+                }))
+            });
+            if let Attachment::Stream(st) = &attachment {
+                st.set_nonblocking(flags & libc::SOCK_NONBLOCK != 0);
+                raw::close(opts_fd); // the stream has its own copy
+            }
+            let (l, _) = saddr::encode(&local);
+            let (p, _) = saddr::encode(&peer);
+            track(nfd, |s| {
+                s.attach(attachment);
                 s.established(nfd, State::Rdma, Path::Rdma, None, &l, &p);
             });
         }
         _ => track_accepted(nfd),
     }
     nfd
+}
+
+/// A prefork worker got an RDMA stream's A (`nfd`) from the listener's owner: takes the
+/// stream over, or else makes `nfd` a relay end of it (the owner relays), or a dead end.
+/// `None`: relayed (or dead), attach a [`Relayed`].
+fn take_accepted(
+    m: &ipc::Msg,
+    nfd: c_int,
+    nonblock: bool,
+    (local, peer): (std::net::SocketAddr, std::net::SocketAddr),
+    opts_fd: c_int,
+) -> Option<Attachment> {
+    let mut facts = Inherited {
+        token: m.token,
+        owner: m.owner,
+        local,
+        peer,
+        ring_size: (m.arg >> 32) as u32,
+        send_size: m.arg as u32,
+        opts_fd,
+    };
+    match crate::engine::take_over(&mut facts, nfd) {
+        Ok(own) => return Some(Attachment::Stream(own)),
+        Err(TakeError::Refused(why)) => {
+            log::debug!("fd {nfd}: accepted rdma stream from {peer}: no take-over ({why})")
+        }
+        Err(TakeError::Lost(why)) => {
+            log::warn!("fd {nfd}: accepted rdma stream from {peer}: take-over failed: {why}")
+        }
+    }
+    let end = match ipc::call(&facts.owner, Op::Relay, facts.token) {
+        Ok((_, end)) => end,
+        Err(_) => None,
+    };
+    if let Some(a) = end.or_else(dead_end) {
+        let cloexec = if fd_flags(nfd).1 { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: dup3 onto the fd this accept is about to return.
+        unsafe { real::dup3(a, nfd, cloexec) };
+        set_nonblock(nfd, nonblock);
+        raw::close(a);
+    }
+    None
 }
 
 /// The listener's owner is gone: every fd of it in this process becomes the kernel listener

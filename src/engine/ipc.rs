@@ -79,6 +79,10 @@ pub enum Carried {
     Doorbell = 3,
     /// A memfd with a hand-over's state ([`Op::Export`]).
     State = 4,
+    /// A stream's doorbell A, for a prefork worker to take the stream over ([`Op::Accept`]
+    /// with the caller's `owner` set): `token`, `owner` and, in `arg`, the ring and send
+    /// buffer sizes (high and low 32 bits) describe it.
+    Stream = 5,
 }
 
 /// One request or reply (fixed layout, native endianness: both ends are one host).
@@ -215,6 +219,7 @@ impl Msg {
             2 => Some(Carried::Tcp),
             3 => Some(Carried::Doorbell),
             4 => Some(Carried::State),
+            5 => Some(Carried::Stream),
             _ => None,
         }
     }

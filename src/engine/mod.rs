@@ -34,7 +34,7 @@ use std::time::Duration;
 pub use listener::{Accepted, Listener, RdmaListen};
 pub use setup::BufSizes;
 pub use stream::Stream;
-pub use takeover::{take_over, TakeError};
+pub use takeover::{take_over, Inherited, TakeError};
 
 /// This process's last fd of an RDMA socket is closed. The owner lets the connection finish
 /// in the background (or resets it, for `SO_LINGER` with a zero timeout) once no other
@@ -927,8 +927,12 @@ impl Engine {
                         )
                     }
                     Some(Accepted::Rdma(s)) => {
-                        // Never given to this process's program: only the relay holds it.
+                        // Never given to this process's program: the worker takes it over
+                        // (given A and the facts), or only the relay holds it.
                         s.app_gone.store(true, Release);
+                        if m.owner.pid != 0 && self.cfg.takeover {
+                            return self.hand_to_worker(&s);
+                        }
                         s.release_app();
                         let r = self.relay(&s);
                         if r.1.is_none() {

@@ -37,9 +37,39 @@ pub enum TakeError {
     Lost(String),
 }
 
-/// Taker: takes the inherited stream `st` (whose A this process holds as `fd`) over from
-/// its owner. On success the stream is this process's own, on the same doorbell.
-pub fn take_over(st: &Arc<Stream>, fd: c_int) -> Result<Arc<Stream>, TakeError> {
+/// What a taker knows of a stream another process owns: from its inherited copy
+/// ([`Inherited::of`]), or from the owner's answer to a prefork worker's accept.
+#[derive(Clone, Copy, Debug)]
+pub struct Inherited {
+    pub token: u64,
+    /// Updated when the owner answers that the stream moved on.
+    pub owner: ipc::Owner,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub ring_size: u32,
+    pub send_size: u32,
+    /// The program's socket options (a copy is taken).
+    pub opts_fd: c_int,
+}
+
+impl Inherited {
+    /// The facts of an inherited stream (read without its lock).
+    pub fn of(st: &Stream) -> Inherited {
+        Inherited {
+            token: st.token,
+            owner: st.owner(),
+            local: st.local,
+            peer: st.peer,
+            ring_size: st.ring_size,
+            send_size: st.send_size,
+            opts_fd: st.opts_fd,
+        }
+    }
+}
+
+/// Taker: takes the stream `st` (whose A this process holds as `fd`) over from its owner.
+/// On success the stream is this process's own, on the same doorbell.
+pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError> {
     let refused =
         |what: &str, e: &dyn std::fmt::Display| TakeError::Refused(format!("{what}: {e}"));
     let engine = super::get().ok_or_else(|| TakeError::Refused("no RDMA engine here".into()))?;
@@ -61,7 +91,7 @@ pub fn take_over(st: &Arc<Stream>, fd: c_int) -> Result<Arc<Stream>, TakeError> 
         send: st.send_size,
     };
     let mut m = setup::memory(engine, &dev, sizes).map_err(|e| refused("memory", &e))?;
-    let mut owner = st.owner();
+    let mut owner = st.owner;
     let (reply, bfd) = loop {
         let mut req = Msg::request(Op::Take, st.token);
         (req.arg, req.owner) = (u64::from(port), engine.owner);
@@ -69,7 +99,7 @@ pub fn take_over(st: &Arc<Stream>, fd: c_int) -> Result<Arc<Stream>, TakeError> 
             Ok((reply, Some(bfd))) => break (reply, bfd),
             Err((ipc::MOVED, Some(r))) if r.owner != owner && r.owner.pid != 0 => {
                 owner = r.owner; // handed over before: ask where it went
-                st.set_owner(owner);
+                st.owner = owner;
             }
             Ok((_, None)) => return Err(TakeError::Refused("owner sent no doorbell".into())),
             Err((e, _)) => return Err(refused("owner refused", &errno_name(e))),
@@ -277,6 +307,27 @@ impl Engine {
                 (Msg::error(libc::ENOMEM), None)
             }
         }
+    }
+
+    /// Owner, helper thread: a prefork worker accepts an RDMA stream from the queue of a
+    /// listener this process owns: it gets the doorbell's A and the stream's facts, and takes
+    /// the stream over (or asks for a relay of it if it cannot).
+    pub(super) fn hand_to_worker(&'static self, s: &Arc<Stream>) -> (Msg, Option<c_int>) {
+        // SAFETY: F_DUPFD_CLOEXEC on our own copy of A.
+        let a = raw::hide(unsafe {
+            crate::sys::real::fcntl(s.bell().app_fd(), libc::F_DUPFD_CLOEXEC, 0)
+        });
+        s.release_app();
+        // Held while `a` travels and in the worker; the last holder's close ends it.
+        self.settle_holders(s);
+        if a < 0 {
+            return (Msg::error(libc::EMFILE), None);
+        }
+        let mut r = Msg::carrying(ipc::Carried::Stream, Some(&s.local), Some(&s.peer));
+        r.token = s.token;
+        r.arg = u64::from(s.ring_size) << 32 | u64::from(s.send_size);
+        r.owner = self.owner;
+        (r, Some(a))
     }
 
     /// The answer for a stream this engine no longer has: where it went, if it was handed

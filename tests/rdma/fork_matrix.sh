@@ -55,14 +55,14 @@ MTU=${MTU:-1024}
 chmod 755 "$T_WORK"  # postgres (user postgres) reaches its cell's directory
 
 declare -A EXPECT_QP_OWNER=(
-    [prefork_blocking]=any [prefork_epoll]=any
+    [prefork_blocking]=child [prefork_epoll]=child
     [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
     [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
     [python_forking]=child
     [python_client_control]=parent [subprocess_during_transfer]=parent  # no fork on the server side
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
     [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
-    [nginx_accept_mutex]=any [nginx_epollexclusive]=any [nginx_reuseport]=any
+    [nginx_accept_mutex]=child [nginx_epollexclusive]=child [nginx_reuseport]=child
     [postgres_pgbench]=child
 )
 owner_of() { echo "${T_QP_OWNER:-${EXPECT_QP_OWNER[$1]:-any}}"; }

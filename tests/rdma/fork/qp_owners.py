@@ -86,6 +86,10 @@ def main():
             pid, seen = parent.get(pid), seen + 1
         return "unknown"
 
+    # A thread that had already exited when it was sampled ("tgid ?") and is never seen alive
+    # names no process: its QP is as unattributed as one listed without a pid (a process
+    # tearing down at exit, e.g. a short-lived client).
+    samples = [(q, t if t is None or t in tid2tgid else None, c) for q, t, c in samples]
     qps = {}  # (lqpn, owner or None) -> [comm, samples]
     owners = {}  # lqpn -> owners seen
     for lqpn, tid, comm in samples:
