@@ -33,6 +33,7 @@ fn read_all(p: &mut Pair, side: Side) -> (Vec<u8>, bool) {
 fn moving_pair() -> Pair {
     let mut p = Pair::new(cfg(), cfg());
     p.write(Side::A, b"before").unwrap();
+    p.write(Side::B, b"reply").unwrap();
     p.drive().unwrap();
     p.b.conn.start_migration(4791).unwrap();
     p.drive().unwrap();

@@ -152,6 +152,7 @@ fn peer_imm() -> impl Strategy<Value = u32> {
             .prop_map(|(wrs, bytes)| Imm::Credit { wrs, bytes }.encode()),
         1 => Just(Imm::Fin.encode()),
         1 => Just(Imm::Reset.encode()),
+        1 => (1u16..=u16::MAX).prop_map(|port| Imm::Migrate { port }.encode()),
     ]
 }
 

@@ -1356,3 +1356,15 @@ fn ready_in(inner: &Inner, want: Want) -> bool {
             }
         }
 }
+
+#[cfg(test)]
+mod shown_tests {
+    use super::Shown;
+
+    #[test]
+    fn shown_bits_round_trip() {
+        for b in 0..16u8 {
+            assert_eq!(Shown::from_bits(b).bits(), b);
+        }
+    }
+}

@@ -374,3 +374,24 @@ impl Conn {
         self.migration != Migration::None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handover_round_trips_and_refuses_short_input() {
+        let h = Handover {
+            ring_size: 4096,
+            rx_consumed: 1,
+            rx_received_end: 2,
+            rx_returned: 0,
+            tx_posted: u64::MAX - 1,
+            tx_queued: u64::MAX,
+            flags: F_FIN_SENT | F_WRITE_SHUT,
+        };
+        let b = h.to_bytes();
+        assert_eq!(Handover::parse(&b), Some(h));
+        assert_eq!(Handover::parse(&b[..Handover::LEN - 1]), None);
+    }
+}
