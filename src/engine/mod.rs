@@ -937,6 +937,11 @@ impl Engine {
                         let r = self.relay(&s);
                         if r.1.is_none() {
                             self.close_unheld(&s);
+                        } else {
+                            // Only the relay holds it: its holders' last close ends it, which
+                            // the helper rechecks (the end of stream may be read by a
+                            // completion, raising no event on the relay end).
+                            self.settle_holders(&s);
                         }
                         r
                     }

@@ -590,6 +590,18 @@ impl Stream {
                 &mut inner.peeked,
                 reset,
             );
+            // A holder's shutdown(SHUT_WR) on a relay end is the stream's FIN (a close is
+            // not, while other fds of the stream remain: the last holder's close ends it).
+            // Checked on every pump: the end of stream may be read here by a completion.
+            let fin = inner.relays.iter_mut().any(|e| e.tx_eof && !e.check_gone());
+            if fin
+                && matches!(
+                    inner.proto.state(),
+                    proto::State::Open | proto::State::ReadClosed
+                )
+            {
+                inner.proto.shutdown_write();
+            }
         }
         self.post_all(inner);
         while let Some(ev) = inner.proto.poll_event() {
@@ -686,23 +698,7 @@ impl Stream {
     /// that went away. A holder's `shutdown(SHUT_WR)` on a relay end is the stream's FIN.
     pub(super) fn on_hold_event(&self) {
         let mut g = self.lock();
-        let inner = &mut *g;
-        self.pump(inner);
-        let mut fin = false;
-        for e in inner.relays.iter_mut() {
-            if !e.check_gone() && e.tx_eof {
-                fin = true;
-            }
-        }
-        if fin
-            && matches!(
-                inner.proto.state(),
-                proto::State::Open | proto::State::ReadClosed
-            )
-        {
-            inner.proto.shutdown_write();
-            self.pump(inner);
-        }
+        self.pump(&mut g);
     }
 
     /// Whether any process still holds this stream: the owner's program, another process

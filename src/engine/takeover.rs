@@ -107,6 +107,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     };
     let conn_id = reply.token;
     let started = Instant::now();
+    let mut held_qp = None;
     // From here the peer is moving: a failure loses the connection.
     let built = (|| {
         let deadline = started + HANDOVER_TIMEOUT;
@@ -115,6 +116,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         let mut rc = rdma::Conn::new(inc.id, &m.pd, setup::qp_caps(&m))
             .map_err(|(e, _)| format!("queue pair: {e}"))?;
         engine.hold_qp(rc.qp_num());
+        held_qp = Some(rc.qp_num());
         setup::fit_and_post(&mut rc, &mut m).map_err(|e| format!("queue pair: {e}"))?;
         let mut req = Msg::request(Op::Export, st.token);
         (req.arg, req.owner) = (sent_end, engine.owner);
@@ -146,6 +148,9 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         Ok(x) => x,
         Err(why) => {
             raw::close(bfd);
+            if let Some(qp) = held_qp {
+                engine.forget_qp(qp);
+            }
             return Err(TakeError::Lost(why));
         }
     };
