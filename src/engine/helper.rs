@@ -67,6 +67,7 @@ pub(super) fn run(engine: &'static Engine) {
             engine.progress_devices(false);
         }
         engine.recheck_holders();
+        engine.expire_moves();
         reap(engine);
         if timed && Instant::now() >= next_tick {
             // Probe completions are looked at here, whether or not the helper listens to

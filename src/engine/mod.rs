@@ -239,6 +239,8 @@ pub struct Engine {
     resumes: Mutex<Vec<(u64, u16)>>,
     resume_cv: std::sync::Condvar,
     mover: Once,
+    /// Streams this process is handing over (token, deadline for the taker's export).
+    leaving: Mutex<Vec<(u64, std::time::Instant)>>,
     /// Completions of QPs whose stream is not registered yet (a take-over or resume builds
     /// the QP first), kept in CQ order for it.
     early: Mutex<HashMap<u32, Vec<Wc>>>,
@@ -525,6 +527,7 @@ impl Engine {
             resumes: Mutex::new(Vec::new()),
             resume_cv: std::sync::Condvar::new(),
             mover: Once::new(),
+            leaving: Mutex::new(Vec::new()),
             early: Mutex::new(HashMap::new()),
             epfd,
             wake_fd,

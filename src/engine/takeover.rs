@@ -259,6 +259,8 @@ impl Engine {
         if let Err(e) = s.start_move(port) {
             return (Msg::error(e), None);
         }
+        let deadline = Instant::now() + 2 * HANDOVER_TIMEOUT;
+        lock(&self.leaving).push((s.token, deadline));
         // SAFETY: F_DUPFD_CLOEXEC on our own B; the reply carries the copy.
         let b = raw::hide(unsafe {
             crate::sys::real::fcntl(s.bell().shim_fd(), libc::F_DUPFD_CLOEXEC, 0)
@@ -297,6 +299,7 @@ impl Engine {
         // nothing of its doorbell, and frees its QP and memory once drained.
         lock(&self.streams_by_token).remove(&s.token);
         lock(&self.moved).insert(s.token, m.owner);
+        lock(&self.leaving).retain(|&(t, _)| t != s.token);
         lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, &s));
         self.unwatch(s.bell().shim_fd());
         for fd in s.relay_fds() {
@@ -333,6 +336,24 @@ impl Engine {
         r.arg = u64::from(s.ring_size) << 32 | u64::from(s.send_size);
         r.owner = self.owner;
         (r, Some(a))
+    }
+
+    /// Helper: a stream whose taker never asked for the state (it failed after MIGRATE went
+    /// out) can send nothing any more: it is reset, rather than left waiting for ever.
+    pub(super) fn expire_moves(&self) {
+        let now = Instant::now();
+        let expired: Vec<u64> = {
+            let mut l = lock(&self.leaving);
+            let gone = l.iter().filter(|e| e.1 <= now).map(|e| e.0).collect();
+            l.retain(|e| e.1 > now);
+            gone
+        };
+        for token in expired {
+            let s = lock(&self.streams_by_token).get(&token).cloned();
+            if let Some(s) = s {
+                s.on_fatal("the process taking it over never finished");
+            }
+        }
     }
 
     /// The answer for a stream this engine no longer has: where it went, if it was handed

@@ -3,8 +3,14 @@
 //! server with the rkeys and addresses it learnt from their Accept hellos, or guessed.
 //!
 //! ```text
-//! rsock_attacker ADDR PORT [--timeout SECS]
+//! rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT]
 //! ```
+//!
+//! `--migrate TO_PORT` (issue #9, a hostile MIGRATE): instead of the writes below, opens one
+//! connection, sends MIGRATE{TO_PORT} (PROTOCOL.md §11: "my end moves to TO_PORT at my
+//! address", where nothing listens), keeps the connection for `--timeout`, and exits 0 once
+//! the MIGRATE's write completed. The server must end that connection with an error, not wait
+//! for a resume forever nor disturb its other connections.
 //!
 //! 1. Opens connections A and B (rdma_cm connect with a valid Connect hello; the server's
 //!    Accept hello in the ESTABLISHED event gives each ring's address, rkey and size).
@@ -55,7 +61,7 @@ const WR_WRITE: u64 = 1;
 const WR_RECV: u64 = 2;
 
 fn usage() -> ! {
-    eprintln!("usage: rsock_attacker ADDR PORT [--timeout SECS]");
+    eprintln!("usage: rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT]");
     exit(2)
 }
 
@@ -243,6 +249,11 @@ impl Peer {
         if ret != 0 {
             return Err(format!("ibv_post_send failed ({ret})"));
         }
+        self.wait_write(timeout)
+    }
+
+    /// The completion of the write just posted, until `timeout` (status `None` after it).
+    fn wait_write(&mut self, timeout: Duration) -> Result<Outcome, String> {
         let deadline = Instant::now() + timeout;
         // SAFETY: plain C struct; zero is valid.
         let mut wcs: [ibv_wc; 8] = unsafe { std::mem::zeroed() };
@@ -264,6 +275,27 @@ impl Peer {
             }
         }
         Ok(Outcome { status: None })
+    }
+
+    /// One signaled, zero-length WRITE_WITH_IMM carrying `imm` (a control message, consuming
+    /// one of the server's receives); waits for its completion until `timeout`.
+    fn send_imm(&mut self, imm: u32, timeout: Duration) -> Result<Outcome, String> {
+        // SAFETY: plain C struct; zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = WR_WRITE;
+        wr.num_sge = 0;
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        wr.wr.rdma.remote_addr = self.ring.ring_addr;
+        wr.wr.rdma.rkey = self.ring.rkey;
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; no SGE.
+        let ret = unsafe { rdma_sys::ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(format!("ibv_post_send failed ({ret})"));
+        }
+        self.wait_write(timeout)
     }
 
     /// Disconnects (waiting for DISCONNECTED at most `timeout`) and destroys QP, id, CQ, PD.
@@ -367,6 +399,7 @@ fn main() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| usage());
     let mut timeout = Duration::from_secs(20);
+    let mut migrate: Option<u16> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--timeout" => {
@@ -375,6 +408,14 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or_else(|| usage());
                 timeout = Duration::from_secs(s.max(1));
+            }
+            "--migrate" => {
+                migrate = Some(
+                    args.next()
+                        .and_then(|v| v.parse().ok())
+                        .filter(|&p: &u16| p != 0)
+                        .unwrap_or_else(|| usage()),
+                );
             }
             _ => usage(),
         }
@@ -395,6 +436,25 @@ fn main() {
             exit(3)
         })
     };
+    if let Some(to) = migrate {
+        let mut m = open_or_die("M");
+        let imm = rsock_core::proto::Imm::Migrate { port: to }.encode();
+        match m.send_imm(imm, timeout) {
+            Ok(o) if o.ok() => println!("attacker: MIGRATE to port {to} sent (imm {imm:#010x})"),
+            Ok(o) => {
+                println!("attacker: the MIGRATE write failed: {}", o.text());
+                exit(3)
+            }
+            Err(e) => {
+                println!("attacker: MIGRATE not posted: {e}");
+                exit(3)
+            }
+        }
+        // Stay connected: the server must give up on its own, not because we left.
+        std::thread::sleep(timeout);
+        m.close(close_t);
+        exit(0)
+    }
     let mut a = open_or_die("A");
     let mut b = open_or_die("B");
     let (ra, rb) = (a.ring, b.ring);

@@ -55,7 +55,7 @@ MTU=${MTU:-1024}
 chmod 755 "$T_WORK"  # postgres (user postgres) reaches its cell's directory
 
 declare -A EXPECT_QP_OWNER=(
-    [prefork_blocking]=child [prefork_epoll]=child
+    [prefork_blocking]=child [prefork_epoll]=child [prefork_relay]=parent [fork_echo_relay]=parent
     [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
     [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
     [python_forking]=child
@@ -65,6 +65,7 @@ declare -A EXPECT_QP_OWNER=(
     [nginx_accept_mutex]=child [nginx_epollexclusive]=child [nginx_reuseport]=child
     [postgres_pgbench]=child
 )
+SRV_ENV=  # extra environment (VAR=VALUE words) of a cell's server, set for one call
 owner_of() { echo "${T_QP_OWNER:-${EXPECT_QP_OWNER[$1]:-any}}"; }
 
 echo "# data: ${MB} MiB per echoed stream, active_mtu $MTU, work dir $T_WORK"
@@ -202,7 +203,7 @@ events_check() {
 prefork_cell() {
     echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = master)"
     rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" "$EX/prefork_server" "$A:$PORT" 3 --log "$CELL_DIR/events.log" \
+    bg srv $T shimmed "$CELL_DIR/srv" env $SRV_ENV "$EX/prefork_server" "$A:$PORT" 3 --log "$CELL_DIR/events.log" \
         --hold-ms 500 --pidfile "$CELL_DIR/srv.pid" "$@"
     wait_dual srv
     bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --conns 6 --parallel 6 --bytes 1048576 \
@@ -231,6 +232,8 @@ prefork_cell() {
 }
 cell_prefork_blocking() { prefork_cell; }
 cell_prefork_epoll() { prefork_cell --epoll; }
+# The relay, what serves when a take-over cannot be: the owner keeps the QP.
+cell_prefork_relay() { SRV_ENV=RSOCK_TAKEOVER=0 prefork_cell --epoll; }
 
 # ---- 2. fork after accept ---------------------------------------------------------------------
 
@@ -244,7 +247,7 @@ fork_echo_cell() {
     sargs=("$@")
     echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the accepting process)"
     rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" "$EX/fork_echo" "$A:$PORT" --log "$CELL_DIR/events.log" \
+    bg srv $T shimmed "$CELL_DIR/srv" env $SRV_ENV "$EX/fork_echo" "$A:$PORT" --log "$CELL_DIR/events.log" \
         --pidfile "$CELL_DIR/srv.pid" --max-conns "$k" --timeout 60 "${sargs[@]}"
     local main daemon=0
     [[ " ${sargs[*]} " == *" --daemon"* ]] && daemon=1
@@ -288,6 +291,10 @@ fork_echo_cell() {
     expect_qps_released
 }
 cell_fork_echo_plain() { fork_echo_cell 4 --file "$DATA" --parallel 2 --; expect_up_sha cli; }
+cell_fork_echo_relay() {
+    SRV_ENV=RSOCK_TAKEOVER=0 fork_echo_cell 3 --file "$DATA" --parallel 3 --
+    expect_up_sha cli
+}
 cell_fork_echo_data_before_fork() {
     fork_echo_cell 2 --file "$DATA" -- --wait-data 10000
     local n
@@ -546,8 +553,8 @@ cell_postgres_pgbench() {
 # ---- run --------------------------------------------------------------------------------------------
 
 CELL_LIST=(
-    prefork_blocking prefork_epoll
-    fork_echo_plain fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
+    prefork_blocking prefork_epoll prefork_relay
+    fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first
     python_forking python_client_control subprocess_during_transfer
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain

@@ -18,6 +18,10 @@
 #   (d) the server is alive after the attack and serves a new connection; the victim's and
 #       the new connection's lines in its log say result=ok;
 #   and no RC QP is left once every connection ended (the server still running).
+# Cell isolation_hostile_migrate: a peer says its end moves (MIGRATE, PROTOCOL.md §11) to a
+# port where nothing listens, and stays connected. The server's shim must try the resume,
+# fail, and end that connection with an error within 30 s (not wait for ever); a connection
+# made meanwhile echoes intact; the server stays up and ends with no QP left.
 # Environment: T_ISO_MB (victim's file, MiB, default 16), SHIM_LOG_LEVEL, T_KEEP=1.
 #
 # Prints "PASS cell (Ns)" / "FAIL cell: why", then "N passed, N failed"; exit 1 on failure.
@@ -139,7 +143,36 @@ cell_isolation_cross_connection_write() {
     expect_qps_released
 }
 
-CELLS=(isolation_cross_connection_write)
+cell_isolation_hostile_migrate() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/echo_server" "$A:$PORT"
+    wait_dual srv
+    local rc=0
+    bg atk 120 "$EX/rsock_attacker" "$A" "$PORT" --timeout 40 --migrate 9
+    wait_cond 60 'grep -q "^attacker: " atk.out' || fail "the attacker did not get its MIGRATE out: $(tail -c 300 atk.err | paste -sd' ')"
+    sed 's/^/#   /' atk.out
+    grep -q '^attacker: MIGRATE to port 9 sent' atk.out || fail "MIGRATE not sent: $(tail -n1 atk.out)"
+    # Meanwhile a legitimate connection is served.
+    bg_in after $T "$DATA2" shimmed "$CELL_DIR/after" $NC -N "$A" "$PORT"
+    status_soft after 0
+    soft expect_same_file "$DATA2" after.out "connection made after the hostile MIGRATE"
+    # The connection that sent MIGRATE ends with an error while its peer is still there.
+    wait_cond 30 'grep -q "result=error" srv.out' ||
+        soft fail "the server still waits on the connection that moved nowhere: $(paste -sd'|' srv.out)"
+    bg_alive atk || soft fail "the attacker left before the server gave up (nothing proven)"
+    echo "# server log: $(grep 'result=' srv.out | paste -sd'|')"
+    grep -q 'resume after the peer moved' srv.log ||
+        soft fail "the shim's log does not say why: $(grep -m3 -E 'WARN|moves|resum' srv.log | paste -sd'|')"
+    grep -m1 'resume after the peer moved' srv.log | sed 's/^/# shim: /'
+    bg_wait atk || rc=$?
+    [ "$rc" -eq 0 ] || soft fail "attacker exited $rc: $(tail -n1 atk.out)"
+    bg_alive srv || fail "the echo server died: $(tail -c 300 srv.err | paste -sd' ')"
+    wait_until 30 no_rc_qps || soft fail "$(rc_qps) RC QP(s) still listed 30 s after every connection ended (server alive)"
+    bg_stop srv
+    expect_qps_released
+}
+
+CELLS=(isolation_cross_connection_write isolation_hostile_migrate)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done
