@@ -112,7 +112,9 @@ def main():
     _s.create_connection = remember
     bad = 0
     try:
-        pid, tx, rx = transfer(addr, port, payload, between=between)
+        # The pause (after the actions, at half the payload) keeps the connection open
+        # long enough for the test's QP sampler to see both ends.
+        pid, tx, rx = transfer(addr, port, payload, between=between, pause_ms=2000)
         line = f"ok 1/1 connections tx={tx} rx={rx} pids={pid} up_sha={hashlib.sha256(payload).hexdigest()}"
     except Exception as e:
         line = f"FAILED 1/1 connections: {type(e).__name__}: {e}"
