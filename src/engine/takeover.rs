@@ -72,10 +72,12 @@ impl Inherited {
 pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError> {
     let refused =
         |what: &str, e: &dyn std::fmt::Display| TakeError::Refused(format!("{what}: {e}"));
-    let engine = super::get().ok_or_else(|| TakeError::Refused("no RDMA engine here".into()))?;
-    if !engine.cfg.takeover {
+    // Before the engine: making one (its own RDMA libraries, the device) is most of a
+    // take-over's cost, and a relay needs none.
+    if !crate::config::Config::get().takeover {
         return Err(TakeError::Refused("RSOCK_TAKEOVER=0".into()));
     }
+    let engine = super::get().ok_or_else(|| TakeError::Refused("no RDMA engine here".into()))?;
     if lock(&engine.streams_by_token).contains_key(&st.token) {
         return Err(TakeError::Refused("token in use here".into()));
     }
