@@ -56,32 +56,53 @@ fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
         return adopt(s, st);
     }
     let mut facts = Inherited::of(st);
-    let taken = crate::engine::take_over(&mut facts, first);
+    let taken = take(&mut facts, first);
     if facts.owner != st.owner() {
         st.set_owner(facts.owner); // it had moved on: later requests go there directly
     }
-    match taken {
-        Ok(own) => {
-            own.set_nonblocking(fd_flags(first).0);
-            st.bell().release_app(); // this process's copy of the owner's hidden A
-            let a = Attachment::Stream(own);
-            s.attach(a.clone());
-            return a;
-        }
+    let Some(own) = taken else {
+        return adopt(s, st);
+    };
+    own.set_nonblocking(fd_flags(first).0);
+    st.bell().release_app(); // this process's copy of the owner's hidden A
+    let a = Attachment::Stream(own);
+    s.attach(a.clone());
+    a
+}
+
+/// [`crate::engine::take_over`], saying in the log why not when it did not happen.
+fn take(facts: &mut Inherited, fd: c_int) -> Option<Arc<Stream>> {
+    let peer = facts.peer;
+    match crate::engine::take_over(facts, fd) {
+        Ok(own) => Some(own),
         Err(TakeError::Refused(why)) => {
-            log::debug!(
-                "fd {first}: rdma stream to {}: no take-over ({why})",
-                st.peer
-            )
+            log::debug!("fd {fd}: rdma stream to {peer}: no take-over ({why})");
+            None
         }
         Err(TakeError::Lost(why)) => {
-            log::warn!(
-                "fd {first}: rdma stream to {}: take-over failed: {why}",
-                st.peer
-            )
+            log::warn!("fd {fd}: rdma stream to {peer}: take-over failed: {why}");
+            None
         }
     }
-    adopt(s, st)
+}
+
+/// The owner's relay end for stream `token`, if it serves one.
+fn relay_end(
+    owner: &ipc::Owner,
+    token: u64,
+    fd: c_int,
+    peer: std::net::SocketAddr,
+) -> Option<c_int> {
+    match ipc::call(owner, Op::Relay, token) {
+        Ok((_, end)) => end,
+        Err(e) => {
+            log::warn!(
+                "fd {fd}: rdma stream to {peer} owned by pid {}: no relay (errno {e})",
+                owner.pid
+            );
+            None
+        }
+    }
 }
 
 /// Makes the inherited stream `st` a relayed socket in this process: every fd of it now
@@ -94,18 +115,7 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
         return Attachment::Stream(st.clone());
     };
     let (nonblock, _) = fd_flags(first);
-    let end = match ipc::call(&st.owner(), Op::Relay, st.token) {
-        Ok((_, Some(a))) => Some(a),
-        Ok((_, None)) => None,
-        Err(e) => {
-            log::warn!(
-                "fd {first}: rdma stream to {} inherited from pid {}: cannot adopt it (errno {e})",
-                st.peer,
-                st.owner().pid
-            );
-            None
-        }
-    };
+    let end = relay_end(&st.owner(), st.token, first, st.peer);
     let a = end.or_else(dead_end);
     if let Some(a) = a {
         set_nonblock(a, nonblock);
@@ -326,20 +336,10 @@ fn take_accepted(
         send_size: m.arg as u32,
         opts_fd,
     };
-    match crate::engine::take_over(&mut facts, nfd) {
-        Ok(own) => return Some(Attachment::Stream(own)),
-        Err(TakeError::Refused(why)) => {
-            log::debug!("fd {nfd}: accepted rdma stream from {peer}: no take-over ({why})")
-        }
-        Err(TakeError::Lost(why)) => {
-            log::warn!("fd {nfd}: accepted rdma stream from {peer}: take-over failed: {why}")
-        }
+    if let Some(own) = take(&mut facts, nfd) {
+        return Some(Attachment::Stream(own));
     }
-    let end = match ipc::call(&facts.owner, Op::Relay, facts.token) {
-        Ok((_, end)) => end,
-        Err(_) => None,
-    };
-    if let Some(a) = end.or_else(dead_end) {
+    if let Some(a) = relay_end(&facts.owner, facts.token, nfd, peer).or_else(dead_end) {
         let cloexec = if fd_flags(nfd).1 { libc::O_CLOEXEC } else { 0 };
         // SAFETY: dup3 onto the fd this accept is about to return.
         unsafe { real::dup3(a, nfd, cloexec) };
