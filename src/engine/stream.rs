@@ -14,7 +14,7 @@ use super::peeked::Peeked;
 use super::relay;
 use super::spin::Budget;
 use super::{Dev, Engine};
-use crate::proto::{self, ReadError, WrId, WriteError};
+use crate::proto::{self, Failure, ReadError, Readiness, WrId, WriteError};
 use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
 use crate::readiness::Doorbell;
 use libc::c_int;
@@ -31,14 +31,7 @@ const RECV_WR: u64 = 0;
 /// wr_id of a keepalive probe (a zero-length WRITE the protocol does not account).
 const PROBE_WR: u64 = 1 << 61;
 
-/// What a blocked caller waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Want {
-    /// Bytes, EOF or an error to read.
-    Read,
-    /// Room to write, or an error.
-    Write,
-}
+pub use crate::proto::Want;
 
 /// An RDMA stream (see the module doc).
 pub struct Stream {
@@ -113,15 +106,11 @@ pub(super) struct Inner {
     remote: RemoteBuf,
     recvs_owed: u32,
     /// What the doorbell's A shows (it lags the protocol while nobody looks; see `show`).
-    shown: Shown,
+    pub(super) shown: Readiness,
     /// Program threads sleeping in `wait` on A.
     sleepers: u32,
     /// Counted in the device's demand for the helper (see `Dev::demand_up`).
     demand: bool,
-    /// Peer disconnected or the QP failed: errno for calls once queued data is read.
-    dead: Option<c_int>,
-    /// A write has reported `dead`'s error (later ones get EPIPE).
-    dead_told: bool,
     /// When the program's last fd closed (the stream lingers to deliver queued bytes).
     pub(super) closed_at: Option<Instant>,
     pub(super) draining: bool,
@@ -146,33 +135,6 @@ pub(super) struct Inner {
     resume_scheduled: bool,
 }
 
-/// What A shows; also carried to a taker, whose A is the same file.
-#[derive(Default, Clone, Copy)]
-pub(super) struct Shown {
-    readable: bool,
-    writable: bool,
-    eof: bool,
-    hangup: bool,
-}
-
-impl Shown {
-    pub(super) fn bits(self) -> u8 {
-        u8::from(self.readable)
-            | u8::from(self.writable) << 1
-            | u8::from(self.eof) << 2
-            | u8::from(self.hangup) << 3
-    }
-
-    pub(super) fn from_bits(b: u8) -> Shown {
-        Shown {
-            readable: b & 1 != 0,
-            writable: b & 2 != 0,
-            eof: b & 4 != 0,
-            hangup: b & 8 != 0,
-        }
-    }
-}
-
 /// Everything a new stream is made of (built by `setup`).
 pub(super) struct Parts {
     pub rc: rdma::Conn,
@@ -187,7 +149,7 @@ pub(super) struct Parts {
     pub conn_id: u64,
     /// A taker's doorbell (the handed-over B and its own copy of A) and what that A shows;
     /// `None` for a new stream (a new socketpair, writable).
-    pub bell: Option<(Doorbell, Shown)>,
+    pub bell: Option<(Doorbell, Readiness)>,
 }
 
 impl Stream {
@@ -201,9 +163,9 @@ impl Stream {
             Some(b) => b,
             None => (
                 Doorbell::new(false)?,
-                Shown {
+                Readiness {
                     writable: true,
-                    ..Shown::default()
+                    ..Readiness::default()
                 },
             ),
         };
@@ -220,13 +182,11 @@ impl Stream {
                 sleepers: 0,
                 demand: false,
                 shown,
-                dead: None,
                 closed_at: None,
                 draining: false,
                 relays: Vec::new(),
                 scratch: Vec::new(),
                 peeked: Peeked::default(),
-                dead_told: false,
                 live: liveness::Settings::default(),
                 timers: liveness::Timers::new(Instant::now()),
                 probe_covers: 0,
@@ -356,7 +316,7 @@ impl Stream {
         }
         self.with(|inner| {
             let c = inner.proto.counters();
-            let (Some(rc), None) = (inner.rc.as_mut(), inner.dead) else {
+            let Some(rc) = inner.rc.as_mut().filter(|_| !inner.proto.is_broken()) else {
                 return;
             };
             // Written and not known acknowledged — posted, or queued for want of credits (a
@@ -389,7 +349,7 @@ impl Stream {
                         self.local,
                         self.peer
                     );
-                    inner.dead.get_or_insert(libc::ETIMEDOUT);
+                    inner.proto.handle_failure(Failure::TimedOut);
                     self.show(inner);
                 }
             }
@@ -501,7 +461,7 @@ impl Stream {
             rc.on_recv_completion(wc);
             if !wc.is_ok() {
                 if !expected_flush {
-                    fail(inner, libc::ECONNRESET, "receive failed", wc);
+                    fail(inner, Failure::Reset, "receive failed", wc);
                 }
                 return;
             }
@@ -521,8 +481,7 @@ impl Stream {
                     self.local,
                     self.peer
                 );
-                inner.proto.abort();
-                fail(inner, libc::ECONNRESET, "protocol error", wc);
+                log::info!("rdma stream: protocol error on qp {}", wc.qp_num());
             }
         } else {
             rc.on_send_completion(wc);
@@ -530,15 +489,14 @@ impl Stream {
                 if expected_flush {
                     return;
                 }
-                inner.proto.handle_send_error();
                 // The peer's NIC stopped answering (its host is gone): as TCP's
                 // retransmission timeout, not a reset.
-                let e = if wc.status() == rdma_sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR {
-                    libc::ETIMEDOUT
+                let f = if wc.status() == rdma_sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR {
+                    Failure::TimedOut
                 } else {
-                    libc::ECONNRESET
+                    Failure::Reset
                 };
-                fail(inner, e, "send failed", wc);
+                fail(inner, f, "send failed", wc);
                 return;
             }
             if inner.live.any() {
@@ -552,7 +510,7 @@ impl Stream {
                 let id = WrId(wc.wr_id() & !PROTO_SIGNALED);
                 if let Err(e) = inner.proto.handle_send_complete(id) {
                     log::error!("rdma stream {}: completion out of order: {e:?}", self.peer);
-                    fail(inner, libc::ECONNRESET, "completion accounting", wc);
+                    fail(inner, Failure::Reset, "completion accounting", wc);
                 }
             }
         }
@@ -566,7 +524,7 @@ impl Stream {
             return;
         }
         if let Some(rc) = inner.rc.as_mut() {
-            if inner.recvs_owed > 0 && inner.dead.is_none() {
+            if inner.recvs_owed > 0 && !inner.proto.is_broken() {
                 match rc.post_recvs(RECV_WR, inner.recvs_owed) {
                     Ok(()) => inner.recvs_owed = 0,
                     Err(e) => log::error!("rdma stream {}: reposting receives: {e}", self.peer),
@@ -581,7 +539,7 @@ impl Stream {
                 &mut inner.scratch,
             );
             self.post_all(inner);
-            let reset = inner.dead.is_some() || inner.proto.state() == proto::State::Reset;
+            let reset = inner.proto.is_broken();
             relay::out_of_stream(
                 &mut inner.relays,
                 &mut inner.proto,
@@ -614,7 +572,7 @@ impl Stream {
                     );
                     match super::get() {
                         Some(engine) => engine.schedule_resume(self.token, port),
-                        None => inner.dead = Some(libc::ECONNRESET),
+                        None => inner.proto.handle_failure(Failure::Reset),
                     }
                 }
             }
@@ -626,7 +584,7 @@ impl Stream {
     /// Whether completions must be handled while no program thread is in a call on this
     /// stream, and so the helper must listen for them (see `Dev::demand_up`).
     fn update_demand(&self, inner: &mut Inner) {
-        let want = inner.dead.is_none()
+        let want = !inner.proto.is_broken()
             && inner.rc.is_some()
             && (self.shared.load(Relaxed)
                 || !inner.relays.is_empty()
@@ -661,18 +619,15 @@ impl Stream {
 
     /// Posts every write the protocol wants.
     fn post_all(&self, inner: &mut Inner) {
-        if inner.dead.is_some() {
-            return; // the QP failed or the peer is gone: nothing posted can arrive
-        }
         let Some(rc) = inner.rc.as_mut() else { return };
         while let Some(w) = inner.proto.poll_write() {
             if let Err(e) = post(rc, &inner.send, &inner.remote, &w) {
                 log::warn!("rdma stream {}: post failed: {e}", self.peer);
-                // Sending is over; what has arrived is not: marking the stream dead fails
-                // writes but still returns the queued bytes (and end of stream) to reads. A
-                // protocol-level failure would make them unreadable — seen when the peer sent
-                // everything, exited, and our credit return found its QP gone.
-                inner.dead.get_or_insert(libc::ECONNRESET);
+                // Sending is over; what has arrived is not: a transport failure fails writes
+                // but still returns the queued bytes (and end of stream) to reads — needed
+                // when the peer sent everything, exited, and our credit return found its QP
+                // gone.
+                inner.proto.handle_failure(Failure::Reset);
                 break;
             }
         }
@@ -727,30 +682,20 @@ impl Stream {
             return; // the doorbell is the taker's
         }
         let p = &inner.proto;
-        let reset = inner.dead.is_some() || p.state() == proto::State::Reset;
-        let readable = p.readable() > 0 || p.at_eof() || reset;
-        let writable = p.poll_writable()
-            || reset
-            || matches!(
-                p.state(),
-                proto::State::WriteClosed | proto::State::Closing | proto::State::Closed
-            );
-        // Both directions shut (our FIN queued, theirs received) reads as a hang-up, as the
-        // kernel reports POLLHUP for a TCP socket shut both ways. The strongest change goes
-        // first: a waiter woken by it must see the whole picture at once (HUP implies
-        // RDHUP and IN), as the kernel sets these flags together.
-        let both_shut = p.hung_up();
-        if (reset || both_shut) && !inner.shown.hangup {
+        let now = p.readiness();
+        // The strongest change goes first: a waiter woken by it must see the whole picture
+        // at once (HUP implies RDHUP and IN), as the kernel sets these flags together.
+        if now.hangup && !inner.shown.hangup {
             inner.shown.hangup = true;
-            inner.shown.eof = true;
+            inner.shown.read_ended = true;
             log::trace!(
-                "rdma stream {}: hang-up shown (state {:?}, reset {reset})",
+                "rdma stream {}: hang-up shown (state {:?})",
                 self.peer,
                 p.state()
             );
             self.bell.set_hangup();
-        } else if p.read_ended() && !inner.shown.eof {
-            inner.shown.eof = true;
+        } else if now.read_ended && !inner.shown.read_ended {
+            inner.shown.read_ended = true;
             log::trace!(
                 "rdma stream {}: end of stream shown (state {:?})",
                 self.peer,
@@ -764,13 +709,13 @@ impl Stream {
         if inner.sleepers == 0 && !self.watched.load(Relaxed) {
             return;
         }
-        if readable != inner.shown.readable {
-            inner.shown.readable = readable;
-            self.bell.set_readable(readable);
+        if now.readable != inner.shown.readable {
+            inner.shown.readable = now.readable;
+            self.bell.set_readable(now.readable);
         }
-        if writable != inner.shown.writable {
-            inner.shown.writable = writable;
-            self.bell.set_writable(writable);
+        if now.writable != inner.shown.writable {
+            inner.shown.writable = now.writable;
+            self.bell.set_writable(now.writable);
         }
     }
 
@@ -778,13 +723,13 @@ impl Stream {
     /// connection whose path died; queued bytes stay readable first.
     pub(super) fn on_fatal(&self, why: &str) {
         self.with(|inner| {
-            if inner.dead.is_none() {
+            if inner.proto.failure().is_none() {
                 log::info!(
                     "rdma stream {} -> {}: {why}: ECONNRESET",
                     self.local,
                     self.peer
                 );
-                inner.dead = Some(libc::ECONNRESET);
+                inner.proto.handle_failure(Failure::Reset);
                 self.show(inner);
             }
         });
@@ -797,15 +742,8 @@ impl Stream {
         if let Some(rc) = inner.rc.as_mut() {
             rc.set_disconnected();
         }
-        if !inner.proto.at_eof() || !inner.proto.is_finished() {
-            // Queued bytes stay readable; then reads fail like a reset TCP connection.
-            let e = if inner.proto.at_eof() {
-                libc::EPIPE
-            } else {
-                libc::ECONNRESET
-            };
-            inner.dead.get_or_insert(e);
-        }
+        // Queued bytes stay readable; then reads fail like a reset TCP connection's.
+        inner.proto.handle_disconnect();
         self.show(inner);
     }
 
@@ -858,8 +796,12 @@ impl Stream {
                     }
                     Err(ReadError::Blocked) if done > 0 && !waitall => return Ok(done),
                     Err(ReadError::Blocked) => {
-                        if let Some(e) = inner.dead {
-                            return if done > 0 { Ok(done) } else { Err(e_read(e)) };
+                        if let Some(f) = inner.proto.failure() {
+                            return if done > 0 {
+                                Ok(done)
+                            } else {
+                                Err(read_errno(f))
+                            };
                         }
                         self.show(inner);
                     }
@@ -902,16 +844,18 @@ impl Stream {
             {
                 let mut g = self.lock();
                 let inner = &mut *g;
-                if let Some(e) = inner.dead {
+                if let Some(f) = inner.proto.failure() {
                     if done > 0 {
                         return Ok(done);
                     }
-                    // As on TCP: a timed-out connection's error is told once, then EPIPE.
-                    if e == libc::ETIMEDOUT && !inner.dead_told {
-                        inner.dead_told = true;
-                        return Err(e);
-                    }
-                    return Err(libc::EPIPE); // a write on a dead stream, as on a reset TCP one
+                    // As on TCP: a timed-out connection's error is told once, then EPIPE (a
+                    // write on a broken stream, as on a reset TCP one).
+                    let first = inner.proto.first_failure_report();
+                    return Err(if f == Failure::TimedOut && first {
+                        libc::ETIMEDOUT
+                    } else {
+                        libc::EPIPE
+                    });
                 }
                 if want == 0 {
                     return Ok(0);
@@ -1008,13 +952,7 @@ impl Stream {
     /// Whether everything queued, FIN included, has been acknowledged (or can never be).
     pub(super) fn flushed(&self) -> bool {
         let inner = self.lock();
-        let p = &inner.proto;
-        let c = p.counters();
-        let fin_queued = !matches!(p.state(), proto::State::Open | proto::State::ReadClosed);
-        inner.dead.is_some()
-            || inner.rc.is_none()
-            || p.state() == proto::State::Reset
-            || (fin_queued && c.tx_acked == c.tx_queued && c.wrs_posted == c.wrs_retired)
+        inner.rc.is_none() || inner.proto.flushed()
     }
 
     /// Polls the CQ until the writes still in flight could no longer make this stream
@@ -1048,7 +986,7 @@ impl Stream {
 
     /// Whether `want` can proceed without blocking.
     fn ready(&self, want: Want) -> bool {
-        ready_in(&self.lock(), want)
+        self.lock().proto.ready(want)
     }
 
     /// Blocks until `want` may proceed: polls the CQ for the stream's spin budget (see
@@ -1110,7 +1048,7 @@ impl Stream {
             }
             {
                 let mut g = self.lock();
-                if ready_in(&g, want) {
+                if g.proto.ready(want) {
                     return Ok(());
                 }
                 // From here until we wake, A must follow the stream: a completion another
@@ -1163,9 +1101,7 @@ impl Stream {
         let Some(rc) = inner.rc.as_mut() else {
             return true;
         };
-        let done = inner.proto.is_finished()
-            || inner.dead.is_some()
-            || inner.proto.state() == proto::State::Reset;
+        let done = inner.proto.is_finished() || inner.proto.state() == proto::State::Reset;
         if !inner.draining {
             if !done && closed_at.elapsed() < linger {
                 return false;
@@ -1249,24 +1185,23 @@ fn read_liveness(fd: c_int) -> liveness::Settings {
     }
 }
 
-/// Marks the stream failed and logs the completion that said so.
-fn fail(inner: &mut Inner, errno: c_int, what: &str, wc: &Wc) {
-    if inner.dead.is_none() {
+/// Fails the stream's transport and logs the completion that said so.
+fn fail(inner: &mut Inner, f: Failure, what: &str, wc: &Wc) {
+    if inner.proto.failure().is_none() {
         log::info!(
             "rdma stream: {what}: {} (qp {})",
             wc.status_str(),
             wc.qp_num()
         );
     }
-    inner.dead.get_or_insert(errno);
+    inner.proto.handle_failure(f);
 }
 
-/// A read on a dead stream: ECONNRESET, or EOF-like semantics are handled by the caller.
-fn e_read(e: c_int) -> c_int {
-    if e == libc::EPIPE {
-        libc::ECONNRESET
-    } else {
-        e
+/// A read that found nothing left on a broken stream (end of stream is the caller's).
+fn read_errno(f: Failure) -> c_int {
+    match f {
+        Failure::TimedOut => libc::ETIMEDOUT,
+        Failure::Reset | Failure::PeerGone => libc::ECONNRESET,
     }
 }
 
@@ -1338,29 +1273,3 @@ fn skip_const<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
 
 /// The longest a blocked call sleeps before it looks again by itself (see `Stream::sleep`).
 const MAX_SLEEP_MS: c_int = 1600;
-
-/// Whether `want` can proceed without blocking.
-fn ready_in(inner: &Inner, want: Want) -> bool {
-    let p = &inner.proto;
-    inner.dead.is_some()
-        || p.state() == proto::State::Reset
-        || match want {
-            Want::Read => p.readable() > 0 || p.at_eof(),
-            Want::Write => {
-                p.writable() > 0
-                    || !matches!(p.state(), proto::State::Open | proto::State::ReadClosed)
-            }
-        }
-}
-
-#[cfg(test)]
-mod shown_tests {
-    use super::Shown;
-
-    #[test]
-    fn shown_bits_round_trip() {
-        for b in 0..16u8 {
-            assert_eq!(Shown::from_bits(b).bits(), b);
-        }
-    }
-}

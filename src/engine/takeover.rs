@@ -13,7 +13,7 @@
 
 use super::ipc::{self, Msg, Op};
 use super::setup::{self, BufSizes};
-use super::stream::{Parts, Shown, Stream};
+use super::stream::{Parts, Stream};
 use super::{lock, Engine};
 use crate::proto::{self, Hello, HelloKind};
 use crate::rdma::{self, ConnParam, Device, EventKind};
@@ -223,9 +223,9 @@ fn restore(
     state: &[u8],
     m: &mut setup::Memory,
     peer: &Hello,
-) -> Result<(proto::Conn, Shown), String> {
+) -> Result<(proto::Conn, proto::Readiness), String> {
     let h = proto::Handover::parse(state).ok_or("export: short state")?;
-    let shown = Shown::from_bits(state[proto::Handover::LEN]);
+    let shown = proto::Readiness::from_bits(state[proto::Handover::LEN]);
     let bytes = &state[proto::Handover::LEN + 1..];
     let conn = proto::Conn::from_handover(&m.cfg, &h, peer).map_err(|e| format!("state: {e}"))?;
     let mut at = 0;

@@ -10,11 +10,13 @@
 //! `conn/recv.rs`.
 
 mod migrate;
+mod ready;
 mod recv;
 mod send;
 
 use migrate::Migration;
 pub use migrate::{Handover, MigrateError};
+pub use ready::{Failure, Readiness, Want};
 
 use std::collections::VecDeque;
 
@@ -210,6 +212,9 @@ pub struct Conn {
     reset_sent: bool,
     peer_reset: bool,
     failed: Option<ProtocolError>,
+    /// The transport failed under the connection (conn/ready.rs).
+    transport: Option<Failure>,
+    failure_reported: bool,
     finished_reported: bool,
     writer_waiting: bool,
     events: u8,
@@ -256,6 +261,8 @@ impl Conn {
             reset_sent: false,
             peer_reset: false,
             failed: None,
+            transport: None,
+            failure_reported: false,
             finished_reported: false,
             writer_waiting: false,
             events: 0,
@@ -324,7 +331,7 @@ impl Conn {
     /// peer's message can release it, so the driver must keep listening for those even
     /// while no application thread is in a call on this connection.
     pub fn output_pending(&self) -> bool {
-        if self.failed.is_some() || self.peer_reset || self.reset_sent {
+        if self.failed.is_some() || self.peer_reset || self.reset_sent || self.transport.is_some() {
             return false;
         }
         if self.migrating() {
@@ -340,7 +347,7 @@ impl Conn {
 
     /// Coarse state, for the socket layer and logs.
     pub fn state(&self) -> State {
-        if self.is_reset() {
+        if self.is_broken() {
             return State::Reset;
         }
         match (self.write_shut, self.fin_received) {
@@ -355,6 +362,9 @@ impl Conn {
     /// True when the driver may disconnect and free the memory: nothing more will be posted
     /// and every posted work request has completed (or the connection is reset).
     pub fn is_finished(&self) -> bool {
+        if self.transport.is_some() {
+            return true; // nothing more completes but flushes
+        }
         if !(self.fin_received || self.reset_sent || self.peer_reset || self.failed.is_some()) {
             return false; // the common case while open, checked on every poll_event
         }
@@ -452,13 +462,19 @@ impl Conn {
         }
     }
 
-    /// The connection manager reports the peer gone (DISCONNECTED, or a fatal QP event).
-    /// Harmless once [`is_finished`](Self::is_finished); before that the connection fails
-    /// like [`handle_send_error`](Self::handle_send_error).
+    /// The connection manager reports the peer gone (DISCONNECTED). Harmless once
+    /// [`is_finished`](Self::is_finished) or when a hand-over expects it; before that the
+    /// transport failed ([`Failure::PeerGone`] after the peer's FIN, else
+    /// [`Failure::Reset`]): bytes that arrived stay readable.
     pub fn handle_disconnect(&mut self) {
-        if !self.is_finished() && !self.migration_expects_disconnect() {
-            self.handle_send_error();
+        if self.is_finished() || self.migration_expects_disconnect() {
+            return;
         }
+        self.handle_failure(if self.fin_received {
+            Failure::PeerGone
+        } else {
+            Failure::Reset
+        });
     }
 
     // ---- outputs ------------------------------------------------------------------------
@@ -468,7 +484,7 @@ impl Conn {
         if let Some(w) = self.planned.pop_front() {
             return Some(w);
         }
-        if self.failed.is_some() || self.peer_reset || self.reset_sent {
+        if self.failed.is_some() || self.peer_reset || self.reset_sent || self.transport.is_some() {
             return None;
         }
         if let Some(w) = self.migration_write() {

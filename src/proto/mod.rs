@@ -23,7 +23,10 @@ pub mod wire;
 use core::fmt;
 
 pub use config::{Config, ConfigError, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH};
-pub use conn::{Conn, Counters, Event, Handover, MigrateError, State, Stats, WrId, Write};
+pub use conn::{
+    Conn, Counters, Event, Failure, Handover, MigrateError, Readiness, State, Stats, Want, WrId,
+    Write,
+};
 pub use credits::CONTROL_RESERVE;
 pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint};
 

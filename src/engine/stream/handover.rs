@@ -19,7 +19,7 @@ impl Stream {
         let mut g = self.lock();
         let inner = &mut *g;
         let busy = inner.moved
-            || inner.dead.is_some()
+            || inner.proto.is_broken()
             || inner.closed_at.is_some()
             || !inner.relays.is_empty()
             || self.calls_in_progress() > 0;
@@ -58,7 +58,7 @@ impl Stream {
         inner.moved = true;
         self.moved_away
             .store(true, std::sync::atomic::Ordering::Release);
-        inner.dead.get_or_insert(libc::ECONNRESET);
+        inner.proto.handle_failure(proto::Failure::Reset);
         inner.closed_at = Some(Instant::now());
         self.set_owner(to);
         Some(out)

@@ -145,7 +145,7 @@ impl Conn {
     /// Refused (and nothing changes) when the connection is reset, both FINs have passed (the
     /// peer may already be gone), or a hand-over is under way.
     pub fn start_migration(&mut self, port: u16) -> Result<(), MigrateError> {
-        let over = self.is_reset() || self.reset_sent || (self.fin_sent && self.fin_received);
+        let over = self.is_broken() || self.reset_sent || (self.fin_sent && self.fin_received);
         if over || port == 0 || self.migration != Migration::None {
             return Err(MigrateError::NotNow);
         }

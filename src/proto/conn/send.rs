@@ -34,7 +34,7 @@ impl Conn {
             self.send_ring.size() as usize,
             "send buffer size"
         );
-        if self.is_reset() {
+        if self.is_broken() {
             return Err(WriteError::Reset);
         }
         if self.write_shut {
@@ -76,7 +76,7 @@ impl Conn {
     /// Queues `n` bytes the caller placed at the start of [`send_space`](Self::send_space);
     /// `n` larger than the free space is clamped. Errors as [`write_vectored`](Self::write_vectored).
     pub fn commit_write(&mut self, n: usize) -> Result<usize, WriteError> {
-        if self.is_reset() {
+        if self.is_broken() {
             return Err(WriteError::Reset);
         }
         if self.write_shut {
