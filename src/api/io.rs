@@ -126,10 +126,10 @@ fn recv_rdma(st: &Stream, bufs: Option<&mut [IoSliceMut<'_>]>, flags: c_int) -> 
     let Some(bufs) = bufs else {
         return fail(libc::EFAULT);
     };
-    let Some(engine) = engine::get() else {
-        return fail(libc::ECONNRESET);
-    };
-    match st.recv(engine, bufs, flags, st.rcv_timeout()) {
+    if engine::get().is_none() {
+        return fail(libc::ECONNRESET); // a stream of another process's engine
+    }
+    match st.recv(bufs, flags, st.rcv_timeout()) {
         Ok(n) => n as ssize_t,
         Err(e) => fail(e),
     }
@@ -140,10 +140,10 @@ fn send_rdma(st: &Stream, bufs: Option<&[IoSlice<'_>]>, flags: c_int) -> ssize_t
     let Some(bufs) = bufs else {
         return fail(libc::EFAULT);
     };
-    let Some(engine) = engine::get() else {
-        return fail(libc::EPIPE);
-    };
-    match st.send(engine, bufs, flags, st.snd_timeout()) {
+    if engine::get().is_none() {
+        return fail(libc::EPIPE); // a stream of another process's engine
+    }
+    match st.send(bufs, flags, st.snd_timeout()) {
         Ok(n) => n as ssize_t,
         Err(e) => {
             if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {

@@ -139,6 +139,9 @@ pub struct Dev {
     /// Streams on this device that need their completions handled while no program thread
     /// is in a call on them (see [`Dev::demand_up`]).
     demand: AtomicUsize,
+    /// Program threads sleeping on this device's completion channel (a blocked call or a
+    /// hooked poll/epoll wait), from before they arm the CQ until before they take an event.
+    sleepers: AtomicUsize,
     /// Whether the helper's epoll reports this device's completion events; changed under
     /// `listen_lock` only.
     listening: AtomicBool,
@@ -174,12 +177,21 @@ impl Dev {
             log::error!("arming the CQ failed: {e}");
         }
         // Completions that landed before the arm raise no event: the helper polls once.
-        ring_eventfd(self.wake_fd);
+        crate::sys::raw::eventfd_add(self.wake_fd);
     }
 
     /// A stream no longer needs the helper (the helper stops listening lazily).
     pub(crate) fn demand_down(&self) {
         self.demand.fetch_sub(1, SeqCst);
+    }
+
+    /// A program thread starts or stops sleeping on the completion channel.
+    pub(crate) fn sleeping(&self, on: bool) {
+        if on {
+            self.sleepers.fetch_add(1, SeqCst);
+        } else {
+            self.sleepers.fetch_sub(1, SeqCst);
+        }
     }
 
     /// Helper, after a completion event: stops listening when no stream needs it
@@ -354,20 +366,6 @@ fn drain_streams(e: &'static Engine) {
         }
         std::thread::sleep(Duration::from_micros(200));
     }
-}
-
-/// Adds one to an eventfd (async-signal-safe).
-fn ring_eventfd(fd: c_int) {
-    let one: u64 = 1;
-    // SAFETY: 8-byte write to an eventfd of ours.
-    unsafe {
-        libc::syscall(
-            libc::SYS_write,
-            fd as libc::c_long,
-            &one as *const u64,
-            8usize,
-        )
-    };
 }
 
 extern "C" fn drain_at_exit_c() {
@@ -608,6 +606,7 @@ impl Engine {
             dev: dev.clone(),
             poll: Mutex::new(()),
             demand: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
             listening: AtomicBool::new(true),
             listen_lock: Mutex::new(()),
             epfd: self.epfd,
@@ -781,14 +780,16 @@ impl Engine {
     pub(crate) fn on_cq_event(&self, d: &Dev, max: usize) {
         let _ = d.dev.take_cq_events(max);
         self.progress_all(d);
-        self.rearm_for_helper(d);
+        self.rearm_if_listened(d);
     }
 
-    /// After consuming a completion event: while some stream needs the helper to hear
-    /// completions, the CQ must stay armed — the event this thread took was that arm's one
-    /// report, and the helper (woken too) found nothing left to read.
-    fn rearm_for_helper(&self, d: &Dev) {
-        if d.demand.load(SeqCst) > 0 {
+    /// After consuming a completion event: while a program thread still sleeps on the
+    /// channel, or some stream needs the helper to hear completions, the CQ must stay armed
+    /// — the event this thread took was the one report of an arm they count on (one arm,
+    /// one event, for every waiter on the device's CQ). Without this a second thread
+    /// blocked on another stream slept through its completions (an epoll wait, forever).
+    fn rearm_if_listened(&self, d: &Dev) {
+        if d.demand.load(SeqCst) > 0 || d.sleepers.load(SeqCst) > 0 {
             self.sleep_armed(d);
         }
     }
@@ -817,14 +818,14 @@ impl Engine {
 
     /// Wakes the helper thread (to look at the closing list, or drain for `_exit`).
     fn wake(&self) {
-        ring_eventfd(self.wake_fd);
+        crate::sys::raw::eventfd_add(self.wake_fd);
     }
 
     /// Helper: `_exit` may have asked for the exit drain; answers once it is done.
     fn exit_drain_if_asked(&'static self) {
         if self.exit_asked.swap(false, AcqRel) {
             drain_streams(self);
-            ring_eventfd(self.exit_done_fd);
+            crate::sys::raw::eventfd_add(self.exit_done_fd);
         }
     }
 

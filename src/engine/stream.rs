@@ -7,17 +7,23 @@
 //! so that a stream sees its completions in CQ order.
 
 mod handover;
+#[cfg(test)]
+mod mem;
+mod port;
+#[cfg(test)]
+mod tests;
 
 use super::ipc::Owner;
 use super::liveness::{self, Action};
 use super::peeked::Peeked;
 use super::relay;
 use super::spin::Budget;
-use super::{Dev, Engine};
+use super::Dev;
 use crate::proto::{self, Failure, ReadError, Readiness, WrId, WriteError};
-use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
+use crate::rdma::{self, RemoteBuf, Wc};
 use crate::readiness::Doorbell;
 use libc::c_int;
+pub use port::{Buf, Port, QueuePair, Region};
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
@@ -25,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// wr_id bit: the protocol asked for this completion (the verbs layer may signal more).
-const PROTO_SIGNALED: u64 = 1 << 62;
+pub(crate) const PROTO_SIGNALED: u64 = 1 << 62;
 /// wr_id of receive WRs (their completions are told apart by the verbs layer's flag).
 const RECV_WR: u64 = 0;
 /// wr_id of a keepalive probe (a zero-length WRITE the protocol does not account).
@@ -33,11 +39,12 @@ const PROBE_WR: u64 = 1 << 61;
 
 pub use crate::proto::Want;
 
-/// An RDMA stream (see the module doc).
-pub struct Stream {
-    inner: Mutex<Inner>,
+/// An RDMA stream (see the module doc). `P` is where its completions come from: the RDMA
+/// device, or the in-memory port of the tests.
+pub struct Stream<P: Port = Dev> {
+    inner: Mutex<Inner<P>>,
     bell: Doorbell,
-    pub(super) dev: Arc<Dev>,
+    pub(super) dev: Arc<P>,
     /// The QP's number (a resume moves the stream to a new QP).
     qp_num: AtomicU32,
     pub token: u64,
@@ -95,14 +102,18 @@ pub(super) static WATCHED: AtomicUsize = AtomicUsize::new(0);
 /// Streams of this process with keepalive or a user timeout on (the helper then ticks).
 pub(super) static TIMED: AtomicUsize = AtomicUsize::new(0);
 
+/// Waits that found the stream ready only when their bounded sleep ran out: wake-ups
+/// that were lost (tests assert none).
+pub(super) static MISSED_WAKEUPS: AtomicU64 = AtomicU64::new(0);
+
 /// In [`Stream::calls`]: the program closed its last fd while a call was in progress.
 const CLOSE_DEFERRED: u32 = 1 << 31;
 
-pub(super) struct Inner {
-    pub(super) rc: Option<rdma::Conn>,
+pub(super) struct Inner<P: Port = Dev> {
+    pub(super) rc: Option<P::Qp>,
     pub(super) proto: proto::Conn,
-    ring: RegBuf,
-    send: RegBuf,
+    ring: Buf<P>,
+    send: Buf<P>,
     remote: RemoteBuf,
     recvs_owed: u32,
     /// What the doorbell's A shows (it lags the protocol while nobody looks; see `show`).
@@ -136,11 +147,11 @@ pub(super) struct Inner {
 }
 
 /// Everything a new stream is made of (built by `setup`).
-pub(super) struct Parts {
-    pub rc: rdma::Conn,
+pub(super) struct Parts<P: Port = Dev> {
+    pub rc: P::Qp,
     pub proto: proto::Conn,
-    pub ring: RegBuf,
-    pub send: RegBuf,
+    pub ring: Buf<P>,
+    pub send: Buf<P>,
     pub remote: RemoteBuf,
     pub local: SocketAddr,
     pub peer: SocketAddr,
@@ -152,13 +163,13 @@ pub(super) struct Parts {
     pub bell: Option<(Doorbell, Readiness)>,
 }
 
-impl Stream {
+impl<P: Port> Stream<P> {
     pub(super) fn new(
-        p: Parts,
-        dev: Arc<Dev>,
+        p: Parts<P>,
+        dev: Arc<P>,
         spin: Duration,
         owner: Owner,
-    ) -> std::io::Result<Arc<Stream>> {
+    ) -> std::io::Result<Arc<Stream<P>>> {
         let (bell, shown) = match p.bell {
             Some(b) => b,
             None => (
@@ -170,7 +181,10 @@ impl Stream {
             ),
         };
         let qp_num = AtomicU32::new(p.rc.qp_num());
-        let (ring_size, send_size) = (p.ring.len() as u32, p.send.len() as u32);
+        let (ring_size, send_size) = (
+            p.ring.as_slice().len() as u32,
+            p.send.as_slice().len() as u32,
+        );
         let s = Arc::new(Stream {
             inner: Mutex::new(Inner {
                 rc: Some(p.rc),
@@ -225,11 +239,11 @@ impl Stream {
         Ok(s)
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner<P>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut Inner<P>) -> R) -> R {
         f(&mut self.lock())
     }
 
@@ -316,7 +330,11 @@ impl Stream {
         }
         self.with(|inner| {
             let c = inner.proto.counters();
-            let Some(rc) = inner.rc.as_mut().filter(|_| !inner.proto.is_broken()) else {
+            let Some(rc) = inner
+                .rc
+                .as_mut()
+                .filter(|_| inner.proto.failure().is_none())
+            else {
                 return;
             };
             // Written and not known acknowledged — posted, or queued for want of credits (a
@@ -327,18 +345,7 @@ impl Stream {
                 Action::Probe => {
                     log::trace!("rdma stream {}: probe (in flight: {in_flight})", self.peer);
                     inner.probe_covers = c.tx_posted;
-                    // SAFETY: no SGEs; a zero-length write names no memory of the peer's.
-                    let r = unsafe {
-                        rc.post_write(
-                            PROBE_WR,
-                            &[],
-                            inner.remote.at(0),
-                            inner.remote.rkey,
-                            None,
-                            Signal::Yes,
-                        )
-                    };
-                    if let Err(e) = r {
+                    if let Err(e) = rc.post_probe(PROBE_WR, &inner.remote) {
                         log::info!("rdma stream {}: keepalive probe: {e}", self.peer);
                         inner.timers.probe_done();
                     }
@@ -457,8 +464,8 @@ impl Stream {
         // peer that moved once everything on it completed (its old owner tears it down).
         let expected_flush = wc.is_flush()
             && (inner.proto.is_finished() || inner.proto.ready_to_resume() || inner.moved);
+        rc.on_completion(wc);
         if wc.is_recv() {
-            rc.on_recv_completion(wc);
             if !wc.is_ok() {
                 if !expected_flush {
                     fail(inner, Failure::Reset, "receive failed", wc);
@@ -484,7 +491,6 @@ impl Stream {
                 log::info!("rdma stream: protocol error on qp {}", wc.qp_num());
             }
         } else {
-            rc.on_send_completion(wc);
             if !wc.is_ok() {
                 if expected_flush {
                     return;
@@ -519,12 +525,14 @@ impl Stream {
 
     /// Reposts owed receives, runs the relays, posts every write the protocol wants, and
     /// shows the new state on the doorbell. Call with `inner` locked after any change.
-    fn pump(&self, inner: &mut Inner) {
+    fn pump(&self, inner: &mut Inner<P>) {
         if inner.moved {
             return;
         }
         if let Some(rc) = inner.rc.as_mut() {
-            if inner.recvs_owed > 0 && !inner.proto.is_broken() {
+            // Receives stay posted after a protocol-level reset: the peer's writes still in
+            // flight must land (and be discarded), not stall its QP in RNR retries.
+            if inner.recvs_owed > 0 && inner.proto.failure().is_none() {
                 match rc.post_recvs(RECV_WR, inner.recvs_owed) {
                     Ok(()) => inner.recvs_owed = 0,
                     Err(e) => log::error!("rdma stream {}: reposting receives: {e}", self.peer),
@@ -570,9 +578,8 @@ impl Stream {
                         self.local,
                         self.peer
                     );
-                    match super::get() {
-                        Some(engine) => engine.schedule_resume(self.token, port),
-                        None => inner.proto.handle_failure(Failure::Reset),
+                    if !self.dev.peer_moving(self.token, port) {
+                        inner.proto.handle_failure(Failure::Reset);
                     }
                 }
             }
@@ -583,8 +590,8 @@ impl Stream {
 
     /// Whether completions must be handled while no program thread is in a call on this
     /// stream, and so the helper must listen for them (see `Dev::demand_up`).
-    fn update_demand(&self, inner: &mut Inner) {
-        let want = !inner.proto.is_broken()
+    fn update_demand(&self, inner: &mut Inner<P>) {
+        let want = inner.proto.failure().is_none()
             && inner.rc.is_some()
             && (self.shared.load(Relaxed)
                 || !inner.relays.is_empty()
@@ -618,10 +625,10 @@ impl Stream {
     }
 
     /// Posts every write the protocol wants.
-    fn post_all(&self, inner: &mut Inner) {
+    fn post_all(&self, inner: &mut Inner<P>) {
         let Some(rc) = inner.rc.as_mut() else { return };
         while let Some(w) = inner.proto.poll_write() {
-            if let Err(e) = post(rc, &inner.send, &inner.remote, &w) {
+            if let Err(e) = rc.post(&w, &inner.send, &inner.remote) {
                 log::warn!("rdma stream {}: post failed: {e}", self.peer);
                 // Sending is over; what has arrived is not: a transport failure fails writes
                 // but still returns the queued bytes (and end of stream) to reads — needed
@@ -677,7 +684,7 @@ impl Stream {
     }
 
     /// Moves the doorbell to match the protocol state (edges only).
-    fn show(&self, inner: &mut Inner) {
+    fn show(&self, inner: &mut Inner<P>) {
         if inner.moved {
             return; // the doorbell is the taker's
         }
@@ -753,7 +760,6 @@ impl Stream {
     /// O_NONBLOCK. Ok(0) is end of stream. Err is an errno.
     pub fn recv(
         &self,
-        engine: &'static Engine,
         bufs: &mut [IoSliceMut<'_>],
         flags: c_int,
         timeout: Option<Duration>,
@@ -772,19 +778,17 @@ impl Stream {
                 let mut g = self.lock();
                 let inner = &mut *g;
                 let mut rest = skip(bufs, done);
-                let r = if peek {
-                    let r = inner.proto.peek_vectored(inner.ring.as_slice(), &mut rest);
-                    if let Ok(n) = r {
+                let ring = &inner.ring;
+                let r = inner.proto.read_with(peek, |[a, b]| {
+                    proto::scatter([ring.range(a), ring.range(b)], &mut rest)
+                });
+                if let Ok(n) = r {
+                    if peek {
                         inner.peeked.after_peek(&mut rest, n);
-                    }
-                    r
-                } else {
-                    let r = inner.proto.read_vectored(inner.ring.as_slice(), &mut rest);
-                    if let Ok(n) = r {
+                    } else {
                         inner.peeked.after_read(&mut rest, n);
                     }
-                    r
-                };
+                }
                 match r {
                     Ok(0) => return Ok(done), // EOF
                     Ok(n) => {
@@ -816,12 +820,12 @@ impl Stream {
             }
             if nonblock {
                 // Nobody may have polled the CQ since the data arrived: look once, then retry.
-                if engine.progress(&self.dev) > 0 && self.ready(Want::Read) {
+                if self.dev.progress() > 0 && self.ready(Want::Read) {
                     continue;
                 }
                 return Err(libc::EAGAIN);
             }
-            if let Err(e) = self.wait(engine, Want::Read, deadline) {
+            if let Err(e) = self.wait(Want::Read, deadline) {
                 return if done > 0 { Ok(done) } else { Err(e) }; // EINTR, or SO_RCVTIMEO's EAGAIN
             }
         }
@@ -831,7 +835,6 @@ impl Stream {
     /// until everything is queued. Err is an errno (EPIPE: the caller raises SIGPIPE).
     pub fn send(
         &self,
-        engine: &'static Engine,
         bufs: &[IoSlice<'_>],
         flags: c_int,
         timeout: Option<Duration>,
@@ -861,7 +864,10 @@ impl Stream {
                     return Ok(0);
                 }
                 let rest = skip_const(bufs, done);
-                let r = inner.proto.write_vectored(inner.send.as_mut_slice(), &rest);
+                let send = &mut inner.send;
+                let r = inner.proto.write_with(want - done, |ranges, n| {
+                    proto::gather(&rest, send.ranges_mut(ranges), n);
+                });
                 match r {
                     Ok(n) => {
                         done += n;
@@ -884,7 +890,7 @@ impl Stream {
                 // free send-buffer space within microseconds): settle, bounded, so that a
                 // program told EAGAIN is not told writable right after for space that was
                 // merely in flight — kernel TCP's EAGAIN likewise means "full".
-                if self.settle(engine) && self.ready(Want::Write) {
+                if self.settle() && self.ready(Want::Write) {
                     continue;
                 }
                 return if done > 0 {
@@ -893,7 +899,7 @@ impl Stream {
                     Err(libc::EAGAIN)
                 };
             }
-            if let Err(e) = self.wait(engine, Want::Write, deadline) {
+            if let Err(e) = self.wait(Want::Write, deadline) {
                 return if done > 0 { Ok(done) } else { Err(e) };
             }
         }
@@ -959,13 +965,13 @@ impl Stream {
     /// poll-writable on their own: spins for the spin time (at least 2 ms), then naps, for at
     /// most 50 ms — RC completions come in microseconds on hardware, milliseconds under
     /// emulation. True if anything was processed.
-    fn settle(&self, engine: &'static Engine) -> bool {
+    fn settle(&self) -> bool {
         let start = Instant::now();
         let spin_until = start + self.spin.max(Duration::from_millis(2));
         let give_up = start + Duration::from_millis(50);
         let mut any = false;
         for i in 0u32.. {
-            any |= engine.progress(&self.dev) > 0;
+            any |= self.dev.progress() > 0;
             if !self.lock().proto.completions_could_wake_writer() {
                 return any;
             }
@@ -991,15 +997,10 @@ impl Stream {
 
     /// Blocks until `want` may proceed: polls the CQ for the stream's spin budget (see
     /// engine/spin.rs), then sleeps. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
-    fn wait(
-        &self,
-        engine: &'static Engine,
-        want: Want,
-        deadline: Option<Instant>,
-    ) -> Result<(), c_int> {
+    fn wait(&self, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
         let mut spin = self.budget.spin();
         loop {
-            engine.progress(&self.dev);
+            self.dev.progress();
             if self.ready(want) {
                 return Ok(());
             }
@@ -1009,20 +1010,15 @@ impl Stream {
             std::hint::spin_loop();
         }
         let slept_from = Instant::now();
-        let r = self.sleep(engine, want, deadline);
+        let r = self.sleep(want, deadline);
         self.budget.slept(slept_from.elapsed(), self.spin);
         r
     }
 
     /// The sleeping part of [`wait`](Self::wait): on the completion channel (our own
     /// completions wake us directly) and on A (everything else rings it).
-    fn sleep(
-        &self,
-        engine: &'static Engine,
-        want: Want,
-        deadline: Option<Instant>,
-    ) -> Result<(), c_int> {
-        engine.ensure_helper();
+    fn sleep(&self, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
+        self.dev.ensure_helper();
         let events = if want == Want::Read {
             libc::POLLIN
         } else {
@@ -1032,7 +1028,10 @@ impl Stream {
         // wakes a few times, not ten times a second.
         let mut bound = 100;
         loop {
-            engine.sleep_armed(&self.dev);
+            // Counted before arming: a thread that takes the event this arm raises re-arms
+            // for us while we sleep (the arm is the device's, one event for all sleepers).
+            let asleep = Asleep::new(&*self.dev);
+            let comp_fd = self.dev.arm();
             let mut ms = bound;
             bound = (bound * 2).min(MAX_SLEEP_MS);
             if let Some(d) = deadline {
@@ -1065,7 +1064,7 @@ impl Stream {
                     revents: 0,
                 },
                 libc::pollfd {
-                    fd: self.dev.dev.comp_fd(),
+                    fd: comp_fd,
                     events: libc::POLLIN,
                     revents: 0,
                 },
@@ -1073,17 +1072,23 @@ impl Stream {
             // SAFETY: two valid pollfds.
             let r = unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
             let e = crate::sys::raw::errno();
+            drop(asleep);
             self.lock().sleepers -= 1;
             if r < 0 && e == libc::EINTR && !crate::sys::raw::signals_restart() {
                 return Err(libc::EINTR); // a handler ran, as a blocked kernel recv would say
             }
             if p[1].revents & libc::POLLIN != 0 {
-                engine.on_cq_event(&self.dev, 1);
+                self.dev.woken();
             } else {
-                engine.progress(&self.dev);
+                self.dev.progress();
             }
             // Woken for what we wait for (the common case): no arming again for nothing.
             if self.ready(want) {
+                if r == 0 {
+                    // Ready, yet nothing woke us: a lost wake-up that only the bound saved.
+                    MISSED_WAKEUPS.fetch_add(1, Relaxed);
+                    log::debug!("rdma stream {}: woke by the bound, not an event", self.peer);
+                }
                 return Ok(());
             }
         }
@@ -1186,7 +1191,7 @@ fn read_liveness(fd: c_int) -> liveness::Settings {
 }
 
 /// Fails the stream's transport and logs the completion that said so.
-fn fail(inner: &mut Inner, f: Failure, what: &str, wc: &Wc) {
+fn fail<P: Port>(inner: &mut Inner<P>, f: Failure, what: &str, wc: &Wc) {
     if inner.proto.failure().is_none() {
         log::info!(
             "rdma stream: {what}: {} (qp {})",
@@ -1203,45 +1208,6 @@ fn read_errno(f: Failure) -> c_int {
         Failure::TimedOut => libc::ETIMEDOUT,
         Failure::Reset | Failure::PeerGone => libc::ECONNRESET,
     }
-}
-
-/// Posts one protocol write on the QP.
-fn post(
-    rc: &mut rdma::Conn,
-    send: &RegBuf,
-    remote: &RemoteBuf,
-    w: &proto::Write,
-) -> rdma::Result<()> {
-    let wr_id = w.wr_id.0 | if w.signaled { PROTO_SIGNALED } else { 0 };
-    let signal = if w.signaled {
-        Signal::Yes
-    } else {
-        Signal::Auto
-    };
-    let off = w.remote_offset as u64;
-    if w.len == 0 {
-        return match w.imm {
-            Some(imm) => rc.post_imm(wr_id, remote, imm, signal),
-            // A fence: a zero-length write that exists to be completed.
-            // SAFETY: no SGEs; remote address inside the peer's ring.
-            None => unsafe { rc.post_write(wr_id, &[], remote.at(off), remote.rkey, None, signal) },
-        };
-    }
-    let (start, len) = (w.local_offset as usize, w.len as usize);
-    if w.inline {
-        return rc.post_write_inline(
-            wr_id,
-            &send.as_slice()[start..start + len],
-            remote,
-            off,
-            w.imm,
-            signal,
-        );
-    }
-    let sge = send.sge(start, len);
-    // SAFETY: the SGE lies inside our registered send buffer, the remote range inside the
-    // peer's ring (the protocol checked both against its windows).
-    unsafe { rc.post_write(wr_id, &[sge], remote.at(off), remote.rkey, w.imm, signal) }
 }
 
 /// The part of `bufs` after the first `n` bytes.
@@ -1269,6 +1235,22 @@ fn skip_const<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
         n = 0;
     }
     out
+}
+
+/// A thread counted as sleeping on a port's completion channel (see [`Port::sleeping`]).
+struct Asleep<'a, P: Port>(&'a P);
+
+impl<'a, P: Port> Asleep<'a, P> {
+    fn new(port: &'a P) -> Self {
+        port.sleeping(true);
+        Asleep(port)
+    }
+}
+
+impl<P: Port> Drop for Asleep<'_, P> {
+    fn drop(&mut self) {
+        self.0.sleeping(false);
+    }
 }
 
 /// The longest a blocked call sleeps before it looks again by itself (see `Stream::sleep`).

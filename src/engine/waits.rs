@@ -99,16 +99,22 @@ pub unsafe fn sleep_with_channels(
     let r = loop {
         {
             let _g = crate::guard::enter();
+            // Counted before arming (see `Engine::rearm_if_listened`).
+            devs.iter().for_each(|d| d.sleeping(true));
             devs.iter().for_each(|d| e.sleep_armed(d));
         }
         if let Some(r) = probe() {
+            devs.iter().for_each(|d| d.sleeping(false));
             break r;
         }
         let ts = match deadline {
             None => None,
             Some(d) => match d.checked_duration_since(Instant::now()) {
                 Some(left) if !left.is_zero() => Some(timespec(left)),
-                _ => break 0,
+                _ => {
+                    devs.iter().for_each(|d| d.sleeping(false));
+                    break 0;
+                }
             },
         };
         set.iter_mut().for_each(|p| p.revents = 0);
@@ -121,6 +127,7 @@ pub unsafe fn sleep_with_channels(
                 .map_or(std::ptr::null(), |t| t as *const libc::timespec),
             mask,
         );
+        devs.iter().for_each(|d| d.sleeping(false));
         if n < 0 {
             break -1; // EINTR (poll and epoll are never restarted) or the program's error
         }

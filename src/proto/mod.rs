@@ -28,6 +28,7 @@ pub use conn::{
     Write,
 };
 pub use credits::CONTROL_RESERVE;
+pub use ring::{gather, scatter};
 pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint};
 
 /// Why an application write did not copy anything.

@@ -73,7 +73,7 @@ impl Ring {
 }
 
 /// Copies from the concatenation of `src` pieces into the `dst` slices; returns bytes copied.
-pub(crate) fn scatter(src: [&[u8]; 2], dst: &mut [IoSliceMut<'_>]) -> usize {
+pub fn scatter(src: [&[u8]; 2], dst: &mut [IoSliceMut<'_>]) -> usize {
     let mut copied = 0;
     let mut pieces = src.into_iter().filter(|s| !s.is_empty());
     let mut cur: &[u8] = pieces.next().unwrap_or(&[]);
@@ -90,6 +90,32 @@ pub(crate) fn scatter(src: [&[u8]; 2], dst: &mut [IoSliceMut<'_>]) -> usize {
             d[..n].copy_from_slice(&cur[..n]);
             d = &mut d[n..];
             cur = &cur[n..];
+            copied += n;
+        }
+    }
+    copied
+}
+
+/// Copies up to `limit` bytes from the `src` slices into `dst`'s pieces in order; returns
+/// bytes copied (a driver's copy into [`Conn::write_with`](super::Conn::write_with)'s ranges).
+pub fn gather(src: &[IoSlice<'_>], dst: [&mut [u8]; 2], limit: usize) -> usize {
+    let mut copied = 0;
+    let mut pieces = dst.into_iter().filter(|d| !d.is_empty());
+    let mut cur: &mut [u8] = pieces.next().unwrap_or_default();
+    for s in src {
+        let mut s: &[u8] = s;
+        while !s.is_empty() && copied < limit {
+            if cur.is_empty() {
+                match pieces.next() {
+                    Some(next) => cur = next,
+                    None => return copied,
+                }
+            }
+            let n = s.len().min(cur.len()).min(limit - copied);
+            let (head, tail) = std::mem::take(&mut cur).split_at_mut(n);
+            head.copy_from_slice(&s[..n]);
+            cur = tail;
+            s = &s[n..];
             copied += n;
         }
     }
@@ -151,6 +177,20 @@ mod tests {
         let mut dst = [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)];
         assert_eq!(scatter([b"ab", b"cde"], &mut dst), 5);
         assert_eq!((&x, &y), (b"abc", b"de\0\0"));
+    }
+
+    #[test]
+    fn gather_fills_both_pieces_in_order_up_to_the_limit() {
+        let (mut x, mut y) = ([0u8; 3], [0u8; 4]);
+        let src = [IoSlice::new(b"ab"), IoSlice::new(b"cdefg")];
+        assert_eq!(gather(&src, [&mut x, &mut y], 6), 6);
+        assert_eq!((&x, &y), (b"abc", b"def\0"));
+        let (mut x, mut y) = ([0u8; 2], [0u8; 0]);
+        assert_eq!(
+            gather(&src, [&mut x, &mut y], 9),
+            2,
+            "no room past the pieces"
+        );
     }
 
     #[test]

@@ -40,6 +40,31 @@ pub fn write_all(fd: c_int, mut buf: &[u8]) -> bool {
     ok
 }
 
+/// A new nonblocking, close-on-exec eventfd (-1 on failure).
+pub fn eventfd() -> c_int {
+    // SAFETY: no pointers.
+    unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }
+}
+
+/// Adds one to an eventfd (async-signal-safe). Errno is preserved.
+pub fn eventfd_add(fd: c_int) {
+    write_all(fd, &1u64.to_ne_bytes());
+}
+
+/// Takes an eventfd's count (0 if it was zero). Errno is preserved.
+pub fn eventfd_take(fd: c_int) -> u64 {
+    let saved = errno();
+    let mut v = [0u8; 8];
+    // SAFETY: 8-byte read into a local buffer.
+    let n = unsafe { libc::syscall(libc::SYS_read, fd as c_long, v.as_mut_ptr(), 8usize) };
+    set_errno(saved);
+    if n == 8 {
+        u64::from_ne_bytes(v)
+    } else {
+        0
+    }
+}
+
 /// `close(2)` straight to the kernel. Errno is preserved.
 pub fn close(fd: c_int) {
     let saved = errno();

@@ -33,6 +33,34 @@ impl Conn {
         Ok(n)
     }
 
+    /// The read primitive for a driver that must not view the whole ring (the peer's NIC
+    /// writes its free part meanwhile): `copy` gets the ring ranges of the readable bytes,
+    /// in stream order, and returns how many it took from their start (at least one); they
+    /// are consumed unless `peek`. `Ok(0)` is end of stream; errors as
+    /// [`read_vectored`](Self::read_vectored).
+    pub fn read_with(
+        &mut self,
+        peek: bool,
+        copy: impl FnOnce([Range<usize>; 2]) -> usize,
+    ) -> Result<usize, ReadError> {
+        if self.is_reset() {
+            return Err(ReadError::Reset);
+        }
+        let readable = self.readable();
+        if readable == 0 {
+            return if self.fin_received || self.read_shut {
+                Ok(0)
+            } else {
+                Err(ReadError::Blocked)
+            };
+        }
+        let n = copy(self.readable_ranges()).min(readable);
+        if !peek {
+            self.rx.consume(n as u64);
+        }
+        Ok(n)
+    }
+
     /// Like [`read`](Self::read) without consuming (MSG_PEEK).
     pub fn peek(&self, ring: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
         self.peek_vectored(ring, &mut [IoSliceMut::new(buf)])

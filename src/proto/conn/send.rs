@@ -34,24 +34,35 @@ impl Conn {
             self.send_ring.size() as usize,
             "send buffer size"
         );
+        let wanted: usize = bufs.iter().map(|b| b.len()).sum();
+        let (ring, pos) = (self.send_ring, self.tx_queued);
+        self.write_with(wanted, |_, n| {
+            gather_into(ring, send_buf, pos, bufs, n);
+        })
+    }
+
+    /// The write primitive for a driver that must not view the whole send buffer (the NIC
+    /// reads its in-flight part meanwhile): of `wanted` bytes, `n` fit; `copy(ranges, n)`
+    /// places them at the start of the free `ranges`, in stream order. Errors as
+    /// [`write_vectored`](Self::write_vectored).
+    pub fn write_with(
+        &mut self,
+        wanted: usize,
+        copy: impl FnOnce([Range<usize>; 2], usize),
+    ) -> Result<usize, WriteError> {
         if self.is_broken() {
             return Err(WriteError::Reset);
         }
         if self.write_shut {
             return Err(WriteError::Closed);
         }
-        let wanted: usize = bufs.iter().map(|b| b.len()).sum();
         if wanted == 0 {
             return Ok(0);
         }
-        let free = self.writable();
-        let n = gather_into(
-            self.send_ring,
-            send_buf,
-            self.tx_queued,
-            bufs,
-            wanted.min(free),
-        );
+        let n = wanted.min(self.writable());
+        if n > 0 {
+            copy(self.send_space(), n);
+        }
         self.tx_queued += n as u64;
         if n < wanted {
             // Space comes back only through completions: make sure one is coming.

@@ -1,0 +1,463 @@
+//! The in-memory port: two [`Stream`]s joined by a [`Wire`] that executes their work
+//! requests at once, by copying into the peer's ring, and queues the completions an RC QP
+//! would produce. It lets the real stream code — reads, writes, waits, the doorbell,
+//! teardown — run in `cargo test` (stream/tests.rs).
+//!
+//! What it models: writes land in order and complete before their immediate is received;
+//! a WRITE_WITH_IMM consumes one posted receive (none posted: a fault, which an RC QP
+//! would retry); only signaled writes complete; a disconnect flushes what is posted and
+//! tells the peer; a QP that is gone fails the peer's next write (retries exceeded). A CQ
+//! arm is one-shot and rings an eventfd, as the completion channel does.
+
+use super::{Parts, Port, QueuePair, Region, Stream};
+use crate::engine::ipc::Owner;
+use crate::proto::{self, Config, Hello, HelloKind};
+use crate::rdma::{self, RemoteBuf, Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
+use crate::readiness::Doorbell;
+use libc::c_int;
+use rdma_sys::{ibv_wc_opcode, ibv_wc_status};
+use std::alloc::Layout;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+/// Plain heap memory standing in for a registered buffer (stable address, zeroed).
+pub struct HeapBuf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: owns its allocation; shared views only through &self.
+unsafe impl Send for HeapBuf {}
+// SAFETY: as above.
+unsafe impl Sync for HeapBuf {}
+
+impl HeapBuf {
+    fn new(len: usize) -> HeapBuf {
+        let layout = Layout::from_size_align(len.max(1), 64).expect("layout");
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory");
+        HeapBuf { ptr, layout }
+    }
+}
+
+impl Region for HeapBuf {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+impl Drop for HeapBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// One end's share of the wire.
+struct End {
+    cq: VecDeque<Wc>,
+    recvs: u32,
+    /// Where writes into this end land: its ring's address and length.
+    ring: (usize, usize),
+    /// Its QP was destroyed: the peer's next write fails.
+    gone: bool,
+    /// Its QP is in the error state (it disconnected): later posts flush.
+    error: bool,
+    /// The peer disconnected and this end's stream has not been told yet.
+    tell_disconnect: bool,
+    armed: bool,
+    wake: c_int,
+}
+
+impl End {
+    fn push(&mut self, wc: Wc) {
+        self.cq.push_back(wc);
+        if std::mem::take(&mut self.armed) {
+            crate::sys::raw::eventfd_add(self.wake);
+        }
+    }
+}
+
+/// The two ends' queues, under one lock (a post touches both).
+pub struct Wire {
+    ends: Mutex<[End; 2]>,
+    /// Every RNR (a write with immediate and no receive posted): the protocol must never
+    /// cause one.
+    rnr: AtomicUsize,
+}
+
+impl Wire {
+    fn lock(&self) -> std::sync::MutexGuard<'_, [End; 2]> {
+        self.ends.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn wc(qp: usize, wr_id: u64, status: u32, opcode: u32, imm: Option<u32>) -> Wc {
+    // SAFETY: ibv_wc is plain data; all-zero is valid.
+    let mut w: rdma_sys::ibv_wc = unsafe { std::mem::zeroed() };
+    w.wr_id = wr_id;
+    w.status = status;
+    w.opcode = opcode;
+    w.qp_num = qp_num(qp);
+    if let Some(imm) = imm {
+        w.wc_flags = rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+    }
+    Wc(w)
+}
+
+fn qp_num(side: usize) -> u32 {
+    100 + side as u32
+}
+
+/// One end's queue pair.
+pub struct MemQp {
+    wire: Arc<Wire>,
+    side: usize,
+    drained: bool,
+}
+
+impl MemQp {
+    fn fail_post(&mut self, e: &mut [End; 2], wr_id: u64, status: u32) {
+        e[self.side].error = true;
+        e[self.side].push(wc(self.side, wr_id, status, 0, None));
+    }
+
+    /// Executes one write: `data` into the peer's ring at `off`, then `imm`.
+    fn execute(&mut self, wr_id: u64, data: &[u8], off: u64, imm: Option<u32>, signaled: bool) {
+        let wire = self.wire.clone();
+        let mut e = wire.lock();
+        let (me, peer) = (self.side, 1 - self.side);
+        if e[me].error {
+            e[me].push(wc(me, wr_id, ibv_wc_status::IBV_WC_WR_FLUSH_ERR, 0, None));
+            return;
+        }
+        if e[peer].gone || e[peer].error {
+            return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+        }
+        let (addr, len) = e[peer].ring;
+        if off as usize + data.len() > len {
+            return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+        }
+        // SAFETY: inside the peer's live ring (bounds checked; `gone` is set before its
+        // memory is freed, under this lock).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (addr + off as usize) as *mut u8,
+                data.len(),
+            )
+        };
+        if let Some(imm) = imm {
+            if e[peer].recvs == 0 {
+                wire.rnr.fetch_add(1, SeqCst);
+                return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR);
+            }
+            e[peer].recvs -= 1;
+            let opcode = ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+            e[peer].push(wc(
+                peer,
+                RECV_FLAG,
+                ibv_wc_status::IBV_WC_SUCCESS,
+                opcode,
+                Some(imm),
+            ));
+        }
+        if signaled {
+            let opcode = ibv_wc_opcode::IBV_WC_RDMA_WRITE;
+            e[me].push(wc(me, wr_id, ibv_wc_status::IBV_WC_SUCCESS, opcode, None));
+        }
+    }
+}
+
+impl QueuePair for MemQp {
+    type Buf = HeapBuf;
+
+    fn qp_num(&self) -> u32 {
+        qp_num(self.side)
+    }
+
+    fn post(&mut self, w: &proto::Write, send: &HeapBuf, _: &RemoteBuf) -> rdma::Result<()> {
+        let wr_id = w.wr_id.0 | if w.signaled { super::PROTO_SIGNALED } else { 0 };
+        let (start, len) = (w.local_offset as usize, w.len as usize);
+        let data = send.range(start..start + len);
+        self.execute(wr_id, data, u64::from(w.remote_offset), w.imm, w.signaled);
+        Ok(())
+    }
+
+    fn post_probe(&mut self, wr_id: u64, _: &RemoteBuf) -> rdma::Result<()> {
+        self.execute(wr_id, &[], 0, None, true);
+        Ok(())
+    }
+
+    fn post_recvs(&mut self, _: u64, n: u32) -> rdma::Result<()> {
+        self.wire.lock()[self.side].recvs += n;
+        Ok(())
+    }
+
+    fn on_completion(&mut self, wc: &Wc) {
+        if !wc.is_recv() && wc.wr_id() == DRAIN_SEND_WR_ID {
+            self.drained = true;
+        }
+    }
+
+    fn set_disconnected(&mut self) {}
+
+    fn disconnect(&mut self) -> rdma::Result<()> {
+        let mut e = self.wire.lock();
+        let (me, peer) = (self.side, 1 - self.side);
+        if !e[me].error {
+            e[me].error = true;
+            e[peer].tell_disconnect = true;
+            if std::mem::take(&mut e[peer].armed) {
+                crate::sys::raw::eventfd_add(e[peer].wake);
+            }
+        }
+        // Posted receives flush.
+        for _ in 0..std::mem::take(&mut e[me].recvs) {
+            e[me].push(wc(
+                me,
+                RECV_FLAG,
+                ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+                0,
+                None,
+            ));
+        }
+        Ok(())
+    }
+
+    fn start_drain(&mut self) -> rdma::Result<()> {
+        let mut e = self.wire.lock();
+        let me = self.side;
+        e[me].push(wc(
+            me,
+            DRAIN_SEND_WR_ID,
+            ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+            0,
+            None,
+        ));
+        Ok(())
+    }
+
+    fn is_drained(&self) -> bool {
+        self.drained
+    }
+}
+
+impl Drop for MemQp {
+    fn drop(&mut self) {
+        let mut e = self.wire.lock();
+        e[self.side].gone = true;
+        e[1 - self.side].tell_disconnect = true;
+    }
+}
+
+/// One end's port: its CQ on the wire, polled for its one stream.
+pub struct MemPort {
+    wire: Arc<Wire>,
+    side: usize,
+    stream: OnceLock<Weak<Stream<MemPort>>>,
+    poll: Mutex<()>,
+    /// Streams that asked for the helper (`Port::demand_up`).
+    demand: AtomicUsize,
+    /// Threads sleeping on the wake fd (`Port::sleeping`).
+    sleepers: AtomicUsize,
+}
+
+impl MemPort {
+    fn stream(&self) -> Option<Arc<Stream<MemPort>>> {
+        self.stream.get().and_then(Weak::upgrade)
+    }
+}
+
+impl MemPort {
+    /// Writes into this end that found no receive posted (an RC QP would stall in RNR
+    /// retries): the protocol promises none.
+    pub fn rnr(&self) -> usize {
+        self.wire.rnr.load(SeqCst)
+    }
+
+    /// The peer's host vanishes: its QP stops answering, and no disconnect is heard.
+    pub fn vanish_peer(&self) {
+        self.wire.lock()[1 - self.side].gone = true;
+    }
+}
+
+impl Port for MemPort {
+    type Qp = MemQp;
+
+    fn progress(&self) -> usize {
+        let Ok(_g) = self.poll.try_lock() else {
+            return 0;
+        };
+        let Some(s) = self.stream() else { return 0 };
+        let mut n = 0;
+        loop {
+            let (next, tell) = {
+                let mut e = self.wire.lock();
+                let me = &mut e[self.side];
+                (me.cq.pop_front(), std::mem::take(&mut me.tell_disconnect))
+            };
+            if tell {
+                s.on_disconnected();
+                n += 1;
+            }
+            match next {
+                Some(wc) => s.on_completion(&wc),
+                None => return n,
+            }
+            n += 1;
+        }
+    }
+
+    fn arm(&self) -> c_int {
+        let mut e = self.wire.lock();
+        let me = &mut e[self.side];
+        me.armed = true;
+        if !me.cq.is_empty() || me.tell_disconnect {
+            me.armed = false;
+            crate::sys::raw::eventfd_add(me.wake);
+        }
+        me.wake
+    }
+
+    fn woken(&self) {
+        let wake = self.wire.lock()[self.side].wake;
+        crate::sys::raw::eventfd_take(wake);
+        self.progress();
+        if self.sleepers.load(SeqCst) > 0 {
+            self.arm();
+        }
+    }
+
+    fn sleeping(&self, on: bool) {
+        if on {
+            self.sleepers.fetch_add(1, SeqCst);
+        } else {
+            self.sleepers.fetch_sub(1, SeqCst);
+        }
+    }
+
+    fn demand_up(&self) {
+        self.demand.fetch_add(1, SeqCst);
+    }
+
+    fn demand_down(&self) {
+        self.demand.fetch_sub(1, SeqCst);
+    }
+
+    fn ensure_helper(&self) {}
+
+    fn peer_moving(&self, _: u64, _: u16) -> bool {
+        false
+    }
+}
+
+impl Drop for MemPort {
+    fn drop(&mut self) {
+        crate::sys::raw::close(self.wire.lock()[self.side].wake);
+    }
+}
+
+/// Two connected streams, `a` (the connecting end) and `b`, with `config`'s sizes.
+pub fn pair(config: &Config) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
+    pair_with(config, Duration::from_micros(50))
+}
+
+/// As [`pair`], with `spin` as `RSOCK_SPIN_US`.
+pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
+    let end = || End {
+        cq: VecDeque::new(),
+        recvs: 0,
+        ring: (0, 0),
+        gone: false,
+        error: false,
+        tell_disconnect: false,
+        armed: false,
+        wake: crate::sys::raw::eventfd(),
+    };
+    let wire = Arc::new(Wire {
+        ends: Mutex::new([end(), end()]),
+        rnr: AtomicUsize::new(0),
+    });
+    let hello = |kind| config.hello(kind, 0, 0, 7);
+    // Both rings exist before either stream can post.
+    let mut rings = [0, 1].map(|side| {
+        let ring = HeapBuf::new(config.ring_size as usize);
+        wire.lock()[side].ring = (ring.ptr as usize, config.ring_size as usize);
+        Some(ring)
+    });
+    let mut make = |side: usize, peer_hello: Hello| {
+        let ring = rings[side].take().expect("ring");
+        let mut qp = MemQp {
+            wire: wire.clone(),
+            side,
+            drained: false,
+        };
+        qp.post_recvs(0, config.recv_credits).expect("receives");
+        let opts_fd = crate::sys::unix::stream_pair().expect("options fd");
+        crate::sys::raw::close(opts_fd.1);
+        let parts = Parts {
+            rc: qp,
+            proto: proto::Conn::new(config, &peer_hello).expect("config"),
+            ring,
+            send: HeapBuf::new(config.send_buf_size as usize),
+            remote: RemoteBuf {
+                addr: 0,
+                rkey: 0,
+                len: u64::from(peer_hello.ring_size),
+            },
+            local: "10.0.0.1:1".parse().expect("addr"),
+            peer: "10.0.0.2:2".parse().expect("addr"),
+            opts_fd: opts_fd.0,
+            token: side as u64 + 1,
+            conn_id: 7,
+            bell: None::<(Doorbell, proto::Readiness)>,
+        };
+        let port = Arc::new(MemPort {
+            wire: wire.clone(),
+            side,
+            stream: OnceLock::new(),
+            poll: Mutex::new(()),
+            demand: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+        });
+        let owner = Owner {
+            pid: crate::sys::raw::pid(),
+            nonce: 1,
+        };
+        let s = Stream::new(parts, port.clone(), spin, owner).expect("stream");
+        port.stream.set(Arc::downgrade(&s)).ok();
+        s
+    };
+    let a = make(0, hello(HelloKind::Accept));
+    let b = make(1, hello(HelloKind::Connect));
+    helper([Arc::downgrade(&a.dev), Arc::downgrade(&b.dev)]);
+    (a, b)
+}
+
+/// The engine's helper thread, as the pair needs it: handles the completions of a stream
+/// that asked for it (`Port::demand_up`: output waiting for the peer's credits) while no
+/// program thread waits on it. Polls instead of sleeping on events; ends with the pair.
+fn helper(ports: [Weak<MemPort>; 2]) {
+    std::thread::spawn(move || loop {
+        let mut alive = false;
+        for p in ports.iter().filter_map(Weak::upgrade) {
+            alive = true;
+            if p.demand.load(SeqCst) > 0 {
+                p.progress();
+            }
+        }
+        if !alive {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    });
+}

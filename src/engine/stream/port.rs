@@ -1,0 +1,255 @@
+//! The seam under [`Stream`](super::Stream): what a stream needs of its queue pair
+//! ([`QueuePair`]) and of whoever polls its completions and lets its waiters sleep
+//! ([`Port`]). The RDMA device through the engine is one implementation; the in-memory one
+//! (`stream/mem.rs`) runs the same stream code in `cargo test`, without a device.
+
+use super::PROTO_SIGNALED;
+use crate::engine::{Dev, Engine};
+use crate::proto;
+use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
+use libc::c_int;
+use std::ops::Range;
+
+/// Memory a stream's ring or send buffer lives in (registered with the device, or plain).
+/// Its bytes are not Rust's alone: the peer's NIC writes a ring's free part and the local
+/// NIC reads a send buffer's in-flight part at any time, so the stream looks only at the
+/// ranges the protocol hands out ([`range`](Self::range), [`range_mut`](Self::range_mut)).
+pub trait Region: Send + Sync {
+    /// Start of the memory (a raw pointer: the NIC shares it).
+    fn as_ptr(&self) -> *mut u8;
+    /// Size in bytes.
+    fn len(&self) -> usize;
+
+    /// Whether it is empty (never, for a ring or send buffer).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes of `r` (panics outside the region).
+    fn range(&self, r: Range<usize>) -> &[u8] {
+        assert!(
+            r.start <= r.end && r.end <= self.len(),
+            "range outside the region"
+        );
+        // SAFETY: inside the allocation (checked); the protocol gave out `r` as complete
+        // (a ring's received bytes) or as ours (a send buffer's free part).
+        unsafe { std::slice::from_raw_parts(self.as_ptr().add(r.start), r.len()) }
+    }
+
+    /// The bytes of `r`, mutably (panics outside the region).
+    fn range_mut(&mut self, r: Range<usize>) -> &mut [u8] {
+        assert!(
+            r.start <= r.end && r.end <= self.len(),
+            "range outside the region"
+        );
+        // SAFETY: as `range`; `&mut self` excludes other views made through this region.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr().add(r.start), r.len()) }
+    }
+
+    /// Two disjoint ranges of it, mutably (the protocol's free space, which may wrap).
+    fn ranges_mut(&mut self, [a, b]: [Range<usize>; 2]) -> [&mut [u8]; 2] {
+        let len = self.len();
+        let inside = |r: &Range<usize>| r.start <= r.end && r.end <= len;
+        assert!(inside(&a) && inside(&b), "range outside the region");
+        let disjoint = a.is_empty() || b.is_empty() || a.end <= b.start || b.end <= a.start;
+        assert!(disjoint, "overlapping ranges");
+        let p = self.as_ptr();
+        // SAFETY: both inside the allocation and disjoint (checked); `&mut self` excludes
+        // other views made through this region.
+        unsafe {
+            [
+                std::slice::from_raw_parts_mut(p.add(a.start), a.len()),
+                std::slice::from_raw_parts_mut(p.add(b.start), b.len()),
+            ]
+        }
+    }
+
+    /// The whole memory. Only for a region no NIC touches now (a hand-over's export).
+    fn as_slice(&self) -> &[u8] {
+        self.range(0..self.len())
+    }
+
+    /// The whole memory, mutably (as [`as_slice`](Self::as_slice)).
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.len();
+        self.range_mut(0..len)
+    }
+}
+
+impl Region for RegBuf {
+    fn as_ptr(&self) -> *mut u8 {
+        RegBuf::as_ptr(self)
+    }
+
+    fn len(&self) -> usize {
+        RegBuf::len(self)
+    }
+}
+
+/// The memory type of port `P`'s streams.
+pub type Buf<P> = <<P as Port>::Qp as QueuePair>::Buf;
+
+/// The work requests a stream posts, and the bookkeeping of their completions.
+pub trait QueuePair: Send {
+    /// The memory its writes are sent from and land in.
+    type Buf: Region;
+    /// The QP number its completions carry.
+    fn qp_num(&self) -> u32;
+    /// Posts one protocol write: its payload from `send`, into the peer's ring `remote`.
+    fn post(&mut self, w: &proto::Write, send: &Self::Buf, remote: &RemoteBuf) -> rdma::Result<()>;
+    /// A zero-length signaled WRITE with `wr_id` (a keepalive probe, unknown to the protocol).
+    fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()>;
+    /// Posts `n` receives for the peer's immediates.
+    fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()>;
+    /// Accounts one completion of this QP (either queue).
+    fn on_completion(&mut self, wc: &Wc);
+    /// The peer disconnected (the connection manager said so).
+    fn set_disconnected(&mut self);
+    /// Starts the disconnect (the QP goes to the error state; what is posted flushes).
+    fn disconnect(&mut self) -> rdma::Result<()>;
+    /// After [`disconnect`](Self::disconnect): asks for the marker that ends the flush.
+    fn start_drain(&mut self) -> rdma::Result<()>;
+    /// No completion of this QP can follow.
+    fn is_drained(&self) -> bool;
+}
+
+/// Where a stream's completions come from and how its waiters sleep.
+pub trait Port: Send + Sync + Sized + 'static {
+    /// The queue pairs of this port's streams.
+    type Qp: QueuePair;
+    /// Handles the completions waiting now (each reaches its stream's `on_completion`);
+    /// how many. 0 also when another thread is polling.
+    fn progress(&self) -> usize;
+    /// Arms for the next completion and polls once more (one that landed before the arm
+    /// raises no event); returns the fd that becomes readable when the next one arrives.
+    fn arm(&self) -> c_int;
+    /// The fd from [`arm`](Self::arm) was readable: take its event and handle completions;
+    /// then arm again if other threads still sleep on it (the event was the one report of
+    /// an arm they count on).
+    fn woken(&self);
+    /// A thread starts (`true`) or stops sleeping on the fd from [`arm`](Self::arm); counted
+    /// from before its arm until before it takes an event.
+    fn sleeping(&self, on: bool);
+    /// A stream needs its completions handled while no program thread waits on it.
+    fn demand_up(&self);
+    /// ... and no longer does.
+    fn demand_down(&self);
+    /// A program thread is about to sleep: whatever rings doorbells for it must be running.
+    fn ensure_helper(&self);
+    /// The peer of stream `token` moves to a taker listening on `port`: resume there.
+    /// False if that cannot be arranged (the stream is then reset).
+    fn peer_moving(&self, token: u64, port: u16) -> bool;
+}
+
+fn engine() -> Option<&'static Engine> {
+    crate::engine::get()
+}
+
+impl Port for Dev {
+    type Qp = rdma::Conn;
+
+    fn progress(&self) -> usize {
+        engine().map_or(0, |e| e.progress(self))
+    }
+
+    fn arm(&self) -> c_int {
+        if let Some(e) = engine() {
+            e.sleep_armed(self);
+        }
+        self.dev.comp_fd()
+    }
+
+    fn woken(&self) {
+        if let Some(e) = engine() {
+            e.on_cq_event(self, 1);
+        }
+    }
+
+    fn sleeping(&self, on: bool) {
+        Dev::sleeping(self, on);
+    }
+
+    fn demand_up(&self) {
+        Dev::demand_up(self);
+    }
+
+    fn demand_down(&self) {
+        Dev::demand_down(self);
+    }
+
+    fn ensure_helper(&self) {
+        if let Some(e) = engine() {
+            e.ensure_helper();
+        }
+    }
+
+    fn peer_moving(&self, token: u64, port: u16) -> bool {
+        engine().map(|e| e.schedule_resume(token, port)).is_some()
+    }
+}
+
+impl QueuePair for rdma::Conn {
+    type Buf = RegBuf;
+
+    fn qp_num(&self) -> u32 {
+        rdma::Conn::qp_num(self)
+    }
+
+    fn post(&mut self, w: &proto::Write, send: &RegBuf, remote: &RemoteBuf) -> rdma::Result<()> {
+        let wr_id = w.wr_id.0 | if w.signaled { PROTO_SIGNALED } else { 0 };
+        let signal = if w.signaled {
+            Signal::Yes
+        } else {
+            Signal::Auto
+        };
+        let off = u64::from(w.remote_offset);
+        if w.len == 0 {
+            return match w.imm {
+                Some(imm) => self.post_imm(wr_id, remote, imm, signal),
+                // A fence: a zero-length write that exists to be completed.
+                // SAFETY: no SGEs; remote address inside the peer's ring.
+                None => unsafe {
+                    self.post_write(wr_id, &[], remote.at(off), remote.rkey, None, signal)
+                },
+            };
+        }
+        let (start, len) = (w.local_offset as usize, w.len as usize);
+        if w.inline {
+            let data = send.range(start..start + len);
+            return self.post_write_inline(wr_id, data, remote, off, w.imm, signal);
+        }
+        let sge = send.sge(start, len);
+        // SAFETY: the SGE lies inside our registered send buffer, the remote range inside
+        // the peer's ring (the protocol checked both against its windows).
+        unsafe { self.post_write(wr_id, &[sge], remote.at(off), remote.rkey, w.imm, signal) }
+    }
+
+    fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {
+        // SAFETY: no SGEs; a zero-length write names no memory of the peer's.
+        unsafe { self.post_write(wr_id, &[], remote.at(0), remote.rkey, None, Signal::Yes) }
+    }
+
+    fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()> {
+        rdma::Conn::post_recvs(self, wr_id, n)
+    }
+
+    fn on_completion(&mut self, wc: &Wc) {
+        rdma::Conn::on_completion(self, wc);
+    }
+
+    fn set_disconnected(&mut self) {
+        rdma::Conn::set_disconnected(self);
+    }
+
+    fn disconnect(&mut self) -> rdma::Result<()> {
+        rdma::Conn::disconnect(self)
+    }
+
+    fn start_drain(&mut self) -> rdma::Result<()> {
+        rdma::Conn::start_drain(self)
+    }
+
+    fn is_drained(&self) -> bool {
+        rdma::Conn::is_drained(self)
+    }
+}
