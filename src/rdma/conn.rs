@@ -6,8 +6,10 @@
 //!
 //! Signaling is selective: an unsignaled WRITE produces no completion on success, so its
 //! send-queue slot is freed by the next signaled one (RC completes in order). `post_*`
-//! force a signaled WR at least every `max_send_wr / 2` WRs and on the last free slot,
-//! so the send queue can never fill up with slots nobody will free.
+//! force a signaled WR at least every `max_send_wr / 2` WRs and on the last free slot
+//! ([`Signal::Auto`]), so the send queue can never fill up with slots nobody will free —
+//! unless the caller owns signalling ([`Signal::No`]: the stream protocol), when this only
+//! counts slots.
 //!
 //! wr_ids: callers use values below [`DRAIN_SEND_WR_ID`]; receive WRs are posted with
 //! [`RECV_FLAG`] added, which [`Wc::wr_id`] strips and [`Wc::is_recv`] reports.
@@ -73,6 +75,9 @@ pub enum Signal {
     Yes,
     /// Unsignaled unless the queue accounting needs a signal here
     Auto,
+    /// Unsignaled: the caller decides signalling and promises a later signaled WR (the
+    /// stream protocol, which owns it: proto's `Write::signaled`)
+    No,
 }
 
 /// An RC connection (see the module doc); `Send`, not `Sync`
@@ -132,6 +137,9 @@ impl SqAccount {
 
     /// Whether the next WR must be signaled: asked for, a run long enough, or the last slot
     fn want_signal(&self, s: Signal) -> bool {
+        if s == Signal::No {
+            return false;
+        }
         s == Signal::Yes
             || self.unsignaled_run + 1 >= self.signal_every
             || self.used + 1 >= self.depth
@@ -717,5 +725,13 @@ mod tests {
         sq.posted(true);
         assert_eq!(sq.room(), 1);
         assert!(sq.want_signal(Signal::Auto));
+        // A caller that owns signalling gets exactly what it asked for, and its slots are
+        // still counted: a signaled WR frees the unsignaled run before it.
+        assert!(!sq.want_signal(Signal::No));
+        sq.posted(false);
+        assert_eq!(sq.room(), 0);
+        sq.completed();
+        sq.completed();
+        assert_eq!(sq.room(), 4, "the unsignaled tail waits for a later signaled WR");
     }
 }

@@ -197,11 +197,9 @@ impl QueuePair for rdma::Conn {
 
     fn post(&mut self, w: &proto::Write, send: &RegBuf, remote: &RemoteBuf) -> rdma::Result<()> {
         let wr_id = w.wr_id.0 | if w.signaled { PROTO_SIGNALED } else { 0 };
-        let signal = if w.signaled {
-            Signal::Yes
-        } else {
-            Signal::Auto
-        };
+        // Signalling is proto's alone (it counts the send queue and signals before it
+        // fills); the verbs layer adds none.
+        let signal = if w.signaled { Signal::Yes } else { Signal::No };
         let off = u64::from(w.remote_offset);
         if w.len == 0 {
             return match w.imm {
