@@ -11,6 +11,8 @@ mod handover;
 mod mem;
 mod port;
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
 
 use super::ipc::Owner;

@@ -732,6 +732,10 @@ mod tests {
         assert_eq!(sq.room(), 0);
         sq.completed();
         sq.completed();
-        assert_eq!(sq.room(), 4, "the unsignaled tail waits for a later signaled WR");
+        assert_eq!(
+            sq.room(),
+            4,
+            "the unsignaled tail waits for a later signaled WR"
+        );
     }
 }
