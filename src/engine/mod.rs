@@ -135,7 +135,9 @@ fn linger_zero(opts_fd: c_int) -> bool {
 /// sees its completions in order).
 pub struct Dev {
     pub(crate) dev: Arc<Device>,
-    poll: Mutex<()>,
+    /// Held while polling; it holds the completions buffer (not zeroed on every poll: a
+    /// busy waiter polls in a tight loop).
+    poll: Mutex<Box<[Wc; POLL_BATCH]>>,
     /// Streams on this device that need their completions handled while no program thread
     /// is in a call on them (see [`Dev::demand_up`]).
     demand: AtomicUsize,
@@ -237,7 +239,7 @@ pub struct Engine {
     cfg: &'static Config,
     /// Events of every connected (or accepting) id.
     ch: Arc<EventChannel>,
-    streams_by_qp: Mutex<HashMap<u32, Arc<Stream>>>,
+    streams_by_qp: Mutex<QpMap<Arc<Stream>>>,
     streams_by_token: Mutex<HashMap<u64, Arc<Stream>>>,
     listeners: Mutex<HashMap<u64, Arc<Listener>>>,
     devices: Mutex<Vec<Arc<Dev>>>,
@@ -255,7 +257,7 @@ pub struct Engine {
     leaving: Mutex<Vec<(u64, std::time::Instant)>>,
     /// Completions of QPs whose stream is not registered yet (a take-over or resume builds
     /// the QP first), kept in CQ order for it.
-    early: Mutex<HashMap<u32, Vec<Wc>>>,
+    early: Mutex<QpMap<Vec<Wc>>>,
     epfd: c_int,
     wake_fd: c_int,
     /// `_exit` asks the helper to drain (see [`drain_at_exit_from_any_context`]) ...
@@ -475,6 +477,33 @@ pub fn after_fork_child() {
 }
 
 // Epoll tags of the helper thread: kind in the top byte, index or token below.
+/// A map keyed by QP number, looked up for every completion. QP numbers are distinct
+/// integers the local device hands out (no peer chooses them): a multiply hashes them well
+/// enough, where the default SipHash costs more than the rest of a completion's dispatch.
+type QpMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<QpHasher>>;
+
+#[derive(Default)]
+struct QpHasher(u64);
+
+impl std::hash::Hasher for QpHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.0 = u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Completions taken from a CQ per poll.
+const POLL_BATCH: usize = 32;
+
 const TAG_WAKE: u64 = 0;
 const TAG_CM: u64 = 1 << 56;
 const TAG_DEV: u64 = 2 << 56;
@@ -515,7 +544,7 @@ impl Engine {
             ipc_fd,
             cfg: Config::get(),
             ch,
-            streams_by_qp: Mutex::new(HashMap::new()),
+            streams_by_qp: Mutex::new(QpMap::default()),
             streams_by_token: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),
             devices: Mutex::new(Vec::new()),
@@ -526,7 +555,7 @@ impl Engine {
             resume_cv: std::sync::Condvar::new(),
             mover: Once::new(),
             leaving: Mutex::new(Vec::new()),
-            early: Mutex::new(HashMap::new()),
+            early: Mutex::new(QpMap::default()),
             epfd,
             wake_fd,
             exit_asked: AtomicBool::new(false),
@@ -604,7 +633,8 @@ impl Engine {
         let tag = TAG_DEV | devs.len() as u64;
         let d = Arc::new(Dev {
             dev: dev.clone(),
-            poll: Mutex::new(()),
+            // SAFETY: ibv_wc is plain data; all-zero is valid.
+            poll: Mutex::new(Box::new(unsafe { std::mem::zeroed() })),
             demand: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             listening: AtomicBool::new(true),
@@ -671,10 +701,8 @@ impl Engine {
         while self.poll_locked(d, lock(&d.poll)) > 0 {}
     }
 
-    fn poll_locked(&self, d: &Dev, _g: MutexGuard<'_, ()>) -> usize {
-        // SAFETY: ibv_wc is plain data; all-zero is valid.
-        let mut wcs: [Wc; 32] = unsafe { std::mem::zeroed() };
-        let n = match d.dev.poll(&mut wcs) {
+    fn poll_locked(&self, d: &Dev, mut wcs: MutexGuard<'_, Box<[Wc; POLL_BATCH]>>) -> usize {
+        let n = match d.dev.poll(&mut wcs[..]) {
             Ok(n) => n,
             Err(e) => {
                 // A CQ that cannot be polled is lost, with every QP posting to it.

@@ -779,18 +779,18 @@ impl<P: Port> Stream<P> {
             {
                 let mut g = self.lock();
                 let inner = &mut *g;
-                let mut rest = skip(bufs, done);
-                let ring = &inner.ring;
-                let r = inner.proto.read_with(peek, |[a, b]| {
-                    proto::scatter([ring.range(a), ring.range(b)], &mut rest)
-                });
-                if let Ok(n) = r {
-                    if peek {
-                        inner.peeked.after_peek(&mut rest, n);
-                    } else {
-                        inner.peeked.after_read(&mut rest, n);
+                let (proto, ring, peeked) = (&mut inner.proto, &inner.ring, &mut inner.peeked);
+                let r = after(bufs, done, |rest| {
+                    let r = proto.read_with(peek, |[a, b]| {
+                        proto::scatter([ring.range(a), ring.range(b)], rest)
+                    });
+                    match r {
+                        Ok(n) if peek => peeked.after_peek(rest, n),
+                        Ok(n) => peeked.after_read(rest, n),
+                        Err(_) => {}
                     }
-                }
+                    r
+                });
                 match r {
                     Ok(0) => return Ok(done), // EOF
                     Ok(n) => {
@@ -865,10 +865,16 @@ impl<P: Port> Stream<P> {
                 if want == 0 {
                     return Ok(0);
                 }
-                let rest = skip_const(bufs, done);
+                let owned;
+                let rest = if done == 0 {
+                    bufs
+                } else {
+                    owned = skip_const(bufs, done);
+                    &owned
+                };
                 let send = &mut inner.send;
                 let r = inner.proto.write_with(want - done, |ranges, n| {
-                    proto::gather(&rest, send.ranges_mut(ranges), n);
+                    proto::gather(rest, send.ranges_mut(ranges), n);
                 });
                 match r {
                     Ok(n) => {
@@ -1209,6 +1215,20 @@ fn read_errno(f: Failure) -> c_int {
     match f {
         Failure::TimedOut => libc::ETIMEDOUT,
         Failure::Reset | Failure::PeerGone => libc::ECONNRESET,
+    }
+}
+
+/// Calls `f` with the part of `bufs` after the first `done` bytes (allocating only when
+/// `done` > 0: a MSG_WAITALL read that goes on).
+fn after<R>(
+    bufs: &mut [IoSliceMut<'_>],
+    done: usize,
+    f: impl FnOnce(&mut [IoSliceMut<'_>]) -> R,
+) -> R {
+    if done == 0 {
+        f(bufs)
+    } else {
+        f(&mut skip(bufs, done))
     }
 }
 
