@@ -5,18 +5,28 @@
 //! the CQ (which locks other streams) or while sleeping; completions reach a stream through
 //! [`Stream::on_completion`], called by whoever polls its device's CQ, one at a time per device
 //! so that a stream sees its completions in CQ order.
+//!
+//! Here: the stream, its completions and pump, the doorbell, the program's calls, teardown.
+//! Beside it: `port.rs` (the seam: what a stream needs of its QP and of whoever polls its
+//! completions), `wait.rs` (spinning and sleeping), `options.rs` (timeouts, keepalive),
+//! `handover.rs` (moving between processes), `mem.rs`, `tests.rs`, `props.rs` (the
+//! in-memory port and the in-process tests).
 
 mod handover;
 #[cfg(test)]
 mod mem;
+mod options;
 mod port;
 #[cfg(test)]
 mod props;
 #[cfg(test)]
 mod tests;
+mod wait;
+#[cfg(test)]
+use wait::MISSED_WAKEUPS;
 
 use super::ipc::Owner;
-use super::liveness::{self, Action};
+use super::liveness;
 use super::peeked::Peeked;
 use super::relay;
 use super::spin::Budget;
@@ -103,10 +113,6 @@ pub(super) static WATCHED: AtomicUsize = AtomicUsize::new(0);
 
 /// Streams of this process with keepalive or a user timeout on (the helper then ticks).
 pub(super) static TIMED: AtomicUsize = AtomicUsize::new(0);
-
-/// Waits that found the stream ready only when their bounded sleep ran out: wake-ups
-/// that were lost (tests assert none).
-pub(super) static MISSED_WAKEUPS: AtomicU64 = AtomicU64::new(0);
 
 /// In [`Stream::calls`]: the program closed its last fd while a call was in progress.
 const CLOSE_DEFERRED: u32 = 1 << 31;
@@ -281,131 +287,6 @@ impl<P: Port> Stream<P> {
     /// Records the program's `O_NONBLOCK` (from fcntl/ioctl hooks and at install time).
     pub fn set_nonblocking(&self, on: bool) {
         self.nonblocking.store(on, Relaxed);
-    }
-
-    /// Re-reads SO_RCVTIMEO/SO_SNDTIMEO from the options socket (after a setsockopt).
-    /// Mirrors the options the driver honours from `opts_fd` (after the program set one):
-    /// SO_RCVTIMEO/SO_SNDTIMEO, keepalive and the user timeout.
-    pub fn load_options(&self) {
-        self.load_timeouts();
-        let live = read_liveness(self.opts_fd);
-        log::debug!("rdma stream {}: liveness {live:?}", self.peer);
-        self.with(|inner| inner.live = live);
-        if live.any() != self.timed.swap(live.any(), AcqRel) {
-            if live.any() {
-                TIMED.fetch_add(1, AcqRel);
-            } else {
-                TIMED.fetch_sub(1, AcqRel);
-            }
-        }
-    }
-
-    /// An accepted stream takes the listener's keepalive and user timeout, as a socket
-    /// accepted by the kernel does (two reads when the listener set neither).
-    pub fn inherit_options(&self, listener_fd: c_int) {
-        let get = |level, name| sockopt_int(listener_fd, level, name);
-        if get(libc::SOL_SOCKET, libc::SO_KEEPALIVE) == 0
-            && get(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) == 0
-        {
-            return;
-        }
-        for (level, name) in LIVENESS_OPTIONS {
-            let v = get(level, name) as c_int;
-            // SAFETY: an int option from a valid buffer.
-            unsafe {
-                crate::sys::real::setsockopt(
-                    self.opts_fd,
-                    level,
-                    name,
-                    (&v as *const c_int).cast(),
-                    std::mem::size_of::<c_int>() as libc::socklen_t,
-                )
-            };
-        }
-        self.load_options();
-    }
-
-    /// Helper, a few times a second while [`TIMED`]: keepalive probes and timeouts.
-    pub(super) fn tick(&self, now: Instant) {
-        if !self.timed.load(Acquire) {
-            return;
-        }
-        self.with(|inner| {
-            let c = inner.proto.counters();
-            let Some(rc) = inner
-                .rc
-                .as_mut()
-                .filter(|_| inner.proto.failure().is_none())
-            else {
-                return;
-            };
-            // Written and not known acknowledged — posted, or queued for want of credits (a
-            // peer that stopped reading, as TCP's zero window): both await the peer.
-            let in_flight = c.tx_queued > c.tx_acked.max(inner.confirmed);
-            match inner.timers.decide(&inner.live, now, in_flight) {
-                Action::Wait => {}
-                Action::Probe => {
-                    log::trace!("rdma stream {}: probe (in flight: {in_flight})", self.peer);
-                    inner.probe_covers = c.tx_posted;
-                    if let Err(e) = rc.post_probe(PROBE_WR, &inner.remote) {
-                        log::info!("rdma stream {}: keepalive probe: {e}", self.peer);
-                        inner.timers.probe_done();
-                    }
-                }
-                Action::TimedOut => {
-                    log::info!(
-                        "rdma stream {} -> {}: peer silent past keepalive/user timeout: ETIMEDOUT",
-                        self.local,
-                        self.peer
-                    );
-                    inner.proto.handle_failure(Failure::TimedOut);
-                    self.show(inner);
-                }
-            }
-        });
-    }
-
-    fn load_timeouts(&self) {
-        for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO]
-            .into_iter()
-            .enumerate()
-        {
-            let mut tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            };
-            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-            // SAFETY: valid out-buffer of len bytes.
-            let r = unsafe {
-                crate::sys::real::getsockopt(
-                    self.opts_fd,
-                    libc::SOL_SOCKET,
-                    name,
-                    (&mut tv as *mut libc::timeval).cast(),
-                    &mut len,
-                )
-            };
-            let us = if r == 0 {
-                tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64
-            } else {
-                0
-            };
-            self.timeouts_us[i].store(us, Relaxed);
-        }
-    }
-
-    /// SO_RCVTIMEO, if set.
-    pub fn rcv_timeout(&self) -> Option<Duration> {
-        Some(self.timeouts_us[0].load(Relaxed))
-            .filter(|&u| u > 0)
-            .map(Duration::from_micros)
-    }
-
-    /// SO_SNDTIMEO, if set.
-    pub fn snd_timeout(&self) -> Option<Duration> {
-        Some(self.timeouts_us[1].load(Relaxed))
-            .filter(|&u| u > 0)
-            .map(Duration::from_micros)
     }
 
     /// A program call (recv, send, ...) starts on this stream.
@@ -969,139 +850,6 @@ impl<P: Port> Stream<P> {
         inner.rc.is_none() || inner.proto.flushed()
     }
 
-    /// Polls the CQ until the writes still in flight could no longer make this stream
-    /// poll-writable on their own: spins for the spin time (at least 2 ms), then naps, for at
-    /// most 50 ms — RC completions come in microseconds on hardware, milliseconds under
-    /// emulation. True if anything was processed.
-    fn settle(&self) -> bool {
-        let start = Instant::now();
-        let spin_until = start + self.spin.max(Duration::from_millis(2));
-        let give_up = start + Duration::from_millis(50);
-        let mut any = false;
-        for i in 0u32.. {
-            any |= self.dev.progress() > 0;
-            if !self.lock().proto.completions_could_wake_writer() {
-                return any;
-            }
-            if i % 8 == 7 {
-                let now = Instant::now();
-                if now >= give_up {
-                    return any;
-                }
-                if now >= spin_until {
-                    std::thread::sleep(Duration::from_micros(50));
-                    continue;
-                }
-            }
-            std::hint::spin_loop();
-        }
-        any
-    }
-
-    /// Whether `want` can proceed without blocking.
-    fn ready(&self, want: Want) -> bool {
-        self.lock().proto.ready(want)
-    }
-
-    /// Blocks until `want` may proceed: polls the CQ for the stream's spin budget (see
-    /// engine/spin.rs), then sleeps. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
-    fn wait(&self, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
-        let mut spin = self.budget.spin();
-        loop {
-            self.dev.progress();
-            if self.ready(want) {
-                return Ok(());
-            }
-            if !spin.go_on() {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        let slept_from = Instant::now();
-        let r = self.sleep(want, deadline);
-        self.budget.slept(slept_from.elapsed(), self.spin);
-        r
-    }
-
-    /// The sleeping part of [`wait`](Self::wait): on the completion channel (our own
-    /// completions wake us directly) and on A (everything else rings it).
-    fn sleep(&self, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
-        self.dev.ensure_helper();
-        let events = if want == Want::Read {
-            libc::POLLIN
-        } else {
-            libc::POLLOUT
-        };
-        // Bounded sleeps, in case a wake-up is ever missed; doubling, so that an idle waiter
-        // wakes a few times, not ten times a second.
-        let mut bound = 100;
-        loop {
-            // Counted before arming: a thread that takes the event this arm raises re-arms
-            // for us while we sleep (the arm is the device's, one event for all sleepers).
-            let asleep = Asleep::new(&*self.dev);
-            let comp_fd = self.dev.arm();
-            let mut ms = bound;
-            bound = (bound * 2).min(MAX_SLEEP_MS);
-            if let Some(d) = deadline {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return if self.ready(want) {
-                        Ok(())
-                    } else {
-                        Err(libc::EAGAIN)
-                    };
-                }
-                ms = ms.min(left.as_millis().max(1) as c_int);
-            }
-            {
-                let mut g = self.lock();
-                if g.proto.ready(want) {
-                    return Ok(());
-                }
-                // From here until we wake, A must follow the stream: a completion another
-                // thread handles rings it (ours wake us through the channel directly).
-                g.sleepers += 1;
-                self.show(&mut g);
-            }
-            // Sleep on our doorbell and on the device's completion channel: a completion wakes
-            // this thread directly rather than through the helper thread and the doorbell.
-            let mut p = [
-                libc::pollfd {
-                    fd: self.bell.app_fd(),
-                    events,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: comp_fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two valid pollfds.
-            let r = unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
-            let e = crate::sys::raw::errno();
-            drop(asleep);
-            self.lock().sleepers -= 1;
-            if r < 0 && e == libc::EINTR && !crate::sys::raw::signals_restart() {
-                return Err(libc::EINTR); // a handler ran, as a blocked kernel recv would say
-            }
-            if p[1].revents & libc::POLLIN != 0 {
-                self.dev.woken();
-            } else {
-                self.dev.progress();
-            }
-            // Woken for what we wait for (the common case): no arming again for nothing.
-            if self.ready(want) {
-                if r == 0 {
-                    // Ready, yet nothing woke us: a lost wake-up that only the bound saved.
-                    MISSED_WAKEUPS.fetch_add(1, Relaxed);
-                    log::debug!("rdma stream {}: woke by the bound, not an event", self.peer);
-                }
-                return Ok(());
-            }
-        }
-    }
-
     // ---- teardown (driven by the engine) ---------------------------------------------------
 
     /// Advances a closed stream's teardown; true once its QP and memory can be dropped.
@@ -1156,45 +904,6 @@ impl<P: Port> Stream<P> {
             // A moved stream's options fd still answers for the program's fds of it.
             crate::sys::raw::close(self.opts_fd);
         }
-    }
-}
-
-/// The options [`liveness`] follows, in the order of [`liveness::Settings`]'s fields.
-const LIVENESS_OPTIONS: [(c_int, c_int); 5] = [
-    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
-    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
-];
-
-/// An int socket option of a kernel socket (0 if it cannot be read).
-fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> u32 {
-    let mut v: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: valid out-buffer of len bytes.
-    let r = unsafe {
-        crate::sys::real::getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut len)
-    };
-    if r == 0 {
-        v.max(0) as u32
-    } else {
-        0
-    }
-}
-
-/// Keepalive and user timeout of a kernel socket (its effective values: the system's
-/// defaults where the program set none).
-fn read_liveness(fd: c_int) -> liveness::Settings {
-    let [keepalive, idle, intvl, cnt, user_ms] =
-        LIVENESS_OPTIONS.map(|(level, name)| sockopt_int(fd, level, name));
-    let secs = |n: u32| Duration::from_secs(u64::from(n));
-    liveness::Settings {
-        keepalive: keepalive != 0,
-        idle: secs(idle),
-        intvl: secs(intvl),
-        cnt,
-        user_timeout: Duration::from_millis(u64::from(user_ms)),
     }
 }
 
@@ -1258,22 +967,3 @@ fn skip_const<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
     }
     out
 }
-
-/// A thread counted as sleeping on a port's completion channel (see [`Port::sleeping`]).
-struct Asleep<'a, P: Port>(&'a P);
-
-impl<'a, P: Port> Asleep<'a, P> {
-    fn new(port: &'a P) -> Self {
-        port.sleeping(true);
-        Asleep(port)
-    }
-}
-
-impl<P: Port> Drop for Asleep<'_, P> {
-    fn drop(&mut self) {
-        self.0.sleeping(false);
-    }
-}
-
-/// The longest a blocked call sleeps before it looks again by itself (see `Stream::sleep`).
-const MAX_SLEEP_MS: c_int = 1600;

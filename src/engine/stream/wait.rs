@@ -1,0 +1,166 @@
+//! How a program call waits on a stream: it polls the CQ for its adaptive spin budget
+//! (engine/spin.rs), then sleeps on the completion channel and the doorbell's A together
+//! (docs/DESIGN.md, "Waiting").
+
+use super::{Port, Stream, Want};
+use libc::c_int;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::time::{Duration, Instant};
+
+/// Waits that found the stream ready only when their bounded sleep ran out: wake-ups
+/// that were lost (tests assert none).
+pub(super) static MISSED_WAKEUPS: AtomicU64 = AtomicU64::new(0);
+
+impl<P: Port> Stream<P> {
+    /// Polls the CQ until the writes still in flight could no longer make this stream
+    /// poll-writable on their own: spins for the spin time (at least 2 ms), then naps, for at
+    /// most 50 ms — RC completions come in microseconds on hardware, milliseconds under
+    /// emulation. True if anything was processed.
+    pub(super) fn settle(&self) -> bool {
+        let start = Instant::now();
+        let spin_until = start + self.spin.max(Duration::from_millis(2));
+        let give_up = start + Duration::from_millis(50);
+        let mut any = false;
+        for i in 0u32.. {
+            any |= self.dev.progress() > 0;
+            if !self.lock().proto.completions_could_wake_writer() {
+                return any;
+            }
+            if i % 8 == 7 {
+                let now = Instant::now();
+                if now >= give_up {
+                    return any;
+                }
+                if now >= spin_until {
+                    std::thread::sleep(Duration::from_micros(50));
+                    continue;
+                }
+            }
+            std::hint::spin_loop();
+        }
+        any
+    }
+
+    /// Whether `want` can proceed without blocking.
+    pub(super) fn ready(&self, want: Want) -> bool {
+        self.lock().proto.ready(want)
+    }
+
+    /// Blocks until `want` may proceed: polls the CQ for the stream's spin budget (see
+    /// engine/spin.rs), then sleeps. EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO).
+    pub(super) fn wait(&self, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
+        let mut spin = self.budget.spin();
+        loop {
+            self.dev.progress();
+            if self.ready(want) {
+                return Ok(());
+            }
+            if !spin.go_on() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let slept_from = Instant::now();
+        let r = self.sleep(want, deadline);
+        self.budget.slept(slept_from.elapsed(), self.spin);
+        r
+    }
+
+    /// The sleeping part of [`wait`](Self::wait): on the completion channel (our own
+    /// completions wake us directly) and on A (everything else rings it).
+    fn sleep(&self, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
+        self.dev.ensure_helper();
+        let events = if want == Want::Read {
+            libc::POLLIN
+        } else {
+            libc::POLLOUT
+        };
+        // Bounded sleeps, in case a wake-up is ever missed; doubling, so that an idle waiter
+        // wakes a few times, not ten times a second.
+        let mut bound = 100;
+        loop {
+            // Counted before arming: a thread that takes the event this arm raises re-arms
+            // for us while we sleep (the arm is the device's, one event for all sleepers).
+            let asleep = Asleep::new(&*self.dev);
+            let comp_fd = self.dev.arm();
+            let mut ms = bound;
+            bound = (bound * 2).min(MAX_SLEEP_MS);
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return if self.ready(want) {
+                        Ok(())
+                    } else {
+                        Err(libc::EAGAIN)
+                    };
+                }
+                ms = ms.min(left.as_millis().max(1) as c_int);
+            }
+            {
+                let mut g = self.lock();
+                if g.proto.ready(want) {
+                    return Ok(());
+                }
+                // From here until we wake, A must follow the stream: a completion another
+                // thread handles rings it (ours wake us through the channel directly).
+                g.sleepers += 1;
+                self.show(&mut g);
+            }
+            // Sleep on our doorbell and on the device's completion channel: a completion wakes
+            // this thread directly rather than through the helper thread and the doorbell.
+            let mut p = [
+                libc::pollfd {
+                    fd: self.bell.app_fd(),
+                    events,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: comp_fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds.
+            let r = unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
+            let e = crate::sys::raw::errno();
+            drop(asleep);
+            self.lock().sleepers -= 1;
+            if r < 0 && e == libc::EINTR && !crate::sys::raw::signals_restart() {
+                return Err(libc::EINTR); // a handler ran, as a blocked kernel recv would say
+            }
+            if p[1].revents & libc::POLLIN != 0 {
+                self.dev.woken();
+            } else {
+                self.dev.progress();
+            }
+            // Woken for what we wait for (the common case): no arming again for nothing.
+            if self.ready(want) {
+                if r == 0 {
+                    // Ready, yet nothing woke us: a lost wake-up that only the bound saved.
+                    MISSED_WAKEUPS.fetch_add(1, Relaxed);
+                    log::debug!("rdma stream {}: woke by the bound, not an event", self.peer);
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A thread counted as sleeping on a port's completion channel (see [`Port::sleeping`]).
+struct Asleep<'a, P: Port>(&'a P);
+
+impl<'a, P: Port> Asleep<'a, P> {
+    fn new(port: &'a P) -> Self {
+        port.sleeping(true);
+        Asleep(port)
+    }
+}
+
+impl<P: Port> Drop for Asleep<'_, P> {
+    fn drop(&mut self) {
+        self.0.sleeping(false);
+    }
+}
+
+/// The longest a blocked call sleeps before it looks again by itself (see `Stream::sleep`).
+const MAX_SLEEP_MS: c_int = 1600;
