@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x01";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x02";
 
 /// Which transport carries a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +123,11 @@ pub struct Counters {
     pub rx: [AtomicU64; PATHS],
     /// Fallbacks to TCP, by [`Fallback`].
     pub fallback: [AtomicU64; REASONS],
+    /// Blocking calls on RDMA streams that slept (their polling ended without an answer).
+    pub slept: AtomicU64,
+    /// Of those, sleeps that found the stream ready only when their bound ran out: lost
+    /// wake-ups (none expected; see docs/DESIGN.md, "One source of truth, and a seam").
+    pub woke_late: AtomicU64,
 }
 
 /// Start of the region.
@@ -331,6 +336,17 @@ impl SlotHandle {
         }
         // SAFETY: idx < nslots and slots follow the header in the mapping.
         Some(unsafe { &*(h as *const Header).add(1).cast::<ConnSlot>().add(idx) })
+    }
+}
+
+/// Counts a blocking call's sleep on an RDMA stream, and whether it woke late (see
+/// [`Counters::woke_late`]).
+pub fn count_sleep(woke_late: bool) {
+    if let Some(h) = region() {
+        h.counters.slept.fetch_add(1, Relaxed);
+        if woke_late {
+            h.counters.woke_late.fetch_add(1, Relaxed);
+        }
     }
 }
 

@@ -25,6 +25,10 @@ pub struct Snapshot {
     pub rx: [u64; PATHS],
     /// Fallbacks by reason.
     pub fallback: [u64; REASONS],
+    /// Blocking calls on RDMA streams that slept, and those that woke late.
+    pub slept: u64,
+    /// See [`Counters::woke_late`](super::Counters::woke_late).
+    pub woke_late: u64,
     /// Live connections with a slot.
     pub sockets: Vec<ConnSnapshot>,
 }
@@ -76,6 +80,8 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         tx: load(&h.counters.tx).try_into().ok()?,
         rx: load(&h.counters.rx).try_into().ok()?,
         fallback: load(&h.counters.fallback).try_into().ok()?,
+        slept: h.counters.slept.load(Relaxed),
+        woke_late: h.counters.woke_late.load(Relaxed),
         sockets: Vec::new(),
     };
     // SAFETY: the length check above covers nslots slots after the header.
@@ -205,7 +211,7 @@ impl Snapshot {
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"sockets\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"sockets\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -213,6 +219,8 @@ impl Snapshot {
             by_path(&self.tx),
             by_path(&self.rx),
             reasons.join(","),
+            self.slept,
+            self.woke_late,
             socks.join(",")
         )
     }

@@ -605,6 +605,74 @@ cell_many_conns() {
     expect_qps_released 90
 }
 
+# Many threads blocked at once on one device (issue #10): a threaded echo server and a
+# client with 8 threads, 300 round trips each, every wait sleeping (RSOCK_SPIN_US=0). One CQ
+# arm raises one event for every thread sleeping on the device's completion channel; the
+# thread that takes it must re-arm for the others. Before it did, a sleeper whose message
+# came later woke only when its bounded sleep ran out — counted in the shim's
+# waits.woke_late, which must stay 0; waits.slept shows the threads did sleep.
+THREAD_SRV='import socket, socketserver, sys, threading
+n = int(sys.argv[3]); done = []
+class H(socketserver.BaseRequestHandler):
+    def handle(self):
+        while True:
+            d = self.request.recv(65536)
+            if not d:
+                break
+            self.request.sendall(d)
+        done.append(1)
+        if len(done) == n:
+            threading.Thread(target=srv.shutdown).start()
+class S(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = 64
+srv = S((sys.argv[1], int(sys.argv[2])), H)
+srv.serve_forever()
+print("served %d" % len(done))'
+THREAD_CLI='import socket, sys, threading
+addr, port, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+bad = []
+def run(i):
+    s = socket.create_connection((addr, port))
+    for r in range(rounds):
+        m = b"%03d:%05d;" % (i, r) * 7
+        s.sendall(m)
+        got = b""
+        while len(got) < len(m):
+            k = s.recv(len(m) - len(got))
+            if not k:
+                break
+            got += k
+        if got != m:
+            bad.append((i, r))
+            break
+    s.close()
+ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print("ok %d threads x %d round trips" % (n, rounds) if not bad else "bad %r" % bad[:3])
+sys.exit(1 if bad else 0)'
+
+cell_threads_sleeping() {
+    local n=8 rounds=300
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" env RSOCK_SPIN_US=0 python3 -c "$THREAD_SRV" "$A" "$PORT" $n
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" env RSOCK_SPIN_US=0 python3 -c "$THREAD_CLI" "$A" "$PORT" $n $rounds
+    expect_status cli 0
+    expect_status srv 0
+    grep -q "^ok $n threads" cli.out || fail "client: $(tail -n1 cli.out)"
+    soft rdma_end $((n * rounds * 70)) $((2 * n))
+    for side in cli srv; do
+        soft expect_rdma $side $n 'nproc==1' 'waits.slept > 0' 'waits.woke_late==0'
+    done
+    echo "# waits: cli $(json_get stats.cli.json 'j["waits"]' 2>/dev/null) srv $(json_get stats.srv.json 'j["waits"]' 2>/dev/null)"
+    expect_qps_released
+}
+
 # ---- 8. foreign rdma_cm listener ------------------------------------------------------------------
 
 # rping (persistent server) listens on rdma_cm port PORT, a plain socat on TCP port PORT.
@@ -708,7 +776,7 @@ CELLS=(
     epoll_modes socket_edges
     kill_receiver kill_sender
     exit_after_close exit_after_shutdown exit_without_close
-    many_conns
+    many_conns threads_sleeping
     foreign_listener
     idle_cpu
 )

@@ -265,6 +265,12 @@ pub fn print_human(s: &Snapshot) {
     if !reasons.is_empty() {
         println!("  fallbacks: {reasons}");
     }
+    if s.slept > 0 {
+        println!(
+            "  blocking calls slept {} times ({} woke late)",
+            s.slept, s.woke_late
+        );
+    }
     for c in &s.sockets {
         let why = c
             .reason

@@ -130,6 +130,11 @@ pub trait Port: Send + Sync + Sized + 'static {
     /// A thread starts (`true`) or stops sleeping on the fd from [`arm`](Self::arm); counted
     /// from before its arm until before it takes an event.
     fn sleeping(&self, on: bool);
+    /// A blocking call slept; `woke_late`: it found the stream ready only when its bounded
+    /// sleep ran out (a lost wake-up). For the process's counters.
+    fn count_sleep(&self, woke_late: bool) {
+        let _ = woke_late;
+    }
     /// A stream needs its completions handled while no program thread waits on it.
     fn demand_up(&self);
     /// ... and no longer does.
@@ -167,6 +172,10 @@ impl Port for Dev {
 
     fn sleeping(&self, on: bool) {
         Dev::sleeping(self, on);
+    }
+
+    fn count_sleep(&self, woke_late: bool) {
+        crate::stats::count_sleep(woke_late);
     }
 
     fn demand_up(&self) {

@@ -61,14 +61,17 @@ impl<P: Port> Stream<P> {
             std::hint::spin_loop();
         }
         let slept_from = Instant::now();
-        let r = self.sleep(want, deadline);
+        let mut late = false;
+        let r = self.sleep(want, deadline, &mut late);
         self.budget.slept(slept_from.elapsed(), self.spin);
+        self.dev.count_sleep(late);
         r
     }
 
     /// The sleeping part of [`wait`](Self::wait): on the completion channel (our own
     /// completions wake us directly) and on A (everything else rings it).
-    fn sleep(&self, want: Want, deadline: Option<Instant>) -> Result<(), c_int> {
+    /// `late` is set if it found the stream ready only when its bounded sleep ran out.
+    fn sleep(&self, want: Want, deadline: Option<Instant>, late: &mut bool) -> Result<(), c_int> {
         self.dev.ensure_helper();
         let events = if want == Want::Read {
             libc::POLLIN
@@ -137,6 +140,7 @@ impl<P: Port> Stream<P> {
             if self.ready(want) {
                 if r == 0 {
                     // Ready, yet nothing woke us: a lost wake-up that only the bound saved.
+                    *late = true;
                     MISSED_WAKEUPS.fetch_add(1, Relaxed);
                     log::debug!("rdma stream {}: woke by the bound, not an event", self.peer);
                 }
