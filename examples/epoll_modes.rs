@@ -43,6 +43,9 @@ fn cvt(rc: c_int, what: &str) -> io::Result<c_int> {
     }
 }
 
+/// Waits made so far (see `Ep::wait`).
+static WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn mask_names(ev: u32) -> String {
     let bits: [(u32, &str); 6] = [
         (libc::EPOLLIN as u32, "IN"),
@@ -91,11 +94,21 @@ impl Ep {
         )?;
         Ok(())
     }
-    /// Waits once; returns a description "n=N MASK" (MASK of the first event).
+    /// Waits once; returns a description "n=N MASK" (MASK of the first event). Every other
+    /// wait goes through `epoll_pwait2` (a timespec timeout), so that both calls are covered.
     fn wait(&self, ms: c_int) -> io::Result<String> {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let pwait2 = WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1;
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::from(ms / 1000),
+            tv_nsec: libc::c_long::from(ms % 1000) * 1_000_000,
+        };
         let n = loop {
-            let n = unsafe { libc::epoll_wait(self.0, evs.as_mut_ptr(), 4, ms) };
+            let n = if pwait2 {
+                unsafe { libc::epoll_pwait2(self.0, evs.as_mut_ptr(), 4, &ts, std::ptr::null()) }
+            } else {
+                unsafe { libc::epoll_wait(self.0, evs.as_mut_ptr(), 4, ms) }
+            };
             if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }

@@ -988,3 +988,32 @@ pub unsafe fn epoll_pwait(
         || real::epoll_pwait(epfd, ev, max, timeout, mask),
     )
 }
+
+/// `epoll_pwait2` (glibc 2.35+): `epoll_pwait` with a timespec timeout (null: no limit).
+#[inline]
+pub unsafe fn epoll_pwait2(
+    epfd: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    if !engine::active() {
+        return real::epoll_pwait2(epfd, ev, max, ts, mask);
+    }
+    let zero = timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    if is_zero_ts(ts) {
+        waits::before_nonblocking_wait();
+        return real::epoll_pwait2(epfd, ev, max, &zero, mask);
+    }
+    waits::sleep_with_channels(
+        &[epoll_pollfd(epfd)],
+        ts_ms(ts),
+        mask,
+        || probe(real::epoll_pwait2(epfd, ev, max, &zero, mask)),
+        || real::epoll_pwait2(epfd, ev, max, ts, mask),
+    )
+}

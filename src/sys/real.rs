@@ -130,6 +130,7 @@ macro_rules! with_hooked_functions {
             fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
             fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
             fn epoll_pwait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+            fn epoll_pwait2(epfd: c_int, ev: *mut epoll_event, max: c_int, ts: *const timespec, mask: *const sigset_t) -> c_int;
             fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t;
             fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
             fn fork() -> pid_t;
