@@ -127,11 +127,17 @@ fn recv_rdma(st: &Stream, bufs: Option<&mut [IoSliceMut<'_>]>, flags: c_int) -> 
         return fail(libc::EFAULT);
     };
     if engine::get().is_none() {
+        log::debug!("recv: the stream's engine is not this process's: ECONNRESET");
         return fail(libc::ECONNRESET); // a stream of another process's engine
     }
     match st.recv(bufs, flags, st.rcv_timeout()) {
         Ok(n) => n as ssize_t,
-        Err(e) => fail(e),
+        Err(e) => {
+            if e != libc::EAGAIN {
+                log::debug!("recv from {}: errno {e} ({})", st.peer, st.describe());
+            }
+            fail(e)
+        }
     }
 }
 

@@ -328,6 +328,19 @@ impl<P: Port> Stream<P> {
         (c.tx_queued - c.tx_acked) as usize
     }
 
+    /// The protocol's state and failure, for logs.
+    pub fn describe(&self) -> String {
+        let inner = self.lock();
+        let p = &inner.proto;
+        format!(
+            "state {:?}, failure {:?}, error {:?}, {:?}",
+            p.state(),
+            p.failure(),
+            p.error(),
+            p.counters()
+        )
+    }
+
     /// Protocol counters (for `TCP_INFO`).
     pub fn counters(&self) -> proto::Counters {
         self.lock().proto.counters()
@@ -633,6 +646,12 @@ impl<P: Port> Stream<P> {
             rc.set_disconnected();
         }
         // Queued bytes stay readable; then reads fail like a reset TCP connection's.
+        log::debug!(
+            "rdma stream {} -> {}: peer disconnected (state {:?})",
+            self.local,
+            self.peer,
+            inner.proto.state()
+        );
         inner.proto.handle_disconnect();
         self.show(inner);
     }

@@ -606,7 +606,10 @@ cell_many_conns() {
 }
 
 # Many threads blocked at once on one device (issue #10): a threaded echo server and a
-# client with 8 threads, 300 round trips each, every wait sleeping (RSOCK_SPIN_US=0). One CQ
+# client with 8 threads that connect at once, then make 300 round trips each, every wait
+# sleeping (RSOCK_SPIN_US=0). The burst of connects also covers a client's first message
+# landing before the busy server registered its stream (those completions were dropped as
+# a stranger QP's until 2026-11-24: that connection hung at both ends). One CQ
 # arm raises one event for every thread sleeping on the device's completion channel; the
 # thread that takes it must re-arm for the others. Before it did, a sleeper whose message
 # came later woke only when its bounded sleep ran out — counted in the shim's
@@ -633,12 +636,9 @@ print("served %d" % len(done))'
 THREAD_CLI='import socket, sys, threading
 addr, port, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 bad = []
-# Connected one after another first: this cell is about many threads sleeping at once, not
-# about a burst of concurrent connects.
-socks = [socket.create_connection((addr, port)) for i in range(n)]
 def run(i):
     try:
-        talk(i, socks[i])
+        talk(i, socket.create_connection((addr, port)))
     except OSError as e:
         bad.append((i, repr(e)))
 def talk(i, s):
