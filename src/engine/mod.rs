@@ -477,6 +477,15 @@ pub fn after_fork_child() {
 }
 
 // Epoll tags of the helper thread: kind in the top byte, index or token below.
+/// See [`Engine::hold_qp`].
+struct HeldQp(&'static Engine, u32);
+
+impl Drop for HeldQp {
+    fn drop(&mut self) {
+        lock(&self.0.early).remove(&self.1); // nothing left once routed
+    }
+}
+
 /// A map keyed by QP number, looked up for every completion. QP numbers are distinct
 /// integers the local device hands out (no peer chooses them): a multiply hashes them well
 /// enough, where the default SipHash costs more than the rest of a completion's dispatch.
@@ -723,15 +732,15 @@ impl Engine {
         n
     }
 
-    /// Keeps the completions of QP `qp` until its stream is registered with
-    /// [`route_qp`](Self::route_qp) (or the attempt is dropped with
-    /// [`forget_qp`](Self::forget_qp)).
-    fn hold_qp(&self, qp: u32) {
+    /// Keeps the completions of QP `qp` from now until its stream is registered with
+    /// [`route_qp`](Self::route_qp), which hands them over in order; forgets them when the
+    /// returned guard drops without that (the attempt failed). Call as soon as the QP can
+    /// receive: without it, whoever polled the CQ in between dropped them as a stranger's
+    /// — a client's first message to a server busy accepting others was lost, and both
+    /// ends waited forever.
+    fn hold_qp(&'static self, qp: u32) -> HeldQp {
         lock(&self.early).insert(qp, Vec::new());
-    }
-
-    fn forget_qp(&self, qp: u32) {
-        lock(&self.early).remove(&qp);
+        HeldQp(self, qp)
     }
 
     /// Routes the completions of `s`'s current QP to it from now on (and no longer those of

@@ -163,7 +163,7 @@ pub(super) fn connect(
     let mut rc = queue_pair(id, &mut m).map_err(fail)?;
     // The peer may write as soon as it has accepted (a server that speaks first): keep the
     // completions that come before this stream is registered.
-    let _held = Held::new(engine, rc.qp_num());
+    let _held = engine.hold_qp(rc.qp_num());
     let conn_id = crate::sys::unix::random_u64();
     let ours = hello(&m, HelloKind::Connect, conn_id);
     rc.connect(&ConnParam {
@@ -260,25 +260,6 @@ fn answer(ev: &CmEvent) -> Result<Hello, Fallback> {
     }
 }
 
-/// Keeps a new QP's completions from when it can receive until its stream is registered
-/// (`Engine::register` hands them over, in order); forgets them if it never is. Without
-/// it, whoever polled the CQ in between dropped them as a stranger's — a client's first
-/// message to a server busy accepting others was lost, and both ends waited forever.
-struct Held(&'static Engine, u32);
-
-impl Held {
-    fn new(engine: &'static Engine, qp: u32) -> Held {
-        engine.hold_qp(qp);
-        Held(engine, qp)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.forget_qp(self.1); // nothing left once registered
-    }
-}
-
 /// A connect request arrived on `l` (helper thread): accept it as a pending stream, or
 /// reject it.
 pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rdma::Incoming) {
@@ -349,7 +330,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     let ours = hello(&m, HelloKind::Accept, conn_id);
     // Once accepted the QP can receive — the client may write as soon as it sees the
     // connection established — before this stream is registered: keep what completes.
-    let _held = Held::new(engine, rc.qp_num());
+    let _held = engine.hold_qp(rc.qp_num());
     let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
     let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
         return;

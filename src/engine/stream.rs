@@ -22,8 +22,7 @@ mod props;
 #[cfg(test)]
 mod tests;
 mod wait;
-#[cfg(test)]
-use wait::MISSED_WAKEUPS;
+pub(super) use wait::Asleep;
 
 use super::ipc::Owner;
 use super::liveness;
@@ -189,10 +188,7 @@ impl<P: Port> Stream<P> {
             ),
         };
         let qp_num = AtomicU32::new(p.rc.qp_num());
-        let (ring_size, send_size) = (
-            p.ring.as_slice().len() as u32,
-            p.send.as_slice().len() as u32,
-        );
+        let (ring_size, send_size) = (p.ring.len() as u32, p.send.len() as u32);
         let s = Arc::new(Stream {
             inner: Mutex::new(Inner {
                 rc: Some(p.rc),

@@ -109,16 +109,15 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     };
     let conn_id = reply.token;
     let started = Instant::now();
-    let mut held_qp = None;
-    // From here the peer is moving: a failure loses the connection.
+    let mut held = None; // until the stream is registered below
+                         // From here the peer is moving: a failure loses the connection.
     let built = (|| {
         let deadline = started + HANDOVER_TIMEOUT;
         let (inc, hello) = next_resume(&listener, conn_id, st.peer, deadline)?;
         let sent_end = hello.resume.map_or(0, |r| r.sent_end);
         let mut rc = rdma::Conn::new(inc.id, &m.pd, setup::qp_caps(&m))
             .map_err(|(e, _)| format!("queue pair: {e}"))?;
-        engine.hold_qp(rc.qp_num());
-        held_qp = Some(rc.qp_num());
+        held = Some(engine.hold_qp(rc.qp_num()));
         setup::fit_and_post(&mut rc, &mut m).map_err(|e| format!("queue pair: {e}"))?;
         let mut req = Msg::request(Op::Export, st.token);
         (req.arg, req.owner) = (sent_end, engine.owner);
@@ -150,13 +149,9 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         Ok(x) => x,
         Err(why) => {
             raw::close(bfd);
-            if let Some(qp) = held_qp {
-                engine.forget_qp(qp);
-            }
             return Err(TakeError::Lost(why));
         }
     };
-    let qp = rc.qp_num();
     // SAFETY: F_DUPFD_CLOEXEC on the program's fd of A.
     let app = raw::hide(unsafe { crate::sys::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
     // SAFETY: as above, on the inherited options socket.
@@ -175,11 +170,10 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         conn_id,
         bell: Some((Doorbell::from_fds(app, bfd), shown)),
     };
-    let s = Stream::new(parts, d, engine.spin_max(), engine.owner).map_err(|e| {
-        engine.forget_qp(qp);
-        TakeError::Lost(format!("stream: {e}"))
-    })?;
+    let s = Stream::new(parts, d, engine.spin_max(), engine.owner)
+        .map_err(|e| TakeError::Lost(format!("stream: {e}")))?;
     engine.register(&s);
+    drop(held);
     engine.ensure_helper();
     log::info!(
         "rdma stream {} -> {}: taken over from pid {} in {} us",
@@ -440,13 +434,8 @@ fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(
         return Err("the taker is on another device".into());
     }
     let rc = rdma::Conn::new(id, &pd, caps).map_err(|(e, _)| format!("queue pair: {e}"))?;
-    let qp = rc.qp_num();
-    engine.hold_qp(qp);
-    let r = connect_resume(engine, s, rc, &hello, deadline);
-    if r.is_err() {
-        engine.forget_qp(qp);
-    }
-    r
+    let _held = engine.hold_qp(rc.qp_num());
+    connect_resume(engine, s, rc, &hello, deadline)
 }
 
 /// The resume's connect on the new QP `rc`, and the swap once the taker accepted.

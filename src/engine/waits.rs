@@ -10,6 +10,7 @@
 //! select's fd sets cannot take the channels (they may exceed `FD_SETSIZE`), so select and
 //! pselect keep the helper listening while they sleep instead.
 
+use super::stream::Asleep;
 use super::{get, Dev, Engine};
 use crate::sys::raw::{errno, set_errno};
 use crate::sys::real;
@@ -97,24 +98,20 @@ pub unsafe fn sleep_with_channels(
     }));
     let slept_from = Instant::now();
     let r = loop {
+        // Counted before arming (see `Engine::rearm_if_listened`), until the wait ends.
+        let asleep: Vec<Asleep<'_, Dev>> = devs.iter().map(|d| Asleep::new(&**d)).collect();
         {
             let _g = crate::guard::enter();
-            // Counted before arming (see `Engine::rearm_if_listened`).
-            devs.iter().for_each(|d| d.sleeping(true));
             devs.iter().for_each(|d| e.sleep_armed(d));
         }
         if let Some(r) = probe() {
-            devs.iter().for_each(|d| d.sleeping(false));
             break r;
         }
         let ts = match deadline {
             None => None,
             Some(d) => match d.checked_duration_since(Instant::now()) {
                 Some(left) if !left.is_zero() => Some(timespec(left)),
-                _ => {
-                    devs.iter().for_each(|d| d.sleeping(false));
-                    break 0;
-                }
+                _ => break 0,
             },
         };
         set.iter_mut().for_each(|p| p.revents = 0);
@@ -127,7 +124,7 @@ pub unsafe fn sleep_with_channels(
                 .map_or(std::ptr::null(), |t| t as *const libc::timespec),
             mask,
         );
-        devs.iter().for_each(|d| d.sleeping(false));
+        drop(asleep);
         if n < 0 {
             break -1; // EINTR (poll and epoll are never restarted) or the program's error
         }

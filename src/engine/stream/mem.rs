@@ -269,6 +269,8 @@ pub struct MemPort {
     demand: AtomicUsize,
     /// Threads sleeping on the wake fd (`Port::sleeping`).
     sleepers: AtomicUsize,
+    /// Sleeps that found the stream ready only when their bound ran out (`Port::count_sleep`).
+    woke_late: AtomicUsize,
 }
 
 impl MemPort {
@@ -282,6 +284,11 @@ impl MemPort {
     /// retries): the protocol promises none.
     pub fn rnr(&self) -> usize {
         self.wire.rnr.load(SeqCst)
+    }
+
+    /// Lost wake-ups of this end's waits (sleeps that ended at their bound, stream ready).
+    pub fn woke_late(&self) -> usize {
+        self.woke_late.load(SeqCst)
     }
 
     /// The peer's host vanishes: its QP stops answering, and no disconnect is heard.
@@ -334,6 +341,12 @@ impl Port for MemPort {
         self.progress();
         if self.sleepers.load(SeqCst) > 0 {
             self.arm();
+        }
+    }
+
+    fn count_sleep(&self, woke_late: bool) {
+        if woke_late {
+            self.woke_late.fetch_add(1, SeqCst);
         }
     }
 
@@ -428,6 +441,7 @@ pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<
             poll: Mutex::new(()),
             demand: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            woke_late: AtomicUsize::new(0),
         });
         let owner = Owner {
             pid: crate::sys::raw::pid(),
