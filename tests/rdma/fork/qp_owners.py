@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which process owned each RC QP seen during a cell (tests/rdma/fork_matrix.sh).
 
-usage: qp_owners.py QPS_LOG --main PID --expect parent|child|any [--parent-grace N]
+usage: qp_owners.py QPS_LOG --main PID --expect parent|child|any
                     [--server STATS_JSON]... [--client STATS_JSON]... [--min-server N] [--min-client N]
 
 QPS_LOG is rdma_begin's sampler log (tests/lib/rdma_cells.sh): "@time" lines, each followed
@@ -14,9 +14,11 @@ neither is "unknown".
 Fails (exit 1, reasons on stdout) when: fewer than --min-server server-side or --min-client
 client-side QPs were seen; a QP's owner is a process of neither side (its parent chain, from the samples, is
 followed: an exec'd program without stats counts as a server child); --expect parent and a server child owns
-a QP; --expect child and the parent owns a QP seen in more than --parent-grace samples (a
-connection the parent accepted is its own until the child that serves it takes it over: a
-moment, not a transfer), or fewer server-child QPs than --min-server.
+a QP; --expect child and a QP of the parent outlives the children's (a connection the parent
+accepted is its own until the child that serves it takes it over, and the parent's QP goes
+with the hand-over: it must be gone before the last sample that shows a child's QP; how many
+samples that takes depends on the machine's speed, so none is counted), or fewer server-child
+QPs than --min-server.
 """
 
 import argparse
@@ -48,18 +50,21 @@ def main():
     ap.add_argument("--client", action="append", default=[])
     ap.add_argument("--min-server", type=int, default=1)
     ap.add_argument("--min-client", type=int, default=1)
-    ap.add_argument("--parent-grace", type=int, default=0)
     a = ap.parse_args()
     srv, cli = pids_of(a.server), pids_of(a.client)
     # Lines: "... lqpn N ... [pid TID comm C] ... tgid G ppid P" (the sampler adds tgid/ppid
     # while the thread exists, "?" after). A QP whose creating thread has gone is listed
     # without pid: it keeps the owner seen in other samples of the same lqpn.
-    samples = []
+    samples = []  # (lqpn, tid, comm, sample number)
     tid2tgid, parent = {}, {}
+    nsample = 0
     try:
         for line in open(a.log):
+            if line.startswith("@"):
+                nsample += 1
+                continue
             m = re.search(r"lqpn (\d+)", line)
-            if not m or line.startswith("@"):
+            if not m:
                 continue
             lqpn = int(m.group(1))
             m = re.search(r" pid (\d+) comm (\S+)", line)
@@ -70,7 +75,7 @@ def main():
                 tid2tgid[tid] = int(g.group(1))
                 if pp:
                     parent[int(g.group(1))] = int(pp.group(1))
-            samples.append((lqpn, tid, comm))
+            samples.append((lqpn, tid, comm, nsample))
     except OSError:
         pass
 
@@ -89,13 +94,13 @@ def main():
     # A thread that had already exited when it was sampled ("tgid ?") and is never seen alive
     # names no process: its QP is as unattributed as one listed without a pid (a process
     # tearing down at exit, e.g. a short-lived client).
-    samples = [(q, t if t is None or t in tid2tgid else None, c) for q, t, c in samples]
-    qps = {}  # (lqpn, owner or None) -> [comm, samples]
+    samples = [(q, t if t is None or t in tid2tgid else None, c, i) for q, t, c, i in samples]
+    qps = {}  # (lqpn, owner or None) -> [comm, samples, last sample number]
     owners = {}  # lqpn -> owners seen
-    for lqpn, tid, comm in samples:
+    for lqpn, tid, comm, _ in samples:
         if tid is not None:
             owners.setdefault(lqpn, set()).add(tid2tgid.get(tid, tid))
-    for lqpn, tid, comm in samples:
+    for lqpn, tid, comm, i in samples:
         if tid is None:
             known = owners.get(lqpn, set())
             owner = next(iter(known)) if len(known) == 1 else None
@@ -104,20 +109,24 @@ def main():
             owner = tid2tgid.get(tid, tid)
             if owner != tid:
                 comm = f"{comm}(tid {tid})"
-        e = qps.setdefault((lqpn, owner), [comm, 0])
+        e = qps.setdefault((lqpn, owner), [comm, 0, i])
         if e[0] == "(no pid listed)":
             e[0] = comm
         e[1] += 1
+        e[2] = max(e[2], i)
     roles = {"client": 0, "server-parent": 0, "server-child": 0, "unknown": 0, "unattributed": 0}
-    lingering = 0  # parent QPs seen in more samples than the grace allows
-    for (lqpn, pid), (comm, n) in sorted(qps.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        if pid is None and owners.get(lqpn):
-            continue  # only ownerless samples of a QP whose owner is known: counted there
-        r = role(pid) if pid is not None else "unattributed"
+    counted = [(lqpn, pid, comm, n, last, role(pid) if pid is not None else "unattributed")
+               for (lqpn, pid), (comm, n, last) in qps.items()
+               if pid is not None or not owners.get(lqpn)]  # ownerless samples of an owned QP count there
+    counted.sort(key=lambda q: (q[0], q[1] or 0))
+    last_child = max((q[4] for q in counted if q[5] == "server-child"), default=0)
+    lingering = 0  # parent QPs still there in the last sample that shows a child's QP
+    for lqpn, pid, comm, n, last, r in counted:
         roles[r] += 1
-        if r == "server-parent" and n > a.parent_grace:
+        if r == "server-parent" and last >= last_child:
             lingering += 1
-        print(f"qp lqpn={lqpn} pid={pid if pid is not None else '?'} comm={comm} role={r} samples={n}")
+        print(f"qp lqpn={lqpn} pid={pid if pid is not None else '?'} comm={comm} role={r} "
+              f"samples={n} last={last}")
     print(f"qp owners: server parent (pid {a.main}) {roles['server-parent']}, server children "
           f"{roles['server-child']}, client {roles['client']}, unknown {roles['unknown']}, "
           f"unattributed {roles['unattributed']} (creating thread gone before any sample); expected owner: {a.expect}")
@@ -132,8 +141,8 @@ def main():
     if a.expect == "parent" and roles["server-child"]:
         why.append(f"EXPECT_QP_OWNER=parent but {roles['server-child']} server QPs are owned by children")
     if a.expect == "child" and lingering:
-        why.append(f"EXPECT_QP_OWNER=child but {lingering} server QPs stayed with the parent (pid {a.main}) "
-                   f"for more than {a.parent_grace} samples")
+        why.append(f"EXPECT_QP_OWNER=child but {lingering} server QPs of the parent (pid {a.main}) "
+                   f"outlived the children's QPs (sample {last_child})")
     if a.expect == "child" and roles["server-child"] < a.min_server:
         why.append(f"EXPECT_QP_OWNER=child but only {roles['server-child']} server QPs are children's")
     for w in why:
