@@ -43,6 +43,7 @@ pub(super) fn run(engine: &'static Engine) {
                 TAG_WAKE => {
                     drain_eventfd(engine.wake_fd);
                     engine.exit_drain_if_asked();
+                    engine.admit_deferred();
                     // A device may have just been listened to again (`Dev::demand_up`):
                     // completions from before its CQ was armed raise no event.
                     engine.progress_devices(true);

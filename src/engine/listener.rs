@@ -5,6 +5,11 @@
 //! the kernel listener lives on as a shim-internal fd. The helper thread takes connections
 //! from both as they arrive (TCP ones with `accept4`, RDMA ones after their handshake), up to
 //! the backlog; `accept()` pops the queue.
+//!
+//! RDMA connect requests beyond the backlog wait in a deferred queue, unanswered, until
+//! `accept()` makes room — as a kernel listener drops the SYNs of a full queue and the
+//! client's retries get in later. Refusing them instead would send a burst of clients larger
+//! than the backlog to kernel TCP for their lifetime.
 
 use super::stream::Stream;
 use super::{lock, Engine, TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
@@ -17,6 +22,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Most connect requests a listener keeps unanswered while its accept queue is full; more
+/// are refused (the client falls back to TCP, counted as `resources`). Each holds an
+/// rdma_cm id and its event channel's fd.
+const MAX_DEFERRED: usize = 4096;
 
 /// An rdma_cm listener made by [`Listener::prepare`], waiting for [`Listener::start`].
 pub struct RdmaListen {
@@ -50,6 +60,8 @@ pub struct Listener {
     queue: Mutex<Queue>,
     /// Accepted RDMA connections whose handshake is not finished yet.
     pending: AtomicUsize,
+    /// Connect requests not answered yet: the queue was full when they came (module doc).
+    deferred: Mutex<VecDeque<rdma::Incoming>>,
     backlog: usize,
     nonblocking: AtomicBool,
 }
@@ -116,6 +128,7 @@ impl Listener {
                 closed: false,
             }),
             pending: AtomicUsize::new(0),
+            deferred: Mutex::new(VecDeque::new()),
             backlog,
             nonblocking: AtomicBool::new(fl >= 0 && fl & libc::O_NONBLOCK != 0),
         });
@@ -183,18 +196,44 @@ impl Listener {
         self.bell.set_readable(true);
     }
 
-    /// Helper thread: connect requests on the rdma_cm listener.
+    /// Helper thread: connect requests on the rdma_cm listener, answered in arrival order
+    /// while the accept queue has room, deferred after that.
     pub(super) fn on_rdma_ready(self: &Arc<Self>, engine: &'static Engine) {
         loop {
             let next = lock(&self.rdma).next_request(Some(Duration::ZERO));
             match next {
-                Ok(Some(inc)) => super::setup::accept_request(engine, self, inc),
-                Ok(None) => return,
+                Ok(Some(inc)) => {
+                    let mut d = lock(&self.deferred);
+                    if d.len() < MAX_DEFERRED {
+                        d.push_back(inc);
+                        engine.deferred.fetch_add(1, Relaxed);
+                    } else {
+                        drop(d);
+                        super::setup::refuse_request(inc, "too many connect requests waiting");
+                    }
+                }
+                Ok(None) => break,
                 Err(e) => {
                     log::warn!("rdma listener: {e}");
-                    return;
+                    break;
                 }
             }
+        }
+        self.admit_deferred(engine);
+    }
+
+    /// Answers deferred connect requests while the accept queue has room (helper thread).
+    pub(super) fn admit_deferred(self: &Arc<Self>, engine: &'static Engine) {
+        while self.has_room() {
+            let Some(inc) = lock(&self.deferred).pop_front() else {
+                return;
+            };
+            engine.deferred.fetch_sub(1, Relaxed);
+            super::setup::accept_request(engine, self, inc);
+        }
+        let waiting = lock(&self.deferred).len();
+        if waiting > 0 {
+            log::debug!("accept queue full: {waiting} rdma connect requests wait for accept()");
         }
     }
 
@@ -247,6 +286,10 @@ impl Listener {
             q.tcp_armed = true;
             engine.rearm_oneshot(self.tcp_fd, TAG_LISTEN_TCP | self.token);
         }
+        drop(q);
+        if engine.deferred.load(Relaxed) > 0 {
+            engine.wake(); // room for a deferred request: the helper answers it
+        }
         Some(a)
     }
 
@@ -268,6 +311,11 @@ impl Listener {
             q.items.drain(..).collect()
         };
         items.into_iter().for_each(discard);
+        let deferred: Vec<rdma::Incoming> = lock(&self.deferred).drain(..).collect();
+        engine.deferred.fetch_sub(deferred.len(), Relaxed);
+        for inc in deferred {
+            super::setup::refuse_request(inc, "listener closed");
+        }
         crate::sys::raw::close(self.tcp_fd);
     }
 }

@@ -242,6 +242,8 @@ pub struct Engine {
     streams_by_qp: Mutex<QpMap<Arc<Stream>>>,
     streams_by_token: Mutex<HashMap<u64, Arc<Stream>>>,
     listeners: Mutex<HashMap<u64, Arc<Listener>>>,
+    /// Connect requests deferred by all listeners (a full accept queue; listener.rs).
+    deferred: std::sync::atomic::AtomicUsize,
     devices: Mutex<Vec<Arc<Dev>>>,
     closing: Mutex<Vec<Arc<Stream>>>,
     /// Streams whose owner program let go but another process still holds (re-checked by
@@ -556,6 +558,7 @@ impl Engine {
             streams_by_qp: Mutex::new(QpMap::default()),
             streams_by_token: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),
+            deferred: std::sync::atomic::AtomicUsize::new(0),
             devices: Mutex::new(Vec::new()),
             closing: Mutex::new(Vec::new()),
             held_elsewhere: Mutex::new(Vec::new()),
@@ -853,7 +856,19 @@ impl Engine {
         });
     }
 
-    /// Wakes the helper thread (to look at the closing list, or drain for `_exit`).
+    /// Helper: answers the deferred connect requests that accept queues have room for now.
+    fn admit_deferred(&'static self) {
+        if self.deferred.load(Relaxed) == 0 {
+            return;
+        }
+        let all: Vec<Arc<Listener>> = lock(&self.listeners).values().cloned().collect();
+        for l in all {
+            l.admit_deferred(self);
+        }
+    }
+
+    /// Wakes the helper thread (to look at the closing list, drain for `_exit`, or answer
+    /// deferred connect requests).
     fn wake(&self) {
         crate::sys::raw::eventfd_add(self.wake_fd);
     }

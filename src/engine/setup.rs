@@ -18,6 +18,37 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The time each step of one connection's setup took, for the debug log (nothing is
+/// measured while debug logging is off).
+struct Steps(Option<(Instant, Instant, String)>);
+
+impl Steps {
+    fn start() -> Steps {
+        Steps(log::log_enabled!(log::Level::Debug).then(|| {
+            let t = Instant::now();
+            (t, t, String::new())
+        }))
+    }
+
+    /// `step` ended now.
+    fn mark(&mut self, step: &str) {
+        if let Some((_, last, out)) = &mut self.0 {
+            let now = Instant::now();
+            let _ = std::fmt::Write::write_fmt(
+                out,
+                format_args!(" {step} {}us", (now - *last).as_micros()),
+            );
+            *last = now;
+        }
+    }
+
+    fn log(&self, what: std::fmt::Arguments<'_>) {
+        if let Some((t0, _, out)) = &self.0 {
+            log::debug!("{what} in {}us:{out}", t0.elapsed().as_micros());
+        }
+    }
+}
+
 /// Why an active RDMA attempt failed, in the counters' terms.
 pub(super) fn fallback_of(e: &rdma::Error) -> Fallback {
     match e.reason() {
@@ -60,9 +91,15 @@ pub(super) fn memory(
         sizes.ring.div_ceil(4096) * 4096,
         sizes.send.div_ceil(4096) * 4096,
     );
-    let pd = Pd::new(dev)?;
-    let ring = RegBuf::new(&pd, ring_size as usize, Access::RemoteWrite)?;
-    let send = RegBuf::new(&pd, send_size as usize, Access::LocalRead)?;
+    let (pd, ring, send) = match rdma::pool::take(dev, ring_size as usize, send_size as usize) {
+        Some(reused) => reused,
+        None => {
+            let pd = Pd::new(dev)?;
+            let ring = RegBuf::new(&pd, ring_size as usize, Access::RemoteWrite)?;
+            let send = RegBuf::new(&pd, send_size as usize, Access::LocalRead)?;
+            (pd, ring, send)
+        }
+    };
     let cfg = proto::Config {
         ring_size,
         recv_credits: c.recv_credits,
@@ -148,6 +185,7 @@ pub(super) fn connect(
     opts_fd: libc::c_int,
     sizes: BufSizes,
 ) -> Result<Arc<Stream>, Fallback> {
+    let mut steps = Steps::start();
     let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let token = engine.token();
@@ -158,9 +196,12 @@ pub(super) fn connect(
     // A socket the program bound first keeps its local address (and port, if it chose one).
     let src = bound_addr(opts_fd);
     let (id, dev) = rdma::resolve(src, dest, token, timeout).map_err(fail)?;
+    steps.mark("resolve");
     let d = engine.dev(&dev).map_err(fail)?;
     let mut m = memory(engine, &dev, sizes).map_err(fail)?;
+    steps.mark("memory");
     let mut rc = queue_pair(id, &mut m).map_err(fail)?;
+    steps.mark("qp");
     // The peer may write as soon as it has accepted (a server that speaks first): keep the
     // completions that come before this stream is registered.
     let _held = engine.hold_qp(rc.qp_num());
@@ -181,6 +222,7 @@ pub(super) fn connect(
         }
         Err(e) => return Err(fail(e)),
     };
+    steps.mark("handshake");
     let peer = match answer(&ev) {
         Ok(h) => h,
         Err(why) => {
@@ -213,6 +255,8 @@ pub(super) fn connect(
     })?;
     engine.register(&s);
     engine.ensure_helper();
+    steps.mark("stream");
+    steps.log(format_args!("rdma stream {local} -> {dest}: connected"));
     Ok(s)
 }
 
@@ -260,9 +304,18 @@ fn answer(ev: &CmEvent) -> Result<Hello, Fallback> {
     }
 }
 
-/// A connect request arrived on `l` (helper thread): accept it as a pending stream, or
-/// reject it.
+/// Refuses a connect request with an rsock "no resources" reject: the client falls back to
+/// TCP at once, without remembering this server as one that cannot do RDMA.
+pub(super) fn refuse_request(inc: rdma::Incoming, why: &str) {
+    let mut id = inc.id;
+    log::info!("refusing rdma connection from {:?}: {why}", id.peer_addr());
+    let _ = id.reject(&Reject::new(RejectReason::NoResources).to_bytes());
+}
+
+/// A connect request on `l` that the accept queue has room for (helper thread): accept it
+/// as a pending stream, or reject it.
 pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rdma::Incoming) {
+    let mut steps = Steps::start();
     let rdma::Incoming {
         mut id,
         device,
@@ -281,11 +334,6 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
             return;
         }
     };
-    if !l.has_room() {
-        log::info!("refusing rdma connection from {from:?}: accept queue full");
-        let _ = id.reject(&Reject::new(RejectReason::NoResources).to_bytes());
-        return;
-    }
     let token = engine.token();
     id.set_token(token);
     // Out of resources here (memlock, CQ entries, QPs) says nothing against the peer's
@@ -304,6 +352,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
             return;
         }
     };
+    steps.mark("memory");
     let mut rc = match rdma::Conn::new(id, &m.pd, qp_caps(&m)) {
         Ok(rc) => rc,
         Err((e, mut id)) => {
@@ -326,6 +375,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
             return;
         }
     };
+    steps.mark("qp");
     let conn_id = peer.conn_id;
     let ours = hello(&m, HelloKind::Accept, conn_id);
     // Once accepted the QP can receive — the client may write as soon as it sees the
@@ -342,6 +392,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         log::warn!("rdma accept from {peer_addr}: {e}");
         return;
     }
+    steps.mark("accept");
     let opts_fd = opts_socket(&peer_addr);
     let parts = Parts {
         rc,
@@ -360,12 +411,13 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         Ok(s) => {
             *s.pending_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.clone());
             l.pending_add();
-            log::debug!(
-                "rdma stream {local} <- {peer_addr}: accepted, ring {} send buffer {}",
+            engine.register(&s);
+            steps.mark("stream");
+            steps.log(format_args!(
+                "rdma stream {local} <- {peer_addr}: accepted, ring {} send buffer {},",
                 l.sizes.ring.div_ceil(4096) * 4096,
                 l.sizes.send.div_ceil(4096) * 4096
-            );
-            engine.register(&s);
+            ));
         }
         Err(e) => log::warn!("rdma accept from {peer_addr}: doorbell: {e}"),
     }

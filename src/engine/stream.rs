@@ -36,6 +36,7 @@ use crate::readiness::Doorbell;
 use libc::c_int;
 pub use port::{Buf, Port, QueuePair, Region};
 use std::io::{IoSlice, IoSliceMut};
+use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -119,8 +120,9 @@ const CLOSE_DEFERRED: u32 = 1 << 31;
 pub(super) struct Inner<P: Port = Dev> {
     pub(super) rc: Option<P::Qp>,
     pub(super) proto: proto::Conn,
-    ring: Buf<P>,
-    send: Buf<P>,
+    /// Taken in Drop (after the QP, then recycled): read through `Deref`.
+    ring: ManuallyDrop<Buf<P>>,
+    send: ManuallyDrop<Buf<P>>,
     remote: RemoteBuf,
     recvs_owed: u32,
     /// What the doorbell's A shows (it lags the protocol while nobody looks; see `show`).
@@ -170,6 +172,21 @@ pub(super) struct Parts<P: Port = Dev> {
     pub bell: Option<(Doorbell, Readiness)>,
 }
 
+impl<P: Port> Drop for Inner<P> {
+    fn drop(&mut self) {
+        // The QP goes first: once it is destroyed nothing can reach the memory.
+        drop(self.rc.take());
+        // SAFETY: each taken once, here, and never used again.
+        let (ring, send) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.ring),
+                ManuallyDrop::take(&mut self.send),
+            )
+        };
+        P::Qp::recycle(ring, send);
+    }
+}
+
 impl<P: Port> Stream<P> {
     pub(super) fn new(
         p: Parts<P>,
@@ -193,8 +210,8 @@ impl<P: Port> Stream<P> {
             inner: Mutex::new(Inner {
                 rc: Some(p.rc),
                 proto: p.proto,
-                ring: p.ring,
-                send: p.send,
+                ring: ManuallyDrop::new(p.ring),
+                send: ManuallyDrop::new(p.send),
                 remote: p.remote,
                 recvs_owed: 0,
                 sleepers: 0,

@@ -191,6 +191,10 @@ pub struct CmEvent {
     new_id: Option<CmId>,
 }
 
+// SAFETY: a copy of an acked event: its pointers name ids (compared, or taken over once by
+// `take_id`), and nothing in librdmacm ties them to the thread that read the event.
+unsafe impl Send for CmEvent {}
+
 impl CmEvent {
     /// SAFETY: `raw` is a valid, not yet acked event taken from `chan`.
     unsafe fn copy_from(raw: *const rdma_cm_event, chan: &Arc<EventChannel>) -> CmEvent {

@@ -62,6 +62,11 @@ unsafe impl Sync for Device {}
 static OPEN: Mutex<Vec<Weak<Device>>> = Mutex::new(Vec::new());
 
 impl Device {
+    /// Whether this process opened it (a fork child's copy of its parent's is not).
+    pub fn is_ours(&self) -> bool {
+        self.pid == crate::sys::raw::pid()
+    }
+
     /// The shared resources of the device `id` is bound to (after address resolution, or
     /// a connect request's id), created on first use and kept while any `Arc` to them
     /// lives. An id bound to no RDMA device gives [`Reason::NoRdma`].

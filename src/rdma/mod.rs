@@ -11,6 +11,7 @@
 //! - [`device`]: per-device completion channel + CQ pool ([`Device`], [`cq`]), completions ([`Wc`]).
 //! - [`pd`]: a protection domain per connection ([`Pd`]): a ring's rkey works on its own QP only.
 //! - [`mr`]: registrations ([`Mr`], [`RegBuf`]) with a closed set of [`Access`] modes.
+//! - [`pool`]: registered memory of ended connections, reused by new ones of the same sizes.
 //! - [`conn`]: an RC QP on a cm id ([`Conn`]): WRITE / WRITE_WITH_IMM (inline when small,
 //!   selectively signaled), zero-length receives, queue accounting, drain.
 //! - [`connect`]: blocking setup and teardown helpers ([`resolve`], [`connect()`],
@@ -31,6 +32,7 @@ pub mod fd;
 pub mod ffi;
 pub mod mr;
 pub mod pd;
+pub mod pool;
 
 pub use cm::{
     CmEvent, CmId, ConnParam, EventChannel, EventKind, REJ_PRIVATE_MAX, REP_PRIVATE_MAX,

@@ -48,7 +48,7 @@ pub struct Mr {
     /// virtual address, or 0 for a zero-based registration.
     iova: u64,
     access: Access,
-    _pd: Arc<Pd>,
+    pd: Arc<Pd>,
 }
 
 // SAFETY: an MR is an immutable handle; dereg happens once in Drop.
@@ -81,7 +81,7 @@ impl Mr {
             mr,
             iova,
             access,
-            _pd: pd.clone(),
+            pd: pd.clone(),
         })
     }
 
@@ -130,6 +130,11 @@ impl Mr {
 }
 
 impl Mr {
+    /// The PD it is registered in.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
     /// Deregisters (once); false if the device refused, when the memory may still be
     /// written by the NIC and must never be reused.
     fn deregister(&mut self) -> bool {

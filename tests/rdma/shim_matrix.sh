@@ -574,6 +574,11 @@ cell_exit_without_close() { exit_after_write_cell exit; }
 
 cell_many_conns() {
     [ -x "$EX/many_conns" ] || fail "missing $EX/many_conns"
+    # MANY connects at once cost ~20 ms of emulated CPU each, at both ends, on 2 vCPUs: the
+    # last ones wait far longer than the matrix's 5 s for their turn (17 of 200 timed out
+    # with 5 s). Setup speed is measured in bench/rdma/scale.sh; this cell is about where
+    # connections land.
+    local CTO=60000
     rdma_begin
     bg srv 400 shimmed "$CELL_DIR/srv" "$EX/many_conns" server "$A:$PORT" "$MANY" 4096
     wait_dual srv
@@ -585,23 +590,15 @@ cell_many_conns() {
     [ $rc -eq 0 ] || fail "client failed (status $rc): $(head -n 5 cli.out | paste -sd'|') $(tail -c 200 cli.err)"
     expect_status srv 0
     grep -q "^ok $MANY connections" cli.out || fail "client: $(tail -n1 cli.out)"
-    # At least half the connections' bytes crossed rxe0 (see the RDMA share below).
+    # Every connection on RDMA, data verified by the client: a burst of MANY connects beyond
+    # the server's backlog (std's 128) waits for accept() as on kernel TCP, none falls back.
     soft rdma_end $((MANY * 4096)) $MANY
-    # Each connection is on RDMA or on TCP with a counted reason: at the client, resources
-    # (the server's accept queue was full: a burst beyond the backlog) or timeout (the server
-    # did not answer in RSOCK_CONNECT_TIMEOUT_MS: setting up 200 QPs is slow under emulation);
-    # peer_tcp at the server. The same split both sides.
-    soft expect_stats "$CELL_DIR/cli" cli -D N="$MANY" 'nproc==1' 'conns.rdma + conns.tcp==N' \
-        'conns.tcp==fallback.resources + fallback.timeout' 'sum(vars(fallback).values())==conns.tcp' \
-        'tx.rdma + tx.tcp==N*4096' 'rx.rdma + rx.tcp==N*4096'
-    soft expect_stats "$CELL_DIR/srv" srv -D N="$MANY" 'nproc==1' 'conns.rdma + conns.tcp==N' \
-        'conns.tcp==fallback.peer_tcp' 'sum(vars(fallback).values())==fallback.peer_tcp' \
-        'tx.rdma + tx.tcp==N*4096' 'rx.rdma + rx.tcp==N*4096'
+    soft expect_stats "$CELL_DIR/cli" cli -D N="$MANY" 'nproc==1' 'conns.rdma==N' 'conns.tcp==0' \
+        'tx.rdma==N*4096' 'rx.rdma==N*4096'
+    soft expect_stats "$CELL_DIR/srv" srv -D N="$MANY" 'nproc==1' 'conns.rdma==N' 'conns.tcp==0' \
+        'tx.rdma==N*4096' 'rx.rdma==N*4096'
     echo "# conns: cli $(json_get stats.cli.json 'j["conns"]' 2>/dev/null) $(json_get stats.cli.json '{k: v for k, v in j["fallback"].items() if v}' 2>/dev/null)" \
         "srv $(json_get stats.srv.json 'j["conns"]' 2>/dev/null) $(json_get stats.srv.json '{k: v for k, v in j["fallback"].items() if v}' 2>/dev/null)"
-    # Known limitation (README): connects beyond the listener's backlog, or not answered in
-    # time, fall back to TCP for their lifetime; at least half must be on RDMA here.
-    soft expect_stats "$CELL_DIR/cli" cli-rdma-share -D N="$MANY" 'conns.rdma * 2 >= N'
     expect_qps_released 90
 }
 

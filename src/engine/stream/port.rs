@@ -111,6 +111,11 @@ pub trait QueuePair: Send {
     fn start_drain(&mut self) -> rdma::Result<()>;
     /// No completion of this QP can follow.
     fn is_drained(&self) -> bool;
+    /// A freed stream's ring and send buffer, after its QP is gone: kept for the next
+    /// stream, or freed.
+    fn recycle(ring: Self::Buf, send: Self::Buf) {
+        drop((ring, send));
+    }
 }
 
 /// Where a stream's completions come from and how its waiters sleep.
@@ -258,5 +263,9 @@ impl QueuePair for rdma::Conn {
 
     fn is_drained(&self) -> bool {
         rdma::Conn::is_drained(self)
+    }
+
+    fn recycle(ring: RegBuf, send: RegBuf) {
+        rdma::pool::give_back(ring, send);
     }
 }
