@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! many_conns server ADDR:PORT N BYTES   # accepts N connections, echoes each until EOF
-//! many_conns client ADDR:PORT N BYTES   # opens N connections at once (one thread each),
-//!                                       # waits until all are open, then each sends BYTES
+//! many_conns client ADDR:PORT N BYTES [HOLD_MS]
+//!                                       # opens N connections at once (one thread each),
+//!                                       # waits until all are open (and HOLD_MS more, for
+//!                                       # a sampler to see them), then each sends BYTES
 //!                                       # (a pattern of its own), reads them back, checks
 //! ```
 //!
@@ -65,7 +67,7 @@ fn server(addr: &str, n: usize) -> io::Result<usize> {
     Ok(ok)
 }
 
-fn client(addr: &str, n: usize, bytes: usize) -> usize {
+fn client(addr: &str, n: usize, bytes: usize, hold: std::time::Duration) -> usize {
     let barrier = Arc::new(Barrier::new(n));
     let mut handles = Vec::with_capacity(n);
     for i in 0..n {
@@ -78,6 +80,7 @@ fn client(addr: &str, n: usize, bytes: usize) -> usize {
                     let conn = TcpStream::connect(&addr);
                     // Everyone waits here, connected or not, so all are open at once.
                     barrier.wait();
+                    thread::sleep(hold);
                     let mut conn = conn?;
                     let data = pattern(i, bytes);
                     let mut w = conn.try_clone()?;
@@ -118,10 +121,15 @@ fn client(addr: &str, n: usize, bytes: usize) -> usize {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = || {
-        eprintln!("usage: many_conns server|client ADDR:PORT N BYTES");
+        eprintln!("usage: many_conns server|client ADDR:PORT N BYTES [HOLD_MS]");
         ExitCode::from(2)
     };
-    let [role, addr, n, bytes] = args.as_slice() else {
+    let (role, addr, n, bytes, hold) = match args.as_slice() {
+        [r, a, n, b] => (r, a, n, b, "0"),
+        [r, a, n, b, h] => (r, a, n, b, h.as_str()),
+        _ => return usage(),
+    };
+    let Ok(hold) = hold.parse::<u64>().map(std::time::Duration::from_millis) else {
         return usage();
     };
     let (Ok(n), Ok(bytes)) = (n.parse::<usize>(), bytes.parse::<usize>()) else {
@@ -135,7 +143,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         },
-        "client" => client(addr, n, bytes),
+        "client" => client(addr, n, bytes, hold),
         _ => return usage(),
     };
     if role == "client" {
