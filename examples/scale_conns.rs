@@ -210,6 +210,7 @@ fn client(addr: SocketAddr, n: usize, o: &ClientOpts) -> io::Result<bool> {
     let conns: Mutex<Vec<Option<TcpStream>>> = Mutex::new((0..n).map(|_| None).collect());
     let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let lat: Mutex<Vec<f64>> = Mutex::new(Vec::with_capacity(n));
+    let busy0 = busy_cpu_ms();
     let t0 = Instant::now();
     std::thread::scope(|sc| {
         for _ in 0..o.par.min(n.max(1)) {
@@ -232,6 +233,12 @@ fn client(addr: SocketAddr, n: usize, o: &ClientOpts) -> io::Result<bool> {
         }
     });
     let setup_s = t0.elapsed().as_secs_f64();
+    let busy1 = busy_cpu_ms();
+    let (setup_user_ms, setup_kernel_ms) = if busy0.0 > 0.0 && busy1.0 > 0.0 {
+        (busy1.0 - busy0.0, busy1.1 - busy0.1)
+    } else {
+        (0.0, 0.0) // unknown
+    };
     let mut conns: Vec<TcpStream> = conns.into_inner().unwrap().into_iter().flatten().collect();
     let mut failures = failures.into_inner().unwrap();
     let mut lat = lat.into_inner().unwrap();
@@ -283,7 +290,9 @@ fn client(addr: SocketAddr, n: usize, o: &ClientOpts) -> io::Result<bool> {
     let per = |x: u64| if n > 0 { x as f64 / n as f64 } else { 0.0 };
     println!(
         "{{\"ok\": {ok}, \"n\": {n}, \"par\": {}, \"opened\": {}, \"verified\": {verified}, \
-         \"setup_s\": {setup_s:.3}, \"setup_per_s\": {:.1}, \"connect_ms_p50\": {:.2}, \
+         \"setup_s\": {setup_s:.3}, \"setup_per_s\": {:.1}, \"cpu_ms_per_setup\": {:.2}, \
+         \"user_cpu_ms_per_setup\": {:.2}, \
+         \"connect_ms_p50\": {:.2}, \
          \"connect_ms_p99\": {:.2}, \"cli_vmpin_kib\": {cli_pin}, \"cli_vmlck_kib\": {cli_lck}, \
          \"srv_vmpin_kib\": {srv_pin}, \"srv_vmlck_kib\": {srv_lck}, \
          \"pin_kib_per_conn\": {:.1}, \"rc_qps\": {qps}, \"rtt_us_p50\": {:.1}, \
@@ -291,6 +300,8 @@ fn client(addr: SocketAddr, n: usize, o: &ClientOpts) -> io::Result<bool> {
         o.par,
         lat.len(),
         lat.len() as f64 / setup_s.max(1e-9),
+        (setup_user_ms + setup_kernel_ms) / lat.len().max(1) as f64,
+        setup_user_ms / lat.len().max(1) as f64,
         q(&lat, 0.5),
         q(&lat, 0.99),
         per(cli_pin.max(cli_lck)),
@@ -302,6 +313,27 @@ fn client(addr: SocketAddr, n: usize, o: &ClientOpts) -> io::Result<bool> {
         eprintln!("FAIL {f}");
     }
     Ok(ok)
+}
+
+/// CPU time the whole machine spent busy (all CPUs, not idle or waiting for I/O), ms, as
+/// (user, kernel): the setup's work at both ends, the kernel's and the device's included.
+/// (0, 0) if `/proc/stat` cannot be read (out of fds).
+fn busy_cpu_ms() -> (f64, f64) {
+    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<f64> = s
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal guest guest_nice (guest time is
+    // already in user)
+    let sum = |idx: &[usize]| idx.iter().filter_map(|&i| v.get(i)).sum::<f64>();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (sum(&[0, 1]) * 1000.0 / hz, sum(&[2, 5, 6, 7]) * 1000.0 / hz)
 }
 
 /// `VmPin` and `VmLck` of `pid`, KiB (0 if unreadable).

@@ -122,17 +122,17 @@ def tcp_of(r):
 def fmt(v, f="{:.1f}"):
     return "-" if v is None else f.format(v)
 print("## Setup rate (connect + accept + a byte each way)\n")
-print("| N | threads | connections | path | setups/s | vs TCP | connect p50 ms | p99 ms | RDMA conns (both ends) |")
-print("|--:|--:|---|---|--:|--:|--:|--:|--:|")
+print("| N | threads | connections | path | setups/s | vs TCP | busy CPU ms per setup, whole guest (user) | connect p50 ms | p99 ms | RDMA conns (both ends) |")
+print("|--:|--:|---|---|--:|--:|--:|--:|--:|--:|")
 for r in rows:
     c = r["client"]
     if not c:
-        print(f"| ? | ? | {'closed' if r['close_each'] else 'kept'} | {r['label']} | FAILED | | | | |")
+        print(f"| ? | ? | {'closed' if r['close_each'] else 'kept'} | {r['label']} | FAILED | | | | | |")
         continue
     t = tcp_of(r)
     ratio = c["setup_per_s"] / t["setup_per_s"] if t and r["label"] != "tcp" and t["setup_per_s"] else None
     print(f"| {c['n']} | {c['par']} | {'closed' if r['close_each'] else 'kept open'} | {r['label']} | {c['setup_per_s']:.0f} | "
-          f"{fmt(ratio, '{:.2f}x')} | {c['connect_ms_p50']:.2f} | {c['connect_ms_p99']:.2f} | {fmt(r['rdma_conns_both_ends'], '{}')} |")
+          f"{fmt(ratio, '{:.2f}x')} | {fmt(c.get('cpu_ms_per_setup'), '{:.2f}')} ({fmt(c.get('user_cpu_ms_per_setup'), '{:.2f}')}) | {c['connect_ms_p50']:.2f} | {c['connect_ms_p99']:.2f} | {fmt(r['rdma_conns_both_ends'], '{}')} |")
 print("\n## With all N open\n")
 print("| N | path | pinned KiB per connection (client / server) | RC QPs per connection | 64 B RTT p50 µs | p99 µs | verified |")
 print("|--:|---|--:|--:|--:|--:|--:|")

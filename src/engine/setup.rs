@@ -205,6 +205,10 @@ pub(super) fn connect(
     // The peer may write as soon as it has accepted (a server that speaks first): keep the
     // completions that come before this stream is registered.
     let _held = engine.hold_qp(rc.qp_num());
+    let bell = super::stream::fresh_bell().map_err(|e| {
+        log::info!("rdma connect to {dest}: doorbell: {e}");
+        Fallback::Resources
+    })?;
     let conn_id = crate::sys::unix::random_u64();
     let ours = hello(&m, HelloKind::Connect, conn_id);
     rc.connect(&ConnParam {
@@ -247,7 +251,7 @@ pub(super) fn connect(
         opts_fd,
         token,
         conn_id,
-        bell: None,
+        bell: Some(bell),
     };
     let s = Stream::new(parts, d, engine.spin_max(), engine.owner).map_err(|e| {
         log::warn!("rdma connect to {dest}: doorbell: {e}");
@@ -385,6 +389,18 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
         return;
     };
+    // The fds the stream needs come before the accept: without them the client falls back.
+    let opts_fd = opts_socket(&peer_addr);
+    let bell = match super::stream::fresh_bell() {
+        Ok(b) if opts_fd >= 0 => b,
+        r => {
+            let e = r.err().unwrap_or_else(std::io::Error::last_os_error);
+            log::warn!("refusing rdma connection from {peer_addr}: no fds for the stream: {e}");
+            crate::sys::raw::close(opts_fd);
+            let _ = rc.reject(&no_room);
+            return;
+        }
+    };
     if let Err(e) = rc.accept(&ConnParam {
         private_data: &ours,
         ..ConnParam::default()
@@ -393,7 +409,6 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         return;
     }
     steps.mark("accept");
-    let opts_fd = opts_socket(&peer_addr);
     let parts = Parts {
         rc,
         proto: conn,
@@ -405,7 +420,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         opts_fd,
         token,
         conn_id,
-        bell: None,
+        bell: Some(bell),
     };
     match Stream::new(parts, d, engine.spin_max(), engine.owner) {
         Ok(s) => {

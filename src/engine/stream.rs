@@ -187,6 +187,19 @@ impl<P: Port> Drop for Inner<P> {
     }
 }
 
+/// A new connection's doorbell and what its A shows (writable). Made before the connection
+/// is (the setup's last step that needs fds): running out of fds then is a fallback to TCP,
+/// not a connection dropped after the peer saw it established.
+pub(super) fn fresh_bell() -> std::io::Result<(Doorbell, Readiness)> {
+    Ok((
+        Doorbell::new(false)?,
+        Readiness {
+            writable: true,
+            ..Readiness::default()
+        },
+    ))
+}
+
 impl<P: Port> Stream<P> {
     pub(super) fn new(
         p: Parts<P>,
@@ -196,13 +209,7 @@ impl<P: Port> Stream<P> {
     ) -> std::io::Result<Arc<Stream<P>>> {
         let (bell, shown) = match p.bell {
             Some(b) => b,
-            None => (
-                Doorbell::new(false)?,
-                Readiness {
-                    writable: true,
-                    ..Readiness::default()
-                },
-            ),
+            None => fresh_bell()?,
         };
         let qp_num = AtomicU32::new(p.rc.qp_num());
         let (ring_size, send_size) = (p.ring.len() as u32, p.send.len() as u32);

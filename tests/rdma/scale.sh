@@ -9,6 +9,10 @@
 #   verified, every QP on the device while all are open (`rdma resource show`), more than
 #   one CQ per process (the shim's log), 32 KiB pinned per connection (VmPin), nothing left
 #   afterwards.
+# fd_limit: a client with `ulimit -n 48` opens 12 connections: the shim's own fds (2 per
+#   RDMA connection) run out first; the connections that cannot get them fall back to TCP
+#   with reason `resources` (the server counts them as `peer_tcp`: no half-made RDMA
+#   connection), and all 12 carry their data.
 # memlock: a client whose RLIMIT_MEMLOCK (ulimit -l 40, without CAP_IPC_LOCK) holds one
 #   connection's memory opens 4: the first is on RDMA, the other three fall back to kernel
 #   TCP with the reason counted as `resources`, and all four carry their data.
@@ -70,6 +74,28 @@ cell_thousand_conns() {
     expect_qps_released 60
 }
 
+cell_fd_limit() {
+    bg srv $T shimmed "$CELL_DIR/srv" env "${SMALL[@]}" "$EX/scale_conns" server "$A:$PORT" 12
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" env "${SMALL[@]}" sh -c 'ulimit -n 48 && exec "$@"' sh \
+        "$EX/scale_conns" client "$A:$PORT" 12 --par 1 --rtt 10
+    local rc=0
+    bg_wait cli || rc=$?
+    grep '^{' cli.out | tail -n1 > cli.json
+    echo "# client: $(cat cli.json)"
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    [ "$(cli_json 'j["verified"]')" = 12 ] || fail "$(cli_json 'j["verified"]') of 12 connections verified"
+    expect_status srv 0
+    soft expect_stats "$CELL_DIR/cli" cli 'nproc==1' 'conns.rdma>=1' 'conns.rdma + conns.tcp==12' \
+        'fallback.resources>=1' 'sum(vars(fallback).values())==fallback.resources'
+    local k
+    k=$(json_get stats.cli.json 'j["conns"]["tcp"]' 2>/dev/null)
+    soft expect_stats "$CELL_DIR/srv" srv -D K="${k:-0}" 'nproc==1' 'conns.tcp==K' 'fallback.peer_tcp==K' \
+        'conns.rdma + conns.tcp==12'
+    reasons cli
+    expect_qps_released 30
+}
+
 cell_memlock() {
     bg srv $T shimmed "$CELL_DIR/srv" env "${SMALL[@]}" "$EX/scale_conns" server "$A:$PORT" 4
     wait_dual srv
@@ -92,7 +118,7 @@ cell_memlock() {
     expect_qps_released 30
 }
 
-CELLS=(thousand_conns memlock)
+CELLS=(thousand_conns memlock fd_limit)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done
