@@ -134,7 +134,7 @@ for r in rows:
     print(f"| {c['n']} | {c['par']} | {'closed' if r['close_each'] else 'kept open'} | {r['label']} | {c['setup_per_s']:.0f} | "
           f"{fmt(ratio, '{:.2f}x')} | {fmt(c.get('cpu_ms_per_setup'), '{:.2f}')} ({fmt(c.get('user_cpu_ms_per_setup'), '{:.2f}')}) | {c['connect_ms_p50']:.2f} | {c['connect_ms_p99']:.2f} | {fmt(r['rdma_conns_both_ends'], '{}')} |")
 print("\n## With all N open\n")
-print("| N | path | pinned KiB per connection (client / server) | RC QPs per connection | 64 B RTT p50 µs | p99 µs | verified |")
+print("| N | path | pinned KiB per connection (client / server) | RC QPs per connection (both ends, one host) | 64 B RTT p50 µs | p99 µs | verified |")
 print("|--:|---|--:|--:|--:|--:|--:|")
 for r in rows:
     c = r["client"]
