@@ -44,6 +44,10 @@ pub struct Config {
     pub ring_size: u32,
     /// `RSOCK_SEND_BUF` (default 262144, 4096–1073741824): bytes of each send buffer.
     pub send_buf: u32,
+    /// `RSOCK_MAX_PINNED_MB` (default: a quarter of physical memory; 0 = no limit;
+    /// 1–4194304): registered memory (rings, send buffers) this process may pin; a
+    /// connection that would go beyond falls back to TCP (`resources`). `None` = default.
+    pub max_pinned_mb: Option<u32>,
     /// `RSOCK_RECV_CREDITS` (default 64, 4–65536): receives posted per connection.
     pub recv_credits: u32,
     /// `RSOCK_INLINE` (default 128, 0–1024): largest write posted inline (capped by the device).
@@ -189,6 +193,7 @@ impl Default for Config {
             neg_cache_ms: 30_000,
             ring_size: 256 * 1024,
             send_buf: 256 * 1024,
+            max_pinned_mb: None,
             recv_credits: 64,
             max_inline: 128,
             spin_us: 1000,
@@ -221,6 +226,7 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_NEG_CACHE_MS",
     "RSOCK_RING_SIZE",
     "RSOCK_SEND_BUF",
+    "RSOCK_MAX_PINNED_MB",
     "RSOCK_RECV_CREDITS",
     "RSOCK_INLINE",
     "RSOCK_SPIN_US",
@@ -277,6 +283,13 @@ impl Config {
                 "RSOCK_NEG_CACHE_MS" => set_u32(&mut c.neg_cache_ms, v, 0, 86_400_000, &mut bad),
                 "RSOCK_RING_SIZE" => set_u32(&mut c.ring_size, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_SEND_BUF" => set_u32(&mut c.send_buf, v, 4096, 1 << 30, &mut bad),
+                "RSOCK_MAX_PINNED_MB" => {
+                    let mut mb = u32::MAX; // out of range: stays unless v is valid
+                    set_u32(&mut mb, v, 0, 1 << 22, &mut bad);
+                    if mb != u32::MAX {
+                        c.max_pinned_mb = Some(mb);
+                    }
+                }
                 "RSOCK_RECV_CREDITS" => set_u32(&mut c.recv_credits, v, 4, 65536, &mut bad),
                 "RSOCK_INLINE" => set_u32(&mut c.max_inline, v, 0, 1024, &mut bad),
                 "RSOCK_SPIN_US" => set_u32(&mut c.spin_us, v, 0, 100_000, &mut bad),
@@ -421,6 +434,27 @@ fn set_bool(slot: &mut bool, v: &str, bad: &mut impl FnMut(&str)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_pinned_is_default_zero_or_a_bound_and_bad_values_warn() {
+        assert_eq!(parse(&[]).0.max_pinned_mb, None);
+        assert_eq!(
+            parse(&[("RSOCK_MAX_PINNED_MB", "0")]).0.max_pinned_mb,
+            Some(0)
+        );
+        assert_eq!(
+            parse(&[("RSOCK_MAX_PINNED_MB", "64")]).0.max_pinned_mb,
+            Some(64)
+        );
+        for v in ["-1", "lots", "4194305"] {
+            let (c, w) = parse(&[("RSOCK_MAX_PINNED_MB", v)]);
+            assert_eq!(c.max_pinned_mb, None, "{v}");
+            assert!(
+                w.len() == 1 && w[0].contains("RSOCK_MAX_PINNED_MB"),
+                "{v}: {w:?}"
+            );
+        }
+    }
 
     #[test]
     fn ring_and_send_buffer_sizes_round_up_to_pages_with_a_warning() {

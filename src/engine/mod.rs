@@ -525,9 +525,32 @@ const TAG_HOLD: u64 = 6 << 56;
 const TAG_ASYNC: u64 = 7 << 56;
 const TAG_MASK: u64 = 0xff << 56;
 
+/// `RSOCK_MAX_PINNED_MB` in bytes: unset, a quarter of physical memory; 0, no limit.
+fn pinned_limit(mb: Option<u32>) -> usize {
+    match mb {
+        Some(0) => usize::MAX,
+        Some(mb) => (mb as usize) << 20,
+        None => {
+            // SAFETY: sysconf has no preconditions.
+            let (pages, size) = unsafe {
+                (
+                    libc::sysconf(libc::_SC_PHYS_PAGES),
+                    libc::sysconf(libc::_SC_PAGESIZE),
+                )
+            };
+            if pages > 0 && size > 0 {
+                (pages as usize).saturating_mul(size as usize) / 4
+            } else {
+                usize::MAX
+            }
+        }
+    }
+}
+
 impl Engine {
     fn new() -> Result<Engine, rdma::Error> {
         rdma::ffi::lib()?;
+        rdma::mr::set_pinned_limit(pinned_limit(Config::get().max_pinned_mb));
         let ch = EventChannel::new()?;
         // SAFETY: plain syscalls creating fds we own.
         let (epfd, wake_fd, exit_done_fd) = unsafe {

@@ -95,8 +95,15 @@ pub(super) fn memory(
         Some(reused) => reused,
         None => {
             let pd = Pd::new(dev)?;
-            let ring = RegBuf::new(&pd, ring_size as usize, Access::RemoteWrite)?;
-            let send = RegBuf::new(&pd, send_size as usize, Access::LocalRead)?;
+            let reg = |len: u32, access| {
+                RegBuf::new(&pd, len as usize, access).or_else(|e| {
+                    // Kept memory of other sizes may be what stands in the way.
+                    rdma::pool::clear();
+                    RegBuf::new(&pd, len as usize, access).map_err(|_| e)
+                })
+            };
+            let ring = reg(ring_size, Access::RemoteWrite)?;
+            let send = reg(send_size, Access::LocalRead)?;
             (pd, ring, send)
         }
     };

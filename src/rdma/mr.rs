@@ -7,6 +7,7 @@
 
 use std::alloc::Layout;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use rdma_sys::{ibv_access_flags, ibv_mr, ibv_sge};
@@ -187,6 +188,53 @@ pub struct Sge {
 
 const _: () = assert!(std::mem::size_of::<Sge>() == std::mem::size_of::<ibv_sge>());
 
+/// Bytes of [`RegBuf`]s this process holds, and the most it may ([`set_pinned_limit`]).
+static PINNED: AtomicUsize = AtomicUsize::new(0);
+static PINNED_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// The process `PINNED` counts for: a fork child starts from 0 (its parent's buffers in
+/// its memory are never freed there).
+static PINNED_PID: AtomicI32 = AtomicI32::new(0);
+
+/// The most bytes of registered buffers this process may hold; beyond it [`RegBuf::new`]
+/// fails with [`Reason::Resources`] (before the kernel would pin pages the machine may not
+/// have: a pinned page cannot be reclaimed, and the OOM killer would pick the program).
+pub fn set_pinned_limit(bytes: usize) {
+    PINNED_LIMIT.store(bytes, Relaxed);
+}
+
+/// Bytes of registered buffers this process holds.
+pub fn pinned_bytes() -> usize {
+    if PINNED_PID.load(Relaxed) != crate::sys::raw::pid() {
+        return 0;
+    }
+    PINNED.load(Relaxed)
+}
+
+/// Counts `len` more pinned bytes, or refuses if that goes beyond the limit.
+fn reserve_pinned(len: usize) -> Result<()> {
+    let me = crate::sys::raw::pid();
+    if PINNED_PID.load(Relaxed) != me {
+        PINNED.store(0, Relaxed);
+        PINNED_PID.store(me, Relaxed);
+    }
+    let before = PINNED.fetch_add(len, Relaxed);
+    if before.saturating_add(len) > PINNED_LIMIT.load(Relaxed) {
+        PINNED.fetch_sub(len, Relaxed);
+        return Err(Error::new(
+            "pinned memory limit (RSOCK_MAX_PINNED_MB)",
+            libc::ENOMEM,
+            Reason::Resources,
+        ));
+    }
+    Ok(())
+}
+
+fn release_pinned(len: usize) {
+    if PINNED_PID.load(Relaxed) == crate::sys::raw::pid() {
+        PINNED.fetch_sub(len, Relaxed);
+    }
+}
+
 /// A page-aligned, zeroed buffer with its registration (the usual ring or send buffer)
 pub struct RegBuf {
     // Dropped by hand in Drop: deregister before freeing.
@@ -207,9 +255,11 @@ impl RegBuf {
         let size = len.max(1).div_ceil(page) * page;
         let layout = Layout::from_size_align(size, page)
             .map_err(|_| Error::new("RegBuf::new", libc::EINVAL, Reason::Other))?;
+        reserve_pinned(size)?;
         // SAFETY: non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
+            release_pinned(size);
             return Err(Error::new("RegBuf::new", libc::ENOMEM, Reason::Resources));
         }
         // SAFETY: the allocation lives until Drop, which drops the MR first.
@@ -222,6 +272,7 @@ impl RegBuf {
             Err(e) => {
                 // SAFETY: allocated above with this layout, never registered.
                 unsafe { std::alloc::dealloc(ptr, layout) };
+                release_pinned(size);
                 Err(e)
             }
         }
@@ -286,6 +337,9 @@ impl Drop for RegBuf {
             if released {
                 std::alloc::dealloc(self.ptr, self.layout);
             }
+        }
+        if released {
+            release_pinned(self.layout.size()); // else it stays pinned: still counted
         }
     }
 }

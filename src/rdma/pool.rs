@@ -71,6 +71,16 @@ pub fn take(
     Some((e.ring.mr().pd().clone(), e.ring, e.send))
 }
 
+/// Frees every entry (their pinned memory is wanted elsewhere).
+pub fn clear() {
+    let entries = {
+        let mut p = pool();
+        p.bytes = 0;
+        std::mem::take(&mut p.entries)
+    };
+    drop(entries);
+}
+
 /// A freed connection's ring and send buffer: kept if they share a PD that nothing else
 /// holds (its QP is destroyed) and the pool has room; freed otherwise.
 pub fn give_back(ring: RegBuf, send: RegBuf) {

@@ -13,6 +13,8 @@
 #   RDMA connection) run out first; the connections that cannot get them fall back to TCP
 #   with reason `resources` (the server counts them as `peer_tcp`: no half-made RDMA
 #   connection), and all 12 carry their data.
+# pinned_limit: a client with RSOCK_MAX_PINNED_MB=1 opens 40: 32 fit, 8 fall back with
+#   `resources`.
 # memlock: a client whose RLIMIT_MEMLOCK (ulimit -l 40, without CAP_IPC_LOCK) holds one
 #   connection's memory opens 4: the first is on RDMA, the other three fall back to kernel
 #   TCP with the reason counted as `resources`, and all four carry their data.
@@ -74,51 +76,51 @@ cell_thousand_conns() {
     expect_qps_released 60
 }
 
-cell_fd_limit() {
-    bg srv $T shimmed "$CELL_DIR/srv" env "${SMALL[@]}" "$EX/scale_conns" server "$A:$PORT" 12
+# exhaust_cell N WRAPPER...: N connections, one after another, from a client started through
+# WRAPPER (what limits it), to a server without limits; all N must echo their bytes. Then
+# the client's counters: K connections on TCP, every one for `resources`, and the server
+# counting exactly K TCP peers (no half-made RDMA connection), K >= 1, at least one on RDMA.
+exhaust_cell() {
+    local n=$1 rc=0 k
+    shift
+    bg srv $T shimmed "$CELL_DIR/srv" env "${SMALL[@]}" "$EX/scale_conns" server "$A:$PORT" "$n"
     wait_dual srv
-    bg cli $T shimmed "$CELL_DIR/cli" env "${SMALL[@]}" sh -c 'ulimit -n 48 && exec "$@"' sh \
-        "$EX/scale_conns" client "$A:$PORT" 12 --par 1 --rtt 10
-    local rc=0
+    bg cli $T shimmed "$CELL_DIR/cli" env "${SMALL[@]}" "$@" "$EX/scale_conns" client "$A:$PORT" "$n" \
+        --par 1 --rtt 10
     bg_wait cli || rc=$?
     grep '^{' cli.out | tail -n1 > cli.json
     echo "# client: $(cat cli.json)"
     [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
-    [ "$(cli_json 'j["verified"]')" = 12 ] || fail "$(cli_json 'j["verified"]') of 12 connections verified"
+    [ "$(cli_json 'j["verified"]')" = "$n" ] || fail "$(cli_json 'j["verified"]') of $n connections verified"
     expect_status srv 0
-    soft expect_stats "$CELL_DIR/cli" cli 'nproc==1' 'conns.rdma>=1' 'conns.rdma + conns.tcp==12' \
-        'fallback.resources>=1' 'sum(vars(fallback).values())==fallback.resources'
-    local k
+    soft expect_stats "$CELL_DIR/cli" cli -D N="$n" 'nproc==1' 'conns.rdma>=1' 'conns.tcp>=1' \
+        'conns.rdma + conns.tcp==N' 'sum(vars(fallback).values())==fallback.resources==conns.tcp'
     k=$(json_get stats.cli.json 'j["conns"]["tcp"]' 2>/dev/null)
-    soft expect_stats "$CELL_DIR/srv" srv -D K="${k:-0}" 'nproc==1' 'conns.tcp==K' 'fallback.peer_tcp==K' \
-        'conns.rdma + conns.tcp==12'
+    soft expect_stats "$CELL_DIR/srv" srv -D N="$n" -D K="${k:-0}" 'nproc==1' 'conns.tcp==K' \
+        'fallback.peer_tcp==K' 'conns.rdma + conns.tcp==N'
     reasons cli
     expect_qps_released 30
 }
 
+# Out of fds: the shim's own (2 per RDMA connection) run out first.
+cell_fd_limit() { exhaust_cell 12 sh -c 'ulimit -n 48 && exec "$@"' sh; }
+
+# Out of memlock: root ignores RLIMIT_MEMLOCK with CAP_IPC_LOCK, so the client runs without
+# it; 40 KiB hold one connection's 32 KiB.
 cell_memlock() {
-    bg srv $T shimmed "$CELL_DIR/srv" env "${SMALL[@]}" "$EX/scale_conns" server "$A:$PORT" 4
-    wait_dual srv
-    # root ignores RLIMIT_MEMLOCK with CAP_IPC_LOCK: the client runs without it.
-    bg cli $T shimmed "$CELL_DIR/cli" env "${SMALL[@]}" setpriv --inh-caps=-ipc_lock \
-        --bounding-set=-ipc_lock sh -c 'ulimit -l 40 && exec "$@"' sh \
-        "$EX/scale_conns" client "$A:$PORT" 4 --par 1 --rtt 10
-    local rc=0
-    bg_wait cli || rc=$?
-    grep '^{' cli.out | tail -n1 > cli.json
-    echo "# client: $(cat cli.json)"
-    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
-    [ "$(cli_json 'j["verified"]')" = 4 ] || fail "$(cli_json 'j["verified"]') of 4 connections verified"
-    expect_status srv 0
-    soft expect_stats "$CELL_DIR/cli" cli 'nproc==1' 'conns.rdma==1' 'conns.tcp==3' \
-        'fallback.resources==3' 'sum(vars(fallback).values())==3'
-    soft expect_stats "$CELL_DIR/srv" srv 'nproc==1' 'conns.rdma==1' 'conns.tcp==3' 'fallback.peer_tcp==3'
-    reasons cli
+    exhaust_cell 4 setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock sh -c 'ulimit -l 40 && exec "$@"' sh
+    soft expect_stats "$CELL_DIR/cli" cli-count 'conns.rdma==1' 'conns.tcp==3'
     grep -m1 'ibv_reg_mr' "$CELL_DIR/cli.log" | sed 's/^/# client log: /'
-    expect_qps_released 30
 }
 
-CELLS=(thousand_conns memlock fd_limit)
+# Out of the shim's own pinned-memory budget: 1 MiB holds 32 connections of 32 KiB.
+cell_pinned_limit() {
+    exhaust_cell 40 RSOCK_MAX_PINNED_MB=1
+    soft expect_stats "$CELL_DIR/cli" cli-count 'conns.rdma==32' 'conns.tcp==8'
+    grep -m1 'RSOCK_MAX_PINNED_MB' "$CELL_DIR/cli.log" | sed 's/^/# client log: /'
+}
+
+CELLS=(thousand_conns memlock fd_limit pinned_limit)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done
