@@ -398,12 +398,15 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     };
     // The fds the stream needs come before the accept: without them the client falls back.
     let opts_fd = opts_socket(&peer_addr);
-    let bell = match super::stream::fresh_bell() {
-        Ok(b) if opts_fd >= 0 => b,
-        r => {
-            let e = r.err().unwrap_or_else(std::io::Error::last_os_error);
+    let bell = if opts_fd < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        super::stream::fresh_bell().inspect_err(|_| crate::sys::raw::close(opts_fd))
+    };
+    let bell = match bell {
+        Ok(b) => b,
+        Err(e) => {
             log::warn!("refusing rdma connection from {peer_addr}: no fds for the stream: {e}");
-            crate::sys::raw::close(opts_fd);
             let _ = rc.reject(&no_room);
             return;
         }

@@ -109,8 +109,9 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     };
     let conn_id = reply.token;
     let started = Instant::now();
-    let mut held = None; // until the stream is registered below
-                         // From here the peer is moving: a failure loses the connection.
+    // Holds the new QP's completions until the stream is registered below. From here the
+    // peer is moving: a failure loses the connection.
+    let mut held = None;
     let built = (|| {
         let deadline = started + HANDOVER_TIMEOUT;
         let (inc, hello) = next_resume(&listener, conn_id, st.peer, deadline)?;

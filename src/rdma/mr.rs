@@ -202,14 +202,6 @@ pub fn set_pinned_limit(bytes: usize) {
     PINNED_LIMIT.store(bytes, Relaxed);
 }
 
-/// Bytes of registered buffers this process holds.
-pub fn pinned_bytes() -> usize {
-    if PINNED_PID.load(Relaxed) != crate::sys::raw::pid() {
-        return 0;
-    }
-    PINNED.load(Relaxed)
-}
-
 /// Counts `len` more pinned bytes, or refuses if that goes beyond the limit.
 fn reserve_pinned(len: usize) -> Result<()> {
     let me = crate::sys::raw::pid();
