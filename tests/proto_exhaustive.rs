@@ -268,6 +268,8 @@ fn tiny(ring_size: u32, send_buf_size: u32, max_inline: u32) -> Config {
         send_buf_size,
         send_queue_depth: 4,
         max_inline,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     }
 }
 

@@ -13,6 +13,8 @@ fn cfg() -> Config {
         send_buf_size: 64,
         send_queue_depth: 8,
         max_inline: 8,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     }
 }
 

@@ -33,8 +33,29 @@ fn config() -> impl Strategy<Value = Config> {
                 send_buf_size,
                 send_queue_depth,
                 max_inline,
+                ring_grow_to: 0,
+                send_grow_to: 0,
             },
         )
+}
+
+/// `config()` with buffers that grow: rings to one or two 4 KiB pages (what a GROW can
+/// announce), send buffers to any bigger size.
+fn growing_config() -> impl Strategy<Value = Config> {
+    (
+        config(),
+        prop_oneof![Just(0u32), Just(4096), Just(8192)],
+        prop_oneof![Just(0u32), 1u32..=300],
+    )
+        .prop_map(|(c, ring_to, send_more)| Config {
+            ring_grow_to: ring_to,
+            send_grow_to: if send_more == 0 {
+                0
+            } else {
+                c.send_buf_size + send_more
+            },
+            ..c
+        })
 }
 
 fn side() -> impl Strategy<Value = Side> {
@@ -255,7 +276,13 @@ impl World {
             _ => Side::B,
         };
         let port = 7 + self.moves as u16;
-        let cfg = self.p.ep(from).config().clone();
+        // The taker's buffers are the moved end's as they are now (they may have grown).
+        let conn = &self.p.ep(from).conn;
+        let cfg = Config {
+            ring_size: conn.ring_size(),
+            send_buf_size: conn.send_buf_size(),
+            ..self.p.ep(from).config().clone()
+        };
         let placeholder = Pair::new(cfg.clone(), cfg.clone());
         let p = std::mem::replace(&mut self.p, placeholder);
         self.p = p
@@ -444,6 +471,37 @@ proptest! {
         actions in proptest::collection::vec(action_or_move(), 0..250),
     ) {
         run(ca, cb, la, lb, actions)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(pt_config(512))]
+
+    /// Buffers that grow under load (PROTOCOL.md §12), with hand-overs at random points:
+    /// streams long enough to wrap the grown rings arrive intact.
+    #[test]
+    fn buffers_grow_midway(
+        ca in growing_config(),
+        cb in growing_config(),
+        la in 0usize..=12_000,
+        lb in 0usize..=12_000,
+        actions in proptest::collection::vec(action_or_move(), 0..250),
+    ) {
+        run(ca, cb, la, lb, actions)?;
+    }
+
+    /// Growth interrupted by a disconnect, abort or close.
+    #[test]
+    fn growth_interrupted(
+        ca in growing_config(),
+        cb in growing_config(),
+        la in 0usize..=6000,
+        lb in 0usize..=6000,
+        actions in proptest::collection::vec(action(), 0..150),
+        at in 0usize..160,
+        how in cut(),
+    ) {
+        run_with_cut(ca, cb, la, lb, actions, Some((at, how)))?;
     }
 }
 

@@ -11,6 +11,8 @@ fn pair() -> Pair {
         send_buf_size: 60,
         send_queue_depth: 8,
         max_inline: 8,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     Pair::new(c.clone(), c)
 }

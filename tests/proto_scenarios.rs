@@ -13,6 +13,8 @@ fn small_config() -> Config {
         send_buf_size: 64,
         send_queue_depth: 8,
         max_inline: 8,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     }
 }
 
@@ -116,6 +118,8 @@ fn test_established_odd_sizes_wrap_everywhere() {
         send_buf_size: 5,
         send_queue_depth: 4,
         max_inline: 2,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     let b = Config {
         ring_size: 11,
@@ -123,6 +127,8 @@ fn test_established_odd_sizes_wrap_everywhere() {
         send_buf_size: 13,
         send_queue_depth: 5,
         max_inline: 0,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     let mut p = Pair::new(a, b);
     let data = pattern(500);
@@ -332,6 +338,8 @@ fn test_established_fence_when_writer_waits_on_unsignaled_space() {
         send_buf_size: 64,
         send_queue_depth: 64,
         max_inline: 0,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     let mut p = Pair::new(cfg.clone(), cfg);
     // Five unsignaled 6-byte messages fill B's ring (B does not read) and hold 30 of A's 64
@@ -360,6 +368,8 @@ fn test_established_both_directions_with_starved_credits() {
         send_buf_size: 4,
         send_queue_depth: 4,
         max_inline: 1,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     let mut p = Pair::new(cfg.clone(), cfg);
     let (da, db) = (pattern(300), pattern(301));
@@ -487,6 +497,8 @@ fn test_fin_fin_needs_no_data_credits() {
         send_buf_size: 64,
         send_queue_depth: 8,
         max_inline: 0,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     let mut p = Pair::new(cfg.clone(), cfg.clone());
     for _ in 0..2 {
@@ -672,6 +684,8 @@ fn test_established_send_buffer_not_reused_before_its_completion() {
         send_buf_size: 16,
         send_queue_depth: 8,
         max_inline: 0,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     let mut p = Pair::new(cfg.clone(), cfg);
     p.write(Side::A, b"AAAAAAAA").unwrap();
@@ -698,6 +712,8 @@ fn test_established_credit_backlog_larger_than_one_message() {
         send_buf_size: 1 << 20,
         send_queue_depth: 64,
         max_inline: 0,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     let mut p = Pair::new(small_config(), big.clone());
     p.check_grants = false;

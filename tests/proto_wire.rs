@@ -165,7 +165,7 @@ proptest! {
     fn hostile_peer_never_panics(
         imms in proptest::collection::vec((peer_imm(), 0usize..=40), 1..40),
     ) {
-        let cfg = Config { ring_size: 64, recv_credits: 6, send_buf_size: 64, send_queue_depth: 8, max_inline: 4 };
+        let cfg = Config { ring_size: 64, recv_credits: 6, send_buf_size: 64, send_queue_depth: 8, max_inline: 4, ring_grow_to: 0, send_grow_to: 0 };
         let mut p = Pair::new(cfg.clone(), cfg);
         // Injected data makes A return credits for bytes B never wrote; that is the point.
         p.check_grants = false;
@@ -220,7 +220,7 @@ fn wrong_magic_and_version_are_distinct_errors() {
 fn imm_errors_are_specific() {
     assert_eq!(Imm::decode(0), Err(ImmError::EmptyData));
     assert_eq!(Imm::decode(0x8000_0000), Err(ImmError::EmptyCredit));
-    assert_eq!(Imm::decode(0xc400_0000), Err(ImmError::UnknownOp(4)));
+    assert_eq!(Imm::decode(0xc700_0000), Err(ImmError::UnknownOp(7)));
     // MIGRATE needs a port, and only 16 bits of argument.
     assert_eq!(
         Imm::decode(0xc300_0000),

@@ -178,6 +178,8 @@ mod tests {
             send_buf_size: 4096,
             send_queue_depth: 8,
             max_inline: 64,
+            ring_grow_to: 0,
+            send_grow_to: 0,
         }
     }
 

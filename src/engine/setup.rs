@@ -115,6 +115,8 @@ pub(super) fn memory(
         // leaves room in the device's shared CQ for more connections.
         send_queue_depth: 64,
         max_inline: c.max_inline,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     };
     Ok(Memory {
         pd,

@@ -22,6 +22,12 @@ pub struct Config {
     pub send_queue_depth: u32,
     /// Writes of at most this many bytes are flagged `inline` (0 disables inlining).
     pub max_inline: u32,
+    /// The ring grows to this size (whole 4 KiB pages, at most `MAX_GROW_PAGES` of them)
+    /// when the peer fills it; at most `ring_size` (0, say) keeps it as it is.
+    pub ring_grow_to: u32,
+    /// The send buffer grows to this size when a write finds it full; at most
+    /// `send_buf_size` keeps it as it is.
+    pub send_grow_to: u32,
 }
 
 impl Default for Config {
@@ -32,6 +38,8 @@ impl Default for Config {
             send_buf_size: 256 * 1024,
             send_queue_depth: 128,
             max_inline: 64,
+            ring_grow_to: 0,
+            send_grow_to: 0,
         }
     }
 }
@@ -81,6 +89,9 @@ impl Config {
         }
         if !(1..=MAX_SEND_BUF_SIZE).contains(&self.send_buf_size) {
             return Err(ConfigError::SendBufSize(self.send_buf_size));
+        }
+        if self.send_grow_to > MAX_SEND_BUF_SIZE {
+            return Err(ConfigError::SendBufSize(self.send_grow_to));
         }
         if self.send_queue_depth < MIN_SEND_QUEUE_DEPTH {
             return Err(ConfigError::SendQueueDepth(self.send_queue_depth));

@@ -9,11 +9,14 @@
 //! signaling, completions) is in `conn/send.rs` and the receive path (immediates, reads) in
 //! `conn/recv.rs`.
 
+mod grow;
 mod migrate;
 mod ready;
 mod recv;
 mod send;
 
+use grow::Growth;
+pub use grow::RingCopy;
 use migrate::Migration;
 pub use migrate::{Handover, MigrateError};
 pub use ready::{Failure, Readiness, Want};
@@ -43,8 +46,12 @@ pub struct Write {
     pub local_offset: u32,
     /// Payload length in bytes.
     pub len: u32,
-    /// Offset in the peer's ring (add the peer's `ring_addr`).
+    /// Offset in the peer's ring.
     pub remote_offset: u32,
+    /// Address of that offset in the peer's ring (`ring_addr` + offset).
+    pub remote_addr: u64,
+    /// The peer's rkey for that ring (a grown ring has a new one).
+    pub rkey: u32,
     /// Immediate value in host order (post it as `htonl(imm)`), making this a WRITE_WITH_IMM.
     pub imm: Option<u32>,
     /// `len <= max_inline`: may be posted with `IBV_SEND_INLINE`.
@@ -135,6 +142,10 @@ pub struct Counters {
     pub wrs_posted: u64,
     /// Work requests retired by completions.
     pub wrs_retired: u64,
+    /// Size of the peer's ring as the send side knows it.
+    pub tx_peer_ring: u32,
+    /// Size of the local ring.
+    pub rx_ring: u32,
 }
 
 /// Stats are history, not state: two connections that differ only in counters behave alike,
@@ -178,6 +189,21 @@ pub struct Conn {
     max_inline: u32,
     sq_depth: u32,
     signal_every: u32,
+    /// Where the peer's ring is (a GROW moves it).
+    peer_ring_addr: u64,
+    peer_rkey: u32,
+
+    // Buffers that grow (conn/grow.rs).
+    ring_max: u32,
+    send_max: u32,
+    ring_growth: Growth,
+    send_growth: Growth,
+    /// The first half of the peer's GROW pair (rkey and page-count high halves).
+    peer_grow_hi: Option<(u16, u8)>,
+    /// The peer's ring grew: SWITCHED goes out before anything but credits.
+    switch_owed: bool,
+    /// Unread bytes the driver must move into the new ring.
+    ring_copy: Option<RingCopy>,
 
     // Send side, as stream positions: acked <= posted <= queued <= acked + send size.
     tx_acked: u64,
@@ -240,6 +266,15 @@ impl Conn {
             max_inline: config.max_inline,
             sq_depth: config.send_queue_depth,
             signal_every: (config.send_queue_depth / 2).max(1),
+            peer_ring_addr: peer.ring_addr,
+            peer_rkey: peer.rkey,
+            ring_max: config.ring_grow_to,
+            send_max: config.send_grow_to,
+            ring_growth: Growth::new(config.ring_size, grow::grow_target(config.ring_grow_to)),
+            send_growth: Growth::new(config.send_buf_size, config.send_grow_to),
+            peer_grow_hi: None,
+            switch_owed: false,
+            ring_copy: None,
             tx_acked: 0,
             tx_posted: 0,
             tx_queued: 0,
@@ -302,7 +337,7 @@ impl Conn {
 
     /// Send-buffer bytes a write would accept now.
     pub fn writable(&self) -> usize {
-        if self.is_reset() || self.write_shut {
+        if self.is_reset() || self.write_shut || self.send_swap_pending() {
             return 0;
         }
         (u64::from(self.send_ring.size()) - (self.tx_queued - self.tx_acked)) as usize
@@ -341,8 +376,11 @@ impl Conn {
             || !self.planned.is_empty()
             || self.tx_queued > self.tx_posted
             || (self.write_shut && !self.fin_sent)
-            || (self.need_signal && self.unsignaled_wrs > 0)
-            || (!(self.fin_sent && self.fin_received) && self.rx.update_due())
+            || ((self.need_signal || self.send_swap_pending()) && self.unsignaled_wrs > 0)
+            || self.switch_owed
+            || matches!(self.ring_growth, Growth::Offered { .. })
+            || (!(self.fin_sent && self.fin_received)
+                && self.rx.update_due(self.credit_bytes_held()))
     }
 
     /// Coarse state, for the socket layer and logs.
@@ -407,6 +445,8 @@ impl Conn {
             rx_wrs_pending: self.rx.wrs_pending(),
             wrs_posted: self.next_wr,
             wrs_retired: self.wrs_retired,
+            tx_peer_ring: self.peer_ring.size(),
+            rx_ring: self.ring.size(),
         }
     }
 
@@ -487,6 +527,10 @@ impl Conn {
         if self.failed.is_some() || self.peer_reset || self.reset_sent || self.transport.is_some() {
             return None;
         }
+        if self.switch_owed && !self.reset_queued {
+            // Only credit returns may overtake SWITCHED (both ends keep making progress).
+            return self.switched_write().or_else(|| self.credit_write());
+        }
         if let Some(w) = self.migration_write() {
             return w;
         }
@@ -498,11 +542,11 @@ impl Conn {
             }
             return None;
         }
-        if !(self.fin_sent && self.fin_received) && self.sq_room(1) {
-            if let Some(imm) = self.rx.take_update(&mut self.tx) {
-                self.stats.credit_messages += 1;
-                return Some(self.control(imm, false));
-            }
+        if let Some(w) = self.credit_write() {
+            return Some(w);
+        }
+        if let Some(w) = self.grow_write() {
+            return Some(w);
         }
         if let Some(w) = self.plan_burst() {
             return Some(w);
@@ -520,12 +564,23 @@ impl Conn {
         // A completion is owed to a waiting writer, or to `is_finished` once nothing else
         // will be sent: fence the unsignaled tail.
         let done = self.fin_sent && self.fin_received;
-        if (self.need_signal || done) && self.unsignaled_wrs > 0 && self.sq_room(1) {
+        let owed = self.need_signal || done || self.send_swap_pending();
+        if owed && self.unsignaled_wrs > 0 && self.sq_room(1) {
             self.stats.fences += 1;
             let w = self.work_request(0, 0, 0, None, true);
             return Some(w);
         }
         None
+    }
+
+    fn credit_write(&mut self) -> Option<Write> {
+        if self.fin_sent && self.fin_received || !self.sq_room(1) {
+            return None;
+        }
+        let held = self.credit_bytes_held();
+        let imm = self.rx.take_update(&mut self.tx, held)?;
+        self.stats.credit_messages += 1;
+        Some(self.control(imm, false))
     }
 
     /// The next event for the application side, if any.

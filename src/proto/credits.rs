@@ -24,6 +24,8 @@ pub(crate) enum MsgClass {
     CreditBytesOnly,
     CreditWithWrs,
     Reset,
+    /// The two immediates announcing a grown ring; they leave the control reserve intact.
+    GrowPair,
 }
 
 impl MsgClass {
@@ -33,6 +35,7 @@ impl MsgClass {
             MsgClass::Data => CONTROL_RESERVE + 1,
             MsgClass::Fin | MsgClass::CreditBytesOnly => 2,
             MsgClass::CreditWithWrs | MsgClass::Reset => 1,
+            MsgClass::GrowPair => CONTROL_RESERVE + 2,
         }
     }
 }
@@ -73,6 +76,13 @@ impl TxCredits {
 
     pub(crate) fn wrs(&self) -> u32 {
         self.wrs
+    }
+
+    /// The peer's ring grew to `size` (its GROW): the window it granted moves from
+    /// `returned + old` to `returned + size`, since no byte credit crosses a GROW.
+    pub(crate) fn regrow(&mut self, size: u32) {
+        self.granted_end += u64::from(size.saturating_sub(self.peer_ring));
+        self.peer_ring = size;
     }
 
     /// Ring bytes we may write from stream position `sent`.
@@ -173,6 +183,17 @@ impl RxCredits {
         })
     }
 
+    /// Our ring grew to `size` (the peer's SWITCHED): it may write up to `returned + size`.
+    pub(crate) fn regrow(&mut self, size: u32) {
+        self.ring = size;
+        self.byte_threshold = u64::from(size / 2).max(1);
+    }
+
+    /// Ring bytes the peer may still write.
+    pub(crate) fn window(&self) -> u64 {
+        self.granted_end() - self.received_end
+    }
+
     /// The old queue pair's receives are gone: none is owed to the peer any more.
     pub(crate) fn forget_messages(&mut self) {
         self.wrs_pending = 0;
@@ -232,18 +253,23 @@ impl RxCredits {
         self.consumed += n.min(self.unread());
     }
 
-    /// A credit message worth sending now, if one is due and `tx` allows it. Commits it.
-    /// Whether enough is reclaimable that a credit message is owed to the peer.
-    pub(crate) fn update_due(&self) -> bool {
-        self.consumed - self.returned >= self.byte_threshold
+    /// Whether enough is reclaimable that a credit message is owed to the peer; with
+    /// `bytes_held` (a ring growth under way) only receives count.
+    pub(crate) fn update_due(&self, bytes_held: bool) -> bool {
+        (!bytes_held && self.consumed - self.returned >= self.byte_threshold)
             || self.wrs_pending >= self.wr_threshold
     }
 
-    pub(crate) fn take_update(&mut self, tx: &mut TxCredits) -> Option<Imm> {
-        if !self.update_due() {
+    /// A credit message worth sending now, if one is due and `tx` allows it. Commits it.
+    pub(crate) fn take_update(&mut self, tx: &mut TxCredits, bytes_held: bool) -> Option<Imm> {
+        if !self.update_due(bytes_held) {
             return None;
         }
-        let pending_bytes = self.consumed - self.returned;
+        let pending_bytes = if bytes_held {
+            0
+        } else {
+            self.consumed - self.returned
+        };
         let wrs = self.wrs_pending.min(MAX_CREDIT_WRS);
         let bytes = pending_bytes.min(u64::from(MAX_CREDIT_BYTES)) as u32;
         let class = if wrs > 0 {
@@ -313,12 +339,12 @@ mod tests {
         rx.on_message().unwrap();
         rx.on_data(4).unwrap();
         rx.consume(4);
-        assert_eq!(rx.take_update(&mut tx), None);
+        assert_eq!(rx.take_update(&mut tx, false), None);
         rx.on_message().unwrap();
         rx.on_data(1).unwrap();
         rx.consume(1);
         assert_eq!(
-            rx.take_update(&mut tx),
+            rx.take_update(&mut tx, false),
             Some(Imm::Credit { wrs: 2, bytes: 5 })
         );
         assert_eq!(tx.wrs(), 7);
@@ -330,10 +356,10 @@ mod tests {
         let mut tx = TxCredits::new(10, 4);
         let mut rx = RxCredits::new(10, 4);
         rx.on_message().unwrap();
-        assert_eq!(rx.take_update(&mut tx), None);
+        assert_eq!(rx.take_update(&mut tx, false), None);
         rx.on_message().unwrap();
         assert_eq!(
-            rx.take_update(&mut tx),
+            rx.take_update(&mut tx, false),
             Some(Imm::Credit { wrs: 2, bytes: 0 })
         );
     }

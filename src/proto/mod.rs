@@ -24,8 +24,8 @@ use core::fmt;
 
 pub use config::{Config, ConfigError, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH};
 pub use conn::{
-    Conn, Counters, Event, Failure, Handover, MigrateError, Readiness, State, Stats, Want, WrId,
-    Write,
+    Conn, Counters, Event, Failure, Handover, MigrateError, Readiness, RingCopy, State, Stats,
+    Want, WrId, Write,
 };
 pub use credits::CONTROL_RESERVE;
 pub use ring::{gather, scatter};
@@ -80,6 +80,9 @@ pub enum ProtocolError {
     TransportFailed,
     /// An immediate after the peer's MIGRATE (it promised to send nothing more there).
     AfterMigrate,
+    /// A GROW pair that is split, shrinks the ring or comes twice, or a SWITCHED nobody
+    /// asked for.
+    BadGrow,
 }
 
 impl fmt::Display for ProtocolError {
@@ -100,6 +103,7 @@ impl fmt::Display for ProtocolError {
             }
             ProtocolError::TransportFailed => f.write_str("send completed in error"),
             ProtocolError::AfterMigrate => f.write_str("message after MIGRATE"),
+            ProtocolError::BadGrow => f.write_str("malformed ring growth"),
         }
     }
 }

@@ -15,7 +15,7 @@ use core::fmt;
 pub const MAGIC: [u8; 4] = *b"RSCK";
 /// The only protocol version this build speaks (2 added the connection id, the resume hello
 /// and MIGRATE; see PROTOCOL.md §11).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Private data an rdma_cm connect request can carry (IB REQ 92 bytes minus the 36-byte CM header).
 pub const MAX_REQ_PRIVATE_DATA: usize = 56;
 /// Private data an rdma_cm accept can carry (IB REP).
@@ -486,7 +486,16 @@ const OP_ARG_MASK: u32 = (1 << 24) - 1;
 const OP_FIN: u32 = 1;
 const OP_RESET: u32 = 2;
 const OP_MIGRATE: u32 = 3;
+const OP_GROW_HI: u32 = 4;
+const OP_GROW: u32 = 5;
+const OP_SWITCHED: u32 = 6;
 const PORT_MASK: u32 = 0xffff;
+const HALF_SHIFT: u32 = 16;
+
+/// Largest ring a GROW can announce, in 4 KiB pages (16 bits split over the pair).
+pub const MAX_GROW_PAGES: u32 = 0xffff;
+/// Unit of a grown ring's size.
+pub const GROW_PAGE: u32 = 4096;
 
 /// Meaning of one immediate value (host order; verbs carry it big-endian).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -515,6 +524,25 @@ pub enum Imm {
         /// rdma_cm port (TCP port space) of the taker's listener; never 0.
         port: u16,
     },
+    /// First half of a ring growth (PROTOCOL.md §12): the high halves of the new ring's rkey
+    /// and size. Always directly followed by [`Grow`](Imm::Grow).
+    GrowHi {
+        /// rkey bits 31..16.
+        rkey_hi: u16,
+        /// Size in 4 KiB pages, bits 15..8.
+        pages_hi: u8,
+    },
+    /// Second half of a ring growth: the low halves. From the receipt of this, the receiver
+    /// of it writes into the new ring only, and answers with [`Switched`](Imm::Switched).
+    Grow {
+        /// rkey bits 15..0.
+        rkey_lo: u16,
+        /// Size in 4 KiB pages, bits 7..0.
+        pages_lo: u8,
+    },
+    /// Answer to a GROW: every byte written before this is in the old ring; every later one
+    /// goes to the new ring.
+    Switched,
 }
 
 /// An immediate value that does not decode.
@@ -544,6 +572,22 @@ impl fmt::Display for ImmError {
 impl std::error::Error for ImmError {}
 
 impl Imm {
+    /// The GROW pair announcing a ring of `pages` 4 KiB pages (`1..=MAX_GROW_PAGES`) under
+    /// `rkey`.
+    pub fn grow_pair(rkey: u32, pages: u32) -> [Imm; 2] {
+        debug_assert!((1..=MAX_GROW_PAGES).contains(&pages));
+        [
+            Imm::GrowHi {
+                rkey_hi: (rkey >> 16) as u16,
+                pages_hi: (pages >> 8) as u8,
+            },
+            Imm::Grow {
+                rkey_lo: rkey as u16,
+                pages_lo: pages as u8,
+            },
+        ]
+    }
+
     /// Decodes an immediate value.
     pub fn decode(v: u32) -> Result<Imm, ImmError> {
         if v & IMM_CTRL == 0 {
@@ -568,6 +612,16 @@ impl Imm {
             OP_RESET => Ok(Imm::Reset),
             OP_MIGRATE if arg & !PORT_MASK != 0 || arg == 0 => Err(ImmError::ReservedBits(v)),
             OP_MIGRATE => Ok(Imm::Migrate { port: arg as u16 }),
+            OP_GROW_HI => Ok(Imm::GrowHi {
+                rkey_hi: arg as u16,
+                pages_hi: (arg >> HALF_SHIFT) as u8,
+            }),
+            OP_GROW => Ok(Imm::Grow {
+                rkey_lo: arg as u16,
+                pages_lo: (arg >> HALF_SHIFT) as u8,
+            }),
+            OP_SWITCHED if arg != 0 => Err(ImmError::ReservedBits(v)),
+            OP_SWITCHED => Ok(Imm::Switched),
             op => Err(ImmError::UnknownOp(op as u8)),
         }
     }
@@ -591,6 +645,19 @@ impl Imm {
                 debug_assert!(port != 0);
                 IMM_TAG_MASK | OP_MIGRATE << OP_SHIFT | u32::from(port)
             }
+            Imm::GrowHi { rkey_hi, pages_hi } => {
+                IMM_TAG_MASK
+                    | OP_GROW_HI << OP_SHIFT
+                    | u32::from(pages_hi) << HALF_SHIFT
+                    | u32::from(rkey_hi)
+            }
+            Imm::Grow { rkey_lo, pages_lo } => {
+                IMM_TAG_MASK
+                    | OP_GROW << OP_SHIFT
+                    | u32::from(pages_lo) << HALF_SHIFT
+                    | u32::from(rkey_lo)
+            }
+            Imm::Switched => IMM_TAG_MASK | OP_SWITCHED << OP_SHIFT,
         }
     }
 }
@@ -601,7 +668,7 @@ mod tests {
 
     const HELLO_BYTES: [u8; 40] = [
         b'R', b'S', b'C', b'K', // magic
-        0x02, // version
+        0x03, // version
         0x01, // kind: connect
         0x00, 0x00, // flags
         0x00, 0x28, // len 40
@@ -614,7 +681,7 @@ mod tests {
     ];
 
     const RESUME_BYTES: [u8; 56] = [
-        b'R', b'S', b'C', b'K', 0x02, // magic, version
+        b'R', b'S', b'C', b'K', 0x03, // magic, version
         0x04, // kind: resume
         0x00, 0x00, // flags
         0x00, 0x38, // len 56
@@ -778,7 +845,7 @@ mod tests {
     }
 
     const REJECT_BYTES: [u8; 12] = [
-        b'R', b'S', b'C', b'K', 0x02, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01,
+        b'R', b'S', b'C', b'K', 0x03, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01,
     ];
 
     #[test]
@@ -826,6 +893,22 @@ mod tests {
         assert_eq!(Imm::Fin.encode(), 0xc100_0000);
         assert_eq!(Imm::Reset.encode(), 0xc200_0000);
         assert_eq!(Imm::Migrate { port: 0x1234 }.encode(), 0xc300_1234);
+        assert_eq!(
+            Imm::grow_pair(0xdead_beef, 0x0140),
+            [
+                Imm::GrowHi {
+                    rkey_hi: 0xdead,
+                    pages_hi: 0x01
+                },
+                Imm::Grow {
+                    rkey_lo: 0xbeef,
+                    pages_lo: 0x40
+                }
+            ]
+        );
+        assert_eq!(Imm::grow_pair(0xdead_beef, 0x0140)[0].encode(), 0xc401_dead);
+        assert_eq!(Imm::grow_pair(0xdead_beef, 0x0140)[1].encode(), 0xc540_beef);
+        assert_eq!(Imm::Switched.encode(), 0xc600_0000);
     }
 
     #[test]
@@ -841,6 +924,15 @@ mod tests {
             Imm::Reset,
             Imm::Migrate { port: 1 },
             Imm::Migrate { port: u16::MAX },
+            Imm::GrowHi {
+                rkey_hi: 0,
+                pages_hi: 0,
+            },
+            Imm::Grow {
+                rkey_lo: u16::MAX,
+                pages_lo: u8::MAX,
+            },
+            Imm::Switched,
         ] {
             assert_eq!(Imm::decode(imm.encode()), Ok(imm));
         }
@@ -848,7 +940,13 @@ mod tests {
         assert_eq!(Imm::decode(0x8000_0000), Err(ImmError::EmptyCredit));
         assert_eq!(Imm::decode(0xc000_0000), Err(ImmError::UnknownOp(0)));
         assert_eq!(Imm::decode(0xff00_0000), Err(ImmError::UnknownOp(0x3f)));
-        for bad in [0xc100_0001, 0xc200_0100, 0xc300_0000, 0xc301_0001] {
+        for bad in [
+            0xc100_0001,
+            0xc200_0100,
+            0xc300_0000,
+            0xc301_0001,
+            0xc600_0001,
+        ] {
             assert_eq!(Imm::decode(bad), Err(ImmError::ReservedBits(bad)));
         }
     }

@@ -37,6 +37,8 @@ fn config() -> impl Strategy<Value = Config> {
             send_buf_size: 64,
             send_queue_depth: 8,
             max_inline: 8,
+            ring_grow_to: 0,
+            send_grow_to: 0,
         }),
         Just(Config {
             ring_size: 300,
@@ -44,6 +46,8 @@ fn config() -> impl Strategy<Value = Config> {
             send_buf_size: 200,
             send_queue_depth: 8,
             max_inline: 16,
+            ring_grow_to: 0,
+            send_grow_to: 0,
         }),
         Just(Config {
             ring_size: 4096,
@@ -51,6 +55,8 @@ fn config() -> impl Strategy<Value = Config> {
             send_buf_size: 1000,
             send_queue_depth: 16,
             max_inline: 64,
+            ring_grow_to: 0,
+            send_grow_to: 0,
         }),
     ]
 }

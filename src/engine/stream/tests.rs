@@ -20,6 +20,8 @@ fn small() -> Config {
         send_buf_size: 4096,
         send_queue_depth: 16,
         max_inline: 64,
+        ring_grow_to: 0,
+        send_grow_to: 0,
     }
 }
 

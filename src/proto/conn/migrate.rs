@@ -146,9 +146,12 @@ impl Conn {
     /// peer may already be gone), or a hand-over is under way.
     pub fn start_migration(&mut self, port: u16) -> Result<(), MigrateError> {
         let over = self.is_broken() || self.reset_sent || (self.fin_sent && self.fin_received);
-        if over || port == 0 || self.migration != Migration::None {
+        // A ring growth announced and not yet switched would strand the new ring.
+        let growing = matches!(self.ring_growth, super::Growth::Sent { .. });
+        if over || port == 0 || self.migration != Migration::None || growing {
             return Err(MigrateError::NotNow);
         }
+        self.cancel_ring_growth();
         self.migration = Migration::Leaving { port };
         Ok(())
     }
@@ -246,6 +249,10 @@ impl Conn {
         }
         let granted = self.tx.granted_end();
         self.tx = TxCredits::resumed(accept.ring_size, accept.recv_credits, granted);
+        self.peer_ring_addr = accept.ring_addr;
+        self.peer_rkey = accept.rkey;
+        self.peer_grow_hi = None;
+        self.switch_owed = false;
         self.rx.forget_messages();
         self.signaled.clear();
         self.unsignaled_wrs = 0;
@@ -353,6 +360,7 @@ impl Conn {
             return Ok(());
         }
         self.migration = Migration::PeerMoving { port };
+        self.cancel_ring_growth();
         self.planned.clear(); // nothing is planned between poll_write calls; keep it so
         self.events |= EV_MOVING;
         Ok(())

@@ -141,6 +141,15 @@ impl Conn {
             return Err(ProtocolError::AfterMigrate);
         }
         self.rx.on_message()?;
+        if let Some((rkey_hi, pages_hi)) = self.peer_grow_hi.take() {
+            // The second half must follow the first directly.
+            let Imm::Grow { rkey_lo, pages_lo } = imm else {
+                return Err(ProtocolError::BadGrow);
+            };
+            let rkey = u32::from(rkey_hi) << 16 | u32::from(rkey_lo);
+            let pages = u32::from(pages_hi) << 8 | u32::from(pages_lo);
+            return self.on_grow(rkey, pages);
+        }
         match imm {
             Imm::Data { len } => {
                 if self.fin_received {
@@ -156,6 +165,7 @@ impl Conn {
                     }
                 } else {
                     self.events |= EV_READABLE;
+                    self.note_window_full();
                 }
             }
             Imm::Credit { wrs, bytes } => self.tx.grant(wrs, bytes, self.tx_posted)?,
@@ -164,6 +174,7 @@ impl Conn {
                     return Err(ProtocolError::DuplicateFin);
                 }
                 self.fin_received = true;
+                self.cancel_ring_growth();
                 self.events |= EV_READABLE;
             }
             Imm::Reset => {
@@ -172,6 +183,9 @@ impl Conn {
                 self.events |= EV_RESET;
             }
             Imm::Migrate { port } => self.on_migrate(port)?,
+            Imm::GrowHi { rkey_hi, pages_hi } => self.peer_grow_hi = Some((rkey_hi, pages_hi)),
+            Imm::Grow { .. } => return Err(ProtocolError::BadGrow),
+            Imm::Switched => self.on_switched()?,
         }
         Ok(())
     }

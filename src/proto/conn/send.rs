@@ -68,6 +68,9 @@ impl Conn {
             // Space comes back only through completions: make sure one is coming.
             self.need_signal = true;
             self.writer_waiting = true;
+            if !self.send_swap_pending() {
+                self.note_send_full();
+            }
         }
         if n == 0 {
             return Err(WriteError::Blocked);
@@ -100,6 +103,9 @@ impl Conn {
         if free == 0 {
             self.need_signal = true;
             self.writer_waiting = true;
+            if !self.send_swap_pending() {
+                self.note_send_full();
+            }
             return Err(WriteError::Blocked);
         }
         let n = n.min(free);
@@ -131,6 +137,7 @@ impl Conn {
             self.unsignaled_wrs = 0;
             self.unsignaled_bytes = 0;
         }
+        self.swap_send_buf_if_drained();
         if self.writer_waiting && self.writable() > 0 {
             self.writer_waiting = false;
             self.events |= EV_WRITABLE;
@@ -229,6 +236,8 @@ impl Conn {
             local_offset,
             len,
             remote_offset,
+            remote_addr: self.peer_ring_addr.wrapping_add(u64::from(remote_offset)),
+            rkey: self.peer_rkey,
             imm,
             inline: len > 0 && len <= self.max_inline,
             signaled,

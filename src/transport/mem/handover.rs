@@ -41,13 +41,16 @@ impl Pair {
             return Err(Fault::Stalled);
         }
         let i = stay as usize;
-        let resume = peer.conn.resume_hello(RING_ADDR[i], RKEY[i], CONN_ID);
+        let resume = peer
+            .conn
+            .resume_hello(RING_ADDR[i], peer.ring_rkey, CONN_ID);
         let resume =
             Hello::parse_kind(&resume.to_bytes(), HelloKind::Resume).expect("resume hello parses");
         let state = old.conn.handover().ok_or(Fault::Stalled)?;
         let state = crate::proto::Handover::parse(&state.to_bytes()).expect("handover parses");
         let conn = Conn::from_handover(&config_t, &state, &resume).map_err(Fault::Migrate)?;
-        let mut taker = Endpoint::new(config_t.clone(), conn);
+        let j = from as usize;
+        let mut taker = Endpoint::new(config_t.clone(), conn, RKEY[j]);
         copy(
             &old.ring,
             old.conn.readable_ranges(),
@@ -63,7 +66,6 @@ impl Pair {
         // The taker's ring is granted exactly where the old one was.
         taker.granted = old.granted.clone();
         taker.grant_cursor = old.grant_cursor;
-        let j = from as usize;
         let accept = config_t.hello(HelloKind::Accept, RING_ADDR[j], RKEY[j], CONN_ID);
         let accept = Hello::parse_kind(&accept.to_bytes(), HelloKind::Accept).expect("accept");
         peer.conn.resume(&accept).map_err(Fault::Migrate)?;

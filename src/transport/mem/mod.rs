@@ -83,6 +83,13 @@ pub struct Endpoint {
     pub send_buf: Vec<u8>,
     /// Stands in for the registered receive ring.
     pub ring: Vec<u8>,
+    /// The ring's rkey (writes name the ring they target).
+    ring_rkey: u32,
+    /// A bigger ring offered to the peer and not yet switched to, with its rkey and grant
+    /// shadow (conn/grow.rs).
+    next_ring: Option<(Vec<u8>, u32, Vec<bool>)>,
+    /// A bigger send buffer waiting for the old one to drain.
+    next_send: Option<Vec<u8>>,
     config: Config,
     posted_recvs: u32,
     recv_cq: VecDeque<u32>,
@@ -101,11 +108,14 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    fn new(config: Config, conn: Conn) -> Endpoint {
+    fn new(config: Config, conn: Conn, ring_rkey: u32) -> Endpoint {
         Endpoint {
             conn,
             send_buf: vec![0; config.send_buf_size as usize],
             ring: vec![0; config.ring_size as usize],
+            ring_rkey,
+            next_ring: None,
+            next_send: None,
             posted_recvs: config.recv_credits,
             recv_cq: VecDeque::new(),
             send_cq: VecDeque::new(),
@@ -141,8 +151,55 @@ impl Endpoint {
     }
 
     fn drain_events(&mut self) {
+        self.sync_memory();
         while let Some(ev) = self.conn.poll_event() {
             self.events.push(ev);
+        }
+    }
+
+    /// What a driver does for buffers that grow: register what the connection asks for,
+    /// move unread bytes into a new ring at the switch, swap a drained send buffer.
+    fn sync_memory(&mut self) {
+        if let Some(size) = self.conn.ring_grow_wanted() {
+            let rkey = self.ring_rkey.wrapping_add(0x100);
+            self.next_ring = Some((vec![0; size as usize], rkey, vec![true; size as usize]));
+            self.conn.offer_ring(rkey);
+        }
+        if let Some(copy) = self.conn.take_ring_copy() {
+            if let Some((mut ring, rkey, mut granted)) = self.next_ring.take() {
+                for (old, new) in copy.pieces() {
+                    ring[new].copy_from_slice(&self.ring[old]);
+                }
+                // Positions returned..received_end of the new ring hold bytes (moved or
+                // consumed): they are not the peer's to write until returned again. It
+                // must not have written them.
+                let c = self.conn.counters();
+                let returned = c.rx_granted_end - u64::from(copy.new_size);
+                for pos in returned..copy.to {
+                    let i = (pos % u64::from(copy.new_size)) as usize;
+                    assert!(granted[i], "peer wrote a moved byte of the new ring");
+                    granted[i] = false;
+                }
+                self.grant_cursor = (returned % u64::from(copy.new_size)) as usize;
+                self.ring = ring;
+                self.ring_rkey = rkey;
+                self.granted = granted;
+            }
+        }
+        if self.conn.pending_ring().is_none() {
+            self.next_ring = None;
+        }
+        if let Some(size) = self.conn.send_grow_wanted() {
+            self.next_send = Some(vec![0; size as usize]);
+            self.conn.offer_send_buf();
+        }
+        if self.conn.send_buf_size() as usize != self.send_buf.len() {
+            if let Some(buf) = self.next_send.take() {
+                self.send_buf = buf;
+            }
+        }
+        if self.conn.pending_send_buf().is_none() {
+            self.next_send = None;
         }
     }
 }
@@ -181,8 +238,8 @@ impl Pair {
         let a = Conn::new(&config_a, &a_peer).expect("config A");
         let b = Conn::new(&config_b, &b_peer).expect("config B");
         Pair {
-            a: Endpoint::new(config_a, a),
-            b: Endpoint::new(config_b, b),
+            a: Endpoint::new(config_a, a, RKEY[0]),
+            b: Endpoint::new(config_b, b, RKEY[1]),
             check_grants: true,
         }
     }
@@ -292,7 +349,19 @@ impl Pair {
         }
         let w = f.write;
         let remote_end = w.remote_offset as usize + w.len as usize;
-        if w.len > 0 && remote_end > dst.ring.len() {
+        // The write names its ring by rkey: the current one or one offered to grow into.
+        let (ring, granted) = match &mut dst.next_ring {
+            Some((ring, rkey, granted)) if *rkey == w.rkey => (ring, granted),
+            _ if w.rkey == dst.ring_rkey => (&mut dst.ring, &mut dst.granted),
+            _ if w.len == 0 => (&mut dst.ring, &mut dst.granted), // a control: no access
+            _ => {
+                return Err(Fault::OutOfBounds {
+                    side: from,
+                    write: w,
+                })
+            }
+        };
+        if w.len > 0 && remote_end > ring.len() {
             return Err(Fault::OutOfBounds {
                 side: from,
                 write: w,
@@ -301,19 +370,19 @@ impl Pair {
         if w.len > 0 {
             let range = w.remote_offset as usize..remote_end;
             if check {
-                if !dst.granted[range.clone()].iter().all(|&g| g) {
+                if !granted[range.clone()].iter().all(|&g| g) {
                     return Err(Fault::OutsideGrant {
                         side: from,
                         write: w,
                     });
                 }
-                dst.granted[range.clone()].fill(false);
+                granted[range.clone()].fill(false);
             }
             match &f.inline_payload {
-                Some(p) => dst.ring[range].copy_from_slice(p),
+                Some(p) => ring[range].copy_from_slice(p),
                 None => {
                     let local = w.local_offset as usize..w.local_offset as usize + w.len as usize;
-                    dst.ring[range].copy_from_slice(&src.send_buf[local]);
+                    ring[range].copy_from_slice(&src.send_buf[local]);
                 }
             }
         }
@@ -442,7 +511,10 @@ impl Pair {
                     credit_wrs += u64::from(wrs);
                 }
             }
-            if cy.rx_granted_end != cx.tx_granted_end + credit_bytes {
+            // Between the sender reading GROW and the receiver reading SWITCHED, the sender
+            // already counts the bigger ring.
+            let regrown = u64::from(cx.tx_peer_ring) - u64::from(cy.rx_ring);
+            if cy.rx_granted_end + regrown != cx.tx_granted_end + credit_bytes {
                 return Err(format!(
                     "{from:?}->peer bytes: receiver granted to {}, sender holds {} + {} in flight",
                     cy.rx_granted_end, cx.tx_granted_end, credit_bytes
@@ -473,7 +545,7 @@ impl Pair {
                 ));
             }
             if cx.tx_acked > cx.tx_posted
-                || cx.tx_queued - cx.tx_acked > u64::from(x.config.send_buf_size)
+                || cx.tx_queued - cx.tx_acked > u64::from(x.conn.send_buf_size())
             {
                 return Err(format!("{from:?} send buffer accounting: {cx:?}"));
             }
