@@ -13,6 +13,8 @@ fuzz_target!(|data: &[u8]| {
         send_buf_size: 37,
         send_queue_depth: 6,
         max_inline: 4,
+        ring_grow_to: 8192,
+        send_grow_to: 53,
     };
     let peer = Hello {
         kind: HelloKind::Accept,
@@ -33,6 +35,23 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(imm) = Imm::decode(v) {
             assert_eq!(imm.encode(), v);
         }
+        // A driver's part of buffers that grow, after every call.
+        if conn.ring_grow_wanted().is_some() {
+            conn.offer_ring(0x77);
+        }
+        if let Some(c) = conn.take_ring_copy() {
+            let mut new = vec![0u8; c.new_size as usize];
+            for (a, b) in c.pieces() {
+                new[b].copy_from_slice(&ring[a]);
+            }
+            ring = new;
+        }
+        if conn.send_grow_wanted().is_some() {
+            conn.offer_send_buf();
+        }
+        if conn.send_buf_size() as usize != send_buf.len() {
+            send_buf = vec![0u8; conn.send_buf_size() as usize];
+        }
         match chunk[0] % 6 {
             0 => {
                 let _ = conn.handle_imm(v);
@@ -49,12 +68,14 @@ fuzz_target!(|data: &[u8]| {
                     if w.signaled {
                         let _ = conn.handle_send_complete(w.wr_id);
                     }
-                    assert!(w.local_offset as usize + w.len as usize <= send_buf.len());
-                    assert!(w.remote_offset as usize + w.len as usize <= 29);
+                    assert!(w.local_offset + w.len <= conn.send_buf_size());
+                    let peer_ring = conn.counters().tx_peer_ring as usize;
+                    assert!(w.remote_offset as usize + w.len as usize <= peer_ring);
                 }
             }
             4 => {
-                ring[(v % 61) as usize] = chunk[1];
+                let n = ring.len();
+                ring[v as usize % n] = chunk[1];
                 while conn.poll_event().is_some() {}
             }
             _ => match chunk[1] % 4 {
