@@ -44,6 +44,10 @@ pub struct Config {
     pub ring_size: u32,
     /// `RSOCK_SEND_BUF` (default 262144, 4096–1073741824): bytes of each send buffer.
     pub send_buf: u32,
+    /// `RSOCK_BUF_START` (default 16384, 4096–1073741824): bytes a ring and a send buffer
+    /// start with; each grows to `RSOCK_RING_SIZE`/`RSOCK_SEND_BUF` (or a rule's size) when
+    /// the connection streams. At or above those sizes, buffers never grow.
+    pub buf_start: u32,
     /// `RSOCK_MAX_PINNED_MB` (default: a quarter of physical memory; 0 = no limit;
     /// 1–4194304): registered memory (rings, send buffers) this process may pin; a
     /// connection that would go beyond falls back to TCP (`resources`). `None` = default.
@@ -193,6 +197,7 @@ impl Default for Config {
             neg_cache_ms: 30_000,
             ring_size: 256 * 1024,
             send_buf: 256 * 1024,
+            buf_start: 16 * 1024,
             max_pinned_mb: None,
             recv_credits: 64,
             max_inline: 128,
@@ -226,6 +231,7 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_NEG_CACHE_MS",
     "RSOCK_RING_SIZE",
     "RSOCK_SEND_BUF",
+    "RSOCK_BUF_START",
     "RSOCK_MAX_PINNED_MB",
     "RSOCK_RECV_CREDITS",
     "RSOCK_INLINE",
@@ -283,6 +289,7 @@ impl Config {
                 "RSOCK_NEG_CACHE_MS" => set_u32(&mut c.neg_cache_ms, v, 0, 86_400_000, &mut bad),
                 "RSOCK_RING_SIZE" => set_u32(&mut c.ring_size, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_SEND_BUF" => set_u32(&mut c.send_buf, v, 4096, 1 << 30, &mut bad),
+                "RSOCK_BUF_START" => set_u32(&mut c.buf_start, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_MAX_PINNED_MB" => {
                     let mut mb = u32::MAX; // out of range: stays unless v is valid
                     set_u32(&mut mb, v, 0, 1 << 22, &mut bad);
@@ -317,6 +324,7 @@ impl Config {
         for (name, slot) in [
             ("RSOCK_RING_SIZE", &mut c.ring_size),
             ("RSOCK_SEND_BUF", &mut c.send_buf),
+            ("RSOCK_BUF_START", &mut c.buf_start),
         ] {
             let rounded = slot.div_ceil(PAGE) * PAGE;
             if rounded != *slot {

@@ -72,7 +72,7 @@ pub(super) struct Memory {
 }
 
 /// A connection's buffer sizes in bytes (`RSOCK_RING_SIZE`/`RSOCK_SEND_BUF`, or a rule's).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufSizes {
     /// The receive ring.
     pub ring: u32,
@@ -80,17 +80,34 @@ pub struct BufSizes {
     pub send: u32,
 }
 
+impl BufSizes {
+    /// What a connection growing to these sizes starts with (`RSOCK_BUF_START`).
+    pub fn start(self, start: u32) -> BufSizes {
+        BufSizes {
+            ring: self.ring.min(start),
+            send: self.send.min(start),
+        }
+    }
+
+    /// Whole pages: a registration of another size would not match its buffer.
+    fn pages(self) -> BufSizes {
+        BufSizes {
+            ring: self.ring.div_ceil(4096) * 4096,
+            send: self.send.div_ceil(4096) * 4096,
+        }
+    }
+}
+
+/// Registered memory for a connection that starts with `start` and may grow to `full`.
 pub(super) fn memory(
     engine: &Engine,
     dev: &Arc<Device>,
-    sizes: BufSizes,
+    start: BufSizes,
+    full: BufSizes,
 ) -> Result<Memory, rdma::Error> {
     let c = engine.cfg;
-    // Registrations come in pages: a size between pages would not match its buffer.
-    let (ring_size, send_size) = (
-        sizes.ring.div_ceil(4096) * 4096,
-        sizes.send.div_ceil(4096) * 4096,
-    );
+    let (start, full) = (start.pages(), full.pages());
+    let (ring_size, send_size) = (start.ring, start.send);
     let (pd, ring, send) = match rdma::pool::take(dev, ring_size as usize, send_size as usize) {
         Some(reused) => reused,
         None => {
@@ -115,8 +132,8 @@ pub(super) fn memory(
         // leaves room in the device's shared CQ for more connections.
         send_queue_depth: 64,
         max_inline: c.max_inline,
-        ring_grow_to: 0,
-        send_grow_to: 0,
+        ring_grow_to: full.ring,
+        send_grow_to: full.send,
     };
     Ok(Memory {
         pd,
@@ -165,14 +182,6 @@ pub(super) fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RE
         .to_bytes()
 }
 
-pub(super) fn remote(peer: &Hello) -> rdma::RemoteBuf {
-    rdma::RemoteBuf {
-        addr: peer.ring_addr,
-        rkey: peer.rkey,
-        len: peer.ring_size as u64,
-    }
-}
-
 /// An unconnected kernel TCP socket of `peer`'s family: holds the program's socket options.
 fn opts_socket(peer: &SocketAddr) -> libc::c_int {
     let family = if peer.is_ipv4() {
@@ -207,7 +216,8 @@ pub(super) fn connect(
     let (id, dev) = rdma::resolve(src, dest, token, timeout).map_err(fail)?;
     steps.mark("resolve");
     let d = engine.dev(&dev).map_err(fail)?;
-    let mut m = memory(engine, &dev, sizes).map_err(fail)?;
+    let start = sizes.start(engine.cfg.buf_start);
+    let mut m = memory(engine, &dev, start, sizes).map_err(fail)?;
     steps.mark("memory");
     let mut rc = queue_pair(id, &mut m).map_err(fail)?;
     steps.mark("qp");
@@ -254,7 +264,6 @@ pub(super) fn connect(
         proto: conn,
         ring: m.ring,
         send: m.send,
-        remote: remote(&peer),
         local,
         peer: dest,
         opts_fd,
@@ -354,10 +363,10 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     // this server as one that cannot do RDMA.
     let no_room = Reject::new(RejectReason::NoResources).to_bytes();
     let refuse = |e: &rdma::Error| log::warn!("refusing rdma connection from {from:?}: {e}");
-    let (d, mut m) = match engine
-        .dev(&device)
-        .and_then(|d| Ok((d, memory(engine, &device, l.sizes)?)))
-    {
+    let (d, mut m) = match engine.dev(&device).and_then(|d| {
+        let start = l.sizes.start(engine.cfg.buf_start);
+        Ok((d, memory(engine, &device, start, l.sizes)?))
+    }) {
         Ok(x) => x,
         Err(e) => {
             refuse(&e);
@@ -426,7 +435,6 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         proto: conn,
         ring: m.ring,
         send: m.send,
-        remote: remote(&peer),
         local,
         peer: peer_addr,
         opts_fd,
@@ -440,10 +448,9 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
             l.pending_add();
             engine.register(&s);
             steps.mark("stream");
+            let (ring, send) = s.sizes();
             steps.log(format_args!(
-                "rdma stream {local} <- {peer_addr}: accepted, ring {} send buffer {},",
-                l.sizes.ring.div_ceil(4096) * 4096,
-                l.sizes.send.div_ceil(4096) * 4096
+                "rdma stream {local} <- {peer_addr}: accepted, ring {ring} send buffer {send},"
             ));
         }
         Err(e) => log::warn!("rdma accept from {peer_addr}: doorbell: {e}"),

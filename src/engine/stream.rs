@@ -31,7 +31,7 @@ use super::relay;
 use super::spin::Budget;
 use super::Dev;
 use crate::proto::{self, Failure, ReadError, Readiness, WrId, WriteError};
-use crate::rdma::{self, RemoteBuf, Wc};
+use crate::rdma::{self, Wc};
 use crate::readiness::Doorbell;
 use libc::c_int;
 pub use port::{Buf, Port, QueuePair, Region};
@@ -62,9 +62,9 @@ pub struct Stream<P: Port = Dev> {
     pub token: u64,
     /// The connection's id from the handshake (a resume proves itself with it).
     pub conn_id: u64,
-    /// Registered sizes of the ring and send buffer (a taker needs the same ring size).
-    pub ring_size: u32,
-    pub send_size: u32,
+    /// Sizes of the ring and send buffer now (high and low 32 bits; they grow under
+    /// load): what a taker registers.
+    sizes: AtomicU64,
     /// Local address (rdma_cm's view).
     pub local: SocketAddr,
     /// Peer address.
@@ -123,7 +123,9 @@ pub(super) struct Inner<P: Port = Dev> {
     /// Taken in Drop (after the QP, then recycled): read through `Deref`.
     ring: ManuallyDrop<Buf<P>>,
     send: ManuallyDrop<Buf<P>>,
-    remote: RemoteBuf,
+    /// Bigger memory the protocol asked for (proto/conn/grow.rs), until it takes over.
+    next_ring: Option<Buf<P>>,
+    next_send: Option<Buf<P>>,
     recvs_owed: u32,
     /// What the doorbell's A shows (it lags the protocol while nobody looks; see `show`).
     pub(super) shown: Readiness,
@@ -161,7 +163,6 @@ pub(super) struct Parts<P: Port = Dev> {
     pub proto: proto::Conn,
     pub ring: Buf<P>,
     pub send: Buf<P>,
-    pub remote: RemoteBuf,
     pub local: SocketAddr,
     pub peer: SocketAddr,
     pub opts_fd: c_int,
@@ -212,14 +213,15 @@ impl<P: Port> Stream<P> {
             None => fresh_bell()?,
         };
         let qp_num = AtomicU32::new(p.rc.qp_num());
-        let (ring_size, send_size) = (p.ring.len() as u32, p.send.len() as u32);
+        let sizes = AtomicU64::new(pack_sizes(p.ring.len(), p.send.len()));
         let s = Arc::new(Stream {
             inner: Mutex::new(Inner {
                 rc: Some(p.rc),
                 proto: p.proto,
                 ring: ManuallyDrop::new(p.ring),
                 send: ManuallyDrop::new(p.send),
-                remote: p.remote,
+                next_ring: None,
+                next_send: None,
                 recvs_owed: 0,
                 sleepers: 0,
                 demand: false,
@@ -241,8 +243,7 @@ impl<P: Port> Stream<P> {
             qp_num,
             token: p.token,
             conn_id: p.conn_id,
-            ring_size,
-            send_size,
+            sizes,
             local: p.local,
             peer: p.peer,
             nonblocking: AtomicBool::new(false),
@@ -265,6 +266,12 @@ impl<P: Port> Stream<P> {
         s.load_options();
         s.with(|inner| s.pump(inner));
         Ok(s)
+    }
+
+    /// The ring's and the send buffer's sizes now.
+    pub fn sizes(&self) -> (u32, u32) {
+        let v = self.sizes.load(Acquire);
+        ((v >> 32) as u32, v as u32)
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Inner<P>> {
@@ -445,6 +452,7 @@ impl<P: Port> Stream<P> {
         if inner.moved {
             return;
         }
+        self.sync_memory(inner);
         if let Some(rc) = inner.rc.as_mut() {
             // Receives stay posted after a protocol-level reset: the peer's writes still in
             // flight must land (and be discarded), not stall its QP in RNR retries.
@@ -540,11 +548,76 @@ impl<P: Port> Stream<P> {
         }
     }
 
+    /// Buffers that grow (proto/conn/grow.rs): registers what the protocol asks for, moves
+    /// the unread bytes into a ring the peer switched to, swaps in a drained send buffer,
+    /// and frees what it no longer needs. Run before the memory is used after any input.
+    fn sync_memory(&self, inner: &mut Inner<P>) {
+        let Some(rc) = inner.rc.as_ref() else { return };
+        let p = &mut inner.proto;
+        if let Some(size) = p.ring_grow_wanted() {
+            match rc.alloc(size as usize, true) {
+                Ok((buf, rkey)) => {
+                    inner.next_ring = Some(buf);
+                    p.offer_ring(rkey);
+                }
+                Err(e) => {
+                    log::info!("rdma stream {}: ring stays small: {e}", self.peer);
+                    p.decline_ring();
+                }
+            }
+        }
+        if let Some(copy) = p.take_ring_copy() {
+            let Some(mut new) = inner.next_ring.take() else {
+                // Unreachable: the protocol switches only to a ring it was given.
+                log::error!("rdma stream {}: switched to a ring it never had", self.peer);
+                p.handle_failure(Failure::Reset);
+                return;
+            };
+            for (from, to) in copy.pieces() {
+                new.range_mut(to).copy_from_slice(inner.ring.range(from));
+            }
+            // The old ring: nothing writes it any more (every write before SWITCHED landed).
+            drop(std::mem::replace(&mut *inner.ring, new));
+            log::debug!("rdma stream {}: ring grew to {}", self.peer, copy.new_size);
+        }
+        if p.pending_ring().is_none() {
+            inner.next_ring = None; // cancelled (a FIN or a move crossed it)
+        }
+        if let Some(size) = p.send_grow_wanted() {
+            match rc.alloc(size as usize, false) {
+                Ok((buf, _)) => {
+                    inner.next_send = Some(buf);
+                    p.offer_send_buf();
+                }
+                Err(e) => {
+                    log::info!("rdma stream {}: send buffer stays small: {e}", self.peer);
+                    p.decline_send_buf();
+                }
+            }
+        }
+        if p.send_buf_size() as usize != inner.send.len() {
+            if let Some(new) = inner.next_send.take() {
+                // The old one: every write from it has completed.
+                drop(std::mem::replace(&mut *inner.send, new));
+                log::debug!(
+                    "rdma stream {}: send buffer grew to {}",
+                    self.peer,
+                    p.send_buf_size()
+                );
+            }
+        }
+        if p.pending_send_buf().is_none() {
+            inner.next_send = None;
+        }
+        let sizes = pack_sizes(inner.ring.len(), inner.send.len());
+        self.sizes.store(sizes, Release);
+    }
+
     /// Posts every write the protocol wants.
     fn post_all(&self, inner: &mut Inner<P>) {
         let Some(rc) = inner.rc.as_mut() else { return };
         while let Some(w) = inner.proto.poll_write() {
-            if let Err(e) = rc.post(&w, &inner.send, &inner.remote) {
+            if let Err(e) = rc.post(&w, &inner.send) {
                 log::warn!("rdma stream {}: post failed: {e}", self.peer);
                 // Sending is over; what has arrived is not: a transport failure fails writes
                 // but still returns the queued bytes (and end of stream) to reads — needed
@@ -959,6 +1032,10 @@ fn fail<P: Port>(inner: &mut Inner<P>, f: Failure, what: &str, wc: &Wc) {
 }
 
 /// A read that found nothing left on a broken stream (end of stream is the caller's).
+fn pack_sizes(ring: usize, send: usize) -> u64 {
+    (ring as u64) << 32 | send as u64
+}
+
 fn read_errno(f: Failure) -> c_int {
     match f {
         Failure::TimedOut => libc::ETIMEDOUT,

@@ -60,8 +60,8 @@ impl Inherited {
             owner: st.owner(),
             local: st.local,
             peer: st.peer,
-            ring_size: st.ring_size,
-            send_size: st.send_size,
+            ring_size: st.sizes().0,
+            send_size: st.sizes().1,
             opts_fd: st.opts_fd,
         }
     }
@@ -92,7 +92,12 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         ring: st.ring_size,
         send: st.send_size,
     };
-    let mut m = setup::memory(engine, &dev, sizes).map_err(|e| refused("memory", &e))?;
+    // The end continues at the owner's sizes and may grow as far as ours.
+    let full = BufSizes {
+        ring: engine.cfg.ring_size.max(sizes.ring),
+        send: engine.cfg.send_buf.max(sizes.send),
+    };
+    let mut m = setup::memory(engine, &dev, sizes, full).map_err(|e| refused("memory", &e))?;
     let mut owner = st.owner;
     let (reply, bfd) = loop {
         let mut req = Msg::request(Op::Take, st.token);
@@ -109,6 +114,20 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     };
     let conn_id = reply.token;
     let started = Instant::now();
+    let now = BufSizes {
+        ring: (reply.arg >> 32) as u32,
+        send: reply.arg as u32,
+    };
+    if now.ring > 0 && now != sizes {
+        // The owner's buffers grew since this copy of the stream was made.
+        m = match setup::memory(engine, &dev, now, full) {
+            Ok(m) => m,
+            Err(e) => {
+                raw::close(bfd);
+                return Err(TakeError::Lost(format!("memory: {e}")));
+            }
+        };
+    }
     // Holds the new QP's completions until the stream is registered below. From here the
     // peer is moving: a failure loses the connection.
     let mut held = None;
@@ -146,7 +165,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             .map_err(|e| format!("accept: {e}"))?;
         Ok((rc, conn, shown, hello))
     })();
-    let (rc, conn, shown, hello) = match built {
+    let (rc, conn, shown, _) = match built {
         Ok(x) => x,
         Err(why) => {
             raw::close(bfd);
@@ -163,7 +182,6 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         proto: conn,
         ring: m.ring,
         send: m.send,
-        remote: setup::remote(&hello),
         local: st.local,
         peer: st.peer,
         opts_fd,
@@ -270,6 +288,9 @@ impl Engine {
         );
         let mut r = Msg::carrying(ipc::Carried::Doorbell, Some(&s.local), Some(&s.peer));
         r.token = s.conn_id;
+        // The sizes as the move froze them (buffers grow; the taker's copy may be older).
+        let (ring, send) = s.sizes();
+        r.arg = u64::from(ring) << 32 | u64::from(send);
         (r, (b >= 0).then_some(b))
     }
 
@@ -330,7 +351,8 @@ impl Engine {
         }
         let mut r = Msg::carrying(ipc::Carried::Stream, Some(&s.local), Some(&s.peer));
         r.token = s.token;
-        r.arg = u64::from(s.ring_size) << 32 | u64::from(s.send_size);
+        let (ring, send) = s.sizes();
+        r.arg = u64::from(ring) << 32 | u64::from(send);
         r.owner = self.owner;
         (r, Some(a))
     }

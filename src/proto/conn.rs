@@ -383,6 +383,11 @@ impl Conn {
                 && self.rx.update_due(self.credit_bytes_held()))
     }
 
+    /// Where the peer's ring is now: its address and rkey (a zero-length probe names it).
+    pub fn peer_ring(&self) -> (u64, u32) {
+        (self.peer_ring_addr, self.peer_rkey)
+    }
+
     /// Coarse state, for the socket layer and logs.
     pub fn state(&self) -> State {
         if self.is_broken() {

@@ -6,7 +6,7 @@
 use super::Stream;
 use crate::engine::ipc::Owner;
 use crate::proto::{self, Hello};
-use crate::rdma::{self, Pd, QpCaps, RemoteBuf};
+use crate::rdma::{self, Pd, QpCaps};
 use libc::c_int;
 use std::sync::Arc;
 use std::time::Instant;
@@ -101,11 +101,6 @@ impl Stream {
         self.qp_num
             .store(rc.qp_num(), std::sync::atomic::Ordering::Release);
         let old = inner.rc.replace(rc);
-        inner.remote = RemoteBuf {
-            addr: accept.ring_addr,
-            rkey: accept.rkey,
-            len: u64::from(accept.ring_size),
-        };
         inner.recvs_owed = 0;
         inner.resume_scheduled = false;
         self.pump(inner);

@@ -22,10 +22,12 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-/// Plain heap memory standing in for a registered buffer (stable address, zeroed).
+/// Plain heap memory standing in for a registered buffer (stable address, zeroed). A ring
+/// is known to the wire by its rkey while it lives (as an MR is to the device).
 pub struct HeapBuf {
     ptr: *mut u8,
     layout: Layout,
+    ring_of: Option<(Weak<Wire>, usize, u32)>,
 }
 
 // SAFETY: owns its allocation; shared views only through &self.
@@ -39,7 +41,19 @@ impl HeapBuf {
         // SAFETY: non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         assert!(!ptr.is_null(), "out of memory");
-        HeapBuf { ptr, layout }
+        HeapBuf {
+            ptr,
+            layout,
+            ring_of: None,
+        }
+    }
+
+    /// A ring of `side` that the peer writes with `rkey`.
+    fn ring(wire: &Arc<Wire>, side: usize, rkey: u32, len: usize) -> HeapBuf {
+        let mut buf = HeapBuf::new(len);
+        wire.lock()[side].rings.push((rkey, buf.ptr as usize, len));
+        buf.ring_of = Some((Arc::downgrade(wire), side, rkey));
+        buf
     }
 }
 
@@ -55,6 +69,11 @@ impl Region for HeapBuf {
 
 impl Drop for HeapBuf {
     fn drop(&mut self) {
+        if let Some((wire, side, rkey)) = self.ring_of.take() {
+            if let Some(wire) = wire.upgrade() {
+                wire.lock()[side].rings.retain(|r| r.0 != rkey);
+            }
+        }
         // SAFETY: allocated in `new` with this layout.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
@@ -64,8 +83,8 @@ impl Drop for HeapBuf {
 struct End {
     cq: VecDeque<Wc>,
     recvs: u32,
-    /// Where writes into this end land: its ring's address and length.
-    ring: (usize, usize),
+    /// Where writes into this end land: its rings' rkeys, addresses and lengths.
+    rings: Vec<(u32, usize, usize)>,
     /// Its QP was destroyed: the peer's next write fails.
     gone: bool,
     /// Its QP is in the error state (it disconnected): later posts flush.
@@ -91,6 +110,8 @@ pub struct Wire {
     /// Every RNR (a write with immediate and no receive posted): the protocol must never
     /// cause one.
     rnr: AtomicUsize,
+    /// The last rkey given out.
+    rkeys: AtomicUsize,
 }
 
 impl Wire {
@@ -130,8 +151,16 @@ impl MemQp {
         e[self.side].push(wc(self.side, wr_id, status, 0, None));
     }
 
-    /// Executes one write: `data` into the peer's ring at `off`, then `imm`.
-    fn execute(&mut self, wr_id: u64, data: &[u8], off: u64, imm: Option<u32>, signaled: bool) {
+    /// Executes one write: `data` into the peer's ring `rkey` at `off`, then `imm`.
+    fn execute(
+        &mut self,
+        wr_id: u64,
+        data: &[u8],
+        at: (u32, u64),
+        imm: Option<u32>,
+        signaled: bool,
+    ) {
+        let (rkey, off) = at;
         let wire = self.wire.clone();
         let mut e = wire.lock();
         let (me, peer) = (self.side, 1 - self.side);
@@ -142,19 +171,22 @@ impl MemQp {
         if e[peer].gone || e[peer].error {
             return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
         }
-        let (addr, len) = e[peer].ring;
-        if off as usize + data.len() > len {
+        let ring = e[peer].rings.iter().find(|r| r.0 == rkey);
+        let (addr, len) = ring.map_or((0, 0), |r| (r.1, r.2));
+        if !data.is_empty() && off as usize + data.len() > len {
             return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
         }
-        // SAFETY: inside the peer's live ring (bounds checked; `gone` is set before its
-        // memory is freed, under this lock).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                (addr + off as usize) as *mut u8,
-                data.len(),
-            )
-        };
+        if !data.is_empty() {
+            // SAFETY: inside one of the peer's live rings (bounds checked; a ring leaves the
+            // list, under this lock, before its memory is freed).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    (addr + off as usize) as *mut u8,
+                    data.len(),
+                )
+            };
+        }
         if let Some(imm) = imm {
             if e[peer].recvs == 0 {
                 wire.rnr.fetch_add(1, SeqCst);
@@ -184,17 +216,26 @@ impl QueuePair for MemQp {
         qp_num(self.side)
     }
 
-    fn post(&mut self, w: &proto::Write, send: &HeapBuf, _: &RemoteBuf) -> rdma::Result<()> {
+    fn post(&mut self, w: &proto::Write, send: &HeapBuf) -> rdma::Result<()> {
         let wr_id = w.wr_id.0 | if w.signaled { super::PROTO_SIGNALED } else { 0 };
         let (start, len) = (w.local_offset as usize, w.len as usize);
         let data = send.range(start..start + len);
-        self.execute(wr_id, data, u64::from(w.remote_offset), w.imm, w.signaled);
+        let at = (w.rkey, u64::from(w.remote_offset));
+        self.execute(wr_id, data, at, w.imm, w.signaled);
         Ok(())
     }
 
-    fn post_probe(&mut self, wr_id: u64, _: &RemoteBuf) -> rdma::Result<()> {
-        self.execute(wr_id, &[], 0, None, true);
+    fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {
+        self.execute(wr_id, &[], (remote.rkey, 0), None, true);
         Ok(())
+    }
+
+    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(HeapBuf, u32)> {
+        if !ring {
+            return Ok((HeapBuf::new(len), 0));
+        }
+        let rkey = self.wire.rkeys.fetch_add(1, SeqCst) as u32 + 1;
+        Ok((HeapBuf::ring(&self.wire, self.side, rkey, len), rkey))
     }
 
     fn post_recvs(&mut self, _: u64, n: u32) -> rdma::Result<()> {
@@ -389,7 +430,7 @@ pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<
     let end = || End {
         cq: VecDeque::new(),
         recvs: 0,
-        ring: (0, 0),
+        rings: Vec::new(),
         gone: false,
         error: false,
         tell_disconnect: false,
@@ -399,14 +440,12 @@ pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<
     let wire = Arc::new(Wire {
         ends: Mutex::new([end(), end()]),
         rnr: AtomicUsize::new(0),
+        rkeys: AtomicUsize::new(0),
     });
     let hello = |kind| config.hello(kind, 0, 0, 7);
     // Both rings exist before either stream can post.
-    let mut rings = [0, 1].map(|side| {
-        let ring = HeapBuf::new(config.ring_size as usize);
-        wire.lock()[side].ring = (ring.ptr as usize, config.ring_size as usize);
-        Some(ring)
-    });
+    let mut rings =
+        [0, 1].map(|side| Some(HeapBuf::ring(&wire, side, 0, config.ring_size as usize)));
     let mut make = |side: usize, peer_hello: Hello| {
         let ring = rings[side].take().expect("ring");
         let mut qp = MemQp {
@@ -422,11 +461,6 @@ pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<
             proto: proto::Conn::new(config, &peer_hello).expect("config"),
             ring,
             send: HeapBuf::new(config.send_buf_size as usize),
-            remote: RemoteBuf {
-                addr: 0,
-                rkey: 0,
-                len: u64::from(peer_hello.ring_size),
-            },
             local: "10.0.0.1:1".parse().expect("addr"),
             peer: "10.0.0.2:2".parse().expect("addr"),
             opts_fd: opts_fd.0,

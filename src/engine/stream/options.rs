@@ -73,7 +73,9 @@ impl<P: Port> Stream<P> {
                 Action::Probe => {
                     log::trace!("rdma stream {}: probe (in flight: {in_flight})", self.peer);
                     inner.probe_covers = c.tx_posted;
-                    if let Err(e) = rc.post_probe(PROBE_WR, &inner.remote) {
+                    let (addr, rkey) = inner.proto.peer_ring();
+                    let remote = crate::rdma::RemoteBuf { addr, rkey, len: 0 };
+                    if let Err(e) = rc.post_probe(PROBE_WR, &remote) {
                         log::info!("rdma stream {}: keepalive probe: {e}", self.peer);
                         inner.timers.probe_done();
                     }

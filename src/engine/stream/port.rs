@@ -95,10 +95,13 @@ pub trait QueuePair: Send {
     type Buf: Region;
     /// The QP number its completions carry.
     fn qp_num(&self) -> u32;
-    /// Posts one protocol write: its payload from `send`, into the peer's ring `remote`.
-    fn post(&mut self, w: &proto::Write, send: &Self::Buf, remote: &RemoteBuf) -> rdma::Result<()>;
+    /// Posts one protocol write: its payload from `send`, into the peer's ring it names.
+    fn post(&mut self, w: &proto::Write, send: &Self::Buf) -> rdma::Result<()>;
     /// A zero-length signaled WRITE with `wr_id` (a keepalive probe, unknown to the protocol).
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()>;
+    /// Memory of `len` bytes for a buffer that grows: a ring the peer may write (with the
+    /// rkey to announce, addressed from 0) if `ring`, else a send buffer.
+    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(Self::Buf, u32)>;
     /// Posts `n` receives for the peer's immediates.
     fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()>;
     /// Accounts one completion of this QP (either queue).
@@ -209,12 +212,18 @@ impl QueuePair for rdma::Conn {
         rdma::Conn::qp_num(self)
     }
 
-    fn post(&mut self, w: &proto::Write, send: &RegBuf, remote: &RemoteBuf) -> rdma::Result<()> {
+    fn post(&mut self, w: &proto::Write, send: &RegBuf) -> rdma::Result<()> {
         let wr_id = w.wr_id.0 | if w.signaled { PROTO_SIGNALED } else { 0 };
         // Signalling is proto's alone (it counts the send queue and signals before it
         // fills); the verbs layer adds none.
         let signal = if w.signaled { Signal::Yes } else { Signal::No };
         let off = u64::from(w.remote_offset);
+        // The peer's ring as this write names it (a grown ring has its own rkey).
+        let remote = &RemoteBuf {
+            addr: w.remote_addr.wrapping_sub(off),
+            rkey: w.rkey,
+            len: off + u64::from(w.len),
+        };
         if w.len == 0 {
             return match w.imm {
                 Some(imm) => self.post_imm(wr_id, remote, imm, signal),
@@ -239,6 +248,17 @@ impl QueuePair for rdma::Conn {
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {
         // SAFETY: no SGEs; a zero-length write names no memory of the peer's.
         unsafe { self.post_write(wr_id, &[], remote.at(0), remote.rkey, None, Signal::Yes) }
+    }
+
+    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(RegBuf, u32)> {
+        let access = if ring {
+            rdma::Access::RemoteWrite
+        } else {
+            rdma::Access::LocalRead
+        };
+        let buf = RegBuf::new(self.pd(), len, access)?;
+        let rkey = buf.remote().map_or(0, |r| r.rkey);
+        Ok((buf, rkey))
     }
 
     fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()> {

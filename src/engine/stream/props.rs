@@ -50,6 +50,15 @@ fn config() -> impl Strategy<Value = Config> {
             send_grow_to: 0,
         }),
         Just(Config {
+            ring_size: 64,
+            recv_credits: 6,
+            send_buf_size: 64,
+            send_queue_depth: 8,
+            max_inline: 8,
+            ring_grow_to: 4096,
+            send_grow_to: 1000,
+        }),
+        Just(Config {
             ring_size: 4096,
             recv_credits: 16,
             send_buf_size: 1000,

@@ -106,6 +106,48 @@ fn a_megabyte_each_way_through_small_rings_arrives_intact() {
 }
 
 #[test]
+fn buffers_grow_under_a_stream_and_stay_small_for_chatter() {
+    let cfg = Config {
+        ring_grow_to: 65536,
+        send_grow_to: 65536,
+        ..small()
+    };
+    let (a, b) = pair_with(&cfg, Duration::ZERO);
+    // Chatter: messages smaller than the ring grow nothing.
+    let mut buf = [0; 512];
+    for i in 0..50u8 {
+        let msg = [i; 300];
+        assert_eq!(send(&a, &msg, 0), Ok(300));
+        assert_eq!(recv(&b, &mut buf[..300], libc::MSG_WAITALL), Ok(300));
+        assert_eq!(buf[..300], msg);
+    }
+    assert_eq!((a.sizes(), b.sizes()), ((4096, 4096), (4096, 4096)));
+    // A stream: a's send buffer and b's ring grow, with b reading behind (unread bytes
+    // move into the new ring) and every wait sleeping.
+    let data = pattern(3 << 20, 9);
+    let writer = {
+        let (a, d) = (a.clone(), data.clone());
+        thread::spawn(move || {
+            assert_eq!(send(&a, &d, 0), Ok(d.len()));
+            a.shutdown_write();
+        })
+    };
+    assert!(read_to_end(&b) == data, "b received a's bytes");
+    writer.join().unwrap();
+    assert_eq!(
+        a.sizes(),
+        (4096, 65536),
+        "a's send buffer grew, its ring did not"
+    );
+    assert_eq!(
+        b.sizes(),
+        (65536, 4096),
+        "b's ring grew, its send buffer did not"
+    );
+    assert_eq!(a.dev.woke_late() + b.dev.woke_late(), 0, "wake-ups lost");
+}
+
+#[test]
 fn ping_pong_that_always_sleeps_loses_no_wake_up() {
     // Spin 0: every wait arms and sleeps, so a message landing between the check and the
     // sleep must wake it through the completion channel or the doorbell.

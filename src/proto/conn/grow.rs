@@ -8,8 +8,11 @@
 //!   positions ([`RingCopy`]) and frees the old one. Between GROW and SWITCHED we return no
 //!   ring bytes: the peer's window moves from `returned + old` to `returned + new` at GROW,
 //!   and a byte credit crossing it would count twice.
-//! - The send buffer is ours alone: when a write finds it full, we ask the driver for one of
-//!   `send_max` bytes, take no more bytes until every posted one has completed, and swap.
+//! - The send buffer is ours alone: when the peer's ring grows (we stream at it), or a write
+//!   of at least the whole buffer finds it full, we ask the driver for one of `send_max`
+//!   bytes, take no more bytes until every posted one has completed, and swap. A full buffer
+//!   alone proves nothing: space comes back lazily (signaled completions), so a chatty
+//!   program finds it full now and then without ever waiting on it.
 
 use core::ops::Range;
 
@@ -178,9 +181,16 @@ impl Conn {
         }
     }
 
-    /// A write found the send buffer full.
-    pub(super) fn note_send_full(&mut self) {
-        if self.send_growth == Growth::Idle {
+    /// A write of `wanted` bytes found the send buffer full: a bulk writer if it wanted at
+    /// least the whole buffer.
+    pub(super) fn note_send_full(&mut self, wanted: usize) {
+        if wanted >= self.send_ring.size() as usize {
+            self.want_bigger_send_buf();
+        }
+    }
+
+    fn want_bigger_send_buf(&mut self) {
+        if self.send_growth == Growth::Idle && !self.migrating() {
             self.send_growth = Growth::Wanted(self.send_max);
         }
     }
@@ -256,6 +266,8 @@ impl Conn {
         self.peer_rkey = rkey;
         self.peer_ring_addr = 0;
         self.switch_owed = true;
+        // The peer's window ran out: we stream at it, and our send buffer should keep up.
+        self.want_bigger_send_buf();
         Ok(())
     }
 
@@ -275,6 +287,17 @@ impl Conn {
         self.rx.regrow(size);
         self.ring_growth = Growth::Done;
         Ok(())
+    }
+
+    /// A move freezes the send buffer's size (the taker registers it before the export).
+    pub(super) fn cancel_send_growth(&mut self) {
+        if matches!(self.send_growth, Growth::Wanted(_) | Growth::Offered { .. }) {
+            self.send_growth = Growth::Done;
+            if self.writer_waiting && self.writable() > 0 {
+                self.writer_waiting = false;
+                self.events |= EV_WRITABLE;
+            }
+        }
     }
 
     /// The peer's FIN or MIGRATE: a growth not yet switched is off (it will not answer).

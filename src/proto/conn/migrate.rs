@@ -152,6 +152,7 @@ impl Conn {
             return Err(MigrateError::NotNow);
         }
         self.cancel_ring_growth();
+        self.cancel_send_growth();
         self.migration = Migration::Leaving { port };
         Ok(())
     }

@@ -68,9 +68,7 @@ impl Conn {
             // Space comes back only through completions: make sure one is coming.
             self.need_signal = true;
             self.writer_waiting = true;
-            if !self.send_swap_pending() {
-                self.note_send_full();
-            }
+            self.note_send_full(wanted);
         }
         if n == 0 {
             return Err(WriteError::Blocked);
@@ -103,9 +101,7 @@ impl Conn {
         if free == 0 {
             self.need_signal = true;
             self.writer_waiting = true;
-            if !self.send_swap_pending() {
-                self.note_send_full();
-            }
+            self.note_send_full(n);
             return Err(WriteError::Blocked);
         }
         let n = n.min(free);
