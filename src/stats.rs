@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x02";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x03";
 
 /// Which transport carries a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +128,10 @@ pub struct Counters {
     /// Of those, sleeps that found the stream ready only when their bound ran out: lost
     /// wake-ups (none expected; see docs/DESIGN.md, "One source of truth, and a seam").
     pub woke_late: AtomicU64,
+    /// Receive rings that grew to their full size (a peer streamed into them).
+    pub grown_rings: AtomicU64,
+    /// Send buffers that grew to their full size.
+    pub grown_send: AtomicU64,
 }
 
 /// Start of the region.
@@ -347,6 +351,18 @@ pub fn count_sleep(woke_late: bool) {
         if woke_late {
             h.counters.woke_late.fetch_add(1, Relaxed);
         }
+    }
+}
+
+/// Counts a buffer that grew: a receive ring (`ring`) or a send buffer.
+pub fn count_growth(ring: bool) {
+    if let Some(h) = region() {
+        let c = if ring {
+            &h.counters.grown_rings
+        } else {
+            &h.counters.grown_send
+        };
+        c.fetch_add(1, Relaxed);
     }
 }
 

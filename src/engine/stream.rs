@@ -579,6 +579,7 @@ impl<P: Port> Stream<P> {
             // The old ring: nothing writes it any more (every write before SWITCHED landed).
             drop(std::mem::replace(&mut *inner.ring, new));
             log::debug!("rdma stream {}: ring grew to {}", self.peer, copy.new_size);
+            crate::stats::count_growth(true);
         }
         if p.pending_ring().is_none() {
             inner.next_ring = None; // cancelled (a FIN or a move crossed it)
@@ -604,6 +605,7 @@ impl<P: Port> Stream<P> {
                     self.peer,
                     p.send_buf_size()
                 );
+                crate::stats::count_growth(false);
             }
         }
         if p.pending_send_buf().is_none() {

@@ -29,6 +29,10 @@ pub struct Snapshot {
     pub slept: u64,
     /// See [`Counters::woke_late`](super::Counters::woke_late).
     pub woke_late: u64,
+    /// See [`Counters::grown_rings`](super::Counters::grown_rings) and `grown_send`.
+    pub grown_rings: u64,
+    /// See [`Counters::grown_send`](super::Counters::grown_send).
+    pub grown_send: u64,
     /// Live connections with a slot.
     pub sockets: Vec<ConnSnapshot>,
 }
@@ -82,6 +86,8 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         fallback: load(&h.counters.fallback).try_into().ok()?,
         slept: h.counters.slept.load(Relaxed),
         woke_late: h.counters.woke_late.load(Relaxed),
+        grown_rings: h.counters.grown_rings.load(Relaxed),
+        grown_send: h.counters.grown_send.load(Relaxed),
         sockets: Vec::new(),
     };
     // SAFETY: the length check above covers nslots slots after the header.
@@ -211,7 +217,7 @@ impl Snapshot {
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"sockets\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"sockets\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -221,6 +227,8 @@ impl Snapshot {
             reasons.join(","),
             self.slept,
             self.woke_late,
+            self.grown_rings,
+            self.grown_send,
             socks.join(",")
         )
     }

@@ -6,7 +6,7 @@ usage: stats_check.py JSONFILE EXPR...
 Each EXPR is a Python expression evaluated with these names bound:
   procs     the list of process objects (as parsed from JSON)
   nproc     len(procs)
-  conns, tx, rx, fallback, waits
+  conns, tx, rx, fallback, waits, grown
             the per-path / per-reason counters summed over all processes, with attribute
             access: conns.tcp, rx.tcp, fallback.no_device, waits.woke_late, ...
   sockets   all live-connection entries of all processes, concatenated
@@ -89,6 +89,7 @@ def main(argv):
         "rx": summed(procs, "rx"),
         "fallback": summed(procs, "fallback"),
         "waits": summed(procs, "waits"),
+        "grown": summed(procs, "grown"),
         "sockets": [s for p in procs for s in p.get("sockets", [])],
         "comms": sorted(p.get("comm", "") for p in procs),
         "alive": sum(1 for p in procs if p.get("alive")),

@@ -2,13 +2,13 @@
 # Many connections per process (issue #12), in the Soft-RoCE guest.
 #
 # thousand_conns: examples/scale_conns opens T_SCALE_N (default 1000) connections from 16
-#   threads at once to one epoll echo server and keeps them all open, with 16 KiB rings and
-#   send buffers. That is more than one completion queue serves (rxe's largest holds about
+#   threads at once to one epoll echo server and keeps them all open, at the default sizes
+#   (16 KiB rings and send buffers to start with). That is more than one completion queue serves (rxe's largest holds about
 #   255 connections' worth of entries) and far beyond the server's backlog (128). Asserts:
 #   every connection on RDMA at both ends (the shim's counters), every one echoed and
 #   verified, every QP on the device while all are open (`rdma resource show`), more than
-#   one CQ per process (the shim's log), 32 KiB pinned per connection (VmPin), nothing left
-#   afterwards.
+#   one CQ per process (the shim's log), 32 KiB pinned per connection (VmPin: no buffer
+#   grew), nothing left afterwards.
 # fd_limit: a client with `ulimit -n 48` opens 12 connections: the shim's own fds (2 per
 #   RDMA connection) run out first; the connections that cannot get them fall back to TCP
 #   with reason `resources` (the server counts them as `peer_tcp`: no half-made RDMA
@@ -44,14 +44,12 @@ cq_count() { rdma resource show cq 2>/dev/null | grep -c 'cqn' || true; }
 # cli_json EXPR: EXPR of the client's JSON line (j).
 cli_json() { json_get "$CELL_DIR/cli.json" "$1"; }
 
-SMALL=(RSOCK_RING_SIZE=16384 RSOCK_SEND_BUF=16384)
-
 cell_thousand_conns() {
-    bg srv $T shimmed "$CELL_DIR/srv" env "${SMALL[@]}" "$EX/scale_conns" server "$A:$PORT" "$N"
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/scale_conns" server "$A:$PORT" "$N"
     wait_dual srv
     local spid
     spid=$(pgrep -n -f "scale_conns server $A:$PORT")
-    bg cli $T shimmed "$CELL_DIR/cli" env "${SMALL[@]}" "$EX/scale_conns" client "$A:$PORT" "$N" \
+    bg cli $T shimmed "$CELL_DIR/cli" "$EX/scale_conns" client "$A:$PORT" "$N" \
         --par 16 --rtt 200 --server-pid "${spid:-0}"
     local rc=0
     bg_wait cli || rc=$?
@@ -72,6 +70,8 @@ cell_thousand_conns() {
     expect_status srv 0
     soft expect_stats "$CELL_DIR/cli" cli -D N="$N" 'nproc==1' 'conns.rdma==N' 'conns.tcp==0'
     soft expect_stats "$CELL_DIR/srv" srv -D N="$N" 'nproc==1' 'conns.rdma==N' 'conns.tcp==0'
+    soft expect_stats "$CELL_DIR/cli" cli-grown 'grown.rings==0' 'grown.send==0'
+    soft expect_stats "$CELL_DIR/srv" srv-grown 'grown.rings==0' 'grown.send==0'
     reasons cli
     expect_qps_released 60
 }
@@ -83,9 +83,9 @@ cell_thousand_conns() {
 exhaust_cell() {
     local n=$1 rc=0 k
     shift
-    bg srv $T shimmed "$CELL_DIR/srv" env "${SMALL[@]}" "$EX/scale_conns" server "$A:$PORT" "$n"
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/scale_conns" server "$A:$PORT" "$n"
     wait_dual srv
-    bg cli $T shimmed "$CELL_DIR/cli" env "${SMALL[@]}" "$@" "$EX/scale_conns" client "$A:$PORT" "$n" \
+    bg cli $T shimmed "$CELL_DIR/cli" "$@" "$EX/scale_conns" client "$A:$PORT" "$n" \
         --par 1 --rtt 10
     bg_wait cli || rc=$?
     grep '^{' cli.out | tail -n1 > cli.json

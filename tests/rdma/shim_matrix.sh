@@ -65,6 +65,9 @@ cell_nc_client_to_server() {
     soft rdma_end "$SIZE" 2
     soft expect_rdma srv 1 -D SIZE="$SIZE" 'nproc==1' 'rx.rdma==SIZE' 'tx.rdma==0' 'sockets==[]'
     soft expect_rdma cli 1 -D SIZE="$SIZE" 'nproc==1' 'tx.rdma==SIZE' 'rx.rdma==0' 'sockets==[]'
+    # The stream grew the receiver's ring and the sender's send buffer, nothing else.
+    soft expect_stats "$CELL_DIR/srv" srv-grown 'grown.rings==1' 'grown.send==0'
+    soft expect_stats "$CELL_DIR/cli" cli-grown 'grown.rings==0' 'grown.send==1'
     expect_qps_released
 }
 
@@ -675,6 +678,8 @@ cell_threads_sleeping() {
     soft rdma_end $((n * rounds * 70)) $((2 * n))
     for side in cli srv; do
         soft expect_rdma $side $n 'nproc==1' 'waits.slept > 0' 'waits.woke_late==0'
+        # Small messages grow no buffer: every connection stays at its 32 KiB.
+        soft expect_stats "$CELL_DIR/$side" $side-grown 'grown.rings==0' 'grown.send==0'
     done
     echo "# waits: cli $(json_get stats.cli.json 'j["waits"]' 2>/dev/null) srv $(json_get stats.srv.json 'j["waits"]' 2>/dev/null)"
     expect_qps_released

@@ -271,6 +271,12 @@ pub fn print_human(s: &Snapshot) {
             s.slept, s.woke_late
         );
     }
+    if s.grown_rings + s.grown_send > 0 {
+        println!(
+            "  buffers grown under load: {} rings, {} send buffers",
+            s.grown_rings, s.grown_send
+        );
+    }
     for c in &s.sockets {
         let why = c
             .reason
