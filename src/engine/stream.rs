@@ -184,7 +184,11 @@ impl<P: Port> Drop for Inner<P> {
                 ManuallyDrop::take(&mut self.send),
             )
         };
-        P::Qp::recycle(ring, send);
+        if self.proto.buffers_grew() {
+            drop((ring, send)); // a new connection starts smaller: not worth keeping
+        } else {
+            P::Qp::recycle(ring, send);
+        }
     }
 }
 
@@ -612,7 +616,9 @@ impl<P: Port> Stream<P> {
             inner.next_send = None;
         }
         let sizes = pack_sizes(inner.ring.len(), inner.send.len());
-        self.sizes.store(sizes, Release);
+        if self.sizes.load(Relaxed) != sizes {
+            self.sizes.store(sizes, Release);
+        }
     }
 
     /// Posts every write the protocol wants.

@@ -194,6 +194,8 @@ pub struct Conn {
     peer_rkey: u32,
 
     // Buffers that grow (conn/grow.rs).
+    ring_start: u32,
+    send_start: u32,
     ring_max: u32,
     send_max: u32,
     ring_growth: Growth,
@@ -268,6 +270,8 @@ impl Conn {
             signal_every: (config.send_queue_depth / 2).max(1),
             peer_ring_addr: peer.ring_addr,
             peer_rkey: peer.rkey,
+            ring_start: config.ring_size,
+            send_start: config.send_buf_size,
             ring_max: config.ring_grow_to,
             send_max: config.send_grow_to,
             ring_growth: Growth::new(config.ring_size, grow::grow_target(config.ring_grow_to)),

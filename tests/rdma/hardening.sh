@@ -3,7 +3,9 @@
 # An RDMA connection needs its ring and send buffer registered (pinned, RLIMIT_MEMLOCK for a
 # process without CAP_IPC_LOCK); a side that cannot gets none and the connection runs on
 # kernel TCP — the data intact, the reason counted ("resources"), and the server not
-# remembered as one that cannot do RDMA (no "negative_cache" on the next connect).
+# remembered as one that cannot do RDMA (no "negative_cache" on the next connect). A side
+# that can pin a connection's first 32 KiB but not the bigger buffers a stream asks for
+# stays on RDMA with small buffers (memlock_no_growth).
 #
 #   cargo build --release --workspace --examples
 #   tests/rdma-vm/run.sh -- tests/rdma/hardening.sh [PATTERN[,PATTERN...]]
@@ -30,9 +32,10 @@ DATA=$T_WORK/data.bin
 make_random "$DATA" 1
 chmod o+rx "$T_WORK" "$DATA"
 
-# LOCKED64 CMD...: CMD as user nobody with RLIMIT_MEMLOCK at 64 KiB (hard too: nobody
-# cannot raise it again); put after `shimmed DIR`.
-LOCKED64=(bash -c 'ulimit -l "$0" && exec setpriv --reuid=65534 --regid=65534 --clear-groups "$@"' 64)
+# LOCKED KIB CMD...: CMD as user nobody with RLIMIT_MEMLOCK at KIB KiB (hard too: nobody
+# cannot raise it again); put after `shimmed DIR`. 16 KiB holds less than a connection's
+# start (a 16 KiB ring and a 16 KiB send buffer); 64 KiB holds that, not a grown buffer.
+LOCKED=(bash -c 'ulimit -l "$0" && exec setpriv --reuid=65534 --regid=65534 --clear-groups "$@"')
 
 # open_for_nobody NAME...: stats dirs and logs the unprivileged side can write.
 open_for_nobody() {
@@ -53,7 +56,7 @@ fetch() {
 
 cell_memlock_server() {
     open_for_nobody srv
-    bg srv $T shimmed "$CELL_DIR/srv" "${LOCKED64[@]}" "$EX/echo_server" "$A:$PORT"
+    bg srv $T shimmed "$CELL_DIR/srv" "${LOCKED[@]}" 16 "$EX/echo_server" "$A:$PORT"
     wait_dual srv
     fetch cli1 shimmed "$CELL_DIR/cli"
     fetch cli2 shimmed "$CELL_DIR/cli"
@@ -75,7 +78,7 @@ cell_memlock_client() {
     open_for_nobody cli
     bg srv $T shimmed "$CELL_DIR/srv" "$EX/echo_server" "$A:$PORT"
     wait_dual srv
-    fetch cli1 shimmed "$CELL_DIR/cli" "${LOCKED64[@]}"
+    fetch cli1 shimmed "$CELL_DIR/cli" "${LOCKED[@]}" 16
     soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==0' 'conns.tcp==1' 'fallback.resources==1'
     reasons cli
     grep -q 'ibv_reg_mr' "$CELL_DIR/cli.log" ||
@@ -89,7 +92,26 @@ cell_memlock_client() {
     expect_qps_released
 }
 
-CELLS=(memlock_server memlock_client)
+# The server pins each connection's first 32 KiB but not the 256 KiB ring a 1 MiB echo asks
+# for: both connections stay on RDMA with small buffers, the echo intact, the refusal logged.
+cell_memlock_no_growth() {
+    open_for_nobody srv
+    bg srv $T shimmed "$CELL_DIR/srv" "${LOCKED[@]}" 64 "$EX/echo_server" "$A:$PORT"
+    wait_dual srv
+    fetch cli1 shimmed "$CELL_DIR/cli"
+    fetch cli2 shimmed "$CELL_DIR/cli"
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==2' 'conns.tcp==0'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma==2' 'conns.tcp==0' 'grown.rings==0' \
+        'grown.send==0'
+    local why
+    why=$(grep -m1 'stays small' "$CELL_DIR/srv.log")
+    echo "# server: ${why#*] }"
+    [ -n "$why" ] || soft fail "the server's log does not say a buffer stayed small"
+    bg_stop srv
+    expect_qps_released
+}
+
+CELLS=(memlock_server memlock_client memlock_no_growth)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

@@ -91,8 +91,9 @@ EOF
         n=$(count_in "$f.log" 'rules.conf line 3: unknown action')
         [ "$n" -eq 1 ] || fail "$f.log: the bad line logged $n times, want 1: $(grep -m2 'line 3' "$f.log" | paste -sd'|')"
     done
-    # The rule's ring=512K sized the accepted connection's ring.
-    grep -q 'accepted, ring 524288 ' srv2.log || fail "srv2.log: no connection accepted with the rule's 512K ring: $(grep -m1 'accepted, ring' srv2.log)"
+    # The rule's ring=512K is what the accepted connection's ring grew to under the stream
+    # (it starts at RSOCK_BUF_START).
+    grep -q 'ring grew to 524288$' srv2.log || fail "srv2.log: the ring did not grow to the rule's 512K: $(grep -m1 -e 'ring grew' -e 'accepted, ring' srv2.log)"
     n=$(count_in cli.log 'rules.conf line 3: unknown action')
     [ "$n" -eq 2 ] || fail "cli.log (2 processes): the bad line logged $n times, want 2"
     qps_released

@@ -135,6 +135,12 @@ impl Conn {
         self.ring.size()
     }
 
+    /// Whether the ring or the send buffer grew (neither is the size a new connection
+    /// starts with any more).
+    pub fn buffers_grew(&self) -> bool {
+        self.ring_size() > self.ring_start || self.send_buf_size() > self.send_start
+    }
+
     // ---- driver: the send buffer ----------------------------------------------------------
 
     /// Size of the send buffer the driver should register and
