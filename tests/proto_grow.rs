@@ -97,15 +97,16 @@ fn small_messages_leave_buffers_small() {
 fn unread_bytes_move_into_the_new_ring() {
     let mut p = Pair::new(growing(), growing());
     let data = pattern(64 + 3000);
-    // Fill B's window and let nobody read: B grows; the 64 unread bytes must be moved.
+    // Fill B's window: a ring nobody reads does not grow.
     let mut sent = p.write(Side::A, &data).unwrap();
     drive(&mut p);
-    assert_eq!(
-        p.b.conn.ring_size(),
-        4096,
-        "grew with the old ring full and unread"
-    );
-    assert_eq!(p.b.conn.readable(), 64);
+    assert_eq!(p.b.conn.ring_size(), 64, "grew while nobody read");
+    // B reads 5 bytes while A waits for credits: B grows; the 59 unread bytes must move.
+    let mut got = vec![0u8; 5];
+    assert_eq!(p.read(Side::B, &mut got), Ok(5));
+    drive(&mut p);
+    assert_eq!(p.b.conn.ring_size(), 4096, "grew with the old ring almost full");
+    assert_eq!(p.b.conn.readable(), 59);
     for _ in 0..100 {
         if sent < data.len() {
             if let Ok(n) = p.write(Side::A, &data[sent..]) {
@@ -114,7 +115,6 @@ fn unread_bytes_move_into_the_new_ring() {
         }
         drive(&mut p);
     }
-    let mut got = Vec::new();
     read_some(&mut p, Side::B, &mut got);
     drive(&mut p);
     read_some(&mut p, Side::B, &mut got);
@@ -126,16 +126,25 @@ fn a_fin_crossing_the_grow_cancels_it() {
     let mut p = Pair::new(growing(), growing());
     let data = pattern(64);
     assert_eq!(p.write(Side::A, &data), Ok(64));
-    p.a.conn.shutdown_write();
-    // A posts the data and its FIN before B's GROW reaches it: A ignores the GROW, B
-    // cancels on the FIN.
     p.post(Side::A).unwrap();
     while p.deliver(Side::A).unwrap() {}
     while p.recv(Side::B).unwrap() {}
+    // B reads while A waits for credits: B offers a ring and posts its GROW ...
+    let mut got = vec![0u8; 5];
+    assert_eq!(p.read(Side::B, &mut got), Ok(5));
     p.post(Side::B).unwrap();
+    assert_eq!(p.b.conn.pending_ring(), Some(4096), "GROW sent");
+    // ... while A's FIN is on its way: A ignores the GROW, B cancels on the FIN.
+    p.a.conn.shutdown_write();
+    p.post(Side::A).unwrap();
+    while p.deliver(Side::A).unwrap() {}
+    while p.deliver(Side::B).unwrap() {}
+    while p.recv(Side::A).unwrap() {}
+    while p.recv(Side::B).unwrap() {}
+    assert_eq!(p.b.conn.pending_ring(), None, "cancelled");
     drive(&mut p);
     assert_eq!(p.b.conn.ring_size(), 64);
-    let mut got = Vec::new();
+    assert_eq!(p.a.conn.counters().tx_peer_ring, 64);
     read_some(&mut p, Side::B, &mut got);
     assert_eq!(got, data);
     assert!(p.b.conn.at_eof());

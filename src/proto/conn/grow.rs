@@ -1,7 +1,8 @@
 //! Buffers that start small and grow under load (PROTOCOL.md §12), so an idle connection
 //! pins little memory and a busy one still streams at full speed.
 //!
-//! - The receive ring: when the peer fills the whole window, we ask the driver for a ring of
+//! - The receive ring: when our reader consumes bytes while the peer has used the whole
+//!   window (it waits for credits, our reader keeps up), we ask the driver for a ring of
 //!   `ring_max` bytes and announce it with the GROW pair. From the moment the peer reads
 //!   GROW it writes into the new ring only and answers SWITCHED; every byte before SWITCHED
 //!   is in the old ring. The driver copies those still unread into the new ring at their
@@ -179,10 +180,13 @@ impl Conn {
 
     // ---- inside the core --------------------------------------------------------------------
 
-    /// The peer filled the whole window: a bigger ring would let it stream.
-    pub(super) fn note_window_full(&mut self) {
+    /// The program read `n` bytes. If the peer had filled the whole window, it waits for
+    /// credits while our reader keeps up: a bigger ring lets it stream. (A reader that is
+    /// behind gains nothing from a bigger ring, and an idle one must stay small.)
+    pub(super) fn app_consumed(&mut self, n: u64) {
+        self.rx.consume(n);
         let quiet = self.fin_received || self.read_closed || self.migrating();
-        if self.ring_growth == Growth::Idle && !quiet && self.rx.window() == 0 {
+        if n > 0 && self.ring_growth == Growth::Idle && !quiet && self.rx.window() == 0 {
             self.ring_growth = Growth::Wanted(grow_target(self.ring_max));
         }
     }

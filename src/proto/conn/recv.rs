@@ -29,7 +29,7 @@ impl Conn {
         bufs: &mut [IoSliceMut<'_>],
     ) -> Result<usize, ReadError> {
         let n = self.peek_vectored(ring, bufs)?;
-        self.rx.consume(n as u64);
+        self.app_consumed(n as u64);
         Ok(n)
     }
 
@@ -56,7 +56,7 @@ impl Conn {
         }
         let n = copy(self.readable_ranges()).min(readable);
         if !peek {
-            self.rx.consume(n as u64);
+            self.app_consumed(n as u64);
         }
         Ok(n)
     }
@@ -113,7 +113,7 @@ impl Conn {
     /// Consumes up to `n` readable bytes without copying them; returns how many.
     pub fn consume(&mut self, n: usize) -> usize {
         let n = (n as u64).min(self.readable() as u64);
-        self.rx.consume(n);
+        self.app_consumed(n);
         n as usize
     }
 
@@ -165,7 +165,6 @@ impl Conn {
                     }
                 } else {
                     self.events |= EV_READABLE;
-                    self.note_window_full();
                 }
             }
             Imm::Credit { wrs, bytes } => self.tx.grant(wrs, bytes, self.tx_posted)?,
