@@ -105,7 +105,11 @@ fn unread_bytes_move_into_the_new_ring() {
     let mut got = vec![0u8; 5];
     assert_eq!(p.read(Side::B, &mut got), Ok(5));
     drive(&mut p);
-    assert_eq!(p.b.conn.ring_size(), 4096, "grew with the old ring almost full");
+    assert_eq!(
+        p.b.conn.ring_size(),
+        4096,
+        "grew with the old ring almost full"
+    );
     assert_eq!(p.b.conn.readable(), 59);
     for _ in 0..100 {
         if sent < data.len() {
