@@ -15,6 +15,8 @@
 #   connection), and all 12 carry their data.
 # pinned_limit: a client with RSOCK_MAX_PINNED_MB=1 opens 40: 32 fit, 8 fall back with
 #   `resources`.
+# hca_objects: a client whose rdma cgroup allows 40 device objects opens 16 connections:
+#   those beyond it fall back with `resources`, all carry their data.
 # memlock: a client whose RLIMIT_MEMLOCK (ulimit -l 40, without CAP_IPC_LOCK) holds one
 #   connection's memory opens 4: the first is on RDMA, the other three fall back to kernel
 #   TCP with the reason counted as `resources`, and all four carry their data.
@@ -120,7 +122,22 @@ cell_pinned_limit() {
     grep -m1 'RSOCK_MAX_PINNED_MB' "$CELL_DIR/cli.log" | sed 's/^/# client log: /'
 }
 
-CELLS=(thousand_conns memlock fd_limit pinned_limit)
+# Out of device objects (PDs, MRs, QPs, CQs): the kernel's rdma cgroup controller caps the
+# client's; the connections that cannot get theirs fall back with `resources`.
+cell_hca_objects() {
+    local cg=/sys/fs/cgroup/rsock-scale-$$
+    grep -q '^cgroup2 /sys/fs/cgroup ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
+    echo +rdma > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    mkdir -p "$cg" && [ -e "$cg/rdma.max" ] || fail "no rdma cgroup controller (rdma.max) here"
+    echo "rxe0 hca_handle=8 hca_object=40" > "$cg/rdma.max" || fail "cannot write $cg/rdma.max"
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    exhaust_cell 16 sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg"
+    echo "# rdma.current at the end: $(cat "$cg/rdma.current" 2>/dev/null)"
+    grep -m1 -iE 'refus|falls back|resources' "$CELL_DIR/cli.log" | sed 's/^/# client log: /'
+    rmdir "$cg" 2>/dev/null
+}
+
+CELLS=(thousand_conns memlock fd_limit pinned_limit hca_objects)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

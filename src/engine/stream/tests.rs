@@ -148,6 +148,35 @@ fn buffers_grow_under_a_stream_and_stay_small_for_chatter() {
 }
 
 #[test]
+fn busy_request_response_grows_buffers() {
+    // 1 KiB each way never fills a 4 KiB window, but moving several rings' worth within
+    // milliseconds is a busy connection: both ends' rings and send buffers grow.
+    let cfg = Config {
+        ring_grow_to: 65536,
+        send_grow_to: 65536,
+        ..small()
+    };
+    let (a, b) = pair(&cfg);
+    let echo = thread::spawn(move || {
+        let mut buf = [0; 1024];
+        for _ in 0..400 {
+            assert_eq!(recv(&b, &mut buf, libc::MSG_WAITALL), Ok(1024));
+            assert_eq!(send(&b, &buf, 0), Ok(1024));
+        }
+        b
+    });
+    let mut buf = [0; 1024];
+    for i in 0..400u32 {
+        let msg = pattern(1024, i as u8);
+        assert_eq!(send(&a, &msg, 0), Ok(1024));
+        assert_eq!(recv(&a, &mut buf, libc::MSG_WAITALL), Ok(1024));
+        assert!(buf[..] == msg[..], "echo {i}");
+    }
+    let b = echo.join().unwrap();
+    assert_eq!((a.sizes(), b.sizes()), ((65536, 65536), (65536, 65536)));
+}
+
+#[test]
 fn ping_pong_that_always_sleeps_loses_no_wake_up() {
     // Spin 0: every wait arms and sleeps, so a message landing between the check and the
     // sleep must wake it through the completion channel or the doorbell.

@@ -115,6 +115,20 @@ impl Conn {
         }
     }
 
+    /// The driver judged the connection busy (it moves several rings' worth in a short
+    /// time): grow the ring now rather than pay a credit message every half ring.
+    pub fn ask_bigger_ring(&mut self) {
+        let quiet = self.fin_received || self.read_closed || self.migrating();
+        if self.ring_growth == Growth::Idle && !quiet {
+            self.ring_growth = Growth::Wanted(grow_target(self.ring_max));
+        }
+    }
+
+    /// As [`ask_bigger_ring`](Self::ask_bigger_ring), for the send buffer.
+    pub fn ask_bigger_send_buf(&mut self) {
+        self.want_bigger_send_buf();
+    }
+
     /// The driver could not register a bigger ring: stay small.
     pub fn decline_ring(&mut self) {
         self.ring_growth = Growth::Done;
@@ -185,9 +199,8 @@ impl Conn {
     /// behind gains nothing from a bigger ring, and an idle one must stay small.)
     pub(super) fn app_consumed(&mut self, n: u64) {
         self.rx.consume(n);
-        let quiet = self.fin_received || self.read_closed || self.migrating();
-        if n > 0 && self.ring_growth == Growth::Idle && !quiet && self.rx.window() == 0 {
-            self.ring_growth = Growth::Wanted(grow_target(self.ring_max));
+        if n > 0 && self.rx.window() == 0 {
+            self.ask_bigger_ring();
         }
     }
 
