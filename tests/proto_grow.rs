@@ -3,8 +3,11 @@
 //! growth crossing a FIN, and a hostile peer's GROW and SWITCHED.
 
 use rsock_core::proto::wire::Imm;
-use rsock_core::proto::{Config, ProtocolError, ReadError, WriteError};
+use rsock_core::proto::{Config, ProtocolError};
 use rsock_core::transport::mem::{Fault, Pair, Side};
+
+mod common;
+use common::{drive, pattern, read_all, transfer};
 
 fn growing() -> Config {
     Config {
@@ -16,47 +19,6 @@ fn growing() -> Config {
         ring_grow_to: 4096,
         send_grow_to: 1000,
     }
-}
-
-fn drive(p: &mut Pair) {
-    p.drive().unwrap();
-    p.check_invariants().unwrap();
-}
-
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
-}
-
-fn read_some(p: &mut Pair, side: Side, out: &mut Vec<u8>) {
-    let mut buf = [0u8; 97];
-    loop {
-        match p.read(side, &mut buf) {
-            Ok(0) | Err(ReadError::Blocked) => return,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-}
-
-/// Sends `data` from `from` while the peer reads; returns what it read.
-fn transfer(p: &mut Pair, from: Side, data: &[u8]) -> Vec<u8> {
-    let (mut sent, mut got) = (0, Vec::new());
-    for _ in 0..100_000 {
-        if sent < data.len() {
-            match p.write(from, &data[sent..]) {
-                Ok(n) => sent += n,
-                Err(WriteError::Blocked) => {}
-                Err(e) => panic!("{e:?}"),
-            }
-        }
-        drive(p);
-        read_some(p, from.peer(), &mut got);
-        drive(p);
-        if got.len() == data.len() {
-            return got;
-        }
-    }
-    panic!("no progress: sent {sent}, got {}", got.len());
 }
 
 #[test]
@@ -119,9 +81,9 @@ fn unread_bytes_move_into_the_new_ring() {
         }
         drive(&mut p);
     }
-    read_some(&mut p, Side::B, &mut got);
+    got.extend(read_all(&mut p, Side::B));
     drive(&mut p);
-    read_some(&mut p, Side::B, &mut got);
+    got.extend(read_all(&mut p, Side::B));
     assert_eq!(got, data);
 }
 
@@ -149,7 +111,7 @@ fn a_fin_crossing_the_grow_cancels_it() {
     drive(&mut p);
     assert_eq!(p.b.conn.ring_size(), 64);
     assert_eq!(p.a.conn.counters().tx_peer_ring, 64);
-    read_some(&mut p, Side::B, &mut got);
+    got.extend(read_all(&mut p, Side::B));
     assert_eq!(got, data);
     assert!(p.b.conn.at_eof());
     p.b.conn.shutdown_write();

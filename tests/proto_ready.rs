@@ -4,6 +4,9 @@
 use rsock_core::proto::{Config, Failure, ReadError, Readiness, State, Want, WriteError};
 use rsock_core::transport::mem::{Pair, Side};
 
+mod common;
+use common::drive;
+
 fn pair() -> Pair {
     let c = Config {
         ring_size: 64,
@@ -15,11 +18,6 @@ fn pair() -> Pair {
         send_grow_to: 0,
     };
     Pair::new(c.clone(), c)
-}
-
-fn drive(p: &mut Pair) {
-    p.drive().unwrap();
-    p.check_invariants().unwrap();
 }
 
 fn shows(p: &Pair, side: Side) -> Readiness {

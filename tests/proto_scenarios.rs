@@ -6,6 +6,9 @@ use rsock_core::proto::{
 };
 use rsock_core::transport::mem::{Fault, Pair, Side};
 
+mod common;
+use common::{drive, pattern, read_all, transfer};
+
 fn small_config() -> Config {
     Config {
         ring_size: 64,
@@ -20,47 +23,6 @@ fn small_config() -> Config {
 
 fn pair() -> Pair {
     Pair::new(small_config(), small_config())
-}
-
-/// Drives and checks invariants; panics on any fault.
-fn drive(p: &mut Pair) {
-    p.drive().unwrap();
-    p.check_invariants().unwrap();
-}
-
-fn read_all(p: &mut Pair, side: Side) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 13];
-    loop {
-        match p.read(side, &mut buf) {
-            Ok(0) => return out,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(ReadError::Blocked) => return out,
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-}
-
-/// Sends `data` from `from`, reading at the peer as it arrives; returns what was read.
-fn transfer(p: &mut Pair, from: Side, data: &[u8]) -> Vec<u8> {
-    let mut sent = 0;
-    let mut got = Vec::new();
-    for _ in 0..10_000 {
-        if sent < data.len() {
-            match p.write(from, &data[sent..]) {
-                Ok(n) => sent += n,
-                Err(WriteError::Blocked) => {}
-                Err(e) => panic!("{e:?}"),
-            }
-        }
-        drive(p);
-        got.extend(read_all(p, from.peer()));
-        drive(p);
-        if got.len() == data.len() {
-            return got;
-        }
-    }
-    panic!("no progress: sent {sent}, got {}", got.len());
 }
 
 /// A pair whose A has a send buffer four rings big: writes wait there for B's credits.
@@ -85,10 +47,6 @@ fn read_to_eof(p: &mut Pair, side: Side) -> Vec<u8> {
         }
     }
     got
-}
-
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
 }
 
 // ---- Tests for the established state --------------------------------------------------------
