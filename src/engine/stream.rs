@@ -187,11 +187,8 @@ impl<P: Port> Drop for Inner<P> {
                 ManuallyDrop::take(&mut self.send),
             )
         };
-        if self.proto.buffers_grew() {
-            drop((ring, send)); // a new connection starts smaller: not worth keeping
-        } else {
-            P::Qp::recycle(ring, send);
-        }
+        // Grown buffers are not what a new connection starts with: not worth keeping.
+        P::Qp::recycle(ring, send, !self.proto.buffers_grew());
     }
 }
 

@@ -81,9 +81,10 @@ pub fn clear() {
     drop(entries);
 }
 
-/// A freed connection's ring and send buffer: kept if they share a PD that nothing else
-/// holds (its QP is destroyed) and the pool has room; freed otherwise.
-pub fn give_back(ring: RegBuf, send: RegBuf) {
+/// A freed connection's ring and send buffer: kept if `reusable`, they share a PD that
+/// nothing else holds (its QP is destroyed) and the pool has room; freed otherwise (a fork
+/// child's copy of its parent's is never freed).
+pub fn give_back(ring: RegBuf, send: RegBuf, reusable: bool) {
     let pd = ring.mr().pd();
     // The two registrations are the PD's only holders: no QP can reach the memory.
     if !Arc::ptr_eq(pd, send.mr().pd()) || Arc::strong_count(pd) != 2 {
@@ -92,6 +93,9 @@ pub fn give_back(ring: RegBuf, send: RegBuf) {
     if !pd.device().is_ours() {
         // A fork child's copy of its parent's memory: never used or freed here.
         std::mem::forget((ring, send));
+        return;
+    }
+    if !reusable {
         return;
     }
     let len = ring.len() + send.len();

@@ -115,8 +115,9 @@ pub trait QueuePair: Send {
     /// No completion of this QP can follow.
     fn is_drained(&self) -> bool;
     /// A freed stream's ring and send buffer, after its QP is gone: kept for the next
-    /// stream, or freed.
-    fn recycle(ring: Self::Buf, send: Self::Buf) {
+    /// stream if `reusable` (the sizes a new one starts with), or freed.
+    fn recycle(ring: Self::Buf, send: Self::Buf, reusable: bool) {
+        let _ = reusable;
         drop((ring, send));
     }
 }
@@ -285,7 +286,7 @@ impl QueuePair for rdma::Conn {
         rdma::Conn::is_drained(self)
     }
 
-    fn recycle(ring: RegBuf, send: RegBuf) {
-        rdma::pool::give_back(ring, send);
+    fn recycle(ring: RegBuf, send: RegBuf, reusable: bool) {
+        rdma::pool::give_back(ring, send, reusable);
     }
 }
