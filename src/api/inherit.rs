@@ -327,13 +327,14 @@ fn take_accepted(
     (local, peer): (std::net::SocketAddr, std::net::SocketAddr),
     opts_fd: c_int,
 ) -> Option<Attachment> {
+    let sizes = crate::engine::BufSizes::unpack(m.arg);
     let mut facts = Inherited {
         token: m.token,
         owner: m.owner,
         local,
         peer,
-        ring_size: (m.arg >> 32) as u32,
-        send_size: m.arg as u32,
+        ring_size: sizes.ring,
+        send_size: sizes.send,
         opts_fd,
     };
     if let Some(own) = take(&mut facts, nfd) {

@@ -89,6 +89,20 @@ impl BufSizes {
         }
     }
 
+    /// Ring and send sizes as one word (ring in the high half): one atomic, or one ipc
+    /// argument.
+    pub fn packed(self) -> u64 {
+        u64::from(self.ring) << 32 | u64::from(self.send)
+    }
+
+    /// The inverse of [`packed`](Self::packed).
+    pub fn unpack(v: u64) -> BufSizes {
+        BufSizes {
+            ring: (v >> 32) as u32,
+            send: v as u32,
+        }
+    }
+
     /// Whole pages: a registration of another size would not match its buffer.
     fn pages(self) -> BufSizes {
         BufSizes {

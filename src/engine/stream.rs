@@ -217,7 +217,7 @@ impl<P: Port> Stream<P> {
             None => fresh_bell()?,
         };
         let qp_num = AtomicU32::new(p.rc.qp_num());
-        let sizes = AtomicU64::new(pack_sizes(p.ring.len(), p.send.len()));
+        let sizes = AtomicU64::new(buf_sizes(&p.ring, &p.send).packed());
         let s = Arc::new(Stream {
             inner: Mutex::new(Inner {
                 rc: Some(p.rc),
@@ -276,8 +276,8 @@ impl<P: Port> Stream<P> {
 
     /// The ring's and the send buffer's sizes now.
     pub fn sizes(&self) -> (u32, u32) {
-        let v = self.sizes.load(Acquire);
-        ((v >> 32) as u32, v as u32)
+        let s = super::BufSizes::unpack(self.sizes.load(Acquire));
+        (s.ring, s.send)
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Inner<P>> {
@@ -617,7 +617,7 @@ impl<P: Port> Stream<P> {
         if p.pending_send_buf().is_none() {
             inner.next_send = None;
         }
-        let sizes = pack_sizes(inner.ring.len(), inner.send.len());
+        let sizes = buf_sizes(&*inner.ring, &*inner.send).packed();
         if self.sizes.load(Relaxed) != sizes {
             self.sizes.store(sizes, Release);
         }
@@ -1076,8 +1076,11 @@ impl Rate {
     }
 }
 
-fn pack_sizes(ring: usize, send: usize) -> u64 {
-    (ring as u64) << 32 | send as u64
+fn buf_sizes<B: Region>(ring: &B, send: &B) -> super::BufSizes {
+    super::BufSizes {
+        ring: ring.len() as u32,
+        send: send.len() as u32,
+    }
 }
 
 fn read_errno(f: Failure) -> c_int {

@@ -55,13 +55,14 @@ pub struct Inherited {
 impl Inherited {
     /// The facts of an inherited stream (read without its lock).
     pub fn of(st: &Stream) -> Inherited {
+        let (ring_size, send_size) = st.sizes();
         Inherited {
             token: st.token,
             owner: st.owner(),
             local: st.local,
             peer: st.peer,
-            ring_size: st.sizes().0,
-            send_size: st.sizes().1,
+            ring_size,
+            send_size,
             opts_fd: st.opts_fd,
         }
     }
@@ -114,10 +115,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     };
     let conn_id = reply.token;
     let started = Instant::now();
-    let now = BufSizes {
-        ring: (reply.arg >> 32) as u32,
-        send: reply.arg as u32,
-    };
+    let now = BufSizes::unpack(reply.arg);
     if now.ring > 0 && now != sizes {
         // The owner's buffers grew since this copy of the stream was made.
         m = match setup::memory(engine, &dev, now, full) {
@@ -163,9 +161,9 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         rc.id_mut()
             .migrate(&engine.ch)
             .map_err(|e| format!("accept: {e}"))?;
-        Ok((rc, conn, shown, hello))
+        Ok((rc, conn, shown))
     })();
-    let (rc, conn, shown, _) = match built {
+    let (rc, conn, shown) = match built {
         Ok(x) => x,
         Err(why) => {
             raw::close(bfd);
@@ -290,7 +288,7 @@ impl Engine {
         r.token = s.conn_id;
         // The sizes as the move froze them (buffers grow; the taker's copy may be older).
         let (ring, send) = s.sizes();
-        r.arg = u64::from(ring) << 32 | u64::from(send);
+        r.arg = BufSizes { ring, send }.packed();
         (r, (b >= 0).then_some(b))
     }
 
@@ -352,7 +350,7 @@ impl Engine {
         let mut r = Msg::carrying(ipc::Carried::Stream, Some(&s.local), Some(&s.peer));
         r.token = s.token;
         let (ring, send) = s.sizes();
-        r.arg = u64::from(ring) << 32 | u64::from(send);
+        r.arg = BufSizes { ring, send }.packed();
         r.owner = self.owner;
         (r, Some(a))
     }
