@@ -30,6 +30,9 @@ pub struct Doorbell {
     app: std::sync::atomic::AtomicI32,
     /// B; -1 once handed to another process ([`take_shim`](Self::take_shim)).
     shim: std::sync::atomic::AtomicI32,
+    /// A's (device, inode): what another process must hold to ask about this socket
+    /// ([`is_this`](Self::is_this)).
+    identity: Option<crate::sys::unix::Identity>,
 }
 
 /// Bytes sent per filler write when making A unwritable.
@@ -45,10 +48,7 @@ impl Doorbell {
         // B comes back nonblocking and out of the program's fd range; A is moved there too.
         let (a, shim) = crate::sys::unix::stream_pair()?;
         let app = crate::sys::raw::hide(a);
-        let d = Doorbell {
-            app: std::sync::atomic::AtomicI32::new(app),
-            shim: std::sync::atomic::AtomicI32::new(shim),
-        };
+        let d = Doorbell::from_fds(app, shim);
         // The smallest send buffer: few filler bytes make A unwritable. The kernel clamps 1
         // up to its minimum.
         let one: c_int = 1;
@@ -80,7 +80,19 @@ impl Doorbell {
         Doorbell {
             app: std::sync::atomic::AtomicI32::new(app),
             shim: std::sync::atomic::AtomicI32::new(shim),
+            identity: crate::sys::unix::file_identity(app),
         }
+    }
+
+    /// A's (device, inode).
+    pub fn identity(&self) -> Option<crate::sys::unix::Identity> {
+        self.identity
+    }
+
+    /// Whether `fd` (received from another process) is this doorbell's A: that process
+    /// holds the socket, which is all the authority it needs (docs/DESIGN.md, "Processes").
+    pub fn is_this(&self, fd: c_int) -> bool {
+        self.identity.is_some() && crate::sys::unix::file_identity(fd) == self.identity
     }
 
     /// Gives up B (to pass it to the process taking the stream over): from now on this

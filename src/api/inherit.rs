@@ -15,7 +15,7 @@
 //!   relay end, or the kernel listener), which the new image needs no shim to use.
 
 use super::{fd_flags, swap_file, track, track_accepted};
-use crate::engine::ipc::{self, Carried, Op};
+use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::relay::Relayed;
 use crate::engine::{Inherited, Listener, Stream, TakeError};
 use crate::fdtable;
@@ -86,19 +86,28 @@ fn take(facts: &mut Inherited, fd: c_int) -> Option<Arc<Stream>> {
     }
 }
 
-/// The owner's relay end for stream `token`, if it serves one.
+/// The owner's relay end for stream `token`, which this process holds as `fd`, if the
+/// owner serves one. `owner` follows the stream if it moved.
 fn relay_end(
-    owner: &ipc::Owner,
+    owner: &mut ipc::Owner,
     token: u64,
     fd: c_int,
     peer: std::net::SocketAddr,
 ) -> Option<c_int> {
-    match ipc::call(owner, Op::Relay, token) {
-        Ok((_, end)) => end,
+    match ipc::call(owner, &Request::Relay { token }, fd) {
+        Ok((Reply::Relay(_), end)) => end,
+        Ok((r, end)) => {
+            if let Some(end) = end {
+                raw::close(end);
+            }
+            log::warn!("fd {fd}: rdma stream to {peer}: no relay (answered {r:?})");
+            None
+        }
         Err(e) => {
             log::warn!(
-                "fd {fd}: rdma stream to {peer} owned by pid {}: no relay (errno {e})",
-                owner.pid
+                "fd {fd}: rdma stream to {peer} owned by pid {}: no relay ({e:?}, errno {})",
+                owner.pid,
+                e.errno()
             );
             None
         }
@@ -115,7 +124,8 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
         return Attachment::Stream(st.clone());
     };
     let (nonblock, _) = fd_flags(first);
-    let end = relay_end(&st.owner(), st.token, first, st.peer);
+    let mut owner = st.owner();
+    let end = relay_end(&mut owner, st.token, first, st.peer);
     let a = end.or_else(dead_end);
     if let Some(a) = a {
         set_nonblock(a, nonblock);
@@ -205,26 +215,29 @@ pub(super) unsafe fn accept(
     flags: c_int,
 ) -> c_int {
     let mut drained = false;
-    let mut req = ipc::Msg::request(Op::Accept, l.token);
+    let mut taker = None;
     if crate::config::Config::get().takeover {
         // With an engine here, an RDMA connection is handed over rather than relayed.
         let _g = crate::guard::enter();
-        if let Some(engine) = crate::engine::get() {
-            req.owner = engine.owner;
-        }
+        taker = crate::engine::get().map(|e| e.owner);
     }
+    let req = Request::Accept {
+        token: l.token,
+        taker,
+    };
+    let mut owner = l.owner;
     loop {
-        match ipc::ask(&l.owner, &req).map_err(|(e, _)| e) {
-            Ok((m, Some(nfd))) => return install_accepted(&m, nfd, addr, len, flags),
+        match ipc::call(&mut owner, &req, fd) {
+            Ok((r, Some(nfd))) => return install_accepted(&r, nfd, addr, len, flags),
             Ok((_, None)) => {}
-            Err(libc::EAGAIN) if !drained => {
+            Err(ipc::CallError::Refused(libc::EAGAIN)) if !drained => {
                 // Queue empty: clear our listener fd's readiness (the owner may no longer hold
                 // a copy of it to do so), then ask once more — an item pushed meanwhile rang a
                 // token we may just have drained.
                 drain_tokens(fd);
                 drained = true;
             }
-            Err(libc::EAGAIN) => {
+            Err(ipc::CallError::Refused(libc::EAGAIN)) => {
                 drained = false;
                 if fd_flags(fd).0 {
                     set_errno(libc::EAGAIN);
@@ -232,9 +245,9 @@ pub(super) unsafe fn accept(
                 }
                 unix::wait(fd, libc::POLLIN, 1000); // readable: the owner's queue has one
             }
-            Err(e) => {
+            Err(ipc::CallError::Gone) => {
                 log::info!(
-                    "fd {fd}: listener owner pid {} is gone (errno {e}): taking the listener over",
+                    "fd {fd}: listener owner pid {} is gone: taking the listener over",
                     l.owner.pid
                 );
                 to_kernel_listener(s, l, false);
@@ -242,14 +255,29 @@ pub(super) unsafe fn accept(
                 // holder lets go, the port is free and RDMA clients are refused at once
                 // instead of waiting out their connect timeout.
                 raw::close(l.rdma_fd);
-                raw::close(l.tcp_fd); // the program's fds refer to that listener now
-                                      // With that copy gone the port may be free (the last holder of the old
-                                      // listener is this process): serve RDMA again, as the new owner.
+                // The program's fds refer to the kernel listener now. With this copy gone
+                // the port may be free (this process may be the old listener's last
+                // holder): serve RDMA again, as the new owner.
+                raw::close(l.tcp_fd);
                 let backlog = l.backlog();
                 if let Some((engine, local, rl)) = super::rdma_listen(fd, backlog) {
                     super::start_dual(s, fd, engine, local, rl, backlog);
                 }
                 return super::accept4(fd, addr, len, flags); // as a listener of this process now
+            }
+            Err(e) => {
+                // The owner is there but did not serve this call (a timeout, a refusal): the
+                // listener stays its; the caller sees what a kernel accept could say.
+                log::warn!(
+                    "fd {fd}: accept through pid {}: {e:?} (errno {})",
+                    owner.pid,
+                    e.errno()
+                );
+                if fd_flags(fd).0 {
+                    set_errno(libc::EAGAIN);
+                    return -1;
+                }
+                unix::wait(fd, libc::POLLIN, 1000);
             }
         }
     }
@@ -258,7 +286,7 @@ pub(super) unsafe fn accept(
 /// Gives an fd the owner handed over the flags `accept4` was asked for, fills in the peer's
 /// address, and tracks it.
 unsafe fn install_accepted(
-    m: &ipc::Msg,
+    r: &Reply,
     nfd: c_int,
     addr: *mut sockaddr,
     len: *mut socklen_t,
@@ -268,15 +296,19 @@ unsafe fn install_accepted(
     if flags & libc::SOCK_CLOEXEC == 0 {
         real::fcntl(nfd, libc::F_SETFD, 0); // ipc delivers it close-on-exec
     }
-    let (local, peer) = (ipc::Msg::addr(&m.local), ipc::Msg::addr(&m.peer));
+    let (local, peer) = match *r {
+        Reply::Tcp { local, peer } => (local, peer),
+        Reply::Relay(e) | Reply::Stream { ends: e, .. } => (Some(e.local), Some(e.peer)),
+        _ => (None, None),
+    };
     if !len.is_null() {
         match &peer {
             Some(p) => saddr::write(p, addr, len),
             None => *len = 0,
         }
     }
-    match (m.carried(), local, peer) {
-        (Some(c @ (Carried::Relay | Carried::Stream)), Some(local), Some(peer)) => {
+    match (r, local, peer) {
+        (Reply::Relay(_) | Reply::Stream { .. }, Some(local), Some(peer)) => {
             let _g = crate::guard::enter();
             let opts_fd = raw::hide(real::socket(
                 if peer.is_ipv4() {
@@ -287,10 +319,25 @@ unsafe fn install_accepted(
                 libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
                 0,
             ));
-            let attachment = match c {
-                Carried::Stream => {
+            let attachment = match *r {
+                Reply::Stream {
+                    token,
+                    owner,
+                    sizes,
+                    ..
+                } => {
                     let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-                    take_accepted(m, nfd, nonblock, (local, peer), opts_fd)
+                    let sizes = crate::engine::BufSizes::unpack(sizes);
+                    let facts = Inherited {
+                        token,
+                        owner,
+                        local,
+                        peer,
+                        ring_size: sizes.ring,
+                        send_size: sizes.send,
+                        opts_fd,
+                    };
+                    take_accepted(facts, nfd, nonblock)
                 }
                 _ => None,
             };
@@ -320,27 +367,12 @@ unsafe fn install_accepted(
 /// A prefork worker got an RDMA stream's A (`nfd`) from the listener's owner: takes the
 /// stream over, or else makes `nfd` a relay end of it (the owner relays), or a dead end.
 /// `None`: relayed (or dead), attach a [`Relayed`].
-fn take_accepted(
-    m: &ipc::Msg,
-    nfd: c_int,
-    nonblock: bool,
-    (local, peer): (std::net::SocketAddr, std::net::SocketAddr),
-    opts_fd: c_int,
-) -> Option<Attachment> {
-    let sizes = crate::engine::BufSizes::unpack(m.arg);
-    let mut facts = Inherited {
-        token: m.token,
-        owner: m.owner,
-        local,
-        peer,
-        ring_size: sizes.ring,
-        send_size: sizes.send,
-        opts_fd,
-    };
+fn take_accepted(mut facts: Inherited, nfd: c_int, nonblock: bool) -> Option<Attachment> {
     if let Some(own) = take(&mut facts, nfd) {
         return Some(Attachment::Stream(own));
     }
-    if let Some(a) = relay_end(&facts.owner, facts.token, nfd, peer).or_else(dead_end) {
+    let relayed = relay_end(&mut facts.owner, facts.token, nfd, facts.peer);
+    if let Some(a) = relayed.or_else(dead_end) {
         let cloexec = if fd_flags(nfd).1 { libc::O_CLOEXEC } else { 0 };
         // SAFETY: dup3 onto the fd this accept is about to return.
         unsafe { real::dup3(a, nfd, cloexec) };

@@ -8,8 +8,8 @@
 
 use super::stream::{TIMED, WATCHED};
 use super::{
-    lock, Engine, TAG_ASYNC, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_LISTEN_RDMA, TAG_LISTEN_TCP,
-    TAG_MASK, TAG_WAKE,
+    lock, Engine, TAG_ASYNC, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_IPC_CONN, TAG_LISTEN_RDMA,
+    TAG_LISTEN_TCP, TAG_MASK, TAG_WAKE,
 };
 use crate::rdma::EventKind;
 use std::sync::atomic::Ordering::Relaxed;
@@ -28,7 +28,7 @@ pub(super) fn run(engine: &'static Engine) {
         let watched = WATCHED.load(Relaxed) > 0;
         let timeout = if !lock(&engine.closing).is_empty() {
             50
-        } else if timed || watched {
+        } else if timed || watched || engine.callers_waiting() {
             TICK_MS
         } else {
             1000
@@ -54,6 +54,7 @@ pub(super) fn run(engine: &'static Engine) {
                     with_listener(engine, tag & !TAG_MASK, |l| l.on_rdma_ready(engine))
                 }
                 TAG_IPC => engine.serve_requests(),
+                TAG_IPC_CONN => engine.serve_waiting((tag & !TAG_MASK) as i32),
                 TAG_HOLD => engine.on_hold_event(tag & !TAG_MASK),
                 TAG_ASYNC => engine.on_async_events((tag & !TAG_MASK) as usize),
                 TAG_LISTEN_TCP => {
@@ -69,6 +70,7 @@ pub(super) fn run(engine: &'static Engine) {
         }
         engine.recheck_holders();
         engine.expire_moves();
+        engine.expire_callers();
         reap(engine);
         if timed && Instant::now() >= next_tick {
             // Probe completions are looked at here, whether or not the helper listens to

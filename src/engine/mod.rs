@@ -234,8 +234,8 @@ pub struct Engine {
     pid: i32,
     /// Who this engine is to other processes (its ipc address).
     pub owner: ipc::Owner,
-    /// Listening socket for other processes' requests.
-    ipc_fd: c_int,
+    /// Where other processes' requests arrive (none if it could not listen).
+    ipc: Option<ipc::Server>,
     cfg: &'static Config,
     /// Events of every connected (or accepting) id.
     ch: Arc<EventChannel>,
@@ -250,11 +250,10 @@ pub struct Engine {
     /// the helper: the last holder's bytes may be taken in by a completion, not an event).
     held_elsewhere: Mutex<Vec<Arc<Stream>>>,
     /// Streams handed over to another process, by token: requests for them are sent on.
-    moved: Mutex<HashMap<u64, ipc::Owner>>,
+    moved: Mutex<takeover::Moved>,
     /// Streams whose peer moved (token, the taker's port): resumes for the helper to start.
-    resumes: Mutex<Vec<(u64, u16)>>,
+    resumes: Mutex<takeover::Resumes>,
     resume_cv: std::sync::Condvar,
-    mover: Once,
     /// Streams this process is handing over (token, deadline for the taker's export).
     leaving: Mutex<Vec<(u64, std::time::Instant)>>,
     /// Completions of QPs whose stream is not registered yet (a take-over or resume builds
@@ -472,8 +471,8 @@ pub fn after_fork_child() {
     // callers must be refused, not left waiting on a socket nobody serves.
     // SAFETY: engines are never freed; a plain close of an inherited fd.
     if let Some(e) = unsafe { ENGINE.load(Acquire).as_ref() } {
-        if e.ipc_fd >= 0 {
-            crate::sys::raw::close(e.ipc_fd);
+        if let Some(server) = &e.ipc {
+            server.forget_in_child();
         }
     }
 }
@@ -523,6 +522,7 @@ const TAG_LISTEN_TCP: u64 = 4 << 56;
 const TAG_IPC: u64 = 5 << 56;
 const TAG_HOLD: u64 = 6 << 56;
 const TAG_ASYNC: u64 = 7 << 56;
+const TAG_IPC_CONN: u64 = 8 << 56;
 const TAG_MASK: u64 = 0xff << 56;
 
 /// `RSOCK_MAX_PINNED_MB` in bytes: unset, a quarter of physical memory; 0, no limit.
@@ -564,18 +564,25 @@ impl Engine {
             return Err(rdma::Error::last_os("epoll_create1/eventfd"));
         }
         let pid = crate::sys::raw::getpid();
-        let owner = ipc::Owner {
-            pid,
-            nonce: crate::sys::unix::random_u64(),
+        // A guessable nonce would let a local process squat the name this engine's
+        // children ask: without a random one, the engine takes no requests at all.
+        let nonce = crate::sys::unix::random_u64();
+        let owner = ipc::Owner::mine(pid, nonce);
+        let server = match nonce {
+            0 => Err(std::io::Error::other("no random nonce from getrandom")),
+            _ => ipc::Server::listen(&owner),
         };
-        let ipc_fd = crate::sys::unix::listen_abstract(&owner.name()).unwrap_or_else(|e| {
-            log::warn!("no ipc socket ({e}): fork children cannot use this process's RDMA sockets");
-            -1
-        });
+        let ipc = server
+            .map_err(|e| {
+                log::warn!(
+                    "no ipc socket ({e}): other processes cannot use this process's RDMA sockets"
+                )
+            })
+            .ok();
         let e = Engine {
             pid,
             owner,
-            ipc_fd,
+            ipc,
             cfg: Config::get(),
             ch,
             streams_by_qp: Mutex::new(QpMap::default()),
@@ -585,10 +592,9 @@ impl Engine {
             devices: Mutex::new(Vec::new()),
             closing: Mutex::new(Vec::new()),
             held_elsewhere: Mutex::new(Vec::new()),
-            moved: Mutex::new(HashMap::new()),
-            resumes: Mutex::new(Vec::new()),
+            moved: Mutex::new(takeover::Moved::default()),
+            resumes: Mutex::new(takeover::Resumes::default()),
             resume_cv: std::sync::Condvar::new(),
-            mover: Once::new(),
             leaving: Mutex::new(Vec::new()),
             early: Mutex::new(QpMap::default()),
             epfd,
@@ -604,8 +610,8 @@ impl Engine {
         };
         e.watch(wake_fd, TAG_WAKE)?;
         e.watch(e.ch.fd(), TAG_CM)?;
-        if ipc_fd >= 0 {
-            e.watch(ipc_fd, TAG_IPC)?;
+        if let Some(server) = &e.ipc {
+            e.watch(server.fd(), TAG_IPC)?;
         }
         // SAFETY: registering a plain extern "C" fn.
         unsafe { libc::atexit(drain_at_exit_c) };
@@ -974,64 +980,113 @@ impl Engine {
         }
     }
 
-    /// Helper: answers other processes' requests (see `ipc`).
+    /// Helper: the ipc socket is readable (see `ipc`).
     fn serve_requests(&'static self) {
-        while ipc::serve_one(self.ipc_fd, |m| self.answer(m)) {}
+        if let Some(server) = &self.ipc {
+            let mut watch = |c| {
+                if let Err(e) = self.watch(c, TAG_IPC_CONN | c as u64) {
+                    log::debug!("ipc: cannot watch a caller: {e}");
+                }
+            };
+            server.on_listener(&mut |req, proof| self.answer(req, proof), &mut watch);
+        }
     }
 
-    fn answer(&'static self, m: &ipc::Msg) -> (ipc::Msg, Option<c_int>) {
-        match m.op() {
-            Some(ipc::Op::Relay) => {
-                let s = lock(&self.streams_by_token).get(&m.token).cloned();
-                match s {
-                    Some(s) if !s.released.load(Acquire) => self.relay(&s),
-                    _ => self.not_here(m.token),
+    /// Helper: a caller whose request was not in yet is readable.
+    fn serve_waiting(&'static self, c: c_int) {
+        if let Some(server) = &self.ipc {
+            server.on_waiting(c, &mut |req, proof| self.answer(req, proof));
+        }
+    }
+
+    /// Helper: drops callers that sent nothing in time.
+    fn expire_callers(&self) {
+        if let Some(server) = self.ipc.as_ref().filter(|s| s.has_waiting()) {
+            server.expire(std::time::Instant::now());
+        }
+    }
+
+    /// Whether callers wait for the helper to read their request.
+    fn callers_waiting(&self) -> bool {
+        self.ipc.as_ref().is_some_and(|s| s.has_waiting())
+    }
+
+    /// One request, from a process that sent `proof` as its fd of the socket asked about.
+    /// Whoever does not hold that socket learns nothing (ENOENT, as for a token never
+    /// issued), whatever its uid.
+    fn answer(&'static self, req: &ipc::Request, proof: c_int) -> (ipc::Reply, Option<c_int>) {
+        let token = req.token();
+        let stream = || {
+            lock(&self.streams_by_token)
+                .get(&token)
+                .filter(|s| s.bell().is_this(proof))
+                .cloned()
+        };
+        match *req {
+            ipc::Request::Relay { .. } => match stream() {
+                Some(s) if !s.released.load(Acquire) => self.relay(&s),
+                _ => self.not_here(token, proof),
+            },
+            ipc::Request::Take { port, taker, .. } => match stream() {
+                Some(s) => self.answer_take(&s, port, taker),
+                None => self.not_here(token, proof),
+            },
+            ipc::Request::Export {
+                resume_at, taker, ..
+            } => match stream() {
+                Some(s) => self.answer_export(&s, resume_at, taker),
+                None => self.not_here(token, proof),
+            },
+            ipc::Request::Accept { taker, .. } => {
+                let l = lock(&self.listeners)
+                    .get(&token)
+                    .filter(|l| l.bell().is_this(proof))
+                    .cloned();
+                match l {
+                    Some(l) => self.accept_for(&l, taker),
+                    None => (ipc::Reply::Failed(libc::ENOENT), None),
                 }
             }
-            Some(ipc::Op::Take) => self.answer_take(m),
-            Some(ipc::Op::Export) => self.answer_export(m),
-            Some(ipc::Op::Accept) => {
-                let l = lock(&self.listeners).get(&m.token).cloned();
-                let Some(l) = l else {
-                    return (ipc::Msg::error(libc::EINVAL), None);
-                };
-                match l.try_pop(self) {
-                    None => (ipc::Msg::error(libc::EAGAIN), None),
-                    Some(Accepted::Tcp(fd)) => {
-                        let local = crate::sys::sockaddr::local_of(fd);
-                        let peer = crate::sys::sockaddr::peer_of(fd);
-                        (
-                            ipc::Msg::carrying(ipc::Carried::Tcp, local.as_ref(), peer.as_ref()),
-                            Some(fd),
-                        )
-                    }
-                    Some(Accepted::Rdma(s)) => {
-                        // Never given to this process's program: the worker takes it over
-                        // (given A and the facts), or only the relay holds it.
-                        s.app_gone.store(true, Release);
-                        if m.owner.pid != 0 && self.cfg.takeover {
-                            return self.hand_to_worker(&s);
-                        }
-                        s.release_app();
-                        let r = self.relay(&s);
-                        if r.1.is_none() {
-                            self.close_unheld(&s);
-                        } else {
-                            // Only the relay holds it: its holders' last close ends it, which
-                            // the helper rechecks (the end of stream may be read by a
-                            // completion, raising no event on the relay end).
-                            self.settle_holders(&s);
-                        }
-                        r
-                    }
-                }
+        }
+    }
+
+    /// [`ipc::Request::Accept`]: the next connection of `l`'s queue, for another process.
+    fn accept_for(
+        &'static self,
+        l: &Arc<Listener>,
+        taker: Option<ipc::Owner>,
+    ) -> (ipc::Reply, Option<c_int>) {
+        match l.try_pop(self) {
+            None => (ipc::Reply::Failed(libc::EAGAIN), None),
+            Some(Accepted::Tcp(fd)) => {
+                let local = crate::sys::sockaddr::local_of(fd);
+                let peer = crate::sys::sockaddr::peer_of(fd);
+                (ipc::Reply::Tcp { local, peer }, Some(fd))
             }
-            None => (ipc::Msg::error(libc::EINVAL), None),
+            Some(Accepted::Rdma(s)) => {
+                // Never given to this process's program: the worker takes it over (given
+                // A and the facts), or only the relay holds it.
+                s.app_gone.store(true, Release);
+                if taker.is_some() && self.cfg.takeover {
+                    return self.hand_to_worker(&s);
+                }
+                s.release_app();
+                let r = self.relay(&s);
+                if r.1.is_none() {
+                    self.close_unheld(&s);
+                } else {
+                    // Only the relay holds it: its holders' last close ends it, which the
+                    // helper rechecks (the end of stream may be read by a completion,
+                    // raising no event on the relay end).
+                    self.settle_holders(&s);
+                }
+                r
+            }
         }
     }
 
     /// Starts a relay of `s` and the reply that hands its A over.
-    fn relay(&'static self, s: &Arc<Stream>) -> (ipc::Msg, Option<c_int>) {
+    fn relay(&'static self, s: &Arc<Stream>) -> (ipc::Reply, Option<c_int>) {
         match s.start_relay() {
             Ok((a, b)) => {
                 self.watch_hold(b, s.token);
@@ -1040,14 +1095,11 @@ impl Engine {
                     s.local,
                     s.peer
                 );
-                (
-                    ipc::Msg::carrying(ipc::Carried::Relay, Some(&s.local), Some(&s.peer)),
-                    Some(a),
-                )
+                (ipc::Reply::Relay(s.ends()), Some(a))
             }
             Err(e) => {
                 log::warn!("rdma stream {}: cannot relay: {e}", s.peer);
-                (ipc::Msg::error(libc::ENOBUFS), None)
+                (ipc::Reply::Failed(libc::ENOBUFS), None)
             }
         }
     }

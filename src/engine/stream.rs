@@ -275,6 +275,13 @@ impl<P: Port> Stream<P> {
     }
 
     /// The ring's and the send buffer's sizes now.
+    pub fn ends(&self) -> super::ipc::Ends {
+        super::ipc::Ends {
+            local: self.local,
+            peer: self.peer,
+        }
+    }
+
     pub fn sizes(&self) -> (u32, u32) {
         let s = super::BufSizes::unpack(self.sizes.load(Acquire));
         (s.ring, s.send)

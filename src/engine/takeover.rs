@@ -11,7 +11,7 @@
 //! - the **peer** quiesces its old QP and resumes towards the taker on a new QP in the same
 //!   protection domain, in a short-lived thread — [`resume`].
 
-use super::ipc::{self, Msg, Op};
+use super::ipc::{self, Reply, Request};
 use super::setup::{self, BufSizes};
 use super::stream::{Parts, Stream};
 use super::{lock, Engine};
@@ -27,6 +27,50 @@ use std::time::{Duration, Instant};
 /// How long a hand-over may take from MIGRATE to the resumed QP (Soft-RoCE under emulation
 /// takes tens of milliseconds; hardware well under one).
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an export waits for the peer's bytes up to its resume point. The peer resumes
+/// only after every write of its old QP completed, i.e. was placed in our ring: what is
+/// left is reading their completions, so an honest resume never waits long. A resume point
+/// the peer never wrote (a hostile peer) costs the helper at most this.
+const EXPORT_WAIT: Duration = Duration::from_secs(1);
+/// At most this many resumes run at once (each on a long-lived mover thread).
+const MAX_MOVERS: usize = 4;
+/// How many handed-over streams an engine remembers (to send requests on), and how long.
+const MOVED_KEPT: usize = 4096;
+const MOVED_FOR: Duration = Duration::from_secs(600);
+
+/// Streams handed over to another process: requests for them are sent on, to whoever still
+/// holds their A (the same proof as for a stream that is here).
+#[derive(Default)]
+pub struct Moved {
+    by_token: std::collections::HashMap<u64, Gone>,
+}
+
+/// Where a stream went, the identity of its A, and when.
+struct Gone {
+    to: ipc::Owner,
+    identity: Option<unix::Identity>,
+    at: Instant,
+}
+
+impl Moved {
+    fn insert(&mut self, token: u64, to: ipc::Owner, identity: Option<unix::Identity>) {
+        let at = Instant::now();
+        self.by_token
+            .retain(|_, g| at.duration_since(g.at) < MOVED_FOR);
+        if self.by_token.len() >= MOVED_KEPT {
+            let oldest = self.by_token.iter().min_by_key(|e| e.1.at).map(|e| *e.0);
+            if let Some(t) = oldest {
+                self.by_token.remove(&t);
+            }
+        }
+        self.by_token.insert(token, Gone { to, identity, at });
+    }
+
+    fn get(&self, token: u64, proof: c_int) -> Option<ipc::Owner> {
+        let g = self.by_token.get(&token)?;
+        (g.identity.is_some() && unix::file_identity(proof) == g.identity).then_some(g.to)
+    }
+}
 
 /// Why a take-over did not happen.
 #[derive(Debug)]
@@ -99,24 +143,27 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         send: engine.cfg.send_buf.max(sizes.send),
     };
     let mut m = setup::memory(engine, &dev, sizes, full).map_err(|e| refused("memory", &e))?;
-    let mut owner = st.owner;
-    let (reply, bfd) = loop {
-        let mut req = Msg::request(Op::Take, st.token);
-        (req.arg, req.owner) = (u64::from(port), engine.owner);
-        match ipc::ask(&owner, &req) {
-            Ok((reply, Some(bfd))) => break (reply, bfd),
-            Err((ipc::MOVED, Some(r))) if r.owner != owner && r.owner.pid != 0 => {
-                owner = r.owner; // handed over before: ask where it went
-                st.owner = owner;
-            }
-            Ok((_, None)) => return Err(TakeError::Refused("owner sent no doorbell".into())),
-            Err((e, _)) => return Err(refused("owner refused", &errno_name(e))),
-        }
+    let take = Request::Take {
+        token: st.token,
+        port,
+        taker: engine.owner,
     };
-    let conn_id = reply.token;
+    let called = ipc::call(&mut st.owner, &take, fd);
+    let owner = st.owner; // where it went, if it had moved on
+    let (conn_id, now, bfd) = match called {
+        Ok((Reply::Doorbell { conn_id, sizes, .. }, Some(bfd))) => {
+            (conn_id, BufSizes::unpack(sizes), bfd)
+        }
+        Ok((r, fd)) => {
+            if let Some(fd) = fd {
+                raw::close(fd);
+            }
+            return Err(refused("owner", &format!("unexpected answer {r:?}")));
+        }
+        Err(e) => return Err(refused("owner refused", &errno_name(e.errno()))),
+    };
     let started = Instant::now();
-    let now = BufSizes::unpack(reply.arg);
-    if now.ring > 0 && now != sizes {
+    if now != sizes {
         // The owner's buffers grew since this copy of the stream was made.
         m = match setup::memory(engine, &dev, now, full) {
             Ok(m) => m,
@@ -137,19 +184,27 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             .map_err(|(e, _)| format!("queue pair: {e}"))?;
         held = Some(engine.hold_qp(rc.qp_num()));
         setup::fit_and_post(&mut rc, &mut m).map_err(|e| format!("queue pair: {e}"))?;
-        let mut req = Msg::request(Op::Export, st.token);
-        (req.arg, req.owner) = (sent_end, engine.owner);
-        let (_, memfd) =
-            ipc::ask(&owner, &req).map_err(|(e, _)| format!("export: {}", errno_name(e)))?;
-        let state = memfd.map(|fd| {
-            let r = unix::read_file(fd);
-            raw::close(fd);
-            r
-        });
-        let state = match state {
-            Some(Ok(s)) => s,
-            _ => return Err("export: no state".to_string()),
+        let export = Request::Export {
+            token: st.token,
+            resume_at: sent_end,
+            taker: engine.owner,
         };
+        let mut at = owner;
+        let memfd = match ipc::call(&mut at, &export, fd) {
+            Ok((Reply::State, Some(memfd))) if at == owner => memfd,
+            Ok((_, f)) => {
+                if let Some(f) = f {
+                    raw::close(f);
+                }
+                return Err("export: not a state".into());
+            }
+            Err(e) => return Err(format!("export: {}", errno_name(e.errno()))),
+        };
+        // At most what the state can hold: the header and two buffers of the sizes agreed.
+        let most = proto::Handover::LEN + 1 + (m.ring.len() + m.send.len());
+        let state = unix::read_file(memfd, most);
+        raw::close(memfd);
+        let state = state.map_err(|e| format!("export: {e}"))?;
         let (conn, shown) = restore(&state, &mut m, &hello)?;
         let ours = setup::hello(&m, HelloKind::Accept, conn_id);
         let param = ConnParam {
@@ -236,7 +291,11 @@ fn restore(
     peer: &Hello,
 ) -> Result<(proto::Conn, proto::Readiness), String> {
     let h = proto::Handover::parse(state).ok_or("export: short state")?;
-    let shown = proto::Readiness::from_bits(state[proto::Handover::LEN]);
+    let shown = proto::Readiness::from_bits(
+        *state
+            .get(proto::Handover::LEN)
+            .ok_or("export: short state")?,
+    );
     let bytes = &state[proto::Handover::LEN + 1..];
     let conn = proto::Conn::from_handover(&m.cfg, &h, peer).map_err(|e| format!("state: {e}"))?;
     let mut at = 0;
@@ -259,18 +318,18 @@ fn restore(
 }
 
 impl Engine {
-    /// Old owner, helper thread: [`Op::Take`] — MIGRATE to the peer, B to the caller.
-    pub(super) fn answer_take(&'static self, m: &Msg) -> (Msg, Option<c_int>) {
-        let s = lock(&self.streams_by_token).get(&m.token).cloned();
-        let Some(s) = s.filter(|s| !s.released.load(std::sync::atomic::Ordering::Acquire)) else {
-            return self.not_here(m.token);
-        };
-        let port = u16::try_from(m.arg).unwrap_or(0);
-        if m.owner.pid == 0 || port == 0 {
-            return (Msg::error(libc::EINVAL), None);
+    /// Old owner, helper thread: [`Request::Take`] — MIGRATE to the peer, B to the caller.
+    pub(super) fn answer_take(
+        &'static self,
+        s: &Arc<Stream>,
+        port: u16,
+        taker: ipc::Owner,
+    ) -> (Reply, Option<c_int>) {
+        if s.released.load(std::sync::atomic::Ordering::Acquire) {
+            return (Reply::Failed(libc::ECONNRESET), None);
         }
         if let Err(e) = s.start_move(port) {
-            return (Msg::error(e), None);
+            return (Reply::Failed(e), None);
         }
         let deadline = Instant::now() + 2 * HANDOVER_TIMEOUT;
         lock(&self.leaving).push((s.token, deadline));
@@ -282,53 +341,69 @@ impl Engine {
             "rdma stream {} -> {}: moving to pid {} (port {port})",
             s.local,
             s.peer,
-            m.owner.pid
+            taker.pid
         );
-        let mut r = Msg::carrying(ipc::Carried::Doorbell, Some(&s.local), Some(&s.peer));
-        r.token = s.conn_id;
         // The sizes as the move froze them (buffers grow; the taker's copy may be older).
         let (ring, send) = s.sizes();
-        r.arg = BufSizes { ring, send }.packed();
-        (r, (b >= 0).then_some(b))
+        let r = Reply::Doorbell {
+            conn_id: s.conn_id,
+            sizes: BufSizes { ring, send }.packed(),
+            ends: s.ends(),
+        };
+        match b {
+            b if b >= 0 => (r, Some(b)),
+            _ => (Reply::Failed(libc::EMFILE), None),
+        }
     }
 
-    /// Old owner, helper thread: [`Op::Export`] — once the peer's bytes up to the resume
-    /// point are in, the state in a memfd; the stream is the caller's from then on.
-    pub(super) fn answer_export(&'static self, m: &Msg) -> (Msg, Option<c_int>) {
-        let s = lock(&self.streams_by_token).get(&m.token).cloned();
-        let Some(s) = s else {
-            return self.not_here(m.token);
-        };
-        let deadline = Instant::now() + HANDOVER_TIMEOUT;
-        while s.received_end() < m.arg {
+    /// Old owner, helper thread: [`Request::Export`] — once the peer's bytes up to the
+    /// resume point are in, the state in a memfd; the stream is the caller's from then on.
+    pub(super) fn answer_export(
+        &'static self,
+        s: &Arc<Stream>,
+        resume_at: u64,
+        taker: ipc::Owner,
+    ) -> (Reply, Option<c_int>) {
+        // The peer cannot have written more than a ring beyond what we received.
+        let (ring, _) = s.sizes();
+        if resume_at > s.received_end().saturating_add(u64::from(ring)) {
+            log::warn!(
+                "rdma stream {} -> {}: the peer resumes at {resume_at}, beyond anything it could send",
+                s.local,
+                s.peer
+            );
+            return (Reply::Failed(libc::EPROTO), None);
+        }
+        let deadline = Instant::now() + EXPORT_WAIT;
+        while s.received_end() < resume_at {
             if Instant::now() > deadline {
-                return (Msg::error(libc::ETIMEDOUT), None);
+                return (Reply::Failed(libc::ETIMEDOUT), None);
             }
             if self.progress(&s.dev) == 0 {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
-        let Some(state) = s.export(m.owner) else {
-            return (Msg::error(libc::ECONNRESET), None);
+        let Some(state) = s.export(taker) else {
+            return (Reply::Failed(libc::ECONNRESET), None);
         };
         // The stream is the taker's: this engine forgets it (requests are sent on), keeps
         // nothing of its doorbell, and frees its QP and memory once drained.
         lock(&self.streams_by_token).remove(&s.token);
-        lock(&self.moved).insert(s.token, m.owner);
+        lock(&self.moved).insert(s.token, taker, s.bell().identity());
         lock(&self.leaving).retain(|&(t, _)| t != s.token);
-        lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, &s));
+        lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, s));
         self.unwatch(s.bell().shim_fd());
         for fd in s.relay_fds() {
             self.unwatch(fd);
         }
         raw::close(s.bell().take_shim());
         s.released.store(true, std::sync::atomic::Ordering::Release);
-        self.retire(s);
+        self.retire(s.clone());
         match unix::memfd_with(&state) {
-            Ok(fd) => (Msg::carrying(ipc::Carried::State, None, None), Some(fd)),
+            Ok(fd) => (Reply::State, Some(fd)),
             Err(e) => {
                 log::error!("hand-over state not passed: {e}");
-                (Msg::error(libc::ENOMEM), None)
+                (Reply::Failed(libc::ENOMEM), None)
             }
         }
     }
@@ -336,7 +411,7 @@ impl Engine {
     /// Owner, helper thread: a prefork worker accepts an RDMA stream from the queue of a
     /// listener this process owns: it gets the doorbell's A and the stream's facts, and takes
     /// the stream over (or asks for a relay of it if it cannot).
-    pub(super) fn hand_to_worker(&'static self, s: &Arc<Stream>) -> (Msg, Option<c_int>) {
+    pub(super) fn hand_to_worker(&'static self, s: &Arc<Stream>) -> (Reply, Option<c_int>) {
         // SAFETY: F_DUPFD_CLOEXEC on our own copy of A.
         let a = raw::hide(unsafe {
             crate::sys::real::fcntl(s.bell().app_fd(), libc::F_DUPFD_CLOEXEC, 0)
@@ -345,13 +420,15 @@ impl Engine {
         // Held while `a` travels and in the worker; the last holder's close ends it.
         self.settle_holders(s);
         if a < 0 {
-            return (Msg::error(libc::EMFILE), None);
+            return (Reply::Failed(libc::EMFILE), None);
         }
-        let mut r = Msg::carrying(ipc::Carried::Stream, Some(&s.local), Some(&s.peer));
-        r.token = s.token;
         let (ring, send) = s.sizes();
-        r.arg = BufSizes { ring, send }.packed();
-        r.owner = self.owner;
+        let r = Reply::Stream {
+            token: s.token,
+            owner: self.owner,
+            sizes: BufSizes { ring, send }.packed(),
+            ends: s.ends(),
+        };
         (r, Some(a))
     }
 
@@ -374,50 +451,72 @@ impl Engine {
     }
 
     /// The answer for a stream this engine no longer has: where it went, if it was handed
-    /// over, else ECONNRESET.
-    pub(super) fn not_here(&self, token: u64) -> (Msg, Option<c_int>) {
-        match lock(&self.moved).get(&token) {
-            Some(&to) => (Msg::moved(to), None),
-            None => (Msg::error(libc::ECONNRESET), None),
+    /// over and the caller holds it; else ENOENT.
+    pub(super) fn not_here(&self, token: u64, proof: c_int) -> (Reply, Option<c_int>) {
+        match lock(&self.moved).get(token, proof) {
+            Some(to) => (Reply::Moved(to), None),
+            None => (Reply::Failed(libc::ENOENT), None),
         }
     }
 
     /// Any thread, stream lock held: the peer of stream `token` moves to `port`. The resume
-    /// may block, so it runs on the engine's mover thread (one, long-lived: the QPs it makes
-    /// stay attributed to a live thread in `rdma resource show`).
+    /// may block, so it runs on a mover thread (long-lived: the QPs it makes stay attributed
+    /// to a live thread in `rdma resource show`); up to [`MAX_MOVERS`] run at once, so one
+    /// slow or hostile peer does not hold up the others.
     pub(super) fn schedule_resume(&'static self, token: u64, port: u16) {
-        lock(&self.resumes).push((token, port));
-        self.resume_cv.notify_one();
-        self.mover.call_once(|| {
+        let spawn = {
+            let mut q = lock(&self.resumes);
+            q.queue.push_back((token, port));
+            let spawn = q.idle == 0 && q.threads < MAX_MOVERS;
+            if spawn {
+                q.threads += 1;
+            }
+            spawn
+        };
+        if spawn {
             let r = std::thread::Builder::new()
                 .name("rsock-mover".into())
                 .spawn(move || self.run_mover());
             if let Err(e) = r {
-                log::error!("no thread for resumes ({e}): moved peers' streams will reset");
+                log::error!("no thread for resumes ({e})");
+                lock(&self.resumes).threads -= 1;
             }
-        });
+        }
+        self.resume_cv.notify_one();
     }
 
-    /// The mover thread: resumes streams whose peer moved, one at a time.
+    /// A mover thread: resumes streams whose peer moved, one at a time.
     fn run_mover(&'static self) {
         let Some(_g) = crate::guard::enter() else {
             return;
         };
         loop {
-            let next = {
+            let (token, port) = {
                 let mut q = lock(&self.resumes);
-                while q.is_empty() {
+                q.idle += 1;
+                while q.queue.is_empty() {
                     q = self.resume_cv.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
-                q.remove(0)
+                q.idle -= 1;
+                match q.queue.pop_front() {
+                    Some(next) => next,
+                    None => continue,
+                }
             };
-            let (token, port) = next;
             let s = lock(&self.streams_by_token).get(&token).cloned();
             if let Some(s) = s {
                 resume(self, s, port);
             }
         }
     }
+}
+
+/// Resumes waiting for a mover thread, and the threads there are.
+#[derive(Default)]
+pub struct Resumes {
+    queue: std::collections::VecDeque<(u64, u16)>,
+    threads: usize,
+    idle: usize,
 }
 
 /// Staying peer, mover thread: waits for the old QP to go quiet, connects a new QP to the

@@ -57,7 +57,8 @@ pub fn listen_abstract(name: &[u8]) -> io::Result<c_int> {
     Ok(fd)
 }
 
-/// A socket connected to the abstract `name`, whose receives time out after `timeout`.
+/// A socket connected to the abstract `name`; connecting (a full backlog waits) and each
+/// receive time out after `timeout`.
 pub fn connect_abstract(name: &[u8], timeout: Duration) -> io::Result<c_int> {
     let fd = seqpacket(0)?;
     let (a, len) = abstract_addr(name);
@@ -67,13 +68,15 @@ pub fn connect_abstract(name: &[u8], timeout: Duration) -> io::Result<c_int> {
     };
     // SAFETY: valid sockaddr and option buffers; fd is ours.
     let ok = unsafe {
-        real::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as socklen_t,
-        );
+        for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+            real::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as socklen_t,
+            );
+        }
         real::connect(fd, (&a as *const libc::sockaddr_un).cast::<sockaddr>(), len) == 0
     };
     if !ok {
@@ -84,22 +87,23 @@ pub fn connect_abstract(name: &[u8], timeout: Duration) -> io::Result<c_int> {
     Ok(fd)
 }
 
-/// The next connection on a listening socket (blocking, close-on-exec), or `None`.
-pub fn accept(fd: c_int) -> Option<c_int> {
+/// The next connection queued on a listening socket (nonblocking, close-on-exec), or `None`.
+pub fn accept_nonblocking(fd: c_int) -> Option<c_int> {
     // SAFETY: accept4 on our listening socket; no address wanted.
     let c = unsafe {
         real::accept4(
             fd,
             std::ptr::null_mut(),
             std::ptr::null_mut(),
-            libc::SOCK_CLOEXEC,
+            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
         )
     };
     (c >= 0).then(|| hide(c))
 }
 
-/// The uid of the process at the other end of `fd`.
-pub fn peer_uid(fd: c_int) -> Option<u32> {
+/// The credentials of the process at the other end of `fd` (for a connection to a
+/// listening socket: the process that listened).
+pub fn peer_cred(fd: c_int) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -116,17 +120,18 @@ pub fn peer_uid(fd: c_int) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.uid)
+    (r == 0).then_some(cred)
 }
 
-/// Space for one fd in a control message.
+/// Space for exactly one fd in a control message: a sender of more gets `MSG_CTRUNC`, and
+/// the kernel installs none of the rest.
 #[repr(C)]
 union Cmsg {
     hdr: libc::cmsghdr,
-    buf: [u8; 32],
+    buf: [u8; 24],
 }
 
-/// Sends one message, with `pass` attached as `SCM_RIGHTS` if given.
+/// Sends one message without waiting, with `pass` attached as `SCM_RIGHTS` if given.
 pub fn send(fd: c_int, bytes: &[u8], pass: Option<c_int>) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut c_void,
@@ -138,8 +143,8 @@ pub fn send(fd: c_int, bytes: &[u8], pass: Option<c_int>) -> io::Result<()> {
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     if let Some(p) = pass {
-        // SAFETY: the control buffer is large enough for one cmsghdr + one int (CMSG_SPACE(4)
-        // is 24 on x86_64); the CMSG macros compute offsets inside it.
+        // SAFETY: the control buffer is CMSG_SPACE(4) (24 on x86_64) bytes, room for one
+        // cmsghdr + one int; the CMSG macros compute offsets inside it.
         unsafe {
             msg.msg_control = (&mut cm as *mut Cmsg).cast();
             msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
@@ -150,16 +155,39 @@ pub fn send(fd: c_int, bytes: &[u8], pass: Option<c_int>) -> io::Result<()> {
             std::ptr::write_unaligned(libc::CMSG_DATA(h).cast::<c_int>(), p);
         }
     }
-    // SAFETY: msg points at valid buffers for the call.
-    if unsafe { real::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) } < 0 {
+    // SAFETY: msg points at valid buffers for the call. A fresh connection always has room
+    // for one small message: never waiting is never a loss.
+    if unsafe { real::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } < 0 {
         return Err(last());
     }
     Ok(())
 }
 
-/// Receives one message into `buf` (blocking, bounded by the socket's receive timeout), with
-/// the fd it carried, installed close-on-exec at the lowest free number.
-pub fn recv(fd: c_int, buf: &mut [u8]) -> io::Result<(usize, Option<c_int>)> {
+/// One received message: its length, the fd it carried (installed close-on-exec), and
+/// whether it did not fit (`MSG_TRUNC` or `MSG_CTRUNC`: any fd that came is closed then).
+#[derive(Debug)]
+pub struct Got {
+    pub len: usize,
+    pub fd: Option<c_int>,
+    pub truncated: bool,
+}
+
+/// Receives one message into `buf` (blocking, bounded by the socket's receive timeout).
+/// A message that did not fit is an error (`EMSGSIZE`), its fds closed.
+pub fn recv_one(fd: c_int, buf: &mut [u8]) -> io::Result<Got> {
+    match recv_msg(fd, buf, 0)? {
+        g if g.truncated => Err(io::Error::from_raw_os_error(libc::EMSGSIZE)),
+        g => Ok(g),
+    }
+}
+
+/// As [`recv_one`] without waiting (`EAGAIN`: nothing there yet), reporting truncation in
+/// [`Got::truncated`]. End of stream (a caller that hung up) is `ECONNRESET`.
+pub fn recv_one_nonblocking(fd: c_int, buf: &mut [u8]) -> io::Result<Got> {
+    recv_msg(fd, buf, libc::MSG_DONTWAIT)
+}
+
+fn recv_msg(fd: c_int, buf: &mut [u8], flags: c_int) -> io::Result<Got> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -172,22 +200,81 @@ pub fn recv(fd: c_int, buf: &mut [u8]) -> io::Result<(usize, Option<c_int>)> {
     msg.msg_control = (&mut cm as *mut Cmsg).cast();
     msg.msg_controllen = std::mem::size_of::<Cmsg>();
     // SAFETY: msg points at valid buffers.
-    let n = unsafe { real::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe { real::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
     if n < 0 {
         return Err(last());
     }
-    let mut got = None;
-    // SAFETY: walking the control data the kernel wrote into our buffer.
+    let mut fds = Vec::new();
+    // SAFETY: walking the control data the kernel wrote into our buffer; each SCM_RIGHTS
+    // carries (cmsg_len - CMSG_LEN(0)) / 4 ints.
     unsafe {
         let mut h = libc::CMSG_FIRSTHDR(&msg);
         while !h.is_null() {
             if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
-                got = Some(std::ptr::read_unaligned(libc::CMSG_DATA(h).cast::<c_int>()));
+                let data = libc::CMSG_DATA(h).cast::<c_int>();
+                let count = ((*h).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
+                fds.extend((0..count).map(|i| std::ptr::read_unaligned(data.add(i))));
             }
             h = libc::CMSG_NXTHDR(&msg, h);
         }
     }
-    Ok((n as usize, got))
+    // One message carries at most one fd: more is as bad as a truncated one.
+    let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || fds.len() > 1;
+    let got = match (truncated, fds.as_slice()) {
+        (false, &[fd]) => Some(fd),
+        _ => {
+            fds.iter().for_each(|&f| super::raw::close(f));
+            None
+        }
+    };
+    if n == 0 && got.is_none() && !truncated {
+        return Err(io::Error::from_raw_os_error(libc::ECONNRESET));
+    }
+    Ok(Got {
+        len: n as usize,
+        fd: got,
+        truncated,
+    })
+}
+
+/// The address family and socket type of `fd`, if it is a socket.
+pub fn socket_kind(fd: c_int) -> Option<(c_int, c_int)> {
+    let get = |opt| {
+        let mut v: c_int = 0;
+        let mut len = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: a valid int out-buffer.
+        let r = unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(v)
+    };
+    Some((get(libc::SO_DOMAIN)?, get(libc::SO_TYPE)?))
+}
+
+/// A file's (device, inode).
+pub type Identity = (u64, u64);
+
+/// Which file `fd` is: (device, inode). Two fds with the same identity are the same open
+/// socket (socket inodes are unique while the socket lives).
+pub fn file_identity(fd: c_int) -> Option<Identity> {
+    // SAFETY: stat is plain data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Whether `fd` is a regular file (a memfd is one).
+pub fn is_regular_file(fd: c_int) -> bool {
+    // SAFETY: as in `file_identity`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG }
 }
 
 /// Waits up to `ms` for `fd` to report any of `events`; the reported events (0 on timeout).
@@ -243,8 +330,9 @@ pub fn memfd_with(bytes: &[u8]) -> io::Result<c_int> {
     Ok(fd)
 }
 
-/// Everything in the file `fd` from offset 0 (a [`memfd_with`] blob).
-pub fn read_file(fd: c_int) -> io::Result<Vec<u8>> {
+/// Everything in the file `fd` from offset 0 (a [`memfd_with`] blob); a file of more than
+/// `most` bytes is an error (`EFBIG`).
+pub fn read_file(fd: c_int, most: usize) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     loop {
@@ -259,6 +347,9 @@ pub fn read_file(fd: c_int) -> io::Result<Vec<u8>> {
         };
         match n {
             0 => return Ok(out),
+            n if n > 0 && out.len() + n as usize > most => {
+                return Err(io::Error::from_raw_os_error(libc::EFBIG))
+            }
             n if n > 0 => out.extend_from_slice(&buf[..n as usize]),
             _ if errno() == libc::EINTR => {}
             _ => return Err(last()),
@@ -284,14 +375,19 @@ mod tests {
         let l = listen_abstract(name.as_bytes()).unwrap();
         let c = connect_abstract(name.as_bytes(), Duration::from_secs(2)).unwrap();
         assert_ne!(wait(l, libc::POLLIN, 2000) & libc::POLLIN, 0);
-        let s = accept(l).unwrap();
-        assert_eq!(peer_uid(s), Some(unsafe { libc::geteuid() }));
+        let s = accept_nonblocking(l).unwrap();
+        let cred = peer_cred(c).unwrap();
+        assert_eq!(cred.uid, unsafe { libc::geteuid() });
+        assert_eq!(cred.pid, std::process::id() as i32);
         let (a, b) = stream_pair().unwrap();
         send(s, b"hello", Some(a)).unwrap();
         let mut buf = [0u8; 16];
-        let (n, fd) = recv(c, &mut buf).unwrap();
-        assert_eq!(&buf[..n], b"hello");
-        let got = fd.expect("an fd");
+        let g = recv_one(c, &mut buf).unwrap();
+        assert_eq!(&buf[..g.len], b"hello");
+        let got = g.fd.expect("an fd");
+        assert_eq!(socket_kind(got), Some((libc::AF_UNIX, libc::SOCK_STREAM)));
+        assert_eq!(file_identity(got), file_identity(a));
+        assert_ne!(file_identity(got), file_identity(b));
         assert_ne!(
             unsafe { libc::fcntl(got, libc::F_GETFD) } & libc::FD_CLOEXEC,
             0
@@ -302,6 +398,51 @@ mod tests {
         for fd in [l, c, s, a, b, got] {
             super::super::raw::close(fd);
         }
+    }
+
+    #[test]
+    fn more_fds_than_room_for_one_is_truncated_and_none_are_installed() {
+        let (x, y) = stream_pair().unwrap();
+        let (p, q) = stream_pair().unwrap();
+        // Two fds in one SCM_RIGHTS message, sent by hand.
+        let fds = [p, q];
+        let mut iov = libc::iovec {
+            iov_base: b"req".as_ptr() as *mut c_void,
+            iov_len: 3,
+        };
+        let mut cbuf = [0u64; 8];
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(8) } as usize;
+        unsafe {
+            let h = libc::CMSG_FIRSTHDR(&msg);
+            (*h).cmsg_level = libc::SOL_SOCKET;
+            (*h).cmsg_type = libc::SCM_RIGHTS;
+            (*h).cmsg_len = libc::CMSG_LEN(8) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(h).cast(), 2);
+            assert_eq!(libc::sendmsg(x, &msg, 0), 3);
+        }
+        let mut buf = [0u8; 8];
+        let g = recv_one_nonblocking(y, &mut buf).unwrap();
+        assert!(g.truncated && g.fd.is_none());
+        for sent in [p, q] {
+            assert_eq!(copies_of(sent), 1, "no received copy stays open");
+        }
+        for fd in [x, y, p, q] {
+            super::super::raw::close(fd);
+        }
+    }
+
+    /// How many fds of this process are the file `fd` is.
+    fn copies_of(fd: c_int) -> usize {
+        let id = file_identity(fd);
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<c_int>().ok())
+            .filter(|&n| file_identity(n) == id)
+            .count()
     }
 
     #[test]

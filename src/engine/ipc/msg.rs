@@ -1,0 +1,587 @@
+//! The control messages between processes (docs/DESIGN.md, "Processes"): one request, one
+//! reply, each a fixed-size `SOCK_SEQPACKET` message that may carry one fd. Typed on both
+//! sides; the bytes are this module's business only (golden bytes in the tests below).
+//!
+//! Every message starts with [`MAGIC`] and [`VERSION`]; little-endian integers; every byte
+//! not named below is zero, and a message with a non-zero reserved byte, an unknown kind, a
+//! wrong length or an out-of-range field is refused as a whole.
+//!
+//! Request ([`REQUEST_LEN`] = 40 bytes):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `RSCK` |
+//! | 4 | 1 | version (1) |
+//! | 5 | 1 | op: 1 Relay, 2 Accept, 3 Take, 4 Export |
+//! | 8 | 8 | token of the stream or listener in the owner's engine |
+//! | 16 | 8 | Take: the taker's rdma_cm port (1..=65535); Export: the resume point; else 0 |
+//! | 24 | 4 | the caller's engine: pid (0: none; Take and Export need one) |
+//! | 32 | 8 | the caller's engine: nonce |
+//!
+//! Reply ([`REPLY_LEN`] = 104 bytes):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `RSCK` |
+//! | 4 | 1 | version (1) |
+//! | 5 | 1 | kind: 0 Failed, 1 Relay, 2 Tcp, 3 Doorbell, 4 State, 5 Stream, 6 Moved |
+//! | 8 | 4 | Failed: the errno (1..4095) |
+//! | 16 | 8 | Doorbell: the connection id; Stream: the stream's token |
+//! | 24 | 8 | Doorbell, Stream: ring size (high 32 bits) and send buffer size (low 32) |
+//! | 32 | 4 | Stream: the owner's pid; Moved: the new owner's pid (> 0) |
+//! | 40 | 8 | the same owner's nonce |
+//! | 48 | 28 | local address (raw sockaddr_in/in6, zero-padded; all zero: none) |
+//! | 76 | 28 | peer address (likewise) |
+//!
+//! Relay, Tcp, Doorbell, State and Stream carry exactly one fd; Failed and Moved none.
+
+use super::Owner;
+use crate::sys::sockaddr;
+use libc::c_int;
+use std::net::SocketAddr;
+
+/// The first bytes of every message.
+pub const MAGIC: [u8; 4] = *b"RSCK";
+/// The layout described above.
+pub const VERSION: u8 = 1;
+/// Encoded size of a [`Request`].
+pub const REQUEST_LEN: usize = 40;
+/// Encoded size of a [`Reply`].
+pub const REPLY_LEN: usize = 104;
+/// Buffer sizes a reply may name (the configuration's own bounds).
+const MIN_BUF: u32 = 4096;
+const MAX_BUF: u32 = 1 << 30;
+
+/// A request to the owner of a stream or listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Relay the stream over a fresh socketpair; reply [`Reply::Relay`].
+    Relay { token: u64 },
+    /// The listener's next connection; reply [`Reply::Tcp`], [`Reply::Relay`], or — when
+    /// `taker` names the caller's engine — [`Reply::Stream`] for it to take over.
+    Accept { token: u64, taker: Option<Owner> },
+    /// Start handing the stream to `taker`, whose rdma_cm listener is on `port`; reply
+    /// [`Reply::Doorbell`].
+    Take { token: u64, port: u16, taker: Owner },
+    /// Finish the hand-over at the peer's resume point; reply [`Reply::State`].
+    Export {
+        token: u64,
+        resume_at: u64,
+        taker: Owner,
+    },
+}
+
+/// The connection a reply describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ends {
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+}
+
+/// An owner's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// Refused, with an errno (EAGAIN: no connection waiting).
+    Failed(c_int),
+    /// The stream has a new owner: ask there.
+    Moved(Owner),
+    /// The fd is one end of a relay of the stream.
+    Relay(Ends),
+    /// The fd is a kernel TCP connection (addresses as far as the kernel gave them).
+    Tcp {
+        local: Option<SocketAddr>,
+        peer: Option<SocketAddr>,
+    },
+    /// The fd is the doorbell's B; the hand-over has begun.
+    Doorbell {
+        conn_id: u64,
+        sizes: u64,
+        ends: Ends,
+    },
+    /// The fd is a memfd with the hand-over's state.
+    State,
+    /// The fd is a stream's doorbell A, for the caller to take over from `owner`.
+    Stream {
+        token: u64,
+        owner: Owner,
+        sizes: u64,
+        ends: Ends,
+    },
+}
+
+/// Why bytes are not a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadMsg {
+    Length,
+    Magic,
+    Version,
+    Kind,
+    Reserved,
+    Field,
+}
+
+impl Request {
+    /// The stream's or listener's token.
+    pub fn token(&self) -> u64 {
+        match *self {
+            Request::Relay { token }
+            | Request::Accept { token, .. }
+            | Request::Take { token, .. }
+            | Request::Export { token, .. } => token,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        let (op, arg, caller) = match *self {
+            Request::Relay { .. } => (1, 0, None),
+            Request::Accept { taker, .. } => (2, 0, taker),
+            Request::Take { port, taker, .. } => (3, u64::from(port), Some(taker)),
+            Request::Export {
+                resume_at, taker, ..
+            } => (4, resume_at, Some(taker)),
+        };
+        header(&mut b, op);
+        b[8..16].copy_from_slice(&self.token().to_le_bytes());
+        b[16..24].copy_from_slice(&arg.to_le_bytes());
+        put_owner(&mut b[24..40], caller);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Request, BadMsg> {
+        let op = check_header(b, REQUEST_LEN)?;
+        zeros(b, &[6..8, 28..32])?;
+        let token = u64_at(b, 8);
+        let arg = u64_at(b, 16);
+        let caller = get_owner(&b[24..40]);
+        let needs = |o: Option<Owner>| o.ok_or(BadMsg::Field);
+        let r = match op {
+            1 if arg == 0 && caller.is_none() => Request::Relay { token },
+            2 if arg == 0 => Request::Accept {
+                token,
+                taker: caller,
+            },
+            3 => Request::Take {
+                token,
+                port: u16::try_from(arg)
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or(BadMsg::Field)?,
+                taker: needs(caller)?,
+            },
+            4 => Request::Export {
+                token,
+                resume_at: arg,
+                taker: needs(caller)?,
+            },
+            1 | 2 => return Err(BadMsg::Field),
+            _ => return Err(BadMsg::Kind),
+        };
+        Ok(r)
+    }
+}
+
+impl Reply {
+    /// Whether an fd travels with this reply.
+    pub fn carries_fd(&self) -> bool {
+        !matches!(self, Reply::Failed(_) | Reply::Moved(_))
+    }
+
+    pub fn encode(&self) -> [u8; REPLY_LEN] {
+        let mut b = [0u8; REPLY_LEN];
+        let put_ends = |b: &mut [u8; REPLY_LEN], l: Option<&SocketAddr>, p| {
+            put_addr(&mut b[48..76], l);
+            put_addr(&mut b[76..104], p);
+        };
+        let kind = match self {
+            Reply::Failed(e) => {
+                b[8..12].copy_from_slice(&e.to_le_bytes());
+                0
+            }
+            Reply::Relay(e) => {
+                put_ends(&mut b, Some(&e.local), Some(&e.peer));
+                1
+            }
+            Reply::Tcp { local, peer } => {
+                put_ends(&mut b, local.as_ref(), peer.as_ref());
+                2
+            }
+            Reply::Doorbell {
+                conn_id,
+                sizes,
+                ends,
+            } => {
+                b[16..24].copy_from_slice(&conn_id.to_le_bytes());
+                b[24..32].copy_from_slice(&sizes.to_le_bytes());
+                put_ends(&mut b, Some(&ends.local), Some(&ends.peer));
+                3
+            }
+            Reply::State => 4,
+            Reply::Stream {
+                token,
+                owner,
+                sizes,
+                ends,
+            } => {
+                b[16..24].copy_from_slice(&token.to_le_bytes());
+                b[24..32].copy_from_slice(&sizes.to_le_bytes());
+                put_owner(&mut b[32..48], Some(*owner));
+                put_ends(&mut b, Some(&ends.local), Some(&ends.peer));
+                5
+            }
+            Reply::Moved(to) => {
+                put_owner(&mut b[32..48], Some(*to));
+                6
+            }
+        };
+        header(&mut b, kind);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Reply, BadMsg> {
+        let kind = check_header(b, REPLY_LEN)?;
+        zeros(b, &[6..8, 12..16, 36..40])?;
+        let id = u64_at(b, 16);
+        let sizes = u64_at(b, 24);
+        let owner = get_owner(&b[32..48]);
+        let local = get_addr(&b[48..76])?;
+        let peer = get_addr(&b[76..104])?;
+        let errno = i32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        // The fields a kind uses, as bits of FIELDS: the others must be zero.
+        let none_but = |used: u8| {
+            let unused: Vec<_> = (0..FIELDS.len())
+                .filter(|i| used & (1 << i) == 0)
+                .map(|i| FIELDS[i].clone())
+                .collect();
+            zeros(b, &unused)
+        };
+        let ends = || match (local, peer) {
+            (Some(local), Some(peer)) => Ok(Ends { local, peer }),
+            _ => Err(BadMsg::Field),
+        };
+        let r = match kind {
+            0 => {
+                none_but(ERRNO)?;
+                if !(1..4096).contains(&errno) {
+                    return Err(BadMsg::Field);
+                }
+                Reply::Failed(errno)
+            }
+            1 => {
+                none_but(ENDS)?;
+                Reply::Relay(ends()?)
+            }
+            2 => {
+                none_but(ENDS)?;
+                Reply::Tcp { local, peer }
+            }
+            3 => {
+                none_but(ID | SIZES | ENDS)?;
+                Reply::Doorbell {
+                    conn_id: id,
+                    sizes: check_sizes(sizes)?,
+                    ends: ends()?,
+                }
+            }
+            4 => {
+                none_but(0)?;
+                Reply::State
+            }
+            5 => {
+                none_but(ID | SIZES | OWNER | ENDS)?;
+                Reply::Stream {
+                    token: id,
+                    owner: owner.ok_or(BadMsg::Field)?,
+                    sizes: check_sizes(sizes)?,
+                    ends: ends()?,
+                }
+            }
+            6 => {
+                none_but(OWNER)?;
+                Reply::Moved(owner.ok_or(BadMsg::Field)?)
+            }
+            _ => return Err(BadMsg::Kind),
+        };
+        Ok(r)
+    }
+}
+
+/// A reply's fields after the header, and their bits for `none_but` in [`Reply::decode`].
+const FIELDS: [std::ops::Range<usize>; 6] = [8..12, 16..24, 24..32, 32..48, 48..76, 76..104];
+const ERRNO: u8 = 1;
+const ID: u8 = 2;
+const SIZES: u8 = 4;
+const OWNER: u8 = 8;
+const ENDS: u8 = 16 | 32;
+
+/// Ring and send buffer sizes packed as `BufSizes::packed` does, each within the bounds a
+/// configuration can give.
+fn check_sizes(v: u64) -> Result<u64, BadMsg> {
+    let ok = |s: u32| (MIN_BUF..=MAX_BUF).contains(&s);
+    if ok((v >> 32) as u32) && ok(v as u32) {
+        Ok(v)
+    } else {
+        Err(BadMsg::Field)
+    }
+}
+
+fn header(b: &mut [u8], kind: u8) {
+    b[0..4].copy_from_slice(&MAGIC);
+    b[4] = VERSION;
+    b[5] = kind;
+}
+
+fn check_header(b: &[u8], len: usize) -> Result<u8, BadMsg> {
+    if b.len() != len {
+        return Err(BadMsg::Length);
+    }
+    if b[0..4] != MAGIC {
+        return Err(BadMsg::Magic);
+    }
+    if b[4] != VERSION {
+        return Err(BadMsg::Version);
+    }
+    Ok(b[5])
+}
+
+fn zeros(b: &[u8], ranges: &[std::ops::Range<usize>]) -> Result<(), BadMsg> {
+    for r in ranges {
+        if b[r.clone()].iter().any(|&x| x != 0) {
+            return Err(BadMsg::Reserved);
+        }
+    }
+    Ok(())
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(x)
+}
+
+/// An owner in 16 bytes: pid (4), 4 zero, nonce (8); all zero is none.
+fn put_owner(out: &mut [u8], o: Option<Owner>) {
+    if let Some(o) = o {
+        out[0..4].copy_from_slice(&o.pid.to_le_bytes());
+        out[8..16].copy_from_slice(&o.nonce.to_le_bytes());
+    }
+}
+
+fn get_owner(b: &[u8]) -> Option<Owner> {
+    let pid = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    (pid > 0).then(|| Owner {
+        pid,
+        nonce: u64_at(b, 8),
+    })
+}
+
+fn put_addr(out: &mut [u8], a: Option<&SocketAddr>) {
+    if let Some(a) = a {
+        let (bytes, len) = sockaddr::encode(a);
+        out[..len as usize].copy_from_slice(&bytes[..len as usize]);
+    }
+}
+
+/// An address field: all zero is none; anything else must be a whole sockaddr_in/in6.
+fn get_addr(b: &[u8]) -> Result<Option<SocketAddr>, BadMsg> {
+    if b.iter().all(|&x| x == 0) {
+        return Ok(None);
+    }
+    let mut raw = [0u8; 28];
+    raw.copy_from_slice(b);
+    // SAFETY: a 28-byte buffer holds a sockaddr_in or sockaddr_in6.
+    let a = unsafe { sockaddr::read(raw.as_ptr().cast(), 28) }.ok_or(BadMsg::Field)?;
+    // Re-encoding must give the same bytes: no stray bytes after a sockaddr_in.
+    let mut again = [0u8; 28];
+    put_addr(&mut again, Some(&a));
+    if again == raw {
+        Ok(Some(a))
+    } else {
+        Err(BadMsg::Field)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    const TAKER: Owner = Owner {
+        pid: 0x1234,
+        nonce: 0x0102_0304_0506_0708,
+    };
+
+    #[test]
+    fn golden_request_bytes() {
+        let take = Request::Take {
+            token: 7,
+            port: 4791,
+            taker: TAKER,
+        };
+        assert_eq!(
+            hex(&take.encode()),
+            concat!(
+                "5253434b01030000",
+                "0700000000000000",
+                "b712000000000000",
+                "3412000000000000",
+                "0807060504030201"
+            )
+        );
+        let relay = Request::Relay { token: 0xab };
+        assert_eq!(
+            hex(&relay.encode()),
+            format!("5253434b01010000ab00000000000000{}", "0".repeat(48))
+        );
+    }
+
+    #[test]
+    fn golden_reply_bytes() {
+        assert_eq!(
+            hex(&Reply::Failed(libc::EAGAIN).encode()),
+            format!("5253434b010000000b000000{}", "0".repeat(184))
+        );
+        let ends = Ends {
+            local: "10.0.0.1:80".parse().unwrap(),
+            peer: "10.0.0.2:4000".parse().unwrap(),
+        };
+        let b = Reply::Relay(ends).encode();
+        assert_eq!(hex(&b[..48]), format!("5253434b01010000{}", "0".repeat(80)));
+        // sockaddr_in: family 2 (host order), then port and address in network order.
+        assert_eq!(hex(&b[48..56]), "020000500a000001");
+        assert_eq!(hex(&b[76..84]), "02000fa00a000002");
+        let m = Reply::Moved(TAKER).encode();
+        assert_eq!(hex(&m[..8]), "5253434b01060000");
+        assert_eq!(hex(&m[32..48]), "34120000000000000807060504030201");
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let ends = Ends {
+            local: "[fe80::1]:80".parse().unwrap(),
+            peer: "10.1.2.3:4567".parse().unwrap(),
+        };
+        let sizes = (16384u64 << 32) | 65536;
+        for r in [
+            Request::Relay { token: 1 },
+            Request::Accept {
+                token: 2,
+                taker: None,
+            },
+            Request::Accept {
+                token: 2,
+                taker: Some(TAKER),
+            },
+            Request::Take {
+                token: 3,
+                port: 1,
+                taker: TAKER,
+            },
+            Request::Export {
+                token: u64::MAX,
+                resume_at: 1 << 40,
+                taker: TAKER,
+            },
+        ] {
+            assert_eq!(Request::decode(&r.encode()), Ok(r));
+        }
+        for r in [
+            Reply::Failed(libc::EAGAIN),
+            Reply::Moved(TAKER),
+            Reply::Relay(ends),
+            Reply::Tcp {
+                local: None,
+                peer: Some(ends.peer),
+            },
+            Reply::Doorbell {
+                conn_id: 9,
+                sizes,
+                ends,
+            },
+            Reply::State,
+            Reply::Stream {
+                token: 5,
+                owner: TAKER,
+                sizes,
+                ends,
+            },
+        ] {
+            assert_eq!(Reply::decode(&r.encode()), Ok(r), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_messages_are_refused() {
+        let take = Request::Take {
+            token: 3,
+            port: 9,
+            taker: TAKER,
+        }
+        .encode();
+        assert_eq!(Request::decode(&take[..39]), Err(BadMsg::Length));
+        let mut b = take;
+        b[0] = b'X';
+        assert_eq!(Request::decode(&b), Err(BadMsg::Magic));
+        let mut b = take;
+        b[4] = 2;
+        assert_eq!(Request::decode(&b), Err(BadMsg::Version));
+        let mut b = take;
+        b[5] = 9;
+        assert_eq!(Request::decode(&b), Err(BadMsg::Kind));
+        let mut b = take;
+        b[30] = 1;
+        assert_eq!(Request::decode(&b), Err(BadMsg::Reserved));
+        let mut b = take;
+        b[16..24].copy_from_slice(&70000u64.to_le_bytes()); // no such port
+        assert_eq!(Request::decode(&b), Err(BadMsg::Field));
+        let mut b = take;
+        b[24..28].fill(0); // a take-over needs the taker's engine
+        assert_eq!(Request::decode(&b), Err(BadMsg::Field));
+        // Replies: sizes that would overflow, an errno out of range, a Moved to nobody.
+        let ends = Ends {
+            local: "10.0.0.1:80".parse().unwrap(),
+            peer: "10.0.0.2:81".parse().unwrap(),
+        };
+        let huge = Reply::Doorbell {
+            conn_id: 1,
+            sizes: u64::MAX,
+            ends,
+        };
+        assert_eq!(Reply::decode(&huge.encode()), Err(BadMsg::Field));
+        let mut f = Reply::Failed(1).encode();
+        f[8..12].copy_from_slice(&(-5i32).to_le_bytes());
+        assert_eq!(Reply::decode(&f), Err(BadMsg::Field));
+        let mut m = Reply::Moved(TAKER).encode();
+        m[32..36].fill(0);
+        assert_eq!(Reply::decode(&m), Err(BadMsg::Field));
+        // A Relay without addresses, and an address with stray bytes.
+        let mut r = Reply::Relay(ends).encode();
+        r[76..104].fill(0);
+        assert_eq!(Reply::decode(&r), Err(BadMsg::Field));
+        let mut r = Reply::Relay(ends).encode();
+        r[70] = 1;
+        assert_eq!(Reply::decode(&r), Err(BadMsg::Field));
+    }
+
+    #[test]
+    fn any_bytes_decode_or_are_refused_without_panicking() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            let mut b = [0u8; REPLY_LEN];
+            for v in b.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *v = if x.is_multiple_of(3) { 0 } else { x as u8 };
+            }
+            b[0..4].copy_from_slice(&MAGIC);
+            b[4] = VERSION;
+            b[5] %= 8;
+            let _ = Reply::decode(&b);
+            let _ = Request::decode(&b[..REQUEST_LEN]);
+        }
+    }
+}
