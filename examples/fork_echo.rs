@@ -6,7 +6,7 @@
 //! ```text
 //! fork_echo ADDR:PORT [--mode fork|shared|nofork] [--wait-data MS]
 //!           [--daemon | --daemon-first] [--pidfile F] [--log F]
-//!           [--max-conns K] [--idle-exit SECS] [--timeout SECS]
+//!           [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID]
 //! ```
 //!
 //! - `fork` (default): the parent closes its copy of the connection right after fork.
@@ -21,10 +21,12 @@
 //!   (status 1 if a child failed). `--idle-exit SECS`: exit (status 3) when no connection
 //!   came for SECS (bounds a daemon nobody stops). `--timeout`: per-connection I/O timeout
 //!   in the child (default 60 s).
+//! - `--drop-to UID`: the child drops root before its first read, as rsyncd, sshd's
+//!   privilege separation and inetd services do: `setgroups([])`, `setgid(UID)`, `setuid(UID)`.
 //!
 //! The event log (`--log`, one line per event, O_APPEND) has `listen pid=P`, `accept pid=P
 //! conn=I peer=..`, `fork pid=P child=C conn=I readable_before_fork=0|1`, `serve pid=C
-//! ppid=P conn=I`, `served pid=C conn=I op=E up=N down=M` / `error pid=C conn=I ...`,
+//! ppid=P conn=I uid=U`, `served pid=C conn=I op=E up=N down=M` / `error pid=C conn=I ...`,
 //! `exit pid=P status=S served=N failed=F`. Nothing is written to stdout.
 
 #[path = "support/fork_proto.rs"]
@@ -56,6 +58,7 @@ struct Opts {
     max_conns: Option<u64>,
     idle_exit: Option<u64>,
     timeout: Duration,
+    drop_to: Option<u32>,
 }
 
 /// fork(2); Err on failure.
@@ -126,9 +129,11 @@ fn child_serve(o: &Opts, conn: TcpStream, i: u64) -> bool {
     log_line(
         o.log.as_deref(),
         &format!(
-            "serve pid={} ppid={} conn={i}",
+            "serve pid={} ppid={} conn={i} uid={}",
             pid(),
-            std::os::unix::process::parent_id()
+            std::os::unix::process::parent_id(),
+            // SAFETY: getuid cannot fail.
+            unsafe { libc::getuid() }
         ),
     );
     match serve(conn, Some(o.timeout)) {
@@ -233,6 +238,15 @@ fn run(o: &Opts) -> io::Result<u8> {
                 // other connections the parent still holds (mode shared).
                 drop(listener);
                 kept.clear();
+                if let Some(uid) = o.drop_to {
+                    if let Err(e) = drop_root(uid) {
+                        log_line(
+                            o.log.as_deref(),
+                            &format!("error pid={} drop-to: {e}", pid()),
+                        );
+                        std::process::exit(1);
+                    }
+                }
                 let ok = child_serve(o, conn, i);
                 std::process::exit(if ok { 0 } else { 1 });
             }
@@ -272,10 +286,26 @@ fn run(o: &Opts) -> io::Result<u8> {
     Ok(st)
 }
 
+/// Gives up root for good: no supplementary groups, then the group, then the user.
+fn drop_root(uid: u32) -> io::Result<()> {
+    // SAFETY: plain credential syscalls in a single-threaded fork child.
+    let r = unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(uid) != 0 {
+            -1
+        } else {
+            libc::setuid(uid)
+        }
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn usage() -> ExitCode {
     eprintln!(
         "usage: fork_echo ADDR:PORT [--mode fork|shared|nofork] [--wait-data MS] [--daemon|--daemon-first] \
-         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS]"
+         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID]"
     );
     ExitCode::from(2)
 }
@@ -295,6 +325,7 @@ fn main() -> ExitCode {
         max_conns: None,
         idle_exit: None,
         timeout: Duration::from_secs(60),
+        drop_to: None,
     };
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
@@ -319,6 +350,7 @@ fn main() -> ExitCode {
                     ("--max-conns", Some(n)) => o.max_conns = Some(n),
                     ("--idle-exit", Some(n)) => o.idle_exit = Some(n),
                     ("--timeout", Some(n)) if n > 0 => o.timeout = Duration::from_secs(n),
+                    ("--drop-to", Some(n)) => o.drop_to = u32::try_from(n).ok(),
                     _ => return usage(),
                 }
             }

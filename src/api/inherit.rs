@@ -309,59 +309,136 @@ unsafe fn install_accepted(
     }
     match (r, local, peer) {
         (Reply::Relay(_) | Reply::Stream { .. }, Some(local), Some(peer)) => {
-            let _g = crate::guard::enter();
-            let opts_fd = raw::hide(real::socket(
-                if peer.is_ipv4() {
-                    libc::AF_INET
-                } else {
-                    libc::AF_INET6
-                },
-                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-                0,
-            ));
-            let attachment = match *r {
-                Reply::Stream {
-                    token,
-                    owner,
-                    sizes,
-                    ..
-                } => {
-                    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-                    let sizes = crate::engine::BufSizes::unpack(sizes);
-                    let facts = Inherited {
-                        token,
-                        owner,
-                        local,
-                        peer,
-                        ring_size: sizes.ring,
-                        send_size: sizes.send,
-                        opts_fd,
-                    };
-                    take_accepted(facts, nfd, nonblock)
-                }
-                _ => None,
-            };
-            let attachment = attachment.unwrap_or_else(|| {
-                Attachment::Relayed(Arc::new(Relayed {
-                    local,
-                    peer,
-                    opts_fd,
-                }))
-            });
-            if let Attachment::Stream(st) = &attachment {
-                st.set_nonblocking(flags & libc::SOCK_NONBLOCK != 0);
-                raw::close(opts_fd); // the stream has its own copy
-            }
-            let (l, _) = saddr::encode(&local);
-            let (p, _) = saddr::encode(&peer);
-            track(nfd, |s| {
-                s.attach(attachment);
-                s.established(nfd, State::Rdma, Path::Rdma, None, &l, &p);
-            });
+            let ends = ipc::Ends { local, peer };
+            attach_rdma(nfd, r, ends, flags & libc::SOCK_NONBLOCK != 0);
         }
         _ => track_accepted(nfd),
     }
     nfd
+}
+
+/// Tracks `nfd`, which carries an RDMA stream another process owns: a relay end
+/// ([`Reply::Relay`]), or the stream's A ([`Reply::Stream`]), which this process takes over
+/// now (or has relayed, where it cannot).
+fn attach_rdma(nfd: c_int, r: &Reply, ends: ipc::Ends, nonblock: bool) {
+    let _g = crate::guard::enter();
+    let ipc::Ends { local, peer } = ends;
+    let family = if peer.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: a plain socket(2) for the stream's options.
+    let opts_fd =
+        raw::hide(unsafe { real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) });
+    let attachment = match *r {
+        Reply::Stream {
+            token,
+            owner,
+            sizes,
+            ..
+        } => {
+            let sizes = crate::engine::BufSizes::unpack(sizes);
+            let facts = Inherited {
+                token,
+                owner,
+                local,
+                peer,
+                ring_size: sizes.ring,
+                send_size: sizes.send,
+                opts_fd,
+            };
+            take_accepted(facts, nfd, nonblock)
+        }
+        _ => None,
+    };
+    let attachment = attachment.unwrap_or_else(|| {
+        Attachment::Relayed(Arc::new(Relayed {
+            local,
+            peer,
+            opts_fd,
+        }))
+    });
+    if let Attachment::Stream(st) = &attachment {
+        st.set_nonblocking(nonblock);
+        raw::close(opts_fd); // the stream has its own copy
+    }
+    let (l, _) = saddr::encode(&local);
+    let (p, _) = saddr::encode(&peer);
+    track(nfd, |s| {
+        s.attach(attachment);
+        s.established(nfd, State::Rdma, Path::Rdma, None, &l, &p);
+    });
+}
+
+/// After `recvmsg` on an fd the shim does not own: the fds the message brought
+/// (`SCM_RIGHTS`). Any that is the A of an RDMA stream another process owns (its name says
+/// whose: [`ipc::stream_name`]) is made this process's — taken over, or relayed — before
+/// the program sees it (Node.js `cluster`, acceptor/worker servers). The sender closing its
+/// copy then ends nothing: the owner ends a stream only when no process holds its A.
+///
+/// # Safety
+/// `msg` is the message `recvmsg` just filled.
+#[cold]
+pub(super) unsafe fn received_rights(msg: *const libc::msghdr) {
+    if !crate::config::Config::get().enable {
+        return;
+    }
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    };
+    let mut h = libc::CMSG_FIRSTHDR(msg);
+    while !h.is_null() {
+        if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
+            let data = libc::CMSG_DATA(h).cast::<c_int>();
+            let count = ((*h).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
+            for i in 0..count {
+                received(std::ptr::read_unaligned(data.add(i)));
+            }
+        }
+        h = libc::CMSG_NXTHDR(msg, h);
+    }
+}
+
+fn received(fd: c_int) {
+    if fd < 0 || fdtable::owns(fd) {
+        return;
+    }
+    let Some((owner, token)) = unix::abstract_name(fd).and_then(|n| ipc::parse_stream_name(&n))
+    else {
+        return; // not an rsock stream: the program's own business
+    };
+    if owner.is_me() {
+        // Our own stream came back through a unix socket: another fd of a socket this
+        // process already tracks under its first fd; left as the plain A it is.
+        log::info!("fd {fd}: received this process's own rdma stream {token:x}: left as is");
+        return;
+    }
+    let mut at = owner;
+    match ipc::call(&mut at, &Request::Describe { token }, fd) {
+        Ok((
+            Reply::Described {
+                token,
+                owner,
+                sizes,
+                ends,
+            },
+            _,
+        )) => {
+            let stream = Reply::Stream {
+                token,
+                owner,
+                sizes,
+                ends,
+            };
+            log::debug!("fd {fd}: received rdma stream to {} from pid {}", ends.peer, owner.pid);
+            attach_rdma(fd, &stream, ends, fd_flags(fd).0);
+        }
+        other => log::warn!(
+            "fd {fd}: received an rdma stream of pid {}, which did not describe it ({other:?}): left as is",
+            owner.pid
+        ),
+    }
 }
 
 /// A prefork worker got an RDMA stream's A (`nfd`) from the listener's owner: takes the

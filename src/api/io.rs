@@ -258,6 +258,14 @@ pub unsafe fn recvfrom(
 
 #[inline]
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if !fdtable::owns(fd) {
+        let r = real::recvmsg(fd, msg, flags);
+        // Only a message that brought fds costs more than a test: they may be rsock streams.
+        if r >= 0 && !msg.is_null() && (*msg).msg_controllen > 0 {
+            super::keep_errno(|| super::inherit::received_rights(msg));
+        }
+        return r;
+    }
     data_call!(received, fd, real::recvmsg(fd, msg, flags), |st| {
         if msg.is_null() {
             return fail(libc::EFAULT);

@@ -1023,6 +1023,19 @@ impl Engine {
                 .cloned()
         };
         match *req {
+            ipc::Request::Describe { .. } => match stream() {
+                Some(s) if !s.released.load(Acquire) => {
+                    let (ring, send) = s.sizes();
+                    let r = ipc::Reply::Described {
+                        token,
+                        owner: self.owner,
+                        sizes: BufSizes { ring, send }.packed(),
+                        ends: s.ends(),
+                    };
+                    (r, None)
+                }
+                _ => self.not_here(token, proof),
+            },
             ipc::Request::Relay { .. } => match stream() {
                 Some(s) if !s.released.load(Acquire) => self.relay(&s),
                 _ => self.not_here(token, proof),

@@ -216,6 +216,12 @@ impl<P: Port> Stream<P> {
             Some(b) => b,
             None => fresh_bell()?,
         };
+        // A says whose stream it is, for a process that receives it with SCM_RIGHTS (a taken
+        // over A keeps its first owner's name: that owner sends callers on).
+        let _ = crate::sys::unix::bind_abstract(
+            bell.app_fd(),
+            &super::ipc::stream_name(&owner, p.token),
+        );
         let qp_num = AtomicU32::new(p.rc.qp_num());
         let sizes = AtomicU64::new(buf_sizes(&p.ring, &p.send).packed());
         let s = Arc::new(Stream {

@@ -57,6 +57,40 @@ pub fn listen_abstract(name: &[u8]) -> io::Result<c_int> {
     Ok(fd)
 }
 
+/// Names the (unnamed) socket `fd` with the abstract `name`.
+pub fn bind_abstract(fd: c_int, name: &[u8]) -> io::Result<()> {
+    let (a, len) = abstract_addr(name);
+    // SAFETY: a is a valid sockaddr_un of len bytes.
+    if unsafe { real::bind(fd, (&a as *const libc::sockaddr_un).cast::<sockaddr>(), len) } != 0 {
+        return Err(last());
+    }
+    Ok(())
+}
+
+/// The abstract name `fd` is bound to (without the leading NUL), if it is an `AF_UNIX`
+/// socket with one.
+pub fn abstract_name(fd: c_int) -> Option<Vec<u8>> {
+    // SAFETY: sockaddr_un is plain data; getsockname fills at most len bytes.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as socklen_t;
+    // SAFETY: valid out-pointers.
+    let r = unsafe { real::getsockname(fd, (&mut a as *mut libc::sockaddr_un).cast(), &mut len) };
+    let path_len = (len as usize).checked_sub(std::mem::size_of::<libc::sa_family_t>())?;
+    if r != 0
+        || a.sun_family != libc::AF_UNIX as libc::sa_family_t
+        || path_len < 2
+        || a.sun_path[0] != 0
+    {
+        return None;
+    }
+    Some(
+        a.sun_path[1..path_len.min(a.sun_path.len())]
+            .iter()
+            .map(|&c| c as u8)
+            .collect(),
+    )
+}
+
 /// A socket connected to the abstract `name`; connecting (a full backlog waits) and each
 /// receive time out after `timeout`.
 pub fn connect_abstract(name: &[u8], timeout: Duration) -> io::Result<c_int> {

@@ -59,11 +59,13 @@ declare -A EXPECT_QP_OWNER=(
     [prefork_blocking]=child [prefork_epoll]=child [prefork_relay]=parent [fork_echo_relay]=parent
     [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
     [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
+    [fork_echo_setuid]=child
     [python_forking]=child
     [python_client_control]=parent [subprocess_during_transfer]=parent  # no fork on the server side
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
     [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
     [nginx_accept_mutex]=child [nginx_epollexclusive]=child [nginx_reuseport]=child
+    [nginx_www_data]=child
     [postgres_pgbench]=child
 )
 SRV_ENV=  # extra environment (VAR=VALUE words) of a cell's server, set for one call
@@ -247,6 +249,8 @@ fork_echo_cell() {
     shift
     sargs=("$@")
     echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the accepting process)"
+    # Children that drop root still append to the event log.
+    touch "$CELL_DIR/events.log" && chmod 666 "$CELL_DIR/events.log"
     rdma_begin
     bg srv $T shimmed "$CELL_DIR/srv" env $SRV_ENV "$EX/fork_echo" "$A:$PORT" --log "$CELL_DIR/events.log" \
         --pidfile "$CELL_DIR/srv.pid" --max-conns "$k" --timeout 60 "${sargs[@]}"
@@ -306,6 +310,15 @@ cell_fork_echo_data_before_fork() {
 }
 cell_fork_echo_shared() { fork_echo_cell 3 --file "$DATA" --parallel 3 -- --mode shared; expect_up_sha cli; }
 cell_fork_echo_sinksrc() { fork_echo_cell 2 --op sinksrc --bytes "$SIZE" --down "$SIZE" --parallel 2 --; }
+# The child drops root (setgroups, setgid, setuid to nobody) before its first read, as
+# rsyncd and inetd services do: it still takes its connection over.
+cell_fork_echo_setuid() {
+    fork_echo_cell 3 --file "$DATA" --parallel 3 -- --drop-to 65534
+    expect_up_sha cli
+    local dropped
+    dropped=$(grep -c '^serve .* uid=65534$' events.log)
+    [ "$dropped" -eq 3 ] || soft fail "want 3 children serving as uid 65534, saw $dropped"
+}
 cell_fork_echo_daemon() { fork_echo_cell 2 --file "$DATA" -- --daemon --idle-exit 120; expect_up_sha cli; }
 cell_fork_echo_daemon_first() { fork_echo_cell 2 --file "$DATA" -- --daemon-first --idle-exit 120; expect_up_sha cli; }
 
@@ -499,6 +512,8 @@ nginx_cell() {
 cell_nginx_accept_mutex() { nginx_cell on; }
 cell_nginx_epollexclusive() { nginx_cell off; }
 cell_nginx_reuseport() { nginx_cell off reuseport; }
+# Debian's packaged nginx.conf names its user: www-data.
+cell_nginx_www_data() { NGINX_USER=www-data nginx_cell on; }
 
 # ---- 6. PostgreSQL + pgbench ---------------------------------------------------------------------
 
@@ -556,11 +571,11 @@ cell_postgres_pgbench() {
 CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
-    fork_echo_daemon fork_echo_daemon_first
+    fork_echo_daemon fork_echo_daemon_first fork_echo_setuid
     python_forking python_client_control subprocess_during_transfer
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
     ncat_sh_exec ncat_sh_exec_plain
-    nginx_accept_mutex nginx_epollexclusive nginx_reuseport
+    nginx_accept_mutex nginx_epollexclusive nginx_reuseport nginx_www_data
     postgres_pgbench
 )
 

@@ -60,6 +60,30 @@ impl Owner {
     }
 }
 
+/// The name a stream's doorbell A carries (`getsockname` on it): a process that receives
+/// the fd with `SCM_RIGHTS` learns from it whom to ask, and proves with the fd itself.
+pub fn stream_name(owner: &Owner, token: u64) -> Vec<u8> {
+    format!(
+        "{STREAM_PREFIX}{}.{:016x}.{:016x}",
+        owner.pid, owner.nonce, token
+    )
+    .into_bytes()
+}
+
+const STREAM_PREFIX: &str = "rsock-s.";
+
+/// The owner and token in a [`stream_name`].
+pub fn parse_stream_name(name: &[u8]) -> Option<(Owner, u64)> {
+    let rest = std::str::from_utf8(name)
+        .ok()?
+        .strip_prefix(STREAM_PREFIX)?;
+    let mut it = rest.split('.');
+    let pid = it.next()?.parse::<i32>().ok().filter(|&p| p > 0)?;
+    let nonce = u64::from_str_radix(it.next()?, 16).ok()?;
+    let token = u64::from_str_radix(it.next()?, 16).ok()?;
+    it.next().is_none().then_some((Owner { pid, nonce }, token))
+}
+
 /// Why a call got no usable answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallError {
@@ -159,7 +183,7 @@ fn fits(r: &Reply, fd: Option<c_int>) -> bool {
             Some((libc::AF_INET | libc::AF_INET6, libc::SOCK_STREAM))
         ),
         Reply::State => unix::is_regular_file(fd),
-        Reply::Failed(_) | Reply::Moved(_) => false,
+        Reply::Failed(_) | Reply::Moved(_) | Reply::Described { .. } => false,
     }
 }
 

@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | 0 | 4 | magic `RSCK` |
 //! | 4 | 1 | version (1) |
-//! | 5 | 1 | op: 1 Relay, 2 Accept, 3 Take, 4 Export |
+//! | 5 | 1 | op: 1 Relay, 2 Accept, 3 Take, 4 Export, 5 Describe |
 //! | 8 | 8 | token of the stream or listener in the owner's engine |
 //! | 16 | 8 | Take: the taker's rdma_cm port (1..=65535); Export: the resume point; else 0 |
 //! | 24 | 4 | the caller's engine: pid (0: none; Take and Export need one) |
@@ -24,16 +24,17 @@
 //! |---|---|---|
 //! | 0 | 4 | magic `RSCK` |
 //! | 4 | 1 | version (1) |
-//! | 5 | 1 | kind: 0 Failed, 1 Relay, 2 Tcp, 3 Doorbell, 4 State, 5 Stream, 6 Moved |
+//! | 5 | 1 | kind: 0 Failed, 1 Relay, 2 Tcp, 3 Doorbell, 4 State, 5 Stream, 6 Moved, 7 Described |
 //! | 8 | 4 | Failed: the errno (1..4095) |
-//! | 16 | 8 | Doorbell: the connection id; Stream: the stream's token |
-//! | 24 | 8 | Doorbell, Stream: ring size (high 32 bits) and send buffer size (low 32) |
-//! | 32 | 4 | Stream: the owner's pid; Moved: the new owner's pid (> 0) |
+//! | 16 | 8 | Doorbell: the connection id; Stream, Described: the stream's token |
+//! | 24 | 8 | Doorbell, Stream, Described: ring size (high 32 bits), send buffer size (low 32) |
+//! | 32 | 4 | Stream, Described: the owner's pid; Moved: the new owner's pid (> 0) |
 //! | 40 | 8 | the same owner's nonce |
 //! | 48 | 28 | local address (raw sockaddr_in/in6, zero-padded; all zero: none) |
 //! | 76 | 28 | peer address (likewise) |
 //!
-//! Relay, Tcp, Doorbell, State and Stream carry exactly one fd; Failed and Moved none.
+//! Relay, Tcp, Doorbell, State and Stream carry exactly one fd; Failed, Moved and Described
+//! none.
 
 use super::Owner;
 use crate::sys::sockaddr;
@@ -69,6 +70,9 @@ pub enum Request {
         resume_at: u64,
         taker: Owner,
     },
+    /// The stream's facts, for a process that received its A with `SCM_RIGHTS`; reply
+    /// [`Reply::Described`].
+    Describe { token: u64 },
 }
 
 /// The connection a reply describes.
@@ -107,6 +111,13 @@ pub enum Reply {
         sizes: u64,
         ends: Ends,
     },
+    /// What [`Reply::Stream`] says, without an fd: the caller has A already.
+    Described {
+        token: u64,
+        owner: Owner,
+        sizes: u64,
+        ends: Ends,
+    },
 }
 
 /// Why bytes are not a message.
@@ -127,7 +138,8 @@ impl Request {
             Request::Relay { token }
             | Request::Accept { token, .. }
             | Request::Take { token, .. }
-            | Request::Export { token, .. } => token,
+            | Request::Export { token, .. }
+            | Request::Describe { token } => token,
         }
     }
 
@@ -140,6 +152,7 @@ impl Request {
             Request::Export {
                 resume_at, taker, ..
             } => (4, resume_at, Some(taker)),
+            Request::Describe { .. } => (5, 0, None),
         };
         header(&mut b, op);
         b[8..16].copy_from_slice(&self.token().to_le_bytes());
@@ -157,6 +170,7 @@ impl Request {
         let needs = |o: Option<Owner>| o.ok_or(BadMsg::Field);
         let r = match op {
             1 if arg == 0 && caller.is_none() => Request::Relay { token },
+            5 if arg == 0 && caller.is_none() => Request::Describe { token },
             2 if arg == 0 => Request::Accept {
                 token,
                 taker: caller,
@@ -174,7 +188,7 @@ impl Request {
                 resume_at: arg,
                 taker: needs(caller)?,
             },
-            1 | 2 => return Err(BadMsg::Field),
+            1 | 2 | 5 => return Err(BadMsg::Field),
             _ => return Err(BadMsg::Kind),
         };
         Ok(r)
@@ -184,7 +198,10 @@ impl Request {
 impl Reply {
     /// Whether an fd travels with this reply.
     pub fn carries_fd(&self) -> bool {
-        !matches!(self, Reply::Failed(_) | Reply::Moved(_))
+        !matches!(
+            self,
+            Reply::Failed(_) | Reply::Moved(_) | Reply::Described { .. }
+        )
     }
 
     pub fn encode(&self) -> [u8; REPLY_LEN] {
@@ -222,12 +239,22 @@ impl Reply {
                 owner,
                 sizes,
                 ends,
+            }
+            | Reply::Described {
+                token,
+                owner,
+                sizes,
+                ends,
             } => {
                 b[16..24].copy_from_slice(&token.to_le_bytes());
                 b[24..32].copy_from_slice(&sizes.to_le_bytes());
                 put_owner(&mut b[32..48], Some(*owner));
                 put_ends(&mut b, Some(&ends.local), Some(&ends.peer));
-                5
+                if matches!(self, Reply::Stream { .. }) {
+                    5
+                } else {
+                    7
+                }
             }
             Reply::Moved(to) => {
                 put_owner(&mut b[32..48], Some(*to));
@@ -287,13 +314,24 @@ impl Reply {
                 none_but(0)?;
                 Reply::State
             }
-            5 => {
+            5 | 7 => {
                 none_but(ID | SIZES | OWNER | ENDS)?;
-                Reply::Stream {
-                    token: id,
-                    owner: owner.ok_or(BadMsg::Field)?,
-                    sizes: check_sizes(sizes)?,
-                    ends: ends()?,
+                let (token, owner) = (id, owner.ok_or(BadMsg::Field)?);
+                let (sizes, ends) = (check_sizes(sizes)?, ends()?);
+                if kind == 5 {
+                    Reply::Stream {
+                        token,
+                        owner,
+                        sizes,
+                        ends,
+                    }
+                } else {
+                    Reply::Described {
+                        token,
+                        owner,
+                        sizes,
+                        ends,
+                    }
                 }
             }
             6 => {
@@ -485,6 +523,7 @@ mod tests {
                 resume_at: 1 << 40,
                 taker: TAKER,
             },
+            Request::Describe { token: 8 },
         ] {
             assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
@@ -504,6 +543,12 @@ mod tests {
             Reply::State,
             Reply::Stream {
                 token: 5,
+                owner: TAKER,
+                sizes,
+                ends,
+            },
+            Reply::Described {
+                token: 6,
                 owner: TAKER,
                 sizes,
                 ends,

@@ -253,3 +253,30 @@ fn idle_callers_neither_block_the_owner_nor_pile_up() {
         raw::close(c);
     }
 }
+
+#[test]
+fn a_stream_name_says_whose_stream_and_nothing_else_parses() {
+    let o = Owner {
+        pid: 4321,
+        nonce: 0xfeed_0000_0000_0001,
+    };
+    let n = stream_name(&o, 0xabc);
+    assert_eq!(parse_stream_name(&n), Some((o, 0xabc)));
+    // A named socketpair end reports the name to whoever holds it.
+    let (a, b) = stream_pair().unwrap();
+    unix::bind_abstract(a, &n).unwrap();
+    assert_eq!(unix::abstract_name(a), Some(n.clone()));
+    assert_eq!(unix::abstract_name(b), None);
+    for bad in [
+        &b"rsock.4321.feed000000000001"[..],
+        b"rsock-s.0.1.2",
+        b"rsock-s.-5.1.2",
+        b"rsock-s.4321.zz.2",
+        b"rsock-s.4321.1.2.3",
+        b"rsock-s.4321.1",
+    ] {
+        assert_eq!(parse_stream_name(bad), None, "{}", String::from_utf8_lossy(bad));
+    }
+    raw::close(a);
+    raw::close(b);
+}

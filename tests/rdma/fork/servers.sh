@@ -3,7 +3,9 @@
 # (sourced; runs in the test-bed guest, as root).
 #
 #   nginx_conf DIR ADDR PORT ACCEPT_MUTEX(on|off) [LISTEN_OPTS]
-#       writes DIR/nginx.conf: master + 2 workers in the foreground (daemon off), user root,
+#       writes DIR/nginx.conf: master + 2 workers in the foreground (daemon off), with no
+#       `user` line (nginx's own default: the master runs as root, the workers as nobody),
+#       or `user $NGINX_USER;` when NGINX_USER is set (Debian's packaged config: www-data),
 #       pid DIR/nginx.pid, logs DIR/nginx-error.log and DIR/access.log ("$pid $connection
 #       $status $body_bytes_sent $request"), temp dirs under DIR, files served from DIR/www.
 #       Run: nginx -p DIR -c DIR/nginx.conf -e DIR/nginx-error.log
@@ -22,7 +24,7 @@ nginx_conf() {
 daemon off;
 master_process on;
 worker_processes 2;
-user root;
+${NGINX_USER:+user $NGINX_USER;}
 pid $d/nginx.pid;
 error_log $d/nginx-error.log info;
 events { worker_connections 256; accept_mutex $mutex; }

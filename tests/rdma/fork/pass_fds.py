@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""An acceptor that hands each accepted connection to an unrelated worker process over a
+unix socket (SCM_RIGHTS), as acceptor/worker servers, Node.js cluster and systemd do.
+
+  pass_fds.py worker UNIX_PATH N LOG     serves N connections it is sent: echoes until EOF
+  pass_fds.py acceptor ADDR PORT UNIX_PATH N LOG
+                                         accepts N connections, sends each to the worker,
+                                         closes its own copy at once
+  pass_fds.py client ADDR PORT FILE OUT PAUSE_MS
+                                         sends FILE (pausing PAUSE_MS half-way, connection
+                                         open), shuts down writing, writes what came back
+                                         to OUT
+
+The worker is started on its own (not forked by the acceptor). LOG gets `listen pid=P`,
+`passed pid=P conn=I`, `serve pid=W conn=I`, `served pid=W conn=I bytes=B` lines.
+"""
+import os
+import socket
+import sys
+import threading
+
+
+def log(path, line):
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def echo(conn, i, logpath):
+    n = 0
+    with conn:
+        while True:
+            b = conn.recv(65536)
+            if not b:
+                break
+            conn.sendall(b)
+            n += len(b)
+        conn.shutdown(socket.SHUT_WR)
+    log(logpath, f"served pid={os.getpid()} conn={i} bytes={n}")
+
+
+def worker(path, n, logpath):
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    ch, _ = srv.accept()
+    threads = []
+    for i in range(n):
+        _msg, fds, _flags, _addr = socket.recv_fds(ch, 16, 1)
+        conn = socket.socket(fileno=fds[0])
+        log(logpath, f"serve pid={os.getpid()} conn={i} peer={conn.getpeername()}")
+        t = threading.Thread(target=echo, args=(conn, i, logpath))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+
+
+def acceptor(addr, port, path, n, logpath):
+    lst = socket.create_server((addr, port))
+    log(logpath, f"listen pid={os.getpid()}")
+    ch = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ch.connect(path)
+    for i in range(n):
+        conn, _peer = lst.accept()
+        socket.send_fds(ch, [b"c"], [conn.fileno()])
+        conn.close()  # the worker holds it now
+        log(logpath, f"passed pid={os.getpid()} conn={i}")
+    ch.close()
+
+
+def client(addr, port, path, out, pause_ms):
+    import time
+    data = open(path, "rb").read()
+    c = socket.create_connection((addr, port))
+    got = bytearray()
+
+    def reader():
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            got.extend(b)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    half = len(data) // 2
+    c.sendall(data[:half])
+    time.sleep(pause_ms / 1000)
+    c.sendall(data[half:])
+    c.shutdown(socket.SHUT_WR)
+    t.join()
+    c.close()
+    open(out, "wb").write(got)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "client":
+        client(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]))
+    elif sys.argv[1] == "worker":
+        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    else:
+        acceptor(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6])

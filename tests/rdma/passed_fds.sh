@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# RDMA streams passed between unrelated processes with SCM_RIGHTS (issue #20), both ends
+# under librsock.so in the Soft-RoCE guest. The process that receives a stream's fd takes
+# it over (its QP moves there) or has it relayed; the sender closing its copy ends nothing.
+#
+#   cargo build --release --workspace --lib --bins --examples
+#   tests/rdma-vm/run.sh -- tests/rdma/passed_fds.sh [PATTERN[,PATTERN...]]
+#
+# Cells:
+#   passed_acceptor_worker  a Python acceptor sends each accepted connection to a worker it
+#                           did not fork (tests/rdma/fork/pass_fds.py) and closes its copy;
+#                           3 clients, each pausing half-way with its connection open.
+#   passed_node_cluster     Node.js cluster, round-robin (its default: the primary accepts
+#                           and sends each handle to a worker), 2 workers, 4 curl requests
+#                           without keep-alive.
+# Each asserts: the bytes (sha256), every connection on RDMA at both ends (the shims'
+# counters; the servers' sides summed over their processes), the device's packets, and that
+# QPs were owned by the worker processes (`rdma resource show qp`, sampled).
+# Prints "PASS cell (Ns)" / "FAIL cell: why", then "N passed, N failed"; exit 1 on failure.
+
+set -u
+# shellcheck source=../lib/rdma_suite.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/rdma_suite.sh"
+need python3 curl pgrep timeout sha256sum rdma ibv_devinfo
+PATTERN=${1:-}
+MUT=0
+A=$RDMA_VM_ADDR
+FK=$T_ROOT/tests/rdma/fork
+T=240
+CTO=5000
+QP_SAMPLE_S=0.3
+RUN_ID=$(date -u +%Y%m%dT%H%M%S)
+KEEP_DIR=$T_ROOT/.cache/rdma-matrix-logs/passed-fds-$RUN_ID
+ulimit -l unlimited 2>/dev/null || true
+MTU=$(ibv_devinfo -d rxe0 2>/dev/null | awk '/active_mtu/ { print $2; exit }')
+MTU=${MTU:-1024}
+DATA=$T_WORK/data.bin
+make_random "$DATA" 2
+SIZE=$(stat -c %s "$DATA")
+
+# qps_of PID...: how many sampled RC QP lines belong to one of the processes.
+qps_of() {
+    local n=0 p
+    for p in "$@"; do n=$((n + $(grep -c " tgid $p " qps.log 2>/dev/null || true))); done
+    echo "$n"
+}
+
+cell_passed_acceptor_worker() {
+    rdma_begin
+    bg worker $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" worker "$CELL_DIR/ch.sock" 3 "$CELL_DIR/events.log"
+    wait_until 30 test -S "$CELL_DIR/ch.sock" || fail "the worker did not listen: $(tail -c 300 worker.err)"
+    bg acc $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" acceptor "$A" "$PORT" "$CELL_DIR/ch.sock" 3 "$CELL_DIR/events.log"
+    wait_dual acc
+    local i
+    for i in 1 2 3; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 1500
+    done
+    for i in 1 2 3; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_wait acc || soft fail "acceptor: $(tail -c 300 acc.err | paste -sd' ')"
+    bg_wait worker || soft fail "worker: $(tail -c 300 worker.err | paste -sd' ')"
+    bg_stop qps
+    local wpid apid
+    wpid=$(awk '/^serve /{ sub("pid=", "", $2); print $2; exit }' events.log)
+    apid=$(awk '/^listen /{ sub("pid=", "", $2); print $2; exit }' events.log)
+    echo "# acceptor pid $apid, worker pid $wpid; sampled QPs: worker $(qps_of "$wpid"), acceptor $(qps_of "$apid")"
+    grep -c "^served pid=$wpid .* bytes=$SIZE" events.log | grep -qx 3 ||
+        soft fail "the worker did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    [ "$(qps_of "$wpid")" -gt 0 ] || soft fail "no QP was ever the worker's: the streams were not taken over"
+    soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma>=3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    soft rdma_end "$((3 * SIZE))" 2
+    expect_qps_released
+}
+
+cell_passed_node_cluster() {
+    command -v node > /dev/null || fail "node is not installed (scripts/setup.sh installs nodejs)"
+    rdma_begin
+    : > served.log
+    bg srv $T shimmed "$CELL_DIR/srv" node "$FK/node_cluster.js" "$A" "$PORT" "$DATA" "$CELL_DIR/srv.pid" "$CELL_DIR/served.log"
+    wait_until 120 test -s srv.pid || fail "the cluster did not start: $(tail -c 300 srv.err | paste -sd' ')"
+    wait_dual srv
+    local main i
+    main=$(cat srv.pid)
+    for i in 1 2 3 4; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" curl -sS --fail --max-time 120 --limit-rate 1M -H 'Connection: close' \
+            -o "$CELL_DIR/got$i" "http://$A:$PORT/data.bin"
+    done
+    for i in 1 2 3 4; do
+        bg_wait "c$i" || soft fail "curl $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "curl $i"
+    done
+    bg_stop qps
+    local workers
+    workers=$(awk '{ sub("pid=", "", $2); print $2 }' served.log | sort -u | paste -sd' ')
+    echo "# primary $main, requests served by workers: $workers; sampled QPs: workers $(qps_of $workers), primary $(qps_of "$main")"
+    [ "$(wc -l < served.log)" -eq 4 ] || soft fail "$(wc -l < served.log) requests served, want 4"
+    # shellcheck disable=SC2086 # a list of pids
+    [ "$(qps_of $workers)" -gt 0 ] || soft fail "no QP was ever a worker's: the streams were not taken over"
+    kill -TERM "$main" 2>/dev/null
+    bg_wait srv
+    soft expect_rdma cli 4
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=4' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft rdma_end "$((4 * SIZE))" 2
+    expect_qps_released
+}
+
+res_summary > "$T_WORK/res.start"
+for c in passed_acceptor_worker passed_node_cluster; do
+    selected "$c" || continue
+    run_cell "$c"
+done
+run_cell leaks
+t_summary
