@@ -459,6 +459,41 @@ fn take_accepted(mut facts: Inherited, nfd: c_int, nonblock: bool) -> Option<Att
     None
 }
 
+/// A kernel TCP listener the shim did not see being made — inherited across `exec`
+/// (systemd socket activation's fd 3, nginx's binary upgrade, `LISTEN_FDS` services) —
+/// becomes this process's own on first `accept` or `epoll_ctl(ADD)`: tracked, and a dual
+/// listener as if its `listen()` had been hooked (kernel TCP only where RDMA cannot serve,
+/// without asking again). False, at the cost of a getsockopt, for any other fd.
+#[cold]
+pub(super) fn adopt_listener(fd: c_int) -> bool {
+    if fd < 0 || !super::init::enabled() {
+        return false;
+    }
+    let Some(_g) = crate::guard::enter() else {
+        return false;
+    };
+    let inet = matches!(
+        unix::socket_kind(fd),
+        Some((libc::AF_INET | libc::AF_INET6, libc::SOCK_STREAM))
+    );
+    if !inet || !unix::is_listening(fd) {
+        return false;
+    }
+    track(fd, |_| {});
+    let Some(s) = fdtable::get(fd) else {
+        return false; // beyond the table: it stays the kernel's
+    };
+    if !s.transition(State::Created, State::Listening) {
+        return true;
+    }
+    let backlog = libc::SOMAXCONN;
+    if let Some((engine, local, rl)) = super::rdma_listen(fd, backlog) {
+        log::info!("fd {fd}: an inherited listener on {local}: adopted");
+        super::start_dual(&s, fd, engine, local, rl, backlog);
+    }
+    true
+}
+
 /// The listener's owner is gone: every fd of it in this process becomes the kernel listener
 /// it wraps (inherited), with the file flags the program had.
 ///

@@ -463,7 +463,7 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
 }
 
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    if !fdtable::owns(fd) {
+    if !fdtable::owns(fd) && !inherit::adopt_listener(fd) {
         return if flags == 0 {
             real::accept(fd, addr, len)
         } else {
@@ -902,6 +902,9 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    if op == libc::EPOLL_CTL_ADD && !fdtable::owns(fd) {
+        inherit::adopt_listener(fd); // before the registration: adopting swaps the file
+    }
     let r = real::epoll_ctl(epfd, op, fd, ev);
     if r == 0 && fdtable::owns(fd) {
         if let Some(s) = fdtable::get(fd) {

@@ -291,6 +291,23 @@ pub fn socket_kind(fd: c_int) -> Option<(c_int, c_int)> {
     Some((get(libc::SO_DOMAIN)?, get(libc::SO_TYPE)?))
 }
 
+/// Whether the socket `fd` is listening (`SO_ACCEPTCONN`).
+pub fn is_listening(fd: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: a valid int out-buffer.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut v as *mut c_int).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && v != 0
+}
+
 /// A file's (device, inode).
 pub type Identity = (u64, u64);
 

@@ -275,7 +275,12 @@ fn a_stream_name_says_whose_stream_and_nothing_else_parses() {
         b"rsock-s.4321.1.2.3",
         b"rsock-s.4321.1",
     ] {
-        assert_eq!(parse_stream_name(bad), None, "{}", String::from_utf8_lossy(bad));
+        assert_eq!(
+            parse_stream_name(bad),
+            None,
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
     }
     raw::close(a);
     raw::close(b);
