@@ -18,6 +18,7 @@ pub mod api;
 pub mod config;
 pub mod engine;
 pub mod fdtable;
+pub mod forklock;
 pub mod guard;
 pub mod init;
 pub mod logger;

@@ -245,14 +245,44 @@ fn test_established_small_writes_are_inline_large_are_not() {
 
 #[test]
 fn test_established_wrapping_burst_is_two_writes_last_with_imm() {
-    let mut p = pair();
+    // The peer's ring wraps inside the burst, the send buffer (256) does not: one burst,
+    // the immediate on the part from ring offset 0 (the peer checks that length).
+    let mut p = pair_big_sender();
     assert_eq!(transfer(&mut p, Side::A, &pattern(50)).len(), 50);
     p.write(Side::A, &pattern(30)).unwrap();
     let w1 = p.a.conn.poll_write().unwrap();
     let w2 = p.a.conn.poll_write().unwrap();
     assert_eq!((w1.remote_offset, w1.len, w1.imm), (50, 14, None));
     assert_eq!((w2.remote_offset, w2.len, w2.imm), (0, 16, Some(30)));
-    assert_eq!((w1.local_offset, w2.local_offset), (50, 0));
+    assert_eq!((w1.local_offset, w2.local_offset), (50, 64));
+}
+
+#[test]
+fn test_established_send_buffer_wrap_ends_the_burst() {
+    // The send buffer wraps (and, at equal sizes, the ring with it): two bursts, each one
+    // write with its own immediate, so every burst is split only where the ring wraps.
+    for ring in [64, 256] {
+        let b = Config {
+            ring_size: ring,
+            ..small_config()
+        };
+        let mut p = Pair::new(small_config(), b);
+        assert_eq!(transfer(&mut p, Side::A, &pattern(50)).len(), 50);
+        p.write(Side::A, &pattern(30)).unwrap();
+        let w1 = p.a.conn.poll_write().unwrap();
+        let w2 = p.a.conn.poll_write().unwrap();
+        assert_eq!(
+            (w1.local_offset, w1.len, w1.imm),
+            (50, 14, Some(14)),
+            "ring {ring}"
+        );
+        assert_eq!(
+            (w2.local_offset, w2.len, w2.imm),
+            (0, 16, Some(16)),
+            "ring {ring}"
+        );
+        assert_eq!(w2.remote_offset, 64 % ring, "ring {ring}");
+    }
 }
 
 #[test]
@@ -530,7 +560,7 @@ fn expect_protocol_error(p: &mut Pair, side: Side, imm: u32, want: ProtocolError
     assert_eq!(p.ep(side).conn.error(), Some(want));
     assert_eq!(p.ep_mut(side).conn.poll_write(), None);
     // Later input is ignored rather than panicking.
-    p.ep_mut(side).conn.handle_imm(u32::MAX).unwrap();
+    p.ep_mut(side).conn.handle_imm(u32::MAX, 0).unwrap();
 }
 
 #[test]
@@ -545,6 +575,87 @@ fn test_malformed_imm_claims_more_than_granted() {
             window: 64,
         },
     );
+}
+
+/// Issue #21: a DATA's write must carry what the DATA announces, or the program would read
+/// whatever the ring held (a recycled ring: another client's bytes).
+fn expect_length_error(p: &mut Pair, side: Side, imm: u32, byte_len: u32, want: ProtocolError) {
+    p.inject_write(side, imm, byte_len);
+    assert_eq!(p.recv(side), Err(Fault::Protocol { side, error: want }));
+    assert_eq!(p.ep(side).conn.state(), State::Reset);
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        p.read(side, &mut buf),
+        Err(ReadError::Reset),
+        "nothing is readable"
+    );
+}
+
+#[test]
+fn test_malformed_zero_length_write_announcing_a_full_ring() {
+    let mut p = pair();
+    let want = ProtocolError::LengthMismatch {
+        len: 64,
+        expected: 64,
+        written: 0,
+    };
+    expect_length_error(&mut p, Side::B, Imm::Data { len: 64 }.encode(), 0, want);
+}
+
+#[test]
+fn test_malformed_data_longer_or_shorter_than_its_write() {
+    for written in [9, 11, 1000] {
+        let mut p = pair();
+        let want = ProtocolError::LengthMismatch {
+            len: 10,
+            expected: 10,
+            written,
+        };
+        expect_length_error(
+            &mut p,
+            Side::B,
+            Imm::Data { len: 10 }.encode(),
+            written,
+            want,
+        );
+    }
+}
+
+#[test]
+fn test_malformed_wrapped_data_must_carry_its_part_after_the_wrap() {
+    // 50 bytes in: a 30-byte burst is 14 bytes before the ring's end, then 16 from offset 0
+    // in the write with the immediate. Announcing it on a write of all 30 (or 14) fails.
+    for written in [30, 14, 0] {
+        let mut p = pair();
+        assert_eq!(transfer(&mut p, Side::A, &pattern(50)).len(), 50);
+        let want = ProtocolError::LengthMismatch {
+            len: 30,
+            expected: 16,
+            written,
+        };
+        expect_length_error(
+            &mut p,
+            Side::B,
+            Imm::Data { len: 30 }.encode(),
+            written,
+            want,
+        );
+    }
+    let mut p = pair();
+    assert_eq!(transfer(&mut p, Side::A, &pattern(50)).len(), 50);
+    p.inject_write(Side::B, Imm::Data { len: 30 }.encode(), 16);
+    assert_eq!(p.recv(Side::B), Ok(true));
+}
+
+#[test]
+fn test_malformed_control_message_carrying_bytes() {
+    let mut p = pair();
+    let want = ProtocolError::LengthMismatch {
+        len: 0,
+        expected: 0,
+        written: 4,
+    };
+    expect_length_error(&mut p, Side::B, Imm::Fin.encode(), 4, want);
 }
 
 #[test]
@@ -587,7 +698,7 @@ fn test_malformed_credit_never_given() {
 fn test_malformed_too_many_messages() {
     let mut p = pair();
     for _ in 0..8 {
-        p.inject_imm(Side::B, Imm::Data { len: 1 }.encode());
+        p.inject_write(Side::B, Imm::Data { len: 1 }.encode(), 1);
         p.recv(Side::B).unwrap();
     }
     expect_protocol_error(

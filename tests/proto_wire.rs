@@ -189,6 +189,54 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(pt_config(512))]
+
+    /// Issue #21: after honest traffic that leaves the ring anywhere, a DATA is accepted
+    /// exactly when its write carried the burst's part after the ring's wrap (all of it if
+    /// it does not wrap), computed here independently of the core.
+    #[test]
+    fn data_is_accepted_exactly_when_its_write_length_matches(
+        ring in 1u32..=80,
+        before in 0usize..=200,
+        len_pick in any::<u32>(),
+        written in prop_oneof![Just(None), (0u32..=100).prop_map(Some)],
+    ) {
+        let cfg = Config { ring_size: ring, recv_credits: 8, send_buf_size: 64, send_queue_depth: 8, max_inline: 4, ring_grow_to: 0, send_grow_to: 0 };
+        let mut p = Pair::new(cfg.clone(), cfg);
+        let data: Vec<u8> = (0..before).map(|i| i as u8).collect();
+        let mut sent = 0;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        while got.len() < before {
+            if sent < before {
+                sent += p.write(Side::A, &data[sent..]).unwrap_or(0);
+            }
+            p.step().unwrap();
+            while let Ok(n @ 1..) = p.read(Side::B, &mut buf) {
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        prop_assert_eq!(&got, &data);
+        p.drive().unwrap();
+        let c = p.b.conn.counters();
+        let window = (c.rx_granted_end - c.rx_received_end) as u32;
+        prop_assume!(window > 0);
+        let len = 1 + len_pick % window;
+        let off = (c.rx_received_end % u64::from(ring)) as u32;
+        let due = if off + len <= ring { len } else { off + len - ring };
+        let written = written.unwrap_or(due);
+        p.inject_write(Side::B, Imm::Data { len }.encode(), written);
+        let r = p.recv(Side::B);
+        if written == due {
+            prop_assert_eq!(r, Ok(true));
+        } else {
+            prop_assert!(matches!(r, Err(Fault::Protocol { .. })), "{:?}", r);
+            prop_assert_eq!(p.b.conn.state(), State::Reset);
+        }
+    }
+}
+
 #[test]
 fn wrong_magic_and_version_are_distinct_errors() {
     let good = Config::default()

@@ -54,7 +54,8 @@ fuzz_target!(|data: &[u8]| {
         }
         match chunk[0] % 6 {
             0 => {
-                let _ = conn.handle_imm(v);
+                // The write's length: small, so that DATA of matching length gets through.
+                let _ = conn.handle_imm(v, u32::from(chunk[0] >> 3));
             }
             1 => {
                 let _ = conn.write(&mut send_buf, &out[..(chunk[1] % 23) as usize]);

@@ -441,6 +441,9 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
         ..ConnParam::default()
     }) {
         log::warn!("rdma accept from {peer_addr}: {e}");
+        // Nobody else holds the copy of the socket made for this stream (the bell closes
+        // its own fds on drop).
+        crate::sys::raw::close(opts_fd);
         return;
     }
     steps.mark("accept");
@@ -467,6 +470,9 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
                 "rdma stream {local} <- {peer_addr}: accepted, ring {ring} send buffer {send},"
             ));
         }
-        Err(e) => log::warn!("rdma accept from {peer_addr}: doorbell: {e}"),
+        Err(e) => {
+            log::warn!("rdma accept from {peer_addr}: doorbell: {e}");
+            crate::sys::raw::close(opts_fd); // the stream that would have owned it was not made
+        }
     }
 }

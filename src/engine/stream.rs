@@ -419,7 +419,8 @@ impl<P: Port> Stream<P> {
                 inner.timers.heard(Instant::now());
             }
             let r = match wc.imm() {
-                Some(imm) => inner.proto.handle_imm(imm),
+                // byte_len: what the peer's write carried, checked against what it announced.
+                Some(imm) => inner.proto.handle_imm(imm, wc.byte_len()),
                 None => Err(proto::ProtocolError::BadImm(
                     proto::wire::ImmError::UnknownOp(0xff),
                 )), // a SEND, not ours

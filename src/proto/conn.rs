@@ -289,7 +289,7 @@ impl Conn {
             unsignaled_wrs: 0,
             unsignaled_bytes: 0,
             need_signal: false,
-            planned: VecDeque::with_capacity(3),
+            planned: VecDeque::with_capacity(2),
             rx: RxCredits::new(config.ring_size, config.recv_credits),
             write_shut: false,
             read_shut: false,

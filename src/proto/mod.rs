@@ -83,6 +83,16 @@ pub enum ProtocolError {
     /// A GROW pair that is split, shrinks the ring or comes twice, or a SWITCHED nobody
     /// asked for.
     BadGrow,
+    /// The write that carried an immediate is not as long as the immediate says: a DATA
+    /// announcing bytes the peer did not write, or a control message carrying bytes.
+    LengthMismatch {
+        /// Bytes the immediate announced (0 for a control message).
+        len: u32,
+        /// Bytes its write had to carry (the burst, or its part after the ring's wrap).
+        expected: u32,
+        /// Bytes it carried (the receive completion's `byte_len`).
+        written: u32,
+    },
 }
 
 impl fmt::Display for ProtocolError {
@@ -104,6 +114,15 @@ impl fmt::Display for ProtocolError {
             ProtocolError::TransportFailed => f.write_str("send completed in error"),
             ProtocolError::AfterMigrate => f.write_str("message after MIGRATE"),
             ProtocolError::BadGrow => f.write_str("malformed ring growth"),
+            ProtocolError::LengthMismatch {
+                len,
+                expected,
+                written,
+            } => write!(
+                f,
+                "length mismatch: peer announced {len} bytes, its write carried {written} \
+                 where {expected} were due"
+            ),
         }
     }
 }

@@ -14,8 +14,9 @@ use core::fmt;
 /// First four bytes of every hello and reject: ASCII "RSCK".
 pub const MAGIC: [u8; 4] = *b"RSCK";
 /// The only protocol version this build speaks (2 added the connection id, the resume hello
-/// and MIGRATE; see PROTOCOL.md §11).
-pub const VERSION: u8 = 3;
+/// and MIGRATE, §11; 3 rings that grow, §12; 4 bursts split only where the receiver's ring
+/// wraps, so that a receiver checks each DATA's write length exactly, §4).
+pub const VERSION: u8 = 4;
 /// Private data an rdma_cm connect request can carry (IB REQ 92 bytes minus the 36-byte CM header).
 pub const MAX_REQ_PRIVATE_DATA: usize = 56;
 /// Private data an rdma_cm accept can carry (IB REP).
@@ -668,7 +669,7 @@ mod tests {
 
     const HELLO_BYTES: [u8; 40] = [
         b'R', b'S', b'C', b'K', // magic
-        0x03, // version
+        0x04, // version
         0x01, // kind: connect
         0x00, 0x00, // flags
         0x00, 0x28, // len 40
@@ -681,7 +682,7 @@ mod tests {
     ];
 
     const RESUME_BYTES: [u8; 56] = [
-        b'R', b'S', b'C', b'K', 0x03, // magic, version
+        b'R', b'S', b'C', b'K', 0x04, // magic, version
         0x04, // kind: resume
         0x00, 0x00, // flags
         0x00, 0x38, // len 56
@@ -845,7 +846,7 @@ mod tests {
     }
 
     const REJECT_BYTES: [u8; 12] = [
-        b'R', b'S', b'C', b'K', 0x03, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01,
+        b'R', b'S', b'C', b'K', 0x04, 0x03, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x01,
     ];
 
     #[test]

@@ -9,7 +9,7 @@
 
 use std::os::fd::RawFd;
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
@@ -22,6 +22,7 @@ use super::cq::CqPool;
 use super::error::{Error, Reason, Result};
 use super::fd;
 use super::ffi::{self, lib};
+use crate::forklock::ProcessMutex;
 
 /// Entries of each CQ of a device (capped at the device's `max_cqe`): shared by the
 /// connections it serves, each reserving its send + receive queue depth (about 130 with the
@@ -59,7 +60,9 @@ unsafe impl Send for Device {}
 // SAFETY: as above.
 unsafe impl Sync for Device {}
 
-static OPEN: Mutex<Vec<Weak<Device>>> = Mutex::new(Vec::new());
+/// The devices this process opened. Per process (see `forklock`): a fork child never waits
+/// for a lock one of its parent's threads held at the fork, nor reads the parent's list.
+static OPEN: ProcessMutex<Vec<Weak<Device>>> = ProcessMutex::new(Vec::new);
 
 impl Device {
     /// Whether this process opened it (a fork child's copy of its parent's is not).
@@ -84,7 +87,7 @@ impl Device {
         if ctx.is_null() {
             return Err(Error::new("device", libc::ENODEV, Reason::NoRdma));
         }
-        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = OPEN.lock();
         open.retain(|w| w.strong_count() > 0);
         let me = crate::sys::raw::pid();
         if let Some(d) = open

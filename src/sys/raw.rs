@@ -205,6 +205,33 @@ pub fn realtime() -> (i64, i64) {
     (ts.tv_sec, ts.tv_nsec)
 }
 
+/// Runs `f` in a fork child and returns its exit status (`Err(signal)` if it was killed).
+/// The child has 10 s (`alarm`): a child that hangs fails the test instead of the test run.
+#[cfg(test)]
+pub fn test_fork(f: impl FnOnce() -> i32) -> Result<i32, i32> {
+    // SAFETY: the child runs only `f` and `_exit`s without unwinding or running destructors.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: plain syscalls in the child.
+        unsafe {
+            libc::alarm(10);
+            // A panic must not unwind into the test harness's copy in the child.
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+            libc::_exit(code);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(r, pid, "waitpid");
+    if libc::WIFEXITED(status) {
+        Ok(libc::WEXITSTATUS(status))
+    } else {
+        Err(libc::WTERMSIG(status))
+    }
+}
+
 #[cfg(test)]
 mod signal_tests {
     use super::signals_restart;

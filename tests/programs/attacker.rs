@@ -3,8 +3,12 @@
 //! server with the rkeys and addresses it learnt from their Accept hellos, or guessed.
 //!
 //! ```text
-//! rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT]
+//! rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT | --phantom-read OUT]
 //! ```
+//!
+//! `--phantom-read OUT` (issue #21): announces a full ring of DATA without writing any of it,
+//! on a connection that gets a ring a finished connection used, and saves what the server
+//! echoes to OUT (see `attacker/phantom.rs`).
 //!
 //! `--migrate TO_PORT` (issue #9, a hostile MIGRATE): instead of the writes below, opens one
 //! connection, sends MIGRATE{TO_PORT} (PROTOCOL.md §11: "my end moves to TO_PORT at my
@@ -38,6 +42,9 @@
 //! error); 1 = at least one succeeded; 2 = usage; 3 = could not connect, or a sanity write
 //! failed.
 
+#[path = "attacker/phantom.rs"]
+mod phantom;
+
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::exit;
 use std::time::{Duration, Instant};
@@ -61,7 +68,9 @@ const WR_WRITE: u64 = 1;
 const WR_RECV: u64 = 2;
 
 fn usage() -> ! {
-    eprintln!("usage: rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT]");
+    eprintln!(
+        "usage: rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT | --phantom-read OUT]"
+    );
     exit(2)
 }
 
@@ -75,6 +84,12 @@ struct Peer {
     qpn: u32,
     /// The server's Accept hello: its ring for this connection.
     ring: Hello,
+    /// A ring of ours the server may write (phantom-read mode): a page-aligned part of this
+    /// allocation (a zero-based registration needs the page offset of address and IOVA to
+    /// agree), starting at `own_at`; and its registration.
+    own_ring: Vec<u8>,
+    own_at: usize,
+    own_mr: *mut rdma_sys::ibv_mr,
 }
 
 /// A write's outcome: the completion status, or none within the timeout.
@@ -106,6 +121,17 @@ impl Peer {
     /// Resolves, builds a PD, CQ and QP, posts receives, connects with a Connect hello and
     /// reads the server's Accept hello.
     fn open(name: &str, addr: SocketAddr, timeout: Duration) -> Result<Peer, String> {
+        Peer::open_with_ring(name, addr, timeout, 0)
+    }
+
+    /// [`Peer::open`], announcing a real ring of `ring_len` bytes (registered zero-based for
+    /// remote write, as rsock does) instead of a fake one when `ring_len > 0`.
+    fn open_with_ring(
+        name: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+        ring_len: usize,
+    ) -> Result<Peer, String> {
         let lib = ffi::lib().map_err(err("load rdma libraries"))?;
         let deadline = Instant::now() + timeout;
         let ch = EventChannel::new().map_err(err("event channel"))?;
@@ -134,6 +160,9 @@ impl Peer {
             pd: std::ptr::null_mut(),
             qpn: 0,
             ring: Config::default().hello(HelloKind::Accept, 0, 0, 0),
+            own_ring: vec![0; if ring_len > 0 { ring_len + 4096 } else { 0 }],
+            own_at: 0,
+            own_mr: std::ptr::null_mut(),
         };
         // SAFETY: live context from the resolved id.
         p.pd = unsafe { (lib.ibv_alloc_pd)(ctx) };
@@ -192,12 +221,36 @@ impl Peer {
         if ret != 0 {
             return Err(format!("ibv_post_recv failed ({ret})"));
         }
-        let cfg = Config {
+        let mut cfg = Config {
             ring_size: FAKE_RING_SIZE,
             recv_credits: RECV_CREDITS,
             ..Config::default()
         };
-        let ours = cfg.hello(HelloKind::Connect, 0, 0, 0).to_bytes();
+        let mut rkey = 0;
+        if ring_len > 0 {
+            let access = (rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+                | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+                .0 as i32;
+            p.own_at = p.own_ring.as_ptr().align_offset(4096);
+            // SAFETY: live PD; the Vec's heap memory stays put (it is never resized) until
+            // `close` deregisters it.
+            p.own_mr = unsafe {
+                (lib.ibv_reg_mr_iova)(
+                    p.pd,
+                    p.own_ring.as_mut_ptr().add(p.own_at).cast(),
+                    ring_len,
+                    0,
+                    access,
+                )
+            };
+            if p.own_mr.is_null() {
+                return Err(format!("ibv_reg_mr failed (errno {})", ffi::errno()));
+            }
+            // SAFETY: live MR.
+            rkey = unsafe { (*p.own_mr).rkey };
+            cfg.ring_size = ring_len as u32;
+        }
+        let ours = cfg.hello(HelloKind::Connect, 0, rkey, 0).to_bytes();
         let id = p.id.as_mut().expect("id");
         id.connect(&ConnParam {
             private_data: &ours,
@@ -280,6 +333,12 @@ impl Peer {
     /// One signaled, zero-length WRITE_WITH_IMM carrying `imm` (a control message, consuming
     /// one of the server's receives); waits for its completion until `timeout`.
     fn send_imm(&mut self, imm: u32, timeout: Duration) -> Result<Outcome, String> {
+        self.post_imm(imm)?;
+        self.wait_write(timeout)
+    }
+
+    /// Posts what [`Peer::send_imm`] waits for.
+    fn post_imm(&mut self, imm: u32) -> Result<(), String> {
         // SAFETY: plain C struct; zero is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = WR_WRITE;
@@ -295,7 +354,7 @@ impl Peer {
         if ret != 0 {
             return Err(format!("ibv_post_send failed ({ret})"));
         }
-        self.wait_write(timeout)
+        Ok(())
     }
 
     /// Disconnects (waiting for DISCONNECTED at most `timeout`) and destroys QP, id, CQ, PD.
@@ -323,8 +382,13 @@ impl Peer {
             unsafe { (lib.ibv_destroy_cq)(self.cq) };
             self.cq = std::ptr::null_mut();
         }
+        if !self.own_mr.is_null() {
+            // SAFETY: registered in `open_with_ring`; the QP that could use it is gone.
+            unsafe { (lib.ibv_dereg_mr)(self.own_mr) };
+            self.own_mr = std::ptr::null_mut();
+        }
         if !self.pd.is_null() {
-            // SAFETY: the QP in it is gone; it holds no MR.
+            // SAFETY: the QP in it is gone; its MR is deregistered.
             unsafe { (lib.ibv_dealloc_pd)(self.pd) };
             self.pd = std::ptr::null_mut();
         }
@@ -400,6 +464,7 @@ fn main() {
         .unwrap_or_else(|| usage());
     let mut timeout = Duration::from_secs(20);
     let mut migrate: Option<u16> = None;
+    let mut phantom: Option<String> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--timeout" => {
@@ -417,6 +482,7 @@ fn main() {
                         .unwrap_or_else(|| usage()),
                 );
             }
+            "--phantom-read" => phantom = Some(args.next().unwrap_or_else(|| usage())),
             _ => usage(),
         }
     }
@@ -436,6 +502,9 @@ fn main() {
             exit(3)
         })
     };
+    if let Some(out) = phantom {
+        phantom::run(addr, timeout, &out);
+    }
     if let Some(to) = migrate {
         let mut m = open_or_die("M");
         let imm = rsock_core::proto::Imm::Migrate { port: to }.encode();

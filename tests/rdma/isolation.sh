@@ -22,6 +22,15 @@
 # port where nothing listens, and stays connected. The server's shim must try the resume,
 # fail, and end that connection with an error within 30 s (not wait for ever); a connection
 # made meanwhile echoes intact; the server stays up and ends with no QP left.
+# Cell isolation_phantom_read (issue #21): a victim streams a recognisable random 12 KiB
+# through the echo server and leaves (the server's 16 KiB ring goes back to its pool); then
+# the attacker connects — getting that ring — and announces a full ring of DATA with a
+# zero-length WRITE_WITH_IMM (rsock_attacker --phantom-read). Asserts: the attacker gets
+# none of the victim's bytes back (no 16-byte block of the victim's file in what it
+# received); the server's shim drops the attacker's connection and its log says the length
+# mismatch; the server then serves a new client (sha256) and ends with no QP left. On a
+# shim that trusts the announced length and reuses rings uncleared, the attacker receives
+# the victim's bytes and the cell fails.
 # Environment: T_ISO_MB (victim's file, MiB, default 16), SHIM_LOG_LEVEL, T_KEEP=1.
 #
 # Prints "PASS cell (Ns)" / "FAIL cell: why", then "N passed, N failed"; exit 1 on failure.
@@ -172,7 +181,55 @@ cell_isolation_hostile_migrate() {
     expect_qps_released
 }
 
-CELLS=(isolation_cross_connection_write isolation_hostile_migrate)
+# How many 16-byte blocks of VICTIM appear anywhere in GOT (the attacker's echo).
+VICTIM_BLOCKS='import sys
+v, g = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
+blocks = {v[i:i + 16] for i in range(0, len(v) - 15, 16)}
+print(sum(1 for i in range(len(g) - 15) if g[i:i + 16] in blocks))'
+
+cell_isolation_phantom_read() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/echo_server" "$A:$PORT"
+    wait_dual srv
+    # Less than the server's first ring (16 KiB): the ring never grows, so it is pooled.
+    head -c 12288 /dev/urandom > victim.bin
+    bg_in victim $T victim.bin shimmed "$CELL_DIR/victim" $NC -N "$A" "$PORT"
+    status_soft victim 0
+    soft expect_same_file victim.bin victim.out "victim"
+    wait_cond 60 'grep -q "bytes=12288 result=ok" srv.out' ||
+        fail "the server did not finish the victim's connection: $(paste -sd'|' srv.out)"
+    # Its QP is gone, so its ring is back in the server's pool.
+    wait_until 60 no_rc_qps || fail "$(rc_qps) RC QP(s) left after the victim ended"
+
+    local rc=0 got
+    bg atk 120 "$EX/rsock_attacker" "$A" "$PORT" --timeout 20 --phantom-read phantom.bin
+    bg_wait atk || rc=$?
+    sed 's/^/#   /' atk.out
+    [ -s atk.err ] && echo "# attacker stderr: $(tail -c 300 atk.err | paste -sd' ')"
+    grep -q '^phantom: ' atk.out || fail "the attack was not made (exit $rc): $(tail -n1 atk.out)"
+    got=$(python3 -c "$VICTIM_BLOCKS" victim.bin phantom.bin)
+    [ "$got" -eq 0 ] || soft fail "the attacker received $got 16-byte block(s) of the victim's bytes"
+    [ "$rc" -eq 0 ] || soft fail "attacker exited $rc: the server echoed bytes it never sent: $(tail -n1 atk.out)"
+    grep -qE 'ended=(disconnected|reset)' atk.out ||
+        soft fail "the server did not drop the attacker's connection: $(tail -n1 atk.out)"
+    grep -q 'length mismatch' srv.log ||
+        soft fail "the shim's log does not say why: $(grep -m3 -E 'WARN|protocol' srv.log | paste -sd'|')"
+    grep -m1 'length mismatch' srv.log | sed 's/^/# shim: /'
+
+    # The server goes on serving.
+    bg_alive srv || fail "the echo server died: $(tail -c 300 srv.err | paste -sd' ')"
+    bg_in after $T "$DATA2" shimmed "$CELL_DIR/after" $NC -N "$A" "$PORT"
+    status_soft after 0
+    soft expect_same_file "$DATA2" after.out "connection after the phantom read"
+    soft expect_rdma victim 1 'nproc==1'
+    soft expect_rdma after 1 'nproc==1'
+    echo "# server log: $(grep 'result=' srv.out | paste -sd'|')"
+    wait_until 30 no_rc_qps || soft fail "$(rc_qps) RC QP(s) still listed 30 s after every connection ended (server alive)"
+    bg_stop srv
+    expect_qps_released
+}
+
+CELLS=(isolation_cross_connection_write isolation_hostile_migrate isolation_phantom_read)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

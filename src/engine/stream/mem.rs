@@ -194,13 +194,15 @@ impl MemQp {
             }
             e[peer].recvs -= 1;
             let opcode = ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
-            e[peer].push(wc(
+            let mut recv = wc(
                 peer,
                 RECV_FLAG,
                 ibv_wc_status::IBV_WC_SUCCESS,
                 opcode,
                 Some(imm),
-            ));
+            );
+            recv.0.byte_len = data.len() as u32; // as a NIC reports the write's length
+            e[peer].push(recv);
         }
         if signaled {
             let opcode = ibv_wc_opcode::IBV_WC_RDMA_WRITE;

@@ -117,16 +117,22 @@ impl Conn {
         n as usize
     }
 
-    /// Processes the immediate of a completed receive (a peer WRITE_WITH_IMM).
+    /// Processes the immediate of a completed receive (a peer WRITE_WITH_IMM) and the
+    /// completion's `byte_len`: how many bytes that write carried.
+    ///
+    /// The length is checked exactly (PROTOCOL.md §3): a control message carries none, and a
+    /// DATA's write carries its whole burst, or the part after the ring's wrap point. So a
+    /// peer cannot announce bytes it did not write in that write, and make the program read
+    /// whatever the ring held there ([`ProtocolError::LengthMismatch`]).
     ///
     /// On `Err` the connection is failed: reads and writes return `Reset`, nothing more is
     /// posted, and the driver should disconnect. After a reset, input is ignored.
-    pub fn handle_imm(&mut self, imm: u32) -> Result<(), ProtocolError> {
+    pub fn handle_imm(&mut self, imm: u32, byte_len: u32) -> Result<(), ProtocolError> {
         if self.failed.is_some() || self.peer_reset {
             return Ok(());
         }
         self.stats.imms_received += 1;
-        let result = self.process_imm(imm);
+        let result = self.process_imm(imm, byte_len);
         if let Err(e) = result {
             self.failed = Some(e);
             self.planned.clear();
@@ -135,12 +141,20 @@ impl Conn {
         result
     }
 
-    fn process_imm(&mut self, raw: u32) -> Result<(), ProtocolError> {
+    fn process_imm(&mut self, raw: u32, byte_len: u32) -> Result<(), ProtocolError> {
         let imm = Imm::decode(raw).map_err(ProtocolError::BadImm)?;
         if !self.migration_allows_input() {
             return Err(ProtocolError::AfterMigrate);
         }
         self.rx.on_message()?;
+        if byte_len != 0 && !matches!(imm, Imm::Data { .. }) {
+            // Control messages are zero-length writes.
+            return Err(ProtocolError::LengthMismatch {
+                len: 0,
+                expected: 0,
+                written: byte_len,
+            });
+        }
         if let Some((rkey_hi, pages_hi)) = self.peer_grow_hi.take() {
             // The second half must follow the first directly.
             let Imm::Grow { rkey_lo, pages_lo } = imm else {
@@ -155,7 +169,15 @@ impl Conn {
                 if self.fin_received {
                     return Err(ProtocolError::DataAfterFin);
                 }
-                self.rx.on_data(len)?;
+                let expected = self.last_write_len(len);
+                self.rx.on_data(len)?; // the window first: `expected` assumes len <= ring
+                if byte_len != expected {
+                    return Err(ProtocolError::LengthMismatch {
+                        len,
+                        expected,
+                        written: byte_len,
+                    });
+                }
                 if self.read_closed {
                     // Nobody will read this: discard, and tell the writer like a TCP RST.
                     self.rx.consume(self.rx.unread());
@@ -187,5 +209,18 @@ impl Conn {
             Imm::Switched => self.on_switched()?,
         }
         Ok(())
+    }
+
+    /// The bytes the WRITE_WITH_IMM of a `len`-byte DATA starting at `received_end` carries:
+    /// a burst is one write, or two when it crosses the ring's end — then the immediate
+    /// rides on the part from offset 0 (PROTOCOL.md §4). Only for `len <= ring size` (a
+    /// longer one fails the window check).
+    fn last_write_len(&self, len: u32) -> u32 {
+        let room = self.ring.size() - self.ring.offset(self.rx.received_end());
+        if len <= room {
+            len
+        } else {
+            len - room
+        }
     }
 }

@@ -145,30 +145,31 @@ impl Conn {
         self.next_wr - self.wrs_retired + n <= u64::from(self.sq_depth)
     }
 
-    /// Plans the next data burst (one to three writes, the last carrying the immediate) and
+    /// Plans the next data burst (one or two writes, the last carrying the immediate) and
     /// returns its first write.
     pub(super) fn plan_burst(&mut self) -> Option<Write> {
         let unsent = self.tx_queued - self.tx_posted;
         if unsent == 0 || !self.tx.allows(MsgClass::Data) {
             return None;
         }
+        let mut local = self.send_ring.offset(self.tx_posted);
+        // A burst ends at the send buffer's end (the rest is the next burst): it is then
+        // split only where the peer's ring wraps, which the peer can compute, so the peer
+        // checks the length of the write carrying the immediate exactly (PROTOCOL.md §4).
         let len = unsent
+            .min(u64::from(self.send_ring.size() - local))
             .min(self.tx.bytes_after(self.tx_posted))
             .min(u64::from(MAX_DATA_LEN));
         if len == 0 {
             return None;
         }
-        // Split where either the send buffer or the peer ring wraps; each wraps at most once
-        // because len <= both sizes.
-        // Offsets are computed once (two divisions) and then advanced with wrap checks.
-        let mut pieces = [(0u32, 0u32, 0u32); 3];
+        // The peer ring wraps at most once because len <= its size. Offsets are computed
+        // once (two divisions) and then advanced with wrap checks.
+        let mut pieces = [(0u32, 0u32, 0u32); 2];
         let (mut count, mut left) = (0, len);
-        let mut local = self.send_ring.offset(self.tx_posted);
         let mut remote = self.peer_ring.offset(self.tx_posted);
         while left > 0 {
-            let n = left
-                .min(u64::from(self.send_ring.size() - local))
-                .min(u64::from(self.peer_ring.size() - remote)) as u32;
+            let n = left.min(u64::from(self.peer_ring.size() - remote)) as u32;
             pieces[count] = (local, remote, n);
             count += 1;
             left -= u64::from(n);

@@ -3,7 +3,7 @@
 //!
 //! It models what the protocol relies on from an RC queue pair: writes on one QP land in order,
 //! a WRITE_WITH_IMM consumes one posted receive (none posted = RNR, reported as a fault rather
-//! than retried), a non-inline payload is read from the send buffer when it is delivered (so
+//! than retried) and its receive completion reports the write's length (`byte_len`), a non-inline payload is read from the send buffer when it is delivered (so
 //! early reuse of send-buffer space corrupts the stream, as on hardware), and a signaled
 //! completion arrives only after delivery. Receive completions, send completions and deliveries
 //! are separate queues, so a test chooses any interleaving.
@@ -92,7 +92,8 @@ pub struct Endpoint {
     next_send: Option<Vec<u8>>,
     config: Config,
     posted_recvs: u32,
-    recv_cq: VecDeque<u32>,
+    /// Receive completions: the immediate and the length of the write that carried it.
+    recv_cq: VecDeque<(u32, u32)>,
     send_cq: VecDeque<Completion>,
     /// Writes posted and not yet delivered (the wire towards the peer).
     wire: VecDeque<InFlight>,
@@ -391,7 +392,7 @@ impl Pair {
                 return Err(Fault::Rnr { side: from.peer() });
             }
             dst.posted_recvs -= 1;
-            dst.recv_cq.push_back(imm);
+            dst.recv_cq.push_back((imm, w.len));
             // Credits returned by `from` re-grant the oldest consumed bytes of its own ring.
             if let (true, Ok(Imm::Credit { bytes, .. })) = (check, Imm::decode(imm)) {
                 for _ in 0..bytes {
@@ -413,10 +414,10 @@ impl Pair {
     /// Hands `side`'s oldest receive completion to its connection and reposts the receive.
     pub fn recv(&mut self, side: Side) -> Result<bool, Fault> {
         let ep = self.ep_mut(side);
-        let Some(imm) = ep.recv_cq.pop_front() else {
+        let Some((imm, byte_len)) = ep.recv_cq.pop_front() else {
             return Ok(false);
         };
-        let r = ep.conn.handle_imm(imm);
+        let r = ep.conn.handle_imm(imm, byte_len);
         ep.posted_recvs += 1;
         ep.drain_events();
         r.map(|()| true)
@@ -442,11 +443,18 @@ impl Pair {
         true
     }
 
-    /// Pushes a raw immediate into `side`'s receive queue as if the peer had sent it.
+    /// Pushes a raw immediate into `side`'s receive queue as if the peer had sent it in a
+    /// zero-length write (as control messages are).
     pub fn inject_imm(&mut self, side: Side, imm: u32) {
+        self.inject_write(side, imm, 0);
+    }
+
+    /// Pushes a receive completion into `side`'s queue as if the peer had written `byte_len`
+    /// bytes with immediate `imm` (the bytes themselves are not written).
+    pub fn inject_write(&mut self, side: Side, imm: u32, byte_len: u32) {
         let ep = self.ep_mut(side);
         ep.posted_recvs = ep.posted_recvs.saturating_sub(1);
-        ep.recv_cq.push_back(imm);
+        ep.recv_cq.push_back((imm, byte_len));
     }
 
     /// One round of every step on both sides; returns whether anything happened.
@@ -504,7 +512,7 @@ impl Pair {
                 .wire
                 .iter()
                 .filter_map(|f| f.write.imm)
-                .chain(x.recv_cq.iter().copied());
+                .chain(x.recv_cq.iter().map(|&(imm, _)| imm));
             for imm in travelling {
                 if let Ok(Imm::Credit { wrs, bytes }) = Imm::decode(imm) {
                     credit_bytes += u64::from(bytes);
