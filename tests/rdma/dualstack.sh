@@ -158,6 +158,23 @@ cell_v6only_refuses_ipv4() {
     expect_qps_released
 }
 
+# A dual-stack server without the shim: the shimmed IPv4 and mapped clients find no rdma_cm
+# listener and fall back to kernel TCP (reason rejected), with the kernel's addresses.
+cell_fallback_plain_server() {
+    bg srv $T python3 "$D/server.py" dual "$PORT" 2 "$CELL_DIR/srv.json"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    py_client cv4 4 "$A"
+    expect_status cv4 0
+    py_client cmap 6 "::ffff:$A"
+    echo_ok cv4 cmap
+    expect_status srv 0
+    local out; out=$(python3 "$D/check.py" srv.json "$A" "$PORT" cv4.json:v4 cmap.json:mapped) ||
+        soft fail "addresses: $(echo "$out" | head -3 | paste -sd';')"
+    soft expect_stats "$CELL_DIR/cv4" cv4 -D S="$SIZE" 'conns.tcp==1' 'conns.rdma==0' 'fallback.rejected==1' 'tx.tcp==S'
+    soft expect_stats "$CELL_DIR/cmap" cmap -D S="$SIZE" 'conns.tcp==1' 'conns.rdma==0' 'tx.tcp==S' \
+        'fallback.rejected + fallback.negative_cache==1'
+}
+
 # ---- (c) Java: NIO server, blocking client (every JVM socket is AF_INET6) --------------------
 
 # Small, serial JVMs: the guest has 2 GiB and TCG is slow.
@@ -218,7 +235,8 @@ cell_nginx_dualstack() {
     expect_qps_released
 }
 
-for c in py_dualstack py_dualstack_native_v6 py_bound_mapped v6only_refuses_ipv4 java nginx_dualstack; do
+for c in py_dualstack py_dualstack_native_v6 py_bound_mapped v6only_refuses_ipv4 fallback_plain_server \
+    java nginx_dualstack; do
     selected "$c" && run_cell "$c"
 done
 t_summary
