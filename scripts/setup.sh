@@ -19,6 +19,8 @@ PACKAGES=(
   iperf3 iperf netcat-openbsd socat curl python3 iproute2 procps valgrind coreutils
   # servers that fork (tests/rdma/fork_matrix.sh, bench/rdma/fork.sh); never started on the host
   nginx ncat wrk postgresql util-linux
+  # the JVM, whose sockets are all AF_INET6 (tests/rdma/dualstack.sh)
+  openjdk-17-jdk-headless
 )
 
 log() { printf 'setup: %s\n' "$*" >&2; }

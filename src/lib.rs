@@ -14,6 +14,7 @@ pub mod proto;
 pub mod rdma;
 pub mod transport;
 
+pub mod addr;
 pub mod api;
 pub mod config;
 pub mod engine;

@@ -1,6 +1,7 @@
 //! The negative cache: destinations whose RDMA attempt failed recently go straight to TCP.
 //!
-//! Keyed by destination address and port; entries expire after `RSOCK_NEG_CACHE_MS`. The
+//! Keyed by destination address and port, an IPv4-mapped one as its IPv4 form (the same
+//! rdma_cm destination, whichever socket family the program used); entries expire after `RSOCK_NEG_CACHE_MS`. The
 //! clock is passed in, so the logic is testable without sleeping. Bounded: when full, expired
 //! entries are dropped first, then the one closest to expiry.
 
@@ -26,6 +27,7 @@ impl NegCache {
 
     /// Whether `dest` failed RDMA less than its time-to-live ago.
     pub fn contains(&self, dest: &SocketAddr, now: Instant) -> bool {
+        let dest = &crate::addr::v4_of(*dest);
         let mut map = self.until.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(dest) {
             Some(&t) if t > now => true,
@@ -42,6 +44,7 @@ impl NegCache {
         if ttl.is_zero() {
             return;
         }
+        let dest = crate::addr::v4_of(dest);
         let mut map = self.until.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= CAPACITY && !map.contains_key(&dest) {
             map.retain(|_, t| *t > now);
@@ -56,6 +59,7 @@ impl NegCache {
 
     /// Forgets `dest` (after it served RDMA again).
     pub fn remove(&self, dest: &SocketAddr) {
+        let dest = &crate::addr::v4_of(*dest);
         self.until
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -103,6 +107,21 @@ mod tests {
         c.insert(a("10.0.0.1:80"), t0, Duration::from_secs(1));
         c.remove(&a("10.0.0.1:80"));
         assert!(!c.contains(&a("10.0.0.1:80"), t0));
+    }
+
+    #[test]
+    fn mapped_and_ipv4_are_one_destination() {
+        let c = NegCache::new();
+        let t0 = Instant::now();
+        c.insert(a("[::ffff:10.0.0.1]:80"), t0, Duration::from_secs(1));
+        assert!(c.contains(&a("10.0.0.1:80"), t0));
+        assert!(c.contains(&a("[::ffff:10.0.0.1]:80"), t0));
+        assert!(
+            !c.contains(&a("[::10.0.0.1]:80"), t0),
+            "IPv4-compatible is IPv6"
+        );
+        c.remove(&a("10.0.0.1:80"));
+        assert!(!c.contains(&a("[::ffff:10.0.0.1]:80"), t0));
     }
 
     #[test]

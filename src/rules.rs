@@ -491,6 +491,10 @@ mod tests {
         );
         let r = rule("rdma role=server local=10.77.0.0/24");
         assert!(r.matches("x", Role::Server, sa("10.77.0.1:1"), None));
+        assert!(
+            r.matches("x", Role::Server, sa("[::ffff:10.77.0.1]:1"), None),
+            "a dual-stack socket bound to a mapped address"
+        );
         assert!(!r.matches("x", Role::Client, sa("10.77.0.1:1"), sa("10.77.0.2:1")));
         assert!(!r.matches("x", Role::Server, sa("10.78.0.1:1"), None));
         assert!(

@@ -137,6 +137,12 @@ fn connect_rdma(
     dest: SocketAddr,
     sizes: engine::BufSizes,
 ) -> Result<(), Fallback> {
+    // A connect the kernel refuses (the wrong family, or a v6-only socket to an IPv4-mapped
+    // address) is the kernel's to answer, with its errno.
+    if !saddr::family_of(fd).is_some_and(|(v6, only)| crate::addr::connect_allowed(v6, only, dest))
+    {
+        return Err(Fallback::Unsupported);
+    }
     let engine = engine::get().ok_or_else(no_engine_reason)?;
     let now = Instant::now();
     if engine.negcache.contains(&dest, now) {
@@ -346,7 +352,9 @@ fn rdma_listen(
     if local.port() == 0 || action != Action::Rdma {
         return None; // unbound (the kernel picks the port at listen), excluded or ruled out
     }
-    match Listener::prepare(engine, local, backlog, buf_sizes(&decision)) {
+    let (_, v6only) = saddr::family_of(fd)?;
+    let afonly = crate::addr::listen_afonly(local, v6only);
+    match Listener::prepare(engine, local, afonly, backlog, buf_sizes(&decision)) {
         Ok(rl) => Some((engine, local, rl)),
         Err(e) => {
             log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}");

@@ -76,15 +76,17 @@ struct Queue {
 impl Listener {
     /// First half of a dual listen, before the kernel socket listens: an rdma_cm listener on
     /// the same address and port, so that it is there as soon as the kernel one is visible.
+    /// `afonly`: for an IPv6 wildcard, the socket's `IPV6_V6ONLY` (`crate::addr::listen_afonly`).
     pub fn prepare(
         engine: &'static Engine,
         addr: SocketAddr,
+        afonly: Option<bool>,
         backlog: c_int,
         sizes: super::BufSizes,
     ) -> Result<RdmaListen, String> {
         let token = engine.token();
-        let rl =
-            rdma::Listener::bind(addr, backlog.clamp(1, 4096), token).map_err(|e| e.to_string())?;
+        let rl = rdma::Listener::bind_afonly(addr, afonly, backlog.clamp(1, 4096), token)
+            .map_err(|e| e.to_string())?;
         Ok(RdmaListen { rl, token, sizes })
     }
 

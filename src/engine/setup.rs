@@ -196,7 +196,8 @@ pub(super) fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RE
         .to_bytes()
 }
 
-/// An unconnected kernel TCP socket of `peer`'s family: holds the program's socket options.
+/// An unconnected kernel TCP socket of `peer`'s family (an AF_INET6 one for a mapped
+/// peer, as the listener's): holds the program's socket options.
 fn opts_socket(peer: &SocketAddr) -> libc::c_int {
     let family = if peer.is_ipv4() {
         libc::AF_INET
@@ -267,7 +268,10 @@ pub(super) fn connect(
             return Err(why);
         }
     };
+    // Both in the program's family (the id was resolved with it): `getsockname` and
+    // `getpeername` give them back as the kernel would.
     let local = rc.id().local_addr().unwrap_or(dest);
+    let dest = crate::addr::seen(dest, dest.is_ipv6());
     let conn = proto::Conn::new(&m.cfg, &peer).map_err(|e| {
         log::info!("rdma connect to {dest}: peer hello unusable: {e}");
         Fallback::BadHandshake
@@ -417,6 +421,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     // Once accepted the QP can receive — the client may write as soon as it sees the
     // connection established — before this stream is registered: keep what completes.
     let _held = engine.hold_qp(rc.qp_num());
+    // In the listening socket's family: an IPv4 peer of an AF_INET6 listener is mapped.
     let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
     let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
         return;

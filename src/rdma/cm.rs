@@ -238,9 +238,11 @@ impl CmEvent {
                 unsafe { (*e.listen_id).context as u64 }
             };
             // The new id is ours from now on (destroying it unanswered rejects the peer).
+            // Its listener's family is set by `rdma::Listener::next_request`.
             let new = CmId {
                 id: e.id,
                 _ch: chan.clone(),
+                v6: false,
             };
             (tok, Some(new))
         } else {
@@ -402,9 +404,15 @@ impl ConnParam<'_> {
 /// An rdma_cm identifier (`RDMA_PS_TCP`), destroyed on drop.
 ///
 /// A QP created on it belongs to a [`super::Conn`], which destroys the QP before the id.
+///
+/// Addresses cross it in the caller's family (`crate::addr`): rdma_cm is given an
+/// IPv4-mapped address as plain IPv4, and an id used with IPv6 addresses reports IPv4 ones
+/// back mapped, as the kernel does on an AF_INET6 socket.
 pub struct CmId {
     id: *mut rdma_cm_id,
     _ch: Arc<EventChannel>,
+    /// The caller speaks IPv6 (bound, resolved or listened with an AF_INET6 address).
+    v6: bool,
 }
 
 // SAFETY: an rdma_cm_id may be used from any thread (one at a time: &mut for changes).
@@ -488,7 +496,40 @@ impl CmId {
         Ok(CmId {
             id,
             _ch: ch.clone(),
+            v6: false,
         })
+    }
+
+    /// Reports this id's addresses in the IPv6 family (see the type's doc): for the
+    /// requests of a listener bound with an AF_INET6 address.
+    pub fn set_v6(&mut self, v6: bool) {
+        self.v6 = v6;
+    }
+
+    /// Whether the id reports its addresses in the IPv6 family
+    pub fn is_v6(&self) -> bool {
+        self.v6
+    }
+
+    /// Sets `RDMA_OPTION_ID_AFONLY` (before [`Self::bind`]): whether an IPv6 wildcard
+    /// listener takes IPv6 requests only, like `IPV6_V6ONLY`.
+    pub fn set_afonly(&mut self, afonly: bool) -> Result<()> {
+        let lib = lib()?;
+        let mut v: libc::c_int = afonly.into();
+        // SAFETY: live id; optval points to an int of the size given (copied by the call).
+        let ret = unsafe {
+            (lib.rdma_set_option)(
+                self.id,
+                ffi::RDMA_OPTION_ID,
+                ffi::RDMA_OPTION_ID_AFONLY,
+                (&mut v as *mut libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>(),
+            )
+        };
+        if ret != 0 {
+            return Err(Error::from_ret("rdma_set_option(AFONLY)", ret));
+        }
+        Ok(())
     }
 
     /// The raw id (valid while self lives)
@@ -523,7 +564,8 @@ impl CmId {
     /// Binds to a local address (port 0 = any); for a listener
     pub fn bind(&mut self, addr: SocketAddr) -> Result<()> {
         let lib = lib()?;
-        let mut sa = SockAddr::new(&addr);
+        self.v6 = addr.is_ipv6();
+        let mut sa = SockAddr::new(&crate::addr::v4_of(addr));
         // SAFETY: live id; sa is a valid sockaddr of the right family.
         let ret = unsafe { (lib.rdma_bind_addr)(self.id, sa.as_mut_ptr()) };
         if ret != 0 {
@@ -552,6 +594,8 @@ impl CmId {
         timeout: Duration,
     ) -> Result<()> {
         let lib = lib()?;
+        self.v6 = dst.is_ipv6();
+        let (src, dst) = crate::addr::resolve_pair(src, dst);
         let mut d = SockAddr::new(&dst);
         let mut s = src.map(|a| SockAddr::new(&a));
         let sp = s.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
@@ -654,7 +698,7 @@ impl CmId {
         unsafe {
             let a = &(*self.id).route.addr.src_addr_union.src_storage as *const _
                 as *const libc::sockaddr;
-            sockaddr_to_std(a)
+            sockaddr_to_std(a).map(|a| crate::addr::seen(a, self.v6))
         }
     }
 
@@ -664,7 +708,7 @@ impl CmId {
         unsafe {
             let a = &(*self.id).route.addr.dst_addr_union.dst_storage as *const _
                 as *const libc::sockaddr;
-            sockaddr_to_std(a)
+            sockaddr_to_std(a).map(|a| crate::addr::seen(a, self.v6))
         }
     }
 }

@@ -129,8 +129,24 @@ impl Listener {
     /// Binds `addr` and listens. Binding to an address without an RDMA device fails
     /// with [`Reason::NoRdma`] (`EADDRNOTAVAIL`/`ENODEV`).
     pub fn bind(addr: SocketAddr, backlog: i32, token: u64) -> Result<Listener> {
+        Listener::bind_afonly(addr, None, backlog, token)
+    }
+
+    /// [`Self::bind`], with `RDMA_OPTION_ID_AFONLY` set first when given (an IPv6 wildcard
+    /// then takes IPv4 requests only if `afonly` is false; without it rdma_cm follows
+    /// `net.ipv6.bindv6only`). An IPv4-mapped `addr` is bound as IPv4; either way the
+    /// requests of an AF_INET6 `addr` report their addresses in the IPv6 family.
+    pub fn bind_afonly(
+        addr: SocketAddr,
+        afonly: Option<bool>,
+        backlog: i32,
+        token: u64,
+    ) -> Result<Listener> {
         let ch = EventChannel::new()?;
         let mut id = CmId::new(&ch, token)?;
+        if let Some(only) = afonly {
+            id.set_afonly(only)?;
+        }
         id.bind(addr)?;
         id.listen(backlog)?;
         Ok(Listener { id })
@@ -161,6 +177,7 @@ impl Listener {
                 continue; // stray event of an id that has since moved away
             }
             let Some(mut id) = ev.take_id() else { continue };
+            id.set_v6(self.id.is_v6());
             let device = match Device::for_id(&id) {
                 Ok(d) => d,
                 Err(e) => {

@@ -92,6 +92,8 @@ fn_table! {
                       attr: *mut ibv_qp_init_attr) -> c_int;
     cm rdma_destroy_qp(id: *mut rdma_cm_id);
     cm rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int;
+    cm rdma_set_option(id: *mut rdma_cm_id, level: c_int, optname: c_int, optval: *mut c_void,
+                       optlen: usize) -> c_int;
     cm rdma_event_str(event: rdma_cm_event_type::Type) -> *const c_char;
     verbs ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
     verbs ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
@@ -114,6 +116,12 @@ fn_table! {
     verbs ibv_wc_status_str(status: ibv_wc_status::Type) -> *const c_char;
     verbs ibv_fork_init() -> c_int;
 }
+
+/// `rdma_set_option` level of the id's own options (rdma_cma.h, an unnamed enum bindgen
+/// does not export).
+pub const RDMA_OPTION_ID: c_int = 0;
+/// `RDMA_OPTION_ID` option: an int, like `IPV6_V6ONLY` for an IPv6 wildcard listener.
+pub const RDMA_OPTION_ID_AFONLY: c_int = 2;
 
 /// Published table (a leaked `Box<Lib>`), or null while not loaded.
 static LIB: AtomicPtr<Lib> = AtomicPtr::new(std::ptr::null_mut());
