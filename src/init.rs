@@ -52,8 +52,8 @@ extern "C" fn before_fork() {
 /// never touches it (docs/DESIGN.md, "Processes").
 extern "C" fn after_fork_child() {
     crate::sys::raw::refresh_pid();
-    crate::stats::after_fork_child();
     crate::fdtable::after_fork_child();
+    crate::stats::after_fork_child(); // after the fd table: it asks whether sockets came along
     crate::engine::after_fork_child();
 }
 
