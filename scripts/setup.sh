@@ -19,6 +19,9 @@ PACKAGES=(
   iperf3 iperf netcat-openbsd socat curl python3 iproute2 procps valgrind coreutils
   # servers that fork (tests/rdma/fork_matrix.sh, bench/rdma/fork.sh); never started on the host
   nginx ncat wrk postgresql util-linux
+  # servers in their default configurations: workers that drop root, sockets passed between
+  # processes (tests/rdma/fork_matrix.sh, tests/rdma/passed_fds.sh)
+  apache2 gunicorn rsync systemd nodejs
   # the JVM, whose sockets are all AF_INET6 (tests/rdma/dualstack.sh)
   openjdk-17-jdk-headless
 )

@@ -308,7 +308,7 @@ pub fn drain_at_exit() {
     let Some(_g) = crate::guard::enter() else {
         return;
     }; // inside the shim (a signal handler?)
-    drain_streams(e);
+    drain_streams(e, false);
 }
 
 /// `_exit`'s drain, async-signal-safe (`_exit` may be called from a signal handler): this
@@ -340,10 +340,26 @@ pub fn drain_at_exit_from_any_context() {
 }
 
 /// Delivers what every stream of `e` holds, FIN included, bounded by the linger time (call
-/// inside the reentrancy guard).
-fn drain_streams(e: &'static Engine) {
+/// inside the reentrancy guard). `on_helper`: the helper thread drains, so it answers other
+/// processes' requests here itself.
+fn drain_streams(e: &'static Engine, on_helper: bool) {
     let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
     let deadline = std::time::Instant::now() + e.linger();
+    // A stream the program let go of while another process holds its A (passed with
+    // SCM_RIGHTS, or a fork child's that it has yet to use) is that process's to use: it
+    // gets the linger to take the stream over before this engine, and the QP, are gone.
+    // One the program still held at exit is not waited for (a child that inherited it and
+    // never uses it would hold the exit up for nothing).
+    let passed = |s: &Arc<Stream>| {
+        s.app_gone.load(Acquire) && s.bell().peer_holds() && !s.released.load(Acquire)
+    };
+    while streams.iter().any(passed) && std::time::Instant::now() < deadline {
+        if on_helper {
+            e.serve_requests();
+        }
+        e.progress_devices(false);
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // Relayed streams first take in what their holders already wrote (a fork child that has
     // just exited may have left its last bytes in the relay), as far as the linger allows.
     while streams.iter().any(|s| s.relay_pending()) && std::time::Instant::now() < deadline {
@@ -905,7 +921,7 @@ impl Engine {
     /// Helper: `_exit` may have asked for the exit drain; answers once it is done.
     fn exit_drain_if_asked(&'static self) {
         if self.exit_asked.swap(false, AcqRel) {
-            drain_streams(self);
+            drain_streams(self, true);
             crate::sys::raw::eventfd_add(self.exit_done_fd);
         }
     }

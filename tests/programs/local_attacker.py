@@ -41,7 +41,7 @@ def request(op, token, arg=0, pid=0, nonce=0):
     return MAGIC + bytes([1, op, 0, 0]) + struct.pack("<QQiIQ", token, arg, pid, 0, nonce)
 
 
-def ask(name, payload, fds, timeout=2.0):
+def ask(name, payload, fds, timeout=0.5):
     """Sends payload with fds; returns (reply bytes or None, fds received)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(timeout)
@@ -94,7 +94,14 @@ def main():
             print(f"BREACH {name} {what}: answered {reply[:8].hex() if reply else reply}", flush=True)
 
     rnd = random.Random(7)
+    silent = 0
     for name in found:
+        # An engine whose helper has not started (a prefork worker before its first
+        # take-over) queues connections and answers nothing: no breach, nothing to attack.
+        if ask(name, request(1, 0), [proof])[0] is None:
+            silent += 1
+            print(f"local-attacker: {name} does not answer (no helper yet)", flush=True)
+            continue
         tokens = list(range(0, a.tokens // 2)) + [rnd.getrandbits(63) for _ in range(a.tokens // 2)]
         me = (os.getpid(), rnd.getrandbits(63))
         for t in tokens:
@@ -144,7 +151,7 @@ def main():
     for s in held:
         s.close()
     print(
-        f"local-attacker: names={len(found)} requests={requests} got_fds={got_fds} "
+        f"local-attacker: names={len(found)} silent={silent} requests={requests} got_fds={got_fds} "
         f"answers_not_refused={not_refused} flood_held={len(held)}",
         flush=True,
     )

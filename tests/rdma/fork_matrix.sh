@@ -65,7 +65,7 @@ declare -A EXPECT_QP_OWNER=(
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
     [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
     [nginx_accept_mutex]=child [nginx_epollexclusive]=child [nginx_reuseport]=child
-    [nginx_www_data]=child
+    [nginx_www_data]=child [apache_prefork]=child [gunicorn_user]=child [rsyncd]=child
     [postgres_pgbench]=child
 )
 SRV_ENV=  # extra environment (VAR=VALUE words) of a cell's server, set for one call
@@ -457,19 +457,12 @@ cell_ncat_sh_exec_plain() { ncat_cell "env -u LD_PRELOAD cat"; }
 
 # ---- 5. nginx: master + 2 workers ---------------------------------------------------------------
 
-# nginx_cell ACCEPT_MUTEX [LISTEN_OPTS]: 4 shimmed curls at once (rate-limited, so that they
-# overlap and the QP sampler sees them) and one plain curl (kernel TCP: peer_tcp expected).
-nginx_cell() {
-    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the nginx master); accept_mutex $1 ${2:-}"
-    need_cell nginx
-    nginx_conf "$CELL_DIR" "$A" "$PORT" "$@"
-    ln -sf "$DATA" www/data.bin
-    rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" nginx -p "$CELL_DIR" -c "$CELL_DIR/nginx.conf" -e "$CELL_DIR/nginx-error.log"
-    wait_dual srv
-    wait_until 30 test -s nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 nginx-error.log)"
-    local main i
-    main=$(cat nginx.pid)
+# http_round MAIN: 4 shimmed curls of /data.bin at once (rate-limited, so that they overlap
+# and the QP sampler sees them) and one plain curl (kernel TCP: peer_tcp expected) against
+# the HTTP server on $A:$PORT whose main process is MAIN; checks the bytes, the QPs' owners,
+# and the counters of both sides.
+http_round() {
+    local main=$1 i
     for i in 1 2 3 4; do
         bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -sS --fail --max-time 60 --limit-rate 2M \
             -o "$CELL_DIR/got$i.bin" -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
@@ -484,7 +477,7 @@ nginx_cell() {
     done
     bg_stop qps
     soft qp_check "$main" 1 1
-    bg_stop srv
+    HTTP_STOP
     [ ${#bad[@]} -eq 0 ] || fail "curl failed: ${bad[*]}"
     CLI_TX=0 CLI_RX=0
     local dl hdr req
@@ -495,10 +488,6 @@ nginx_cell() {
     done
     soft expect_same_file "$DATA" plain.bin "plain curl"
     read -r dl hdr req < plain.out || fail "no curl -w output (plain)"
-    echo "# requests per worker pid: $(awk '{ print $1 }' access.log | sort | uniq -c | paste -sd' ')"
-    local e
-    e=$(grep -E '\[(alert|crit|emerg|error)\]' nginx-error.log | head -n 3 | paste -sd'|')
-    [ -z "$e" ] || soft fail "nginx error log: $e"
     soft expect_stats "$CELL_DIR/cli" cli -D TX="$CLI_TX" -D RX="$CLI_RX" 'nproc==4' 'conns.rdma==4' 'conns.tcp==0' \
         'tx.rdma==TX' 'rx.rdma==RX' 'sockets==[]'
     # The plain curl is the one expected fallback: kernel TCP, reason peer_tcp, at the server.
@@ -509,11 +498,135 @@ nginx_cell() {
     soft rdma_end "$CLI_RX" 2
     expect_qps_released
 }
+
+# nginx_cell ACCEPT_MUTEX [LISTEN_OPTS]: nginx, master + 2 workers, with no `user` line (the
+# workers run as nobody) unless NGINX_USER says otherwise, through http_round.
+nginx_cell() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the nginx master); accept_mutex $1 ${2:-}; user ${NGINX_USER:-(none)}"
+    need_cell nginx
+    nginx_conf "$CELL_DIR" "$A" "$PORT" "$@"
+    ln -sf "$DATA" www/data.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" nginx -p "$CELL_DIR" -c "$CELL_DIR/nginx.conf" -e "$CELL_DIR/nginx-error.log"
+    wait_dual srv
+    wait_until 30 test -s nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 nginx-error.log)"
+    local main
+    main=$(cat nginx.pid)
+    echo "# worker users: $(ps -o user= --ppid "$main" | sort | uniq -c | paste -sd' ')"
+    HTTP_STOP() { bg_stop srv; }
+    http_round "$main"
+    echo "# requests per worker pid: $(awk '{ print $1 }' access.log | sort | uniq -c | paste -sd' ')"
+    local e
+    e=$(grep -E '\[(alert|crit|emerg|error)\]' nginx-error.log | head -n 3 | paste -sd'|')
+    [ -z "$e" ] || soft fail "nginx error log: $e"
+}
 cell_nginx_accept_mutex() { nginx_cell on; }
 cell_nginx_epollexclusive() { nginx_cell off; }
 cell_nginx_reuseport() { nginx_cell off reuseport; }
 # Debian's packaged nginx.conf names its user: www-data.
 cell_nginx_www_data() { NGINX_USER=www-data nginx_cell on; }
+
+# Apache httpd, prefork MPM, children as nobody (`User`), 2 children to start with.
+cell_apache_prefork() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the httpd parent); User nobody"
+    need_cell apache2
+    mkdir -p www && ln -sf "$DATA" www/data.bin
+    cat > httpd.conf <<CONF
+ServerRoot /etc/apache2
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+Listen $A:$PORT
+ServerName rsock-test
+User nobody
+Group nogroup
+PidFile $CELL_DIR/httpd.pid
+ErrorLog $CELL_DIR/httpd-error.log
+DocumentRoot $CELL_DIR/www
+Mutex file:$CELL_DIR default
+StartServers 2
+MinSpareServers 2
+MaxSpareServers 4
+<Directory $CELL_DIR/www>
+    Require all granted
+</Directory>
+CONF
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" apache2 -f "$CELL_DIR/httpd.conf" -DFOREGROUND
+    wait_dual srv
+    wait_until 30 test -s httpd.pid || fail "httpd wrote no pid file: $(tail -c 300 httpd-error.log)"
+    local main
+    main=$(cat httpd.pid)
+    echo "# child users: $(ps -o user= --ppid "$main" | sort | uniq -c | paste -sd' ')"
+    HTTP_STOP() { kill -TERM "$main" 2>/dev/null; bg_wait srv; }
+    http_round "$main"
+    local e
+    e=$(grep -E '\[[a-z_]*:(alert|crit|emerg|error)\]' httpd-error.log | head -n 3 | paste -sd'|')
+    [ -z "$e" ] || soft fail "httpd error log: $e"
+}
+
+# gunicorn, 3 sync workers that drop to nobody (`--user`), a WSGI app serving the file.
+cell_gunicorn_user() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the gunicorn arbiter); --user nobody"
+    need_cell gunicorn
+    cat > app.py <<PY
+DATA = open("$DATA", "rb").read()
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Length", str(len(DATA))), ("Content-Type", "application/octet-stream")])
+    return [DATA]
+PY
+    chmod 644 app.py
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" gunicorn --chdir "$CELL_DIR" --user nobody --group nogroup -w 3 \
+        -b "$A:$PORT" --pid "$CELL_DIR/gunicorn.pid" --worker-tmp-dir /dev/shm app:app
+    wait_dual srv
+    wait_until 30 test -s gunicorn.pid || fail "gunicorn wrote no pid file: $(tail -c 300 srv.err)"
+    local main
+    main=$(cat gunicorn.pid)
+    wait_until 60 test "$(ps -o pid= --ppid "$main" | wc -l)" -ge 3 || fail "gunicorn started no 3 workers"
+    echo "# worker users: $(ps -o user= --ppid "$main" | sort | uniq -c | paste -sd' ')"
+    HTTP_STOP() { kill -TERM "$main" 2>/dev/null; bg_wait srv; }
+    http_round "$main"
+}
+
+# rsync daemon as root with its defaults (uid nobody, gid nogroup, use chroot): it forks per
+# connection and the child chroots and drops root; 3 shimmed clients fetch the file.
+cell_rsyncd() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the daemon)"
+    need_cell rsync
+    mkdir -p mod && cp "$DATA" mod/data.bin && chmod 755 mod && chmod 644 mod/data.bin
+    cat > rsyncd.conf <<CONF
+pid file = $CELL_DIR/rsyncd.pid
+log file = $CELL_DIR/rsyncd.log
+[data]
+    path = $CELL_DIR/mod
+    read only = yes
+CONF
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" rsync --daemon --no-detach --config="$CELL_DIR/rsyncd.conf" \
+        --address="$A" --port="$PORT"
+    wait_dual srv
+    wait_until 30 test -s rsyncd.pid || fail "rsyncd wrote no pid file"
+    local main i
+    main=$(cat rsyncd.pid)
+    for i in 1 2 3; do
+        bg "cli$i" $T shimmed "$CELL_DIR/cli" rsync --bwlimit=2048 "rsync://$A:$PORT/data/data.bin" "$CELL_DIR/got$i.bin"
+    done
+    local bad=() rc
+    for i in 1 2 3; do
+        rc=0; bg_wait "cli$i" || rc=$?
+        [ $rc -eq 0 ] || bad+=("cli$i: status $rc $(tail -c 150 "cli$i.err" | paste -sd' ')")
+    done
+    bg_stop qps
+    soft qp_check "$main" 1 1
+    kill -TERM "$main" 2>/dev/null; bg_wait srv
+    [ ${#bad[@]} -eq 0 ] || fail "rsync failed: ${bad[*]}"
+    for i in 1 2 3; do soft expect_same_file "$DATA" "got$i.bin" "rsync $i"; done
+    soft expect_stats "$CELL_DIR/cli" cli -D S="$SIZE" 'conns.rdma==3' 'conns.tcp==0' 'rx.rdma>=3*S'
+    soft expect_stats "$CELL_DIR/srv" srv -D S="$SIZE" 'conns.rdma>=3' 'conns.tcp==0' 'tx.rdma>=3*S'
+    procs srv
+    soft rdma_end "$((3 * SIZE))" 2
+    expect_qps_released
+}
 
 # ---- 6. PostgreSQL + pgbench ---------------------------------------------------------------------
 
@@ -576,6 +689,7 @@ CELL_LIST=(
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
     ncat_sh_exec ncat_sh_exec_plain
     nginx_accept_mutex nginx_epollexclusive nginx_reuseport nginx_www_data
+    apache_prefork gunicorn_user rsyncd
     postgres_pgbench
 )
 

@@ -11,7 +11,8 @@
 #
 # Each cell asserts, for an attacker running as nobody and then as root without the fds:
 #   (a) the attacker got no fd and no answer but a refusal (its exit status);
-#   (b) the server's fd count stays within 4 of what it was before the flood, during and after;
+#   (b) the server's fd count grows by at most 8 during the flood (the connections of one
+#       uid that may wait for their request, src/engine/ipc) and is back after it;
 #   (c) fresh RDMA clients are served while the flood is held, each within SERVICE_S (the
 #       old helper blocked up to 1 s per idle connection: 67 of them took 14 s);
 #   (d) their bytes come back intact (sha256) and every connection is on RDMA at both ends.
@@ -69,8 +70,8 @@ attack() {
     [ "$rc" -eq 0 ] || soft fail "attacker ($as) exited $rc: $(grep -m3 BREACH "atk_$as.out" | paste -sd'|') $(tail -c 200 "atk_$as.err")"
     grep -q 'names=[1-9].* requests=[1-9]' "atk_$as.out" || soft fail "attacker ($as) found no engine to attack: $(tail -n1 "atk_$as.out")"
     grep -q 'flood_held=[1-9]' "atk_$as.out" || soft fail "attacker ($as) held no flood connection"
-    [ "$during" -le $((before + 4)) ] || soft fail "server fds grew from $before to $during under the flood ($as)"
-    [ "$after" -le $((before + 4)) ] || soft fail "server fds grew from $before to $after after the flood ($as)"
+    [ "$during" -le $((before + 8)) ] || soft fail "server fds grew from $before to $during under the flood ($as)"
+    [ "$after" -le $((before + 1)) ] || soft fail "server fds grew from $before to $after after the flood ($as)"
 }
 
 # timed NAME SECS CMD...: runs CMD in the foreground; fails the cell if it took longer than

@@ -13,6 +13,9 @@
 #   passed_node_cluster     Node.js cluster, round-robin (its default: the primary accepts
 #                           and sends each handle to a worker), 2 workers, 4 curl requests
 #                           without keep-alive.
+#   passed_systemd_activate `systemd-socket-activate` binds and listens (under the shim too),
+#                           then execs a server that finds its listener on fd 3: the new
+#                           image adopts it as a listener of its own on its first accept.
 # Each asserts: the bytes (sha256), every connection on RDMA at both ends (the shims'
 # counters; the servers' sides summed over their processes), the device's packets, and that
 # QPs were owned by the worker processes (`rdma resource show qp`, sampled).
@@ -107,8 +110,34 @@ cell_passed_node_cluster() {
     expect_qps_released
 }
 
+cell_passed_systemd_activate() {
+    command -v systemd-socket-activate > /dev/null || fail "systemd-socket-activate is missing (Debian's systemd package)"
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" systemd-socket-activate -l "$A:$PORT" \
+        python3 "$FK/activated_echo.py" 3 "$CELL_DIR/events.log"
+    # The kernel listener is there at once; the rdma_cm one once the server's first accept
+    # adopted fd 3: a client connects only then (before it, it would get kernel TCP).
+    wait_dual srv
+    local i
+    for i in 1 2 3; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 500
+    done
+    for i in 1 2 3; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_wait srv || soft fail "server: $(tail -c 300 srv.err | paste -sd' ')"
+    grep -q 'inherited listener .* adopted' srv.log || soft fail "the shim's log does not say fd 3 was adopted"
+    [ "$(grep -c "^served .* bytes=$SIZE" events.log)" -eq 3 ] ||
+        soft fail "the server did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma==3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    soft rdma_end "$((3 * SIZE))" 2
+    expect_qps_released
+}
+
 res_summary > "$T_WORK/res.start"
-for c in passed_acceptor_worker passed_node_cluster; do
+for c in passed_acceptor_worker passed_node_cluster passed_systemd_activate; do
     selected "$c" || continue
     run_cell "$c"
 done

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""A socket-activated echo server (systemd's protocol: the listener is fd 3, LISTEN_FDS=1,
+LISTEN_PID=our pid), as `systemd-socket-activate -l ADDR:PORT activated_echo.py N LOG`
+starts it. Serves N connections, each echoed until EOF on its own thread; LOG gets
+`serve pid=P conn=I` and `served pid=P conn=I bytes=B` lines."""
+import os
+import socket
+import sys
+import threading
+
+n, logpath = int(sys.argv[1]), sys.argv[2]
+if os.environ.get("LISTEN_FDS") != "1" or os.environ.get("LISTEN_PID") != str(os.getpid()):
+    sys.exit(f"not socket-activated: LISTEN_FDS={os.environ.get('LISTEN_FDS')} LISTEN_PID={os.environ.get('LISTEN_PID')}")
+lst = socket.socket(fileno=3)
+
+
+def log(line):
+    with open(logpath, "a") as f:
+        f.write(line + "\n")
+
+
+def echo(conn, i):
+    total = 0
+    with conn:
+        while True:
+            b = conn.recv(65536)
+            if not b:
+                break
+            conn.sendall(b)
+            total += len(b)
+        conn.shutdown(socket.SHUT_WR)
+    log(f"served pid={os.getpid()} conn={i} bytes={total}")
+
+
+threads = []
+for i in range(n):
+    c, _ = lst.accept()
+    log(f"serve pid={os.getpid()} conn={i}")
+    t = threading.Thread(target=echo, args=(c, i))
+    t.start()
+    threads.append(t)
+for t in threads:
+    t.join()
