@@ -27,6 +27,9 @@ pub enum Attachment {
     Listener(Arc<Listener>),
     /// A connection over RDMA that another process owns and relays to this one.
     Relayed(Arc<crate::engine::relay::Relayed>),
+    /// A stream another process owns, whose A this image got across `exec` on an fd of 3 or
+    /// more: taken over (or relayed) on first use (`api::inherit`).
+    Passed(Arc<crate::engine::ipc::Passed>),
 }
 
 /// Where a socket is in its life.
@@ -256,7 +259,7 @@ impl Socket {
     pub fn stream(&self) -> Option<Arc<Stream>> {
         match self.attachment()? {
             Attachment::Stream(s) => Some(s),
-            Attachment::Listener(_) | Attachment::Relayed(_) => None,
+            Attachment::Listener(_) | Attachment::Relayed(_) | Attachment::Passed(_) => None,
         }
     }
 

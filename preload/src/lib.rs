@@ -15,8 +15,11 @@ use rsock_core::api;
 
 /// Resolves every real libc function before `main`, so that no hook entered later (from a
 /// signal handler, say) has to call `dlsym`. Hooks that run earlier resolve on their own.
+/// Then registers the streams an exec passed to this image (`RSOCK_PASSED_FDS`): before
+/// `main`, since a plain `read` of an fd the shim does not know would see the bare doorbell.
 extern "C" fn resolve_real_functions() {
     rsock_core::sys::real::resolve_all();
+    api::passed_at_exec();
 }
 
 #[used]

@@ -31,9 +31,95 @@ use std::sync::Arc;
 pub(super) fn here(s: &Socket) -> Option<Attachment> {
     match s.attachment()? {
         Attachment::Stream(st) if !st.owner().is_me() => Some(take_or_adopt(s, &st)),
+        Attachment::Passed(p) => Some(use_passed(s, &p)),
         a => Some(a),
     }
 }
+
+/// First use of a stream this image got across `exec` ([`passed_at_exec`]): its owner says
+/// what it is, then it is taken over, or relayed, or — if the owner is gone or does not
+/// know it — a dead end, as a connection whose process vanished looks.
+fn use_passed(s: &Socket, p: &ipc::Passed) -> Attachment {
+    let _g = crate::guard::enter();
+    let fds = fdtable::fds_of(s);
+    let Some(&first) = fds.first() else {
+        return Attachment::Passed(Arc::new(*p));
+    };
+    let mut at = p.owner;
+    let described = ipc::call(&mut at, &Request::Describe { token: p.token }, first);
+    let (token, owner, sizes, ends) = match described {
+        Ok((
+            Reply::Described {
+                token,
+                owner,
+                sizes,
+                ends,
+            },
+            _,
+        )) => (token, owner, sizes, ends),
+        other => {
+            log::warn!(
+                "fd {first}: rdma stream passed at exec by pid {}: not described ({other:?}): dead",
+                p.owner.pid
+            );
+            if let Some(a) = dead_end() {
+                point_fds_at(s, &fds, a);
+                raw::close(a);
+            }
+            s.detach_quietly();
+            return Attachment::Passed(Arc::new(*p));
+        }
+    };
+    let stream = Reply::Stream {
+        token,
+        owner,
+        sizes,
+        ends,
+    };
+    let nonblock = fd_flags(first).0;
+    attach_rdma(first, &stream, ends, nonblock);
+    // attach_rdma made a fresh entry for `first`; the program's other fds of the socket, if
+    // any, now refer to the same file and follow it.
+    for &fd in &fds[1..] {
+        if let Some(n) = fdtable::get(first) {
+            super::share(&n, fd);
+        }
+    }
+    fdtable::get(first)
+        .and_then(|n| n.attachment())
+        .unwrap_or_else(|| Attachment::Passed(Arc::new(*p)))
+}
+
+/// Before `main` of an image that a process exec'd while it held RDMA streams another
+/// process owns on fds of 3 or more (named in `RSOCK_PASSED_FDS` by the exec hooks: systemd
+/// `Accept=yes` and inetd-style servers pass the connection on fd 3): each such fd that is
+/// still that stream's A is registered, to be taken over (or relayed) on first use — not
+/// before, since a program that only inherited it must not take it from the process that
+/// uses it. No thread, no device, no request: a getsockname per fd.
+pub fn passed_at_exec() {
+    let Some(list) = std::env::var_os(PASSED_FDS) else {
+        return;
+    };
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    };
+    if !super::init::enabled() {
+        return;
+    }
+    let list = list.to_string_lossy().into_owned();
+    for fd in list.split(',').filter_map(|f| f.parse::<c_int>().ok()) {
+        let named = unix::abstract_name(fd).and_then(|n| ipc::parse_stream_name(&n));
+        if let (Some((owner, token)), false) = (named, fdtable::owns(fd)) {
+            let passed = Arc::new(ipc::Passed { owner, token });
+            track(fd, |s| s.attach(Attachment::Passed(passed)));
+            log::debug!("fd {fd}: rdma stream of pid {} passed at exec", owner.pid);
+        }
+    }
+}
+
+/// The environment variable that names, for an exec'd image, the fds of streams passed to
+/// it ([`passed_at_exec`]).
+pub const PASSED_FDS: &str = "RSOCK_PASSED_FDS";
 
 /// The stream carrying `s` in this process, if it is one of this process's own.
 pub(super) fn stream(s: &Socket) -> Option<Arc<Stream>> {
@@ -519,11 +605,14 @@ fn to_kernel_listener(s: &Socket, l: &Arc<Listener>, for_exec: bool) {
 
 /// Before `exec`: owned fds that survive it must be usable by an image that knows nothing of
 /// the shim. Streams owned elsewhere on stdio are adopted (relayed); listeners become the
-/// kernel listener they wrap. A stream this very process owns cannot outlive its engine:
-/// it is left as it is (the limitation is logged).
-pub(super) fn before_exec() {
+/// kernel listener they wrap. Streams owned elsewhere on other fds are left as they are and
+/// returned: the new image, if it has the shim, takes them over on first use
+/// ([`passed_at_exec`]). A stream this very process owns cannot outlive its engine: it is
+/// left as it is (the limitation is logged).
+pub(super) fn before_exec() -> Vec<c_int> {
+    let mut passed = Vec::new();
     if fdtable::high_water() == 0 || raw::in_vfork_child() {
-        return; // nothing owned; or a vfork child, which must not change its parent's memory
+        return passed; // nothing owned; or a vfork child, which must not change its parent's memory
     }
     for fd in 0..fdtable::high_water() as c_int {
         if !fdtable::owns(fd) || fd_flags(fd).1 {
@@ -540,8 +629,10 @@ pub(super) fn before_exec() {
             Some(Attachment::Stream(st)) if fd <= 2 => {
                 adopt(&s, &st); // relayed: the new image needs no shim for it
             }
+            Some(Attachment::Stream(_) | Attachment::Passed(_)) => passed.push(fd),
             Some(Attachment::Listener(l)) => to_kernel_listener(&s, &l, true),
             _ => {}
         }
     }
+    passed
 }

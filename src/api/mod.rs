@@ -20,6 +20,7 @@ mod opts;
 
 pub use io::*;
 pub use opts::*;
+pub use inherit::passed_at_exec;
 
 use crate::config::Config;
 use crate::engine::{self, waits, Accepted, Listener};
@@ -628,24 +629,22 @@ pub unsafe fn exit_now(status: c_int) -> ! {
 }
 
 /// `execve` and the other exec calls a program makes: RDMA sockets that survive the exec are
-/// first turned into kernel sockets the new image can use without the shim.
+/// first turned into kernel sockets the new image can use without the shim, or named to it
+/// (`inherit::passed_at_exec`) in its environment.
 pub unsafe fn execve(
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    real::execve(path, argv, envp)
+    with_exec_env(envp, |e| real::execve(path, argv, e))
 }
 
 pub unsafe fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    before_exec();
-    real::execv(path, argv)
+    with_exec_env(environ_ptr(), |e| real::execve(path, argv, e))
 }
 
 pub unsafe fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    before_exec();
-    real::execvp(file, argv)
+    with_exec_env(environ_ptr(), |e| real::execvpe(file, argv, e))
 }
 
 pub unsafe fn execvpe(
@@ -653,8 +652,7 @@ pub unsafe fn execvpe(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    real::execvpe(file, argv, envp)
+    with_exec_env(envp, |e| real::execvpe(file, argv, e))
 }
 
 pub unsafe fn fexecve(
@@ -662,17 +660,48 @@ pub unsafe fn fexecve(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> c_int {
-    before_exec();
-    real::fexecve(fd, argv, envp)
+    with_exec_env(envp, |e| real::fexecve(fd, argv, e))
 }
 
-fn before_exec() {
+fn environ_ptr() -> *const *const libc::c_char {
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    // SAFETY: reading the C library's environment pointer.
+    unsafe { environ }
+}
+
+/// Prepares the sockets for the exec ([`inherit::before_exec`]) and calls `exec` with
+/// `envp`, plus `RSOCK_PASSED_FDS=...` when streams are passed on (replacing any it had).
+/// A vfork child, or a process that never owned a socket, execs with `envp` as it is.
+unsafe fn with_exec_env(
+    envp: *const *const libc::c_char,
+    exec: impl FnOnce(*const *const libc::c_char) -> c_int,
+) -> c_int {
     if fdtable::high_water() == 0 {
-        return; // the shim never owned an fd here
+        return exec(envp);
     }
-    if let Some(_g) = guard::enter() {
-        keep_errno(inherit::before_exec);
+    let passed = match guard::enter() {
+        Some(_g) => keep_errno(inherit::before_exec),
+        None => Vec::new(),
+    };
+    if passed.is_empty() || envp.is_null() {
+        return exec(envp);
     }
+    let list: Vec<String> = passed.iter().map(|fd| fd.to_string()).collect();
+    let ours = format!("{}={}\0", inherit::PASSED_FDS, list.join(","));
+    let prefix = format!("{}=", inherit::PASSED_FDS);
+    let mut env: Vec<*const libc::c_char> = Vec::new();
+    let mut p = envp;
+    while !(*p).is_null() {
+        if !std::ffi::CStr::from_ptr(*p).to_bytes().starts_with(prefix.as_bytes()) {
+            env.push(*p);
+        }
+        p = p.add(1);
+    }
+    env.push(ours.as_ptr().cast());
+    env.push(std::ptr::null());
+    exec(env.as_ptr()) // on failure `ours` and `env` are dropped here
 }
 
 /// The child's state is reset by the `pthread_atfork` handler registered at start-up, which

@@ -29,7 +29,12 @@ fn viewed(fd: c_int) -> Option<Attachment> {
     if !fdtable::owns(fd) {
         return None;
     }
-    fdtable::get(fd)?.attachment()
+    let s = fdtable::get(fd)?;
+    match s.attachment()? {
+        // Known only by its name: its facts come with its first use.
+        Attachment::Passed(_) => super::inherit::here(&s),
+        a => Some(a),
+    }
 }
 
 /// Where the options of an attached socket live.
@@ -38,6 +43,7 @@ fn opts_fd(a: &Attachment) -> c_int {
         Attachment::Stream(s) => s.opts_fd,
         Attachment::Listener(l) => l.tcp_fd,
         Attachment::Relayed(r) => r.opts_fd,
+        Attachment::Passed(_) => -1, // not used yet: `viewed` and `attached` resolve it
     }
 }
 
@@ -111,6 +117,7 @@ pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
         Some(Attachment::Listener(l)) => real::getsockname(l.tcp_fd, addr, len),
         Some(Attachment::Stream(s)) => put_addr(&s.local, addr, len),
         Some(Attachment::Relayed(r)) => put_addr(&r.local, addr, len),
+        Some(Attachment::Passed(_)) => real::getsockname(fd, addr, len),
     }
 }
 
@@ -168,6 +175,7 @@ pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
         Some(Attachment::Listener(l)) => real::getpeername(l.tcp_fd, addr, len),
         Some(Attachment::Stream(s)) => put_addr(&s.peer, addr, len),
         Some(Attachment::Relayed(r)) => put_addr(&r.peer, addr, len),
+        Some(Attachment::Passed(_)) => real::getpeername(fd, addr, len),
     }
 }
 
@@ -196,7 +204,7 @@ fn set_nonblocking(a: &Attachment, on: bool) {
     match a {
         Attachment::Stream(s) => s.set_nonblocking(on),
         Attachment::Listener(l) => l.set_nonblocking(on),
-        Attachment::Relayed(_) => {} // a file flag of the relay end itself
+        Attachment::Relayed(_) | Attachment::Passed(_) => {} // a file flag of the fd's own file
     }
 }
 
@@ -242,7 +250,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     match attached(fd) {
         None => real::shutdown(fd, how),
         Some(Attachment::Listener(l)) => real::shutdown(l.tcp_fd, how),
-        Some(Attachment::Relayed(_)) => real::shutdown(fd, how), // the owner relays the FIN
+        Some(Attachment::Relayed(_) | Attachment::Passed(_)) => real::shutdown(fd, how), // the owner relays the FIN
         Some(Attachment::Stream(s)) => {
             if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
                 set_errno(libc::EINVAL);

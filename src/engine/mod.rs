@@ -66,7 +66,9 @@ pub fn detach(a: crate::socket::Attachment) {
             }
             None => l.bell().release_app(),
         },
-        crate::socket::Attachment::Relayed(_) => {}
+        // The program's fd was the only copy here: closing it lets the owner see the last
+        // holder go.
+        crate::socket::Attachment::Relayed(_) | crate::socket::Attachment::Passed(_) => {}
     }
 }
 

@@ -84,6 +84,13 @@ pub fn parse_stream_name(name: &[u8]) -> Option<(Owner, u64)> {
     it.next().is_none().then_some((Owner { pid, nonce }, token))
 }
 
+/// A stream known only by its A's name ([`stream_name`]): whose it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Passed {
+    pub owner: Owner,
+    pub token: u64,
+}
+
 /// Why a call got no usable answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallError {
