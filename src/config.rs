@@ -240,6 +240,8 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_RDMA",
     "RSOCK_TAKEOVER",
     "RSOCK_CONFIG",
+    // Not a setting: the exec hooks name the streams they pass to the new image with it.
+    "RSOCK_PASSED_FDS",
 ];
 
 /// The rules file read when `RSOCK_CONFIG` is unset, if it exists.

@@ -16,6 +16,9 @@
 #   passed_systemd_activate `systemd-socket-activate` binds and listens (under the shim too),
 #                           then execs a server that finds its listener on fd 3: the new
 #                           image adopts it as a listener of its own on its first accept.
+#   passed_systemd_accept   `systemd-socket-activate --accept` (inetd style): it accepts, forks,
+#                           and the child execs the server with the connection on fd 3: the
+#                           new image takes it over on first use (RSOCK_PASSED_FDS).
 # Each asserts: the bytes (sha256), every connection on RDMA at both ends (the shims'
 # counters; the servers' sides summed over their processes), the device's packets, and that
 # QPs were owned by the worker processes (`rdma resource show qp`, sampled).
@@ -136,8 +139,38 @@ cell_passed_systemd_activate() {
     expect_qps_released
 }
 
+cell_passed_systemd_accept() {
+    command -v systemd-socket-activate > /dev/null || fail "systemd-socket-activate is missing (Debian's systemd package)"
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" systemd-socket-activate --accept -l "$A:$PORT" \
+        python3 "$FK/activated_echo.py" 1 "$CELL_DIR/events.log"
+    wait_dual srv
+    local i
+    for i in 1 2 3; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 1500
+    done
+    for i in 1 2 3; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_stop qps
+    local main servers
+    main=$(pgrep -P "$(bg_pid srv)" | head -n1)
+    servers=$(awk '/^served /{ sub("pid=", "", $2); print $2 }' events.log | sort -u | paste -sd' ')
+    echo "# activator $main; connections served by $servers; sampled QPs: servers $(qps_of $servers), activator $(qps_of "$main")"
+    [ "$(grep -c "^served .* bytes=$SIZE" events.log)" -eq 3 ] ||
+        soft fail "3 whole streams were not echoed: $(grep '^served' events.log | paste -sd'|')"
+    # shellcheck disable=SC2086 # a list of pids
+    [ "$(qps_of $servers)" -gt 0 ] || soft fail "no QP was ever a served process's: the streams were not taken over"
+    bg_stop srv
+    soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma>=3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    soft rdma_end "$((3 * SIZE))" 2
+    expect_qps_released
+}
+
 res_summary > "$T_WORK/res.start"
-for c in passed_acceptor_worker passed_node_cluster passed_systemd_activate; do
+for c in passed_acceptor_worker passed_node_cluster passed_systemd_activate passed_systemd_accept; do
     selected "$c" || continue
     run_cell "$c"
 done
