@@ -45,21 +45,11 @@ fn use_passed(s: &Socket, p: &ipc::Passed) -> Attachment {
     let Some(&first) = fds.first() else {
         return Attachment::Passed(Arc::new(*p));
     };
-    let mut at = p.owner;
-    let described = ipc::call(&mut at, &Request::Describe { token: p.token }, first);
-    let (token, owner, sizes, ends) = match described {
-        Ok((
-            Reply::Described {
-                token,
-                owner,
-                sizes,
-                ends,
-            },
-            _,
-        )) => (token, owner, sizes, ends),
-        other => {
+    let (stream, ends) = match describe(p.owner, p.token, first) {
+        Ok(x) => x,
+        Err(why) => {
             log::warn!(
-                "fd {first}: rdma stream passed at exec by pid {}: not described ({other:?}): dead",
+                "fd {first}: rdma stream passed at exec by pid {}: not described ({why}): dead",
                 p.owner.pid
             );
             if let Some(a) = dead_end() {
@@ -69,12 +59,6 @@ fn use_passed(s: &Socket, p: &ipc::Passed) -> Attachment {
             s.detach_quietly();
             return Attachment::Passed(Arc::new(*p));
         }
-    };
-    let stream = Reply::Stream {
-        token,
-        owner,
-        sizes,
-        ends,
     };
     let nonblock = fd_flags(first).0;
     attach_rdma(first, &stream, ends, nonblock);
@@ -500,6 +484,21 @@ fn received(fd: c_int) {
         log::info!("fd {fd}: received this process's own rdma stream {token:x}: left as is");
         return;
     }
+    match describe(owner, token, fd) {
+        Ok((stream, ends)) => {
+            log::debug!("fd {fd}: received rdma stream to {} from pid {}", ends.peer, owner.pid);
+            attach_rdma(fd, &stream, ends, fd_flags(fd).0);
+        }
+        Err(why) => log::warn!(
+            "fd {fd}: received an rdma stream of pid {}, which did not describe it ({why}): left as is",
+            owner.pid
+        ),
+    }
+}
+
+/// Asks `owner` what its stream `token` is, proving it with `fd` (the stream's A): the facts
+/// as the [`Reply::Stream`] a worker's accept would get, for [`attach_rdma`], and its ends.
+fn describe(owner: ipc::Owner, token: u64, fd: c_int) -> Result<(Reply, ipc::Ends), String> {
     let mut at = owner;
     match ipc::call(&mut at, &Request::Describe { token }, fd) {
         Ok((
@@ -517,13 +516,9 @@ fn received(fd: c_int) {
                 sizes,
                 ends,
             };
-            log::debug!("fd {fd}: received rdma stream to {} from pid {}", ends.peer, owner.pid);
-            attach_rdma(fd, &stream, ends, fd_flags(fd).0);
+            Ok((stream, ends))
         }
-        other => log::warn!(
-            "fd {fd}: received an rdma stream of pid {}, which did not describe it ({other:?}): left as is",
-            owner.pid
-        ),
+        other => Err(format!("{other:?}")),
     }
 }
 

@@ -18,9 +18,9 @@ mod inherit;
 mod io;
 mod opts;
 
+pub use inherit::passed_at_exec;
 pub use io::*;
 pub use opts::*;
-pub use inherit::passed_at_exec;
 
 use crate::config::Config;
 use crate::engine::{self, waits, Accepted, Listener};
@@ -694,7 +694,10 @@ unsafe fn with_exec_env(
     let mut env: Vec<*const libc::c_char> = Vec::new();
     let mut p = envp;
     while !(*p).is_null() {
-        if !std::ffi::CStr::from_ptr(*p).to_bytes().starts_with(prefix.as_bytes()) {
+        if !std::ffi::CStr::from_ptr(*p)
+            .to_bytes()
+            .starts_with(prefix.as_bytes())
+        {
             env.push(*p);
         }
         p = p.add(1);

@@ -271,28 +271,8 @@ fn recv_msg(fd: c_int, buf: &mut [u8], flags: c_int) -> io::Result<Got> {
     })
 }
 
-/// The address family and socket type of `fd`, if it is a socket.
-pub fn socket_kind(fd: c_int) -> Option<(c_int, c_int)> {
-    let get = |opt| {
-        let mut v: c_int = 0;
-        let mut len = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: a valid int out-buffer.
-        let r = unsafe {
-            real::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&mut v as *mut c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(v)
-    };
-    Some((get(libc::SO_DOMAIN)?, get(libc::SO_TYPE)?))
-}
-
-/// Whether the socket `fd` is listening (`SO_ACCEPTCONN`).
-pub fn is_listening(fd: c_int) -> bool {
+/// An int `SOL_SOCKET` option of `fd`, if it is a socket.
+fn socket_int(fd: c_int, opt: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as socklen_t;
     // SAFETY: a valid int out-buffer.
@@ -300,12 +280,25 @@ pub fn is_listening(fd: c_int) -> bool {
         real::getsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
+            opt,
             (&mut v as *mut c_int).cast(),
             &mut len,
         )
     };
-    r == 0 && v != 0
+    (r == 0).then_some(v)
+}
+
+/// The address family and socket type of `fd`, if it is a socket.
+pub fn socket_kind(fd: c_int) -> Option<(c_int, c_int)> {
+    Some((
+        socket_int(fd, libc::SO_DOMAIN)?,
+        socket_int(fd, libc::SO_TYPE)?,
+    ))
+}
+
+/// Whether the socket `fd` is listening (`SO_ACCEPTCONN`).
+pub fn is_listening(fd: c_int) -> bool {
+    socket_int(fd, libc::SO_ACCEPTCONN).is_some_and(|v| v != 0)
 }
 
 /// A file's (device, inode).
@@ -417,7 +410,7 @@ pub fn random_u64() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -487,7 +480,7 @@ mod tests {
     }
 
     /// How many fds of this process are the file `fd` is.
-    fn copies_of(fd: c_int) -> usize {
+    pub(crate) fn copies_of(fd: c_int) -> usize {
         let id = file_identity(fd);
         std::fs::read_dir("/proc/self/fd")
             .unwrap()

@@ -2,6 +2,7 @@
 //! callers, honest and not.
 
 use super::*;
+use crate::sys::unix::tests::copies_of;
 use crate::sys::unix::{file_identity, stream_pair};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -161,16 +162,6 @@ fn raw_request(owner: &Owner, bytes: &[u8], fds: &[c_int]) -> Option<Reply> {
         .and_then(|g| Reply::decode(&buf[..g.len]).ok());
     raw::close(c);
     r
-}
-
-/// How many fds of this process are the file `fd` is.
-fn copies_of(fd: c_int) -> usize {
-    let id = file_identity(fd);
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<c_int>().ok())
-        .filter(|&n| file_identity(n) == id)
-        .count()
 }
 
 #[test]
