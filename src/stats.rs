@@ -320,12 +320,11 @@ extern "C" fn remove_file_at_exit() {
 /// credentials: servers drop root right after fork (nginx's and Apache's workers, rsyncd,
 /// sshd's privilege separation), and then could not create it in the parent's directory.
 pub fn after_fork_child() {
-    let had = !REGION.load(Acquire).is_null();
     REGION.store(ptr::null_mut(), Release); // the old mapping stays; it is small and harmless
     FILE.store(ptr::null_mut(), Release);
     EPOCH.fetch_add(1, AcqRel);
     CREATE.store(0, Release);
-    if had && crate::fdtable::high_water() > 0 {
+    if Config::get().stats && crate::fdtable::high_water() > 0 {
         create();
     }
 }
