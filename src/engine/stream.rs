@@ -643,6 +643,15 @@ impl<P: Port> Stream<P> {
         while let Some(w) = inner.proto.poll_write() {
             if let Err(e) = rc.post(&w, &inner.send) {
                 log::warn!("rdma stream {}: post failed: {e}", self.peer);
+                if e.errno() == libc::EACCES {
+                    // Soft-RoCE and siw post through write() on the verbs fd, which the kernel
+                    // refuses to any credentials but the opener's: this process changed its
+                    // uid or gid after it took the connection over (rsyncd's children do).
+                    log::warn!(
+                        "rdma stream {}: this process's credentials changed since its RDMA engine started; its connections cannot send (README, Limitations)",
+                        self.peer
+                    );
+                }
                 // Sending is over; what has arrived is not: a transport failure fails writes
                 // but still returns the queued bytes (and end of stream) to reads — needed
                 // when the peer sent everything, exited, and our credit return found its QP
