@@ -1,40 +1,8 @@
 //! The control messages between processes (docs/DESIGN.md, "Processes"): one request, one
 //! reply, each a fixed-size `SOCK_SEQPACKET` message that may carry one fd. Typed on both
-//! sides; the bytes are this module's business only (golden bytes in the tests below).
-//!
-//! Every message starts with [`MAGIC`] and [`VERSION`]; little-endian integers; every byte
-//! not named below is zero, and a message with a non-zero reserved byte, an unknown kind, a
-//! wrong length or an out-of-range field is refused as a whole.
-//!
-//! Request ([`REQUEST_LEN`] = 40 bytes):
-//!
-//! | offset | size | field |
-//! |---|---|---|
-//! | 0 | 4 | magic `RSCK` |
-//! | 4 | 1 | version (1) |
-//! | 5 | 1 | op: 1 Relay, 2 Accept, 3 Take, 4 Export, 5 Describe |
-//! | 8 | 8 | token of the stream or listener in the owner's engine |
-//! | 16 | 8 | Take: the taker's rdma_cm port (1..=65535); Export: the resume point; else 0 |
-//! | 24 | 4 | the caller's engine: pid (0: none; Take and Export need one) |
-//! | 32 | 8 | the caller's engine: nonce |
-//!
-//! Reply ([`REPLY_LEN`] = 104 bytes):
-//!
-//! | offset | size | field |
-//! |---|---|---|
-//! | 0 | 4 | magic `RSCK` |
-//! | 4 | 1 | version (1) |
-//! | 5 | 1 | kind: 0 Failed, 1 Relay, 2 Tcp, 3 Doorbell, 4 State, 5 Stream, 6 Moved, 7 Described |
-//! | 8 | 4 | Failed: the errno (1..4095) |
-//! | 16 | 8 | Doorbell: the connection id; Stream, Described: the stream's token |
-//! | 24 | 8 | Doorbell, Stream, Described: ring size (high 32 bits), send buffer size (low 32) |
-//! | 32 | 4 | Stream, Described: the owner's pid; Moved: the new owner's pid (> 0) |
-//! | 40 | 8 | the same owner's nonce |
-//! | 48 | 28 | local address (raw sockaddr_in/in6, zero-padded; all zero: none) |
-//! | 76 | 28 | peer address (likewise) |
-//!
-//! Relay, Tcp, Doorbell, State and Stream carry exactly one fd; Failed, Moved and Described
-//! none.
+//! sides; the byte layout is docs/PROTOCOL.md §13 (golden bytes in the tests below). A
+//! message with a non-zero reserved byte, an unknown kind, a wrong length or an out-of-range
+//! field is refused as a whole, so whatever decodes re-encodes to the same bytes.
 
 use super::Owner;
 use crate::sys::sockaddr;
@@ -166,7 +134,7 @@ impl Request {
         zeros(b, &[6..8, 28..32])?;
         let token = u64_at(b, 8);
         let arg = u64_at(b, 16);
-        let caller = get_owner(&b[24..40]);
+        let caller = get_owner(&b[24..40])?;
         let needs = |o: Option<Owner>| o.ok_or(BadMsg::Field);
         let r = match op {
             1 if arg == 0 && caller.is_none() => Request::Relay { token },
@@ -270,7 +238,7 @@ impl Reply {
         zeros(b, &[6..8, 12..16, 36..40])?;
         let id = u64_at(b, 16);
         let sizes = u64_at(b, 24);
-        let owner = get_owner(&b[32..48]);
+        let owner = get_owner(&b[32..48])?;
         let local = get_addr(&b[48..76])?;
         let peer = get_addr(&b[76..104])?;
         let errno = i32::from_le_bytes([b[8], b[9], b[10], b[11]]);
@@ -405,12 +373,15 @@ fn put_owner(out: &mut [u8], o: Option<Owner>) {
     }
 }
 
-fn get_owner(b: &[u8]) -> Option<Owner> {
+/// An owner field: all zero is none; otherwise the pid must be a pid.
+fn get_owner(b: &[u8]) -> Result<Option<Owner>, BadMsg> {
     let pid = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    (pid > 0).then(|| Owner {
-        pid,
-        nonce: u64_at(b, 8),
-    })
+    let nonce = u64_at(b, 8);
+    match (pid, nonce) {
+        (0, 0) => Ok(None),
+        (p, _) if p > 0 => Ok(Some(Owner { pid, nonce })),
+        _ => Err(BadMsg::Field),
+    }
 }
 
 fn put_addr(out: &mut [u8], a: Option<&SocketAddr>) {
@@ -612,6 +583,50 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_byte_is_refused_or_another_canonical_message() {
+        let ends = Ends {
+            local: "10.0.0.1:80".parse().unwrap(),
+            peer: "[fe80::2]:81".parse().unwrap(),
+        };
+        let sizes = (65536u64 << 32) | 16384;
+        let replies = [
+            Reply::Failed(11).encode(),
+            Reply::Moved(TAKER).encode(),
+            Reply::Relay(ends).encode(),
+            Reply::Doorbell {
+                conn_id: 3,
+                sizes,
+                ends,
+            }
+            .encode(),
+            Reply::Stream {
+                token: 4,
+                owner: TAKER,
+                sizes,
+                ends,
+            }
+            .encode(),
+        ];
+        let mut decoded = 0;
+        for msg in replies {
+            for i in 0..REPLY_LEN {
+                for v in [0u8, 1, 0x7f, 0xff] {
+                    let mut b = msg;
+                    b[i] = v;
+                    if let Ok(r) = Reply::decode(&b) {
+                        assert_eq!(r.encode(), b, "byte {i} = {v:#x}");
+                        decoded += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            decoded > 500,
+            "the property was exercised ({decoded} decodes)"
+        );
+    }
+
+    #[test]
     fn any_bytes_decode_or_are_refused_without_panicking() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..20_000 {
@@ -625,8 +640,13 @@ mod tests {
             b[0..4].copy_from_slice(&MAGIC);
             b[4] = VERSION;
             b[5] %= 8;
-            let _ = Reply::decode(&b);
-            let _ = Request::decode(&b[..REQUEST_LEN]);
+            // Whatever decodes is canonical: it re-encodes to the very same bytes.
+            if let Ok(r) = Reply::decode(&b) {
+                assert_eq!(r.encode(), b);
+            }
+            if let Ok(r) = Request::decode(&b[..REQUEST_LEN]) {
+                assert_eq!(r.encode()[..], b[..REQUEST_LEN]);
+            }
         }
     }
 }
