@@ -222,6 +222,60 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     relayed
 }
 
+/// Before a credential change (`api::creds`): the stream `st`, which this process took over
+/// from `from`, goes back there, and comes back to this process's fds as a relay end
+/// (`Request::Reclaim`). If `from` cannot take it, it stays, and breaks with the change.
+pub(super) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner) {
+    let fds = fdtable::fds_of(s);
+    let Some(&first) = fds.first() else { return };
+    let (nonblock, _) = fd_flags(first);
+    let req = Request::Reclaim {
+        token: st.token,
+        taker: st.owner(),
+    };
+    let mut at = from;
+    match ipc::call(&mut at, &req, first) {
+        Ok((Reply::Relay(_), Some(a))) => {
+            set_nonblock(a, nonblock);
+            point_fds_at(s, &fds, a);
+            raw::close(a);
+            s.attach(Attachment::Relayed(Arc::new(Relayed {
+                local: st.local,
+                peer: st.peer,
+                opts_fd: dup_hidden(st.opts_fd),
+            })));
+            log::info!(
+                "fd {first}: rdma stream to {}: given back to pid {} before a credential change (relayed)",
+                st.peer,
+                from.pid
+            );
+        }
+        other => {
+            if let Ok((_, Some(fd))) = other {
+                raw::close(fd);
+            }
+            log::warn!(
+                "fd {first}: rdma stream to {}: pid {} did not take it back ({:?}): it breaks with the credential change",
+                st.peer,
+                from.pid,
+                other.map(|r| r.0)
+            );
+        }
+    }
+}
+
+/// Before a credential change: the dual listener `l` keeps only its kernel side (its
+/// rdma_cm side could not be driven afterwards); connections already queued for it are
+/// refused.
+pub(super) fn to_kernel_only(s: &Socket, l: &Arc<Listener>, engine: &crate::engine::Engine) {
+    to_kernel_listener(s, l, false);
+    l.close(engine);
+    log::info!(
+        "listener {}: kernel TCP only from now on (credential change)",
+        l.token
+    );
+}
+
 /// One end of a pair whose other end is already closed: reads see end of stream, writes
 /// EPIPE — what a dead connection looks like.
 fn dead_end() -> Option<c_int> {
@@ -289,7 +343,7 @@ pub(super) unsafe fn accept(
     if crate::config::Config::get().takeover {
         // With an engine here, an RDMA connection is handed over rather than relayed.
         let _g = crate::guard::enter();
-        taker = crate::engine::get().map(|e| e.owner);
+        taker = crate::engine::for_new().map(|e| e.owner);
     }
     let req = Request::Accept {
         token: l.token,

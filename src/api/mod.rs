@@ -14,10 +14,12 @@
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
+mod creds;
 mod inherit;
 mod io;
 mod opts;
 
+pub use creds::*;
 pub use inherit::passed_at_exec;
 pub use io::*;
 pub use opts::*;
@@ -144,7 +146,7 @@ fn connect_rdma(
     {
         return Err(Fallback::Unsupported);
     }
-    let engine = engine::get().ok_or_else(no_engine_reason)?;
+    let engine = engine::for_new().ok_or_else(no_engine_reason)?;
     let now = Instant::now();
     if engine.negcache.contains(&dest, now) {
         return Err(Fallback::NegativeCache);
@@ -338,7 +340,7 @@ fn rdma_listen(
     fd: c_int,
     backlog: c_int,
 ) -> Option<(&'static engine::Engine, SocketAddr, engine::RdmaListen)> {
-    let engine = engine::get()?;
+    let engine = engine::for_new()?;
     let mut a = [0u8; 28];
     let mut alen = a.len() as socklen_t;
     // SAFETY: valid buffer of alen bytes.

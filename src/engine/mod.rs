@@ -238,6 +238,9 @@ pub struct Engine {
     pub owner: ipc::Owner,
     /// Where other processes' requests arrive (none if it could not listen).
     ipc: Option<ipc::Server>,
+    /// Set when the process changed its credentials: the kernel refuses this engine's
+    /// writes to the verbs and rdma_cm files from then on, so it makes nothing new.
+    stale: AtomicBool,
     cfg: &'static Config,
     /// Events of every connected (or accepting) id.
     ch: Arc<EventChannel>,
@@ -410,6 +413,20 @@ pub fn get() -> Option<&'static Engine> {
         return None;
     }
     make_engine(me)
+}
+
+/// This process's engine for a new connection, listener or take-over: none once the process
+/// changed its credentials ([`Engine::retire_for_new_credentials`]), as the kernel then
+/// refuses the engine's writes (new connections take kernel TCP, counted
+/// `rdma_unavailable`).
+pub fn for_new() -> Option<&'static Engine> {
+    get().filter(|e| !e.stale.load(Acquire))
+}
+
+/// This process's engine if it has made one (never makes one).
+pub fn existing() -> Option<&'static Engine> {
+    // SAFETY: engines are leaked, never freed: a non-null pointer stays valid.
+    unsafe { ENGINE.load(Acquire).as_ref() }.filter(|e| e.pid == crate::sys::raw::pid())
 }
 
 /// The current process's engine (null before one is made, or its parent's in a fork child).
@@ -601,6 +618,7 @@ impl Engine {
             pid,
             owner,
             ipc,
+            stale: AtomicBool::new(false),
             cfg: Config::get(),
             ch,
             streams_by_qp: Mutex::new(QpMap::default()),
@@ -998,6 +1016,12 @@ impl Engine {
         }
     }
 
+    /// The process is about to change its credentials: the engine makes nothing new from now
+    /// on (see [`for_new`]).
+    pub fn retire_for_new_credentials(&self) {
+        self.stale.store(true, Release);
+    }
+
     /// Helper: the ipc socket is readable (see `ipc`).
     fn serve_requests(&'static self) {
         if let Some(server) = &self.ipc {
@@ -1068,6 +1092,7 @@ impl Engine {
                 Some(s) => self.answer_export(&s, resume_at, taker),
                 None => self.not_here(token, proof),
             },
+            ipc::Request::Reclaim { taker, .. } => self.answer_reclaim(token, taker, proof),
             ipc::Request::Accept { taker, .. } => {
                 let l = lock(&self.listeners)
                     .get(&token)

@@ -85,6 +85,9 @@ pub struct Stream<P: Port = Dev> {
     /// that a fork child reads its copy without a lock).
     owner_pid: AtomicI32,
     owner_nonce: AtomicU64,
+    /// The process this one took the stream over from, if it did: the one to give it back to
+    /// before a credential change (`Request::Reclaim`).
+    pub taken_from: std::sync::OnceLock<Owner>,
     /// The owner's program holds no fd of it any more (or never did: relayed from its
     /// accept queue). The stream lives on while another process holds one.
     pub(super) app_gone: AtomicBool,
@@ -266,6 +269,7 @@ impl<P: Port> Stream<P> {
             timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
             owner_pid: AtomicI32::new(owner.pid),
             owner_nonce: AtomicU64::new(owner.nonce),
+            taken_from: std::sync::OnceLock::new(),
             app_gone: AtomicBool::new(false),
             calls: AtomicU32::new(0),
             timed: AtomicBool::new(false),

@@ -66,6 +66,10 @@ impl Moved {
         self.by_token.insert(token, Gone { to, identity, at });
     }
 
+    fn forget(&mut self, token: u64) {
+        self.by_token.remove(&token);
+    }
+
     fn get(&self, token: u64, proof: c_int) -> Option<ipc::Owner> {
         let g = self.by_token.get(&token)?;
         (g.identity.is_some() && unix::file_identity(proof) == g.identity).then_some(g.to)
@@ -122,7 +126,8 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     if !crate::config::Config::get().takeover {
         return Err(TakeError::Refused("RSOCK_TAKEOVER=0".into()));
     }
-    let engine = super::get().ok_or_else(|| TakeError::Refused("no RDMA engine here".into()))?;
+    let engine =
+        super::for_new().ok_or_else(|| TakeError::Refused("no RDMA engine here".into()))?;
     if lock(&engine.streams_by_token).contains_key(&st.token) {
         return Err(TakeError::Refused("token in use here".into()));
     }
@@ -244,6 +249,8 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     };
     let s = Stream::new(parts, d, engine.spin_max(), engine.owner)
         .map_err(|e| TakeError::Lost(format!("stream: {e}")))?;
+    let _ = s.taken_from.set(owner);
+    lock(&engine.moved).forget(st.token); // it came back, if it had been ours
     engine.register(&s);
     drop(held);
     engine.ensure_helper();
@@ -430,6 +437,74 @@ impl Engine {
             ends: s.ends(),
         };
         (r, Some(a))
+    }
+
+    /// Old owner, helper thread: [`Request::Reclaim`] — the process this one handed stream
+    /// `token` to (`taker`, holding its A as `proof`) is about to change its credentials,
+    /// after which the kernel refuses its writes to the verbs and rdma_cm files: this process
+    /// takes the stream back (the same hand-over, the other way) and relays it to the taker.
+    pub(super) fn answer_reclaim(
+        &'static self,
+        token: u64,
+        taker: ipc::Owner,
+        proof: c_int,
+    ) -> (Reply, Option<c_int>) {
+        if lock(&self.moved).get(token, proof) != Some(taker) {
+            return (Reply::Failed(libc::ENOENT), None);
+        }
+        let mut at = taker;
+        let facts = match ipc::call(&mut at, &Request::Describe { token }, proof) {
+            Ok((Reply::Described { sizes, ends, .. }, _)) if at == taker => {
+                (BufSizes::unpack(sizes), ends)
+            }
+            other => {
+                log::warn!(
+                    "reclaim of stream {token:x} from pid {}: {other:?}",
+                    taker.pid
+                );
+                return (Reply::Failed(libc::ESRCH), None);
+            }
+        };
+        let (sizes, ends) = facts;
+        let family = if ends.peer.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: a plain socket(2) for the stream's options.
+        let opts_fd = raw::hide(unsafe {
+            crate::sys::real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
+        });
+        let mut st = Inherited {
+            token,
+            owner: taker,
+            local: ends.local,
+            peer: ends.peer,
+            ring_size: sizes.ring,
+            send_size: sizes.send,
+            opts_fd,
+        };
+        let taken = take_over(&mut st, proof);
+        raw::close(opts_fd); // the stream has its own copy
+        match taken {
+            Ok(s) => {
+                // No program here holds it: only the relay does, and its holders' last close
+                // ends it.
+                s.app_gone.store(true, std::sync::atomic::Ordering::Release);
+                s.release_app();
+                let r = self.relay(&s);
+                if r.1.is_none() {
+                    self.close_unheld(&s);
+                } else {
+                    self.settle_holders(&s);
+                }
+                r
+            }
+            Err(e) => {
+                log::warn!("reclaim of stream {token:x} from pid {}: {e:?}", taker.pid);
+                (Reply::Failed(libc::EAGAIN), None)
+            }
+        }
     }
 
     /// Helper: a stream whose taker never asked for the state (it failed after MIGRATE went

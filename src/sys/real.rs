@@ -145,6 +145,16 @@ macro_rules! with_hooked_functions {
             fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
             fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
             fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+            fn setuid(uid: libc::uid_t) -> c_int;
+            fn setgid(gid: libc::gid_t) -> c_int;
+            fn seteuid(uid: libc::uid_t) -> c_int;
+            fn setegid(gid: libc::gid_t) -> c_int;
+            fn setreuid(r: libc::uid_t, e: libc::uid_t) -> c_int;
+            fn setregid(r: libc::gid_t, e: libc::gid_t) -> c_int;
+            fn setresuid(r: libc::uid_t, e: libc::uid_t, s: libc::uid_t) -> c_int;
+            fn setresgid(r: libc::gid_t, e: libc::gid_t, s: libc::gid_t) -> c_int;
+            fn setgroups(n: size_t, list: *const libc::gid_t) -> c_int;
+            fn initgroups(user: *const libc::c_char, group: libc::gid_t) -> c_int;
         }
     };
 }

@@ -13,12 +13,14 @@
 #   passed_node_cluster     Node.js cluster, round-robin (its default: the primary accepts
 #                           and sends each handle to a worker), 2 workers, 4 curl requests
 #                           without keep-alive.
-#   passed_systemd_activate `systemd-socket-activate` binds and listens (under the shim too),
-#                           then execs a server that finds its listener on fd 3: the new
-#                           image adopts it as a listener of its own on its first accept.
-#   passed_systemd_accept   `systemd-socket-activate --accept` (inetd style): it accepts, forks,
-#                           and the child execs the server with the connection on fd 3: the
-#                           new image takes it over on first use (RSOCK_PASSED_FDS).
+#   passed_systemd_activate `systemd-socket-activate` (standing for systemd, without the shim)
+#                           listens and, on the first connection, execs a server that finds
+#                           its listener on fd 3: the server adopts it as a dual listener of
+#                           its own on its first accept; later clients use RDMA.
+#   passed_systemd_accept   `systemd-socket-activate --accept` (inetd style) under the shim: it
+#                           accepts, forks, and the child execs the server with the connection
+#                           on fd 3: the new image takes it over on first use
+#                           (RSOCK_PASSED_FDS).
 # Each asserts: the bytes (sha256), every connection on RDMA at both ends (the shims'
 # counters; the servers' sides summed over their processes), the device's packets, and that
 # QPs were owned by the worker processes (`rdma resource show qp`, sampled).
@@ -113,28 +115,42 @@ cell_passed_node_cluster() {
     expect_qps_released
 }
 
+# The shim's environment for a program systemd-socket-activate starts: it passes on only
+# what -E names (as systemd passes a unit's Environment=).
+shim_env_args() {
+    local dir=$1
+    echo "-E LD_PRELOAD=$T_SO -E RSOCK_STATS_DIR=$dir -E RSOCK_STATS_KEEP=1 -E RSOCK_CONNECT_TIMEOUT_MS=$CTO" \
+        "-E RSOCK_LOG=$dir.log -E RSOCK_LOG_LEVEL=${SHIM_LOG_LEVEL:-info}"
+}
+
 cell_passed_systemd_activate() {
     command -v systemd-socket-activate > /dev/null || fail "systemd-socket-activate is missing (Debian's systemd package)"
     rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" systemd-socket-activate -l "$A:$PORT" \
-        python3 "$FK/activated_echo.py" 3 "$CELL_DIR/events.log"
-    # The kernel listener is there at once; the rdma_cm one once the server's first accept
-    # adopted fd 3: a client connects only then (before it, it would get kernel TCP).
-    wait_dual srv
+    # The activator stands for systemd itself, which no shim is loaded into: it makes a plain
+    # kernel listener and starts the service on the first connection.
+    # shellcheck disable=SC2046 # shim_env_args prints words
+    bg srv $T systemd-socket-activate -l "$A:$PORT" $(shim_env_args "$CELL_DIR/srv") \
+        python3 "$FK/activated_echo.py" 4 "$CELL_DIR/events.log"
+    wait_listen "$PORT" 60 srv || fail "the activator did not listen"
+    # The first connection starts the service (kernel TCP: nothing listens on rdma_cm yet).
+    bg first $T python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/first" 0
+    wait_rdma_listen "$PORT" 60 || fail "the activated server did not adopt its listener for RDMA: $(tail -c 300 srv.log 2>/dev/null | paste -sd' ')"
     local i
     for i in 1 2 3; do
         bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 500
     done
+    bg_wait first || soft fail "first client: $(tail -c 300 first.err | paste -sd' ')"
+    soft expect_same_file "$DATA" first "first client"
     for i in 1 2 3; do
         bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
         soft expect_same_file "$DATA" "got$i" "client $i"
     done
     bg_wait srv || soft fail "server: $(tail -c 300 srv.err | paste -sd' ')"
     grep -q 'inherited listener .* adopted' srv.log || soft fail "the shim's log does not say fd 3 was adopted"
-    [ "$(grep -c "^served .* bytes=$SIZE" events.log)" -eq 3 ] ||
-        soft fail "the server did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    [ "$(grep -c "^served .* bytes=$SIZE" events.log)" -eq 4 ] ||
+        soft fail "the server did not echo 4 whole streams: $(grep '^served' events.log | paste -sd'|')"
     soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
-    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma==3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma==3' 'conns.tcp==1' 'rx.rdma==B' 'tx.rdma==B'
     soft rdma_end "$((3 * SIZE))" 2
     expect_qps_released
 }
@@ -142,7 +158,8 @@ cell_passed_systemd_activate() {
 cell_passed_systemd_accept() {
     command -v systemd-socket-activate > /dev/null || fail "systemd-socket-activate is missing (Debian's systemd package)"
     rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" systemd-socket-activate --accept -l "$A:$PORT" \
+    # shellcheck disable=SC2046 # shim_env_args prints words
+    bg srv $T shimmed "$CELL_DIR/srv" systemd-socket-activate --accept -l "$A:$PORT" $(shim_env_args "$CELL_DIR/srv") \
         python3 "$FK/activated_echo.py" 1 "$CELL_DIR/events.log"
     wait_dual srv
     local i

@@ -41,6 +41,10 @@ pub enum Request {
     /// The stream's facts, for a process that received its A with `SCM_RIGHTS`; reply
     /// [`Reply::Described`].
     Describe { token: u64 },
+    /// "Take back the stream you handed to me, `taker`, and relay it to me": the caller is
+    /// about to change its credentials, after which it could not drive the queue pair;
+    /// reply [`Reply::Relay`].
+    Reclaim { token: u64, taker: Owner },
 }
 
 /// The connection a reply describes.
@@ -107,7 +111,8 @@ impl Request {
             | Request::Accept { token, .. }
             | Request::Take { token, .. }
             | Request::Export { token, .. }
-            | Request::Describe { token } => token,
+            | Request::Describe { token }
+            | Request::Reclaim { token, .. } => token,
         }
     }
 
@@ -121,6 +126,7 @@ impl Request {
                 resume_at, taker, ..
             } => (4, resume_at, Some(taker)),
             Request::Describe { .. } => (5, 0, None),
+            Request::Reclaim { taker, .. } => (6, 0, Some(taker)),
         };
         header(&mut b, op);
         b[8..16].copy_from_slice(&self.token().to_le_bytes());
@@ -151,12 +157,16 @@ impl Request {
                     .ok_or(BadMsg::Field)?,
                 taker: needs(caller)?,
             },
+            6 if arg == 0 => Request::Reclaim {
+                token,
+                taker: needs(caller)?,
+            },
             4 => Request::Export {
                 token,
                 resume_at: arg,
                 taker: needs(caller)?,
             },
-            1 | 2 | 5 => return Err(BadMsg::Field),
+            1 | 2 | 5 | 6 => return Err(BadMsg::Field),
             _ => return Err(BadMsg::Kind),
         };
         Ok(r)
@@ -495,6 +505,10 @@ mod tests {
                 taker: TAKER,
             },
             Request::Describe { token: 8 },
+            Request::Reclaim {
+                token: 9,
+                taker: TAKER,
+            },
         ] {
             assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
