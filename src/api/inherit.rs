@@ -447,14 +447,7 @@ unsafe fn install_accepted(
 fn attach_rdma(nfd: c_int, r: &Reply, ends: ipc::Ends, nonblock: bool) {
     let _g = crate::guard::enter();
     let ipc::Ends { local, peer } = ends;
-    let family = if peer.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: a plain socket(2) for the stream's options.
-    let opts_fd =
-        raw::hide(unsafe { real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) });
+    let opts_fd = crate::engine::opts_socket(&peer);
     let attachment = match *r {
         Reply::Stream {
             token,

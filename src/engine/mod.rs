@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 pub use listener::{Accepted, Listener, RdmaListen};
-pub use setup::BufSizes;
+pub use setup::{opts_socket, BufSizes};
 pub use stream::Stream;
 pub use takeover::{take_over, Inherited, TakeError};
 

@@ -198,7 +198,7 @@ pub(super) fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RE
 
 /// An unconnected kernel TCP socket of `peer`'s family (an AF_INET6 one for a mapped
 /// peer, as the listener's): holds the program's socket options.
-fn opts_socket(peer: &SocketAddr) -> libc::c_int {
+pub fn opts_socket(peer: &SocketAddr) -> libc::c_int {
     let family = if peer.is_ipv4() {
         libc::AF_INET
     } else {

@@ -466,15 +466,7 @@ impl Engine {
             }
         };
         let (sizes, ends) = facts;
-        let family = if ends.peer.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        };
-        // SAFETY: a plain socket(2) for the stream's options.
-        let opts_fd = raw::hide(unsafe {
-            crate::sys::real::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
-        });
+        let opts_fd = setup::opts_socket(&ends.peer);
         let mut st = Inherited {
             token,
             owner: taker,

@@ -43,6 +43,7 @@ wait_until 10 grep -qi '^fd77:' /sys/class/infiniband/rxe0/ports/1/gids/* ||
     echo "# warning: rxe0 lists no GID for $A6"
 echo "# data: ${MB} MiB per connection, active_mtu $MTU, work dir $T_WORK;" \
     "rxe0 GIDs: $(cat /sys/class/infiniband/rxe0/ports/1/gids/[0-3] | paste -sd' ')"
+chmod 755 "$T_WORK"  # nginx's workers (nobody) read the data through it
 DATA=$T_WORK/data.bin
 make_random "$DATA" "$MB"
 SIZE=$(stat -c %s "$DATA")
@@ -203,8 +204,8 @@ cell_java() {
 # ---- (d) nginx listen [::]:PORT ipv6only=off ----------------------------------------------------
 
 # Two shimmed curls on IPv4, one on the mapped address, one plain curl (kernel TCP, the
-# expected peer_tcp). nginx runs with `user root` (servers.sh): the default user is another
-# engineer's case.
+# expected peer_tcp). nginx runs with no `user` line (servers.sh): its workers, as nobody,
+# take the connections over.
 cell_nginx_dualstack() {
     nginx_conf "$CELL_DIR" "[::]" "$PORT" off "ipv6only=off"
     ln -sf "$DATA" www/data.bin

@@ -3,8 +3,8 @@
 
 usage: client.py FAMILY HOST PORT INFILE OUTFILE REPORT
   FAMILY  4 (AF_INET) or 6 (AF_INET6; HOST may be ::ffff:a.b.c.d)
-Sends INFILE (while reading the echo into OUTFILE), then shuts down its side and reads to
-EOF. Writes its raw getsockname/getpeername to REPORT as JSON. A refused connection exits 3
+Holds the connection open for a second (so that the test's QP sampler sees it), then sends
+INFILE (while reading the echo into OUTFILE), shuts down its side and reads to EOF. Writes its raw getsockname/getpeername to REPORT as JSON. A refused connection exits 3
 with "refused" on stderr.
 """
 
@@ -12,6 +12,7 @@ import json
 import socket
 import sys
 import threading
+import time
 
 from names import names
 
@@ -23,6 +24,7 @@ except ConnectionRefusedError:
     print("refused", file=sys.stderr)
     sys.exit(3)
 rec = names(s)
+time.sleep(1)
 failed = []
 
 
