@@ -3,7 +3,8 @@
 # Soft-RoCE test bed (a separate script: bench/rdma/run.sh and guest.sh are unchanged):
 #
 #   pgbench   PostgreSQL + `pgbench -c 4 -j 2 -T 20` (select-write TPC-B), tps; ratio rsock/tcp
-#   wrk       nginx, master + 2 workers, `wrk -t 2 -c 8 -d 10s` on a 4 KiB file, req/s; ratio
+#   wrk       nginx, master + 2 workers (no `user` line: as nobody), `wrk -t 2 -c 8 -d 10s` on a
+#             4 KiB file, req/s; ratio
 #   handover  fork after accept: per connection, connect + send 1 byte + the answer from the
 #             forked child (examples/fork_echo) against the same without fork (--mode nofork):
 #             median µs of examples/fork_client --op ping; the fork's cost = difference
@@ -31,7 +32,7 @@ while (($#)); do
     --smoke) SMOKE=1 ;;
     --out) OUT=${2:?}; shift ;;
     --no-build) BUILD=0 ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "usage: $0 [--smoke] [--out DIR] [--no-build]" >&2; exit 2 ;;
   esac
   shift

@@ -1126,19 +1126,24 @@ impl Engine {
                 if taker.is_some() && self.cfg.takeover {
                     return self.hand_to_worker(&s);
                 }
-                s.release_app();
-                let r = self.relay(&s);
-                if r.1.is_none() {
-                    self.close_unheld(&s);
-                } else {
-                    // Only the relay holds it: its holders' last close ends it, which the
-                    // helper rechecks (the end of stream may be read by a completion,
-                    // raising no event on the relay end).
-                    self.settle_holders(&s);
-                }
-                r
+                self.relay_only(&s)
             }
         }
+    }
+
+    /// Relays `s`, which no program of this process holds (`app_gone` set), to the caller:
+    /// the relay is then its only holder, whose last close ends it — which the helper
+    /// rechecks (the end of stream may be read by a completion, raising no event on the
+    /// relay end). No relay: it ends now.
+    fn relay_only(&'static self, s: &Arc<Stream>) -> (ipc::Reply, Option<c_int>) {
+        s.release_app();
+        let r = self.relay(s);
+        if r.1.is_none() {
+            self.close_unheld(s);
+        } else {
+            self.settle_holders(s);
+        }
+        r
     }
 
     /// Starts a relay of `s` and the reply that hands its A over.

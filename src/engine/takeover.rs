@@ -480,17 +480,9 @@ impl Engine {
         raw::close(opts_fd); // the stream has its own copy
         match taken {
             Ok(s) => {
-                // No program here holds it: only the relay does, and its holders' last close
-                // ends it.
+                // No program here holds it: only the relay does.
                 s.app_gone.store(true, std::sync::atomic::Ordering::Release);
-                s.release_app();
-                let r = self.relay(&s);
-                if r.1.is_none() {
-                    self.close_unheld(&s);
-                } else {
-                    self.settle_holders(&s);
-                }
-                r
+                self.relay_only(&s)
             }
             Err(e) => {
                 log::warn!("reclaim of stream {token:x} from pid {}: {e:?}", taker.pid);
