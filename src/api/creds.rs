@@ -74,7 +74,8 @@ fn before_change() {
                 _ => {}
             }
         }
-        e.retire_for_new_credentials();
-        log::info!("credentials change: new connections of this process use kernel TCP");
+        if e.retire_for_new_credentials() {
+            log::info!("credentials change: new connections of this process use kernel TCP");
+        }
     });
 }

@@ -1017,9 +1017,9 @@ impl Engine {
     }
 
     /// The process is about to change its credentials: the engine makes nothing new from now
-    /// on (see [`for_new`]).
-    pub fn retire_for_new_credentials(&self) {
-        self.stale.store(true, Release);
+    /// on (see [`for_new`]). False if it had been retired already.
+    pub fn retire_for_new_credentials(&self) -> bool {
+        !self.stale.swap(true, AcqRel)
     }
 
     /// Helper: the ipc socket is readable (see `ipc`).
