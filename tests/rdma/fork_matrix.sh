@@ -596,9 +596,10 @@ PY
 # connection and the child chroots and drops root; 3 shimmed clients fetch the file. The
 # child reads the client's greeting, so takes its connection over, before it drops root:
 # then it gives the connection back to the daemon, which relays it (src/api/creds.rs).
-# Not in the default list (run it with CELLS=rsyncd): it passed 2 of 3 runs on 2026-11-25;
-# the third had one of the 3 rsync clients reset after its connection was given back (the
-# rsync client's own two processes also move their end back and forth); not understood yet.
+# Not in the default list (run it with CELLS=rsyncd): its data came through in 3 of 4 runs on
+# 2026-11-25; the other had one of the 3 rsync clients reset after its connection was given
+# back (the rsync client's own two processes also move their end back and forth); not
+# understood yet.
 cell_rsyncd() {
     echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the daemon)"
     need_cell rsync
