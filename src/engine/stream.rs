@@ -1055,8 +1055,10 @@ impl<P: Port> Stream<P> {
         for e in relays {
             crate::sys::raw::close(e.fd);
         }
-        if !self.lock().moved {
-            // A moved stream's options fd still answers for the program's fds of it.
+        // A moved stream's options fd still answers for the program's fds of it, if the
+        // program has any (they close it: `engine::stream_fd_closed`); one the program never
+        // held (a prefork master's accept, handed to a worker) has none, and it goes now.
+        if !self.lock().moved || self.app_gone.load(Acquire) {
             crate::sys::raw::close(self.opts_fd);
         }
     }

@@ -209,12 +209,18 @@ prefork_cell() {
     bg srv $T shimmed "$CELL_DIR/srv" env $SRV_ENV "$EX/prefork_server" "$A:$PORT" 3 --log "$CELL_DIR/events.log" \
         --hold-ms 500 --pidfile "$CELL_DIR/srv.pid" "$@"
     wait_dual srv
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    local main fds0
+    main=$(cat srv.pid)
+    fds0=$(ls "/proc/$main/fd" | wc -l)
     bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --conns 6 --parallel 6 --bytes 1048576 \
         --pause-ms $PAUSE --timeout 60
     local rc=0
     bg_wait cli || rc=$?
-    local main
-    main=$(cat srv.pid 2>/dev/null)
+    # The master keeps nothing of the connections it handed to its workers (it kept each
+    # one's options socket until 2026-11-25: a descriptor per connection, for ever).
+    master_fds() { [ "$(ls "/proc/$main/fd" | wc -l)" -le $((fds0 + 1)) ]; }
+    wait_until 20 master_fds || soft fail "the master holds $(ls "/proc/$main/fd" | wc -l) fds after 6 connections, $fds0 before"
     kill -TERM "$main" 2>/dev/null
     expect_status srv 0
     bg_stop qps
