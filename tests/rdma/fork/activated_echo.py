@@ -9,39 +9,26 @@ import socket
 import sys
 import threading
 
+from pass_fds import echo, log  # the same echo and log lines as the other passed-fd cells
+
 n, logpath = int(sys.argv[1]), sys.argv[2]
 if os.environ.get("LISTEN_FDS") != "1" or os.environ.get("LISTEN_PID") != str(os.getpid()):
     sys.exit(f"not socket-activated: LISTEN_FDS={os.environ.get('LISTEN_FDS')} LISTEN_PID={os.environ.get('LISTEN_PID')}")
 fd3 = socket.socket(fileno=3)
 
 
-def log(line):
-    with open(logpath, "a") as f:
-        f.write(line + "\n")
-
-
-def echo(conn, i):
-    total = 0
-    with conn:
-        while True:
-            b = conn.recv(65536)
-            if not b:
-                break
-            conn.sendall(b)
-            total += len(b)
-        conn.shutdown(socket.SHUT_WR)
-    log(f"served pid={os.getpid()} conn={i} bytes={total}")
+def serve(conn, i):
+    log(logpath, f"serve pid={os.getpid()} conn={i}")
+    echo(conn, i, logpath)
 
 
 if not fd3.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-    log(f"serve pid={os.getpid()} conn=0")
-    echo(fd3, 0)
+    serve(fd3, 0)
     sys.exit(0)
 threads = []
 for i in range(n):
     c, _ = fd3.accept()
-    log(f"serve pid={os.getpid()} conn={i}")
-    t = threading.Thread(target=echo, args=(c, i))
+    t = threading.Thread(target=serve, args=(c, i))
     t.start()
     threads.append(t)
 for t in threads:
