@@ -61,7 +61,7 @@ fn before_change() {
             match s.attachment() {
                 Some(Attachment::Stream(st)) if st.owner().is_me() => {
                     match st.taken_from.get().copied() {
-                        Some(from) => super::inherit::give_back(&s, &st, from),
+                        Some(from) => super::inherit::give_back(&s, &st, from, "a credential change"),
                         None => log::warn!(
                             "fd {fd}: rdma stream to {}: this process changes its credentials and made it itself: it cannot be driven afterwards",
                             st.peer

@@ -222,10 +222,11 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     relayed
 }
 
-/// Before a credential change (`api::creds`): the stream `st`, which this process took over
-/// from `from`, goes back there, and comes back to this process's fds as a relay end
-/// (`Request::Reclaim`). If `from` cannot take it, it stays, and breaks with the change.
-pub(super) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner) {
+/// Before a credential change (`api::creds`) or an exec (`why`): the stream `st`, which this
+/// process took over from `from`, goes back there, and comes back to this process's fds as
+/// a relay end (`Request::Reclaim`). If `from` cannot take it, it stays, and breaks with the
+/// change.
+pub(super) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner, why: &str) {
     let fds = fdtable::fds_of(s);
     let Some(&first) = fds.first() else { return };
     let (nonblock, _) = fd_flags(first);
@@ -245,7 +246,7 @@ pub(super) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner) {
                 opts_fd: dup_hidden(st.opts_fd),
             })));
             log::info!(
-                "fd {first}: rdma stream to {}: given back to pid {} before a credential change (relayed)",
+                "fd {first}: rdma stream to {}: given back to pid {} before {why} (relayed)",
                 st.peer,
                 from.pid
             );
@@ -255,7 +256,7 @@ pub(super) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner) {
                 raw::close(fd);
             }
             log::warn!(
-                "fd {first}: rdma stream to {}: pid {} did not take it back ({:?}): it breaks with the credential change",
+                "fd {first}: rdma stream to {}: pid {} did not take it back ({:?}): it breaks with {why}",
                 st.peer,
                 from.pid,
                 other.map(|r| r.0)
@@ -374,6 +375,7 @@ pub(super) unsafe fn accept(
                     "fd {fd}: listener owner pid {} is gone: taking the listener over",
                     l.owner.pid
                 );
+                let nonblock = fd_flags(fd).0;
                 to_kernel_listener(s, l, false);
                 // Its rdma_cm listener lives in a file this process inherited: once every
                 // holder lets go, the port is free and RDMA clients are refused at once
@@ -386,6 +388,12 @@ pub(super) unsafe fn accept(
                 let backlog = l.backlog();
                 if let Some((engine, local, rl)) = super::rdma_listen(fd, backlog) {
                     super::start_dual(s, fd, engine, local, rl, backlog);
+                    // The kernel listener's file is nonblocking for the old owner's helper;
+                    // the new doorbell blocks as the program's listener did.
+                    if let Some(Attachment::Listener(nl)) = s.attachment() {
+                        nl.set_nonblocking(nonblock);
+                        let _ = nl.bell().set_file_nonblocking(nonblock);
+                    }
                 }
                 return super::accept4(fd, addr, len, flags); // as a listener of this process now
             }
@@ -531,15 +539,69 @@ fn received(fd: c_int) {
         log::info!("fd {fd}: received this process's own rdma stream {token:x}: left as is");
         return;
     }
-    match describe(owner, token, fd) {
-        Ok((stream, ends)) => {
-            log::debug!("fd {fd}: received rdma stream to {} from pid {}", ends.peer, owner.pid);
-            attach_rdma(fd, &stream, ends, fd_flags(fd).0);
+    let mut at = owner;
+    match ipc::call(&mut at, &Request::Describe { token }, fd) {
+        Ok((r @ Reply::Described { ends, .. }, _)) => {
+            log::debug!(
+                "fd {fd}: received rdma stream to {} from pid {}",
+                ends.peer,
+                owner.pid
+            );
+            attach_rdma(fd, &as_stream(r), ends, fd_flags(fd).0);
         }
-        Err(why) => log::warn!(
-            "fd {fd}: received an rdma stream of pid {}, which did not describe it ({why}): left as is",
-            owner.pid
-        ),
+        Ok((
+            Reply::Listening {
+                token,
+                owner,
+                sizes,
+                local,
+            },
+            Some(tcp_fd),
+        )) => {
+            let l = Listener::foreign(
+                owner,
+                token,
+                crate::engine::BufSizes::unpack(sizes),
+                dup_hidden(fd),
+                raw::hide(tcp_fd),
+            );
+            track(fd, |s| {
+                if s.transition(State::Created, State::Listening) {
+                    s.attach(Attachment::Listener(l));
+                }
+            });
+            log::info!(
+                "fd {fd}: received pid {}'s listener on {local}: accepting through it",
+                owner.pid
+            );
+        }
+        other => {
+            if let Ok((_, Some(x))) = other {
+                raw::close(x);
+            }
+            log::warn!(
+                "fd {fd}: received an rdma socket of pid {}, which did not describe it ({other:?}): left as is",
+                owner.pid
+            );
+        }
+    }
+}
+
+/// What a [`Reply::Described`] says, as the [`Reply::Stream`] a worker's accept gets.
+fn as_stream(r: Reply) -> Reply {
+    match r {
+        Reply::Described {
+            token,
+            owner,
+            sizes,
+            ends,
+        } => Reply::Stream {
+            token,
+            owner,
+            sizes,
+            ends,
+        },
+        r => r,
     }
 }
 
@@ -548,24 +610,14 @@ fn received(fd: c_int) {
 fn describe(owner: ipc::Owner, token: u64, fd: c_int) -> Result<(Reply, ipc::Ends), String> {
     let mut at = owner;
     match ipc::call(&mut at, &Request::Describe { token }, fd) {
-        Ok((
-            Reply::Described {
-                token,
-                owner,
-                sizes,
-                ends,
-            },
-            _,
-        )) => {
-            let stream = Reply::Stream {
-                token,
-                owner,
-                sizes,
-                ends,
-            };
-            Ok((stream, ends))
+        Ok((r @ Reply::Described { ends, .. }, _)) => Ok((as_stream(r), ends)),
+        Ok((r, x)) => {
+            if let Some(x) = x {
+                raw::close(x);
+            }
+            Err(format!("{r:?}"))
         }
-        other => Err(format!("{other:?}")),
+        Err(e) => Err(format!("{e:?}")),
     }
 }
 
@@ -662,9 +714,15 @@ pub(super) fn before_exec() -> Vec<c_int> {
         }
         let Some(s) = fdtable::get(fd) else { continue };
         match s.attachment() {
-            Some(Attachment::Stream(st)) if st.owner().is_me() => {
-                log::warn!("fd {fd}: exec with an RDMA stream this process owns: the new image cannot use it");
-            }
+            // Taken over from another process (a fork child, or a worker it was passed to):
+            // that process takes it back and relays it, which the new image needs no shim
+            // for. One this process made itself has nowhere to go.
+            Some(Attachment::Stream(st)) if st.owner().is_me() => match st.taken_from.get() {
+                Some(&from) => give_back(&s, &st, from, "an exec"),
+                None => log::warn!(
+                    "fd {fd}: exec with an RDMA stream this process made itself: the new image cannot use it"
+                ),
+            },
             // Only a stream on stdio is handed to the new image (inetd, sshd, `--sh-exec`
             // style). One on another number is usually an fd leaked into a program that never
             // reads it; adopting it would send it bytes meant for the process that does.

@@ -140,12 +140,12 @@ fn cm_events(engine: &'static Engine) {
             EventKind::Disconnected | EventKind::DeviceRemoval => {
                 // Completions that arrived before the disconnect come first.
                 engine.progress_all(&s.dev);
-                s.on_disconnected();
+                s.on_disconnected_of(ev.id.cast_const().cast());
                 super::listener::abandon_pending(engine, &s);
             }
             k if k.is_failure() => {
                 log::info!("rdma stream {}: {} while accepting", s.peer, ev.name());
-                s.on_disconnected();
+                s.on_disconnected_of(ev.id.cast_const().cast());
                 super::listener::abandon_pending(engine, &s);
             }
             _ => log::trace!("cm event {} on {}", ev.name(), s.peer),

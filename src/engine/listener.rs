@@ -51,8 +51,9 @@ pub struct Listener {
     pub owner: super::ipc::Owner,
     /// Buffer sizes of the connections it accepts (config, or the rule that matched).
     pub(super) sizes: super::BufSizes,
-    rdma: Mutex<rdma::Listener>,
-    /// The rdma_cm listener's event channel (its id lives in that file).
+    /// None for a listener another process owns and this one received ([`Listener::foreign`]).
+    rdma: Mutex<Option<rdma::Listener>>,
+    /// The rdma_cm listener's event channel (its id lives in that file); -1 if none here.
     pub rdma_fd: c_int,
     /// The kernel listening socket (shim-internal fd, nonblocking).
     pub tcp_fd: c_int,
@@ -120,7 +121,7 @@ impl Listener {
             owner: engine.owner,
             sizes,
             rdma_fd: rl.fd(),
-            rdma: Mutex::new(rl),
+            rdma: Mutex::new(Some(rl)),
             tcp_fd,
             bell,
             queue: Mutex::new(Queue {
@@ -134,6 +135,11 @@ impl Listener {
             backlog,
             nonblocking: AtomicBool::new(fl >= 0 && fl & libc::O_NONBLOCK != 0),
         });
+        // A says whose listener it is, for a process that receives it with SCM_RIGHTS.
+        let _ = crate::sys::unix::bind_abstract(
+            l.bell.app_fd(),
+            &super::ipc::stream_name(&engine.owner, token),
+        );
         if let Err(e) = l
             .bell
             .install_at(fd, fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0)
@@ -159,6 +165,38 @@ impl Listener {
         }
         engine.ensure_helper();
         Ok(l)
+    }
+
+    /// A listener `owner` runs, whose A this process received with `SCM_RIGHTS` (an acceptor
+    /// handing its listener to a worker, a seamless reload): `app` is a private fd of that A,
+    /// `tcp_fd` the kernel listener the owner sent with its description. Accepts go through
+    /// the owner (`api::inherit::accept`), as a prefork worker's do.
+    pub fn foreign(
+        owner: super::ipc::Owner,
+        token: u64,
+        sizes: super::BufSizes,
+        app: c_int,
+        tcp_fd: c_int,
+    ) -> Arc<Listener> {
+        Arc::new(Listener {
+            token,
+            owner,
+            sizes,
+            rdma: Mutex::new(None),
+            rdma_fd: -1,
+            tcp_fd,
+            bell: Doorbell::from_fds(app, -1),
+            queue: Mutex::new(Queue {
+                items: VecDeque::new(),
+                shown_readable: false,
+                tcp_armed: false,
+                closed: true,
+            }),
+            pending: AtomicUsize::new(0),
+            deferred: Mutex::new(VecDeque::new()),
+            backlog: libc::SOMAXCONN as usize,
+            nonblocking: AtomicBool::new(false),
+        })
     }
 
     /// The accept queue's bound (the program's backlog, clamped).
@@ -202,7 +240,10 @@ impl Listener {
     /// while the accept queue has room, deferred after that.
     pub(super) fn on_rdma_ready(self: &Arc<Self>, engine: &'static Engine) {
         loop {
-            let next = lock(&self.rdma).next_request(Some(Duration::ZERO));
+            let next = match lock(&self.rdma).as_ref() {
+                Some(rl) => rl.next_request(Some(Duration::ZERO)),
+                None => return,
+            };
             match next {
                 Ok(Some(inc)) => {
                     let mut d = lock(&self.deferred);

@@ -64,7 +64,11 @@ pub fn detach(a: crate::socket::Attachment) {
                     l.close(engine);
                 }
             }
-            None => l.bell().release_app(),
+            None => {
+                // This process's copies: A, and the kernel listener it would take over.
+                l.bell().release_app();
+                crate::sys::raw::close(l.tcp_fd);
+            }
         },
         // The program's fd was the only copy here: closing it lets the owner see the last
         // holder go.
@@ -1076,7 +1080,11 @@ impl Engine {
                     };
                     (r, None)
                 }
-                _ => self.not_here(token, proof),
+                Some(_) => self.not_here(token, proof),
+                None => match self.listener_held(token, proof) {
+                    Some(l) => self.describe_listener(&l),
+                    None => self.not_here(token, proof),
+                },
             },
             ipc::Request::Relay { .. } => match stream() {
                 Some(s) if !s.released.load(Acquire) => self.relay(&s),
@@ -1093,15 +1101,40 @@ impl Engine {
                 None => self.not_here(token, proof),
             },
             ipc::Request::Reclaim { taker, .. } => self.answer_reclaim(token, taker, proof),
-            ipc::Request::Accept { taker, .. } => {
-                let l = lock(&self.listeners)
-                    .get(&token)
-                    .filter(|l| l.bell().is_this(proof))
-                    .cloned();
-                match l {
-                    Some(l) => self.accept_for(&l, taker),
-                    None => (ipc::Reply::Failed(libc::ENOENT), None),
-                }
+            ipc::Request::Accept { taker, .. } => match self.listener_held(token, proof) {
+                Some(l) => self.accept_for(&l, taker),
+                None => (ipc::Reply::Failed(libc::ENOENT), None),
+            },
+        }
+    }
+
+    /// Listener `token`, if `proof` is its A.
+    fn listener_held(&self, token: u64, proof: c_int) -> Option<Arc<Listener>> {
+        lock(&self.listeners)
+            .get(&token)
+            .filter(|l| l.bell().is_this(proof))
+            .cloned()
+    }
+
+    /// [`ipc::Request::Describe`] of a listener (its A was sent to another process): its
+    /// facts, and a copy of its kernel listener for the day this process is gone.
+    fn describe_listener(&self, l: &Listener) -> (ipc::Reply, Option<c_int>) {
+        // SAFETY: F_DUPFD_CLOEXEC on the listener's own fd; the ipc server sends and closes it.
+        let tcp = unsafe { crate::sys::real::fcntl(l.tcp_fd, libc::F_DUPFD_CLOEXEC, 0) };
+        let local = crate::sys::sockaddr::local_of(l.tcp_fd);
+        match (tcp, local) {
+            (t, Some(local)) if t >= 0 => {
+                let r = ipc::Reply::Listening {
+                    token: l.token,
+                    owner: self.owner,
+                    sizes: l.sizes.packed(),
+                    local,
+                };
+                (r, Some(t))
+            }
+            (t, _) => {
+                crate::sys::raw::close(t);
+                (ipc::Reply::Failed(libc::ENOBUFS), None)
             }
         }
     }

@@ -768,19 +768,30 @@ impl<P: Port> Stream<P> {
         });
     }
 
-    /// The peer's side of the rdma_cm connection went away.
-    pub(super) fn on_disconnected(&self) {
+    /// The peer's side of the rdma_cm connection `id` went away (null: whichever this stream
+    /// has). A queue pair this stream no longer uses (its end moved, §11) is none of its
+    /// business: its disconnect may come after the new queue pair is up.
+    pub(super) fn on_disconnected_of(&self, id: *const libc::c_void) {
         let mut g = self.lock();
         let inner = &mut *g;
         if let Some(rc) = inner.rc.as_mut() {
+            if !id.is_null() && !rc.is_conn(id) {
+                log::debug!(
+                    "rdma stream {} -> {}: a replaced queue pair disconnected",
+                    self.local,
+                    self.peer
+                );
+                return;
+            }
             rc.set_disconnected();
         }
         // Queued bytes stay readable; then reads fail like a reset TCP connection's.
         log::debug!(
-            "rdma stream {} -> {}: peer disconnected (state {:?})",
+            "rdma stream {} -> {}: peer disconnected (state {:?}, id {id:?}, qp {})",
             self.local,
             self.peer,
-            inner.proto.state()
+            inner.proto.state(),
+            self.qp_num()
         );
         inner.proto.handle_disconnect();
         self.show(inner);

@@ -157,7 +157,8 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     let owner = st.owner; // where it went, if it had moved on
     let (conn_id, now, bfd) = match called {
         Ok((Reply::Doorbell { conn_id, sizes, .. }, Some(bfd))) => {
-            (conn_id, BufSizes::unpack(sizes), bfd)
+            // Kept for the stream's life: out of the numbers the program may dup2 onto.
+            (conn_id, BufSizes::unpack(sizes), raw::hide(bfd))
         }
         Ok((r, fd)) => {
             if let Some(fd) = fd {

@@ -54,6 +54,8 @@ impl EventChannel {
             // librdmacm reports "no device" as ENODEV (or ENOENT/ENOSYS without ucma).
             return Err(e);
         }
+        // SAFETY: a channel just made, not yet used by anyone.
+        unsafe { crate::sys::raw::rehome(std::ptr::addr_of_mut!((*ch).fd)) };
         let chan = Arc::new(EventChannel { ch });
         fd::set_nonblocking(chan.fd())?;
         Ok(chan)

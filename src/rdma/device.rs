@@ -110,6 +110,13 @@ impl Device {
     /// As [`Self::for_context`], and `ctx` must not be null.
     pub unsafe fn open(ctx: *mut ibv_context, cq_entries: u32) -> Result<Device> {
         let lib = lib()?;
+        // librdmacm opened the context for an id of ours just now: no queue pair of this
+        // process uses it yet, so its fds move while nothing writes to them.
+        // SAFETY: a live context (the contract).
+        unsafe {
+            crate::sys::raw::rehome(std::ptr::addr_of_mut!((*ctx).cmd_fd));
+            crate::sys::raw::rehome(std::ptr::addr_of_mut!((*ctx).async_fd));
+        }
         // SAFETY: ibv_device_attr is plain data; zero is a valid bit pattern.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: ctx is a live verbs context (owned by librdmacm), attr is writable.
@@ -137,6 +144,8 @@ impl Device {
         if d.channel.is_null() {
             return Err(Error::last_lib("ibv_create_comp_channel").with_reason(Reason::Resources));
         }
+        // SAFETY: channel is live, and no CQ uses it yet.
+        unsafe { crate::sys::raw::rehome(std::ptr::addr_of_mut!((*d.channel).fd)) };
         // SAFETY: channel is live.
         fd::set_nonblocking(unsafe { (*d.channel).fd })?;
         // SAFETY: context and channel live as long as the device.

@@ -129,6 +129,39 @@ pub fn hide(fd: c_int) -> c_int {
     out
 }
 
+/// Moves an fd that a library opened for the shim, and reads from `field` on every use (an
+/// rdma_cm event channel's, a completion channel's, a verbs context's), to a high number
+/// (close-on-exec): the low numbers are the program's. A program that closes or `dup2`s
+/// over a number it never opened (a fork child putting its connection on fd 3) would
+/// otherwise tear down the shim's connections.
+///
+/// # Safety
+/// `field` points at a live fd field that no other thread reads meanwhile, except for
+/// calls that may still use the old number until it is closed here.
+pub unsafe fn rehome(field: *mut c_int) {
+    // SAFETY: valid per the contract.
+    let old = unsafe { field.read_volatile() };
+    if old < 0 || old >= hidden_fd_base() {
+        return;
+    }
+    let saved = errno();
+    // SAFETY: F_DUPFD_CLOEXEC on an fd of the shim's, straight to the kernel.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_fcntl,
+            old as c_long,
+            libc::F_DUPFD_CLOEXEC as c_long,
+            hidden_fd_base() as c_long,
+        )
+    };
+    if n >= 0 {
+        // SAFETY: valid per the contract.
+        unsafe { field.write_volatile(n as c_int) };
+        close(old);
+    }
+    set_errno(saved);
+}
+
 /// Thread id of the caller.
 pub fn gettid() -> i64 {
     // SAFETY: gettid has no arguments and cannot fail.

@@ -21,6 +21,16 @@
 #                           accepts, forks, and the child execs the server with the connection
 #                           on fd 3: the new image takes it over on first use
 #                           (RSOCK_PASSED_FDS).
+#   passed_listener_held    a process sends its listener to an unrelated worker and closes
+#                           its copy, staying alive: the worker accepts through it (the
+#                           sender's engine still owns the rdma_cm listener) and takes each
+#                           connection over.
+#   passed_listener_reload  the same, but the sender exits once it passed the listener (a
+#                           seamless reload's old process): the worker takes the listener over
+#                           and serves RDMA on it itself.
+#   passed_exec_taken       a fork-after-accept server whose child takes its connection over
+#                           (reads the first byte), then execs a program with it on fd 3: the
+#                           stream goes back to the parent, which relays it to the new image.
 # Each asserts: the bytes (sha256), every connection on RDMA at both ends (the shims'
 # counters; the servers' sides summed over their processes), the device's packets, and that
 # QPs were owned by the worker processes (`rdma resource show qp`, sampled).
@@ -186,8 +196,81 @@ cell_passed_systemd_accept() {
     expect_qps_released
 }
 
+# listener_cell HOLD_S: a listener passed to a worker, its sender exiting after HOLD_S s.
+listener_cell() {
+    local hold=$1
+    rdma_begin
+    bg worker $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" lworker "$CELL_DIR/ch.sock" 3 "$CELL_DIR/events.log"
+    wait_until 30 test -S "$CELL_DIR/ch.sock" || fail "the worker did not listen: $(tail -c 300 worker.err)"
+    bg snd $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" lsender "$A" "$PORT" "$CELL_DIR/ch.sock" "$CELL_DIR/events.log" "$hold"
+    wait_until 60 grep -q '^received ' events.log || fail "the worker got no listener: $(tail -c 300 worker.err | paste -sd' ')"
+    if [ "$hold" = 0 ]; then
+        bg_wait snd || fail "sender: $(tail -c 300 snd.err | paste -sd' ')"
+        wait_until 60 grep -q 'taking the listener over' srv.log ||
+            fail "the worker did not take the listener over: $(tail -c 400 srv.log | paste -sd' ')"
+    fi
+    wait_dual worker
+    local i
+    for i in 1 2 3; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 1000
+    done
+    for i in 1 2 3; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_wait worker || soft fail "worker: $(tail -c 300 worker.err | paste -sd' ')"
+    bg_stop snd
+    bg_stop qps
+    local wpid spid
+    wpid=$(awk '/^received /{ sub("pid=", "", $2); print $2; exit }' events.log)
+    spid=$(awk '/^listen /{ sub("pid=", "", $2); print $2; exit }' events.log)
+    echo "# sender pid $spid, worker pid $wpid; sampled QPs: worker $(qps_of "$wpid"), sender $(qps_of "$spid")"
+    grep -q "received pid $spid's listener" srv.log || soft fail "the worker's shim did not recognise the listener"
+    [ "$(grep -c "^served pid=$wpid .* bytes=$SIZE" events.log)" -eq 3 ] ||
+        soft fail "the worker did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    [ "$(qps_of "$wpid")" -gt 0 ] || soft fail "no QP was ever the worker's"
+    soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma>=3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    soft rdma_end "$((3 * SIZE))" 2
+    expect_qps_released
+}
+
+cell_passed_listener_held() { listener_cell 600; }
+cell_passed_listener_reload() { listener_cell 0; }
+
+cell_passed_exec_taken() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" forkexec "$A" "$PORT" 3 "$CELL_DIR/events.log"
+    wait_dual srv
+    local i
+    for i in 1 2 3; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 1500
+    done
+    for i in 1 2 3; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_wait srv || soft fail "server: $(tail -c 300 srv.err | paste -sd' ')"
+    bg_stop qps
+    local kids
+    kids=$(awk '/^serve /{ sub("pid=", "", $2); print $2 }' events.log | sort -u | paste -sd' ')
+    # shellcheck disable=SC2086 # a list of pids
+    echo "# children $kids; sampled QPs: children $(qps_of $kids)"
+    [ "$(grep -c "^served .* bytes=$((SIZE - 1))" events.log)" -eq 3 ] ||
+        soft fail "the exec'd images did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    [ "$(grep -c 'given back to pid .* before an exec' srv.log)" -eq 3 ] ||
+        soft fail "the shim's log does not say 3 streams were given back before exec: $(grep -i 'exec' srv.log | tail -3 | paste -sd'|')"
+    # shellcheck disable=SC2086 # a list of pids
+    [ "$(qps_of $kids)" -gt 0 ] || soft fail "no QP was ever a child's: the streams were not taken over"
+    soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma>=3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    soft rdma_end "$((3 * SIZE))" 2
+    expect_qps_released
+}
+
 res_summary > "$T_WORK/res.start"
-for c in passed_acceptor_worker passed_node_cluster passed_systemd_activate passed_systemd_accept; do
+for c in passed_acceptor_worker passed_node_cluster passed_systemd_activate passed_systemd_accept \
+    passed_listener_held passed_listener_reload passed_exec_taken; do
     selected "$c" || continue
     run_cell "$c"
 done

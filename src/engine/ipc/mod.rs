@@ -189,6 +189,12 @@ fn fits(r: &Reply, fd: Option<c_int>) -> bool {
             unix::socket_kind(fd),
             Some((libc::AF_INET | libc::AF_INET6, libc::SOCK_STREAM))
         ),
+        Reply::Listening { .. } => {
+            matches!(
+                unix::socket_kind(fd),
+                Some((libc::AF_INET | libc::AF_INET6, libc::SOCK_STREAM))
+            ) && unix::is_listening(fd)
+        }
         Reply::State => unix::is_regular_file(fd),
         Reply::Failed(_) | Reply::Moved(_) | Reply::Described { .. } => false,
     }

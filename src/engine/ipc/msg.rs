@@ -90,6 +90,14 @@ pub enum Reply {
         sizes: u64,
         ends: Ends,
     },
+    /// [`Request::Describe`] of a listener: the fd is its kernel listening socket, bound to
+    /// `local`; the caller (holding the listener's A) accepts through `owner`.
+    Listening {
+        token: u64,
+        owner: Owner,
+        sizes: u64,
+        local: SocketAddr,
+    },
 }
 
 /// Why bytes are not a message.
@@ -238,6 +246,18 @@ impl Reply {
                 put_owner(&mut b[32..48], Some(*to));
                 6
             }
+            Reply::Listening {
+                token,
+                owner,
+                sizes,
+                local,
+            } => {
+                b[16..24].copy_from_slice(&token.to_le_bytes());
+                b[24..32].copy_from_slice(&sizes.to_le_bytes());
+                put_owner(&mut b[32..48], Some(*owner));
+                put_addr(&mut b[48..76], Some(local));
+                8
+            }
         };
         header(&mut b, kind);
         b
@@ -316,6 +336,15 @@ impl Reply {
                 none_but(OWNER)?;
                 Reply::Moved(owner.ok_or(BadMsg::Field)?)
             }
+            8 => {
+                none_but(ID | SIZES | OWNER | LOCAL)?;
+                Reply::Listening {
+                    token: id,
+                    owner: owner.ok_or(BadMsg::Field)?,
+                    sizes: check_sizes(sizes)?,
+                    local: local.ok_or(BadMsg::Field)?,
+                }
+            }
             _ => return Err(BadMsg::Kind),
         };
         Ok(r)
@@ -328,7 +357,8 @@ const ERRNO: u8 = 1;
 const ID: u8 = 2;
 const SIZES: u8 = 4;
 const OWNER: u8 = 8;
-const ENDS: u8 = 16 | 32;
+const LOCAL: u8 = 16;
+const ENDS: u8 = LOCAL | 32;
 
 /// Ring and send buffer sizes packed as `BufSizes::packed` does, each within the bounds a
 /// configuration can give.
@@ -475,6 +505,26 @@ mod tests {
         let m = Reply::Moved(TAKER).encode();
         assert_eq!(hex(&m[..8]), "5253434b01060000");
         assert_eq!(hex(&m[32..48]), "34120000000000000807060504030201");
+        let l = Reply::Listening {
+            token: 0x21,
+            owner: TAKER,
+            sizes: (16384u64 << 32) | 65536,
+            local: ends.local,
+        }
+        .encode();
+        assert_eq!(
+            hex(&l[..48]),
+            concat!(
+                "5253434b01080000",
+                "0000000000000000",
+                "2100000000000000",
+                "0000010000400000",
+                "3412000000000000",
+                "0807060504030201"
+            )
+        );
+        assert_eq!(hex(&l[48..56]), "020000500a000001");
+        assert!(l[56..104].iter().all(|&x| x == 0), "no peer");
     }
 
     #[test]
@@ -538,6 +588,12 @@ mod tests {
                 sizes,
                 ends,
             },
+            Reply::Listening {
+                token: 7,
+                owner: TAKER,
+                sizes,
+                local: ends.local,
+            },
         ] {
             assert_eq!(Reply::decode(&r.encode()), Ok(r), "{r:?}");
         }
@@ -594,6 +650,19 @@ mod tests {
         let mut r = Reply::Relay(ends).encode();
         r[70] = 1;
         assert_eq!(Reply::decode(&r), Err(BadMsg::Field));
+        // A listener's description has its address and no peer.
+        let listening = Reply::Listening {
+            token: 1,
+            owner: TAKER,
+            sizes: (16384u64 << 32) | 65536,
+            local: ends.local,
+        };
+        let mut r = listening.encode();
+        r[48..76].fill(0);
+        assert_eq!(Reply::decode(&r), Err(BadMsg::Field));
+        let mut r = listening.encode();
+        r[76..84].copy_from_slice(&Reply::Relay(ends).encode()[76..84]);
+        assert_eq!(Reply::decode(&r), Err(BadMsg::Reserved));
     }
 
     #[test]
@@ -618,6 +687,13 @@ mod tests {
                 owner: TAKER,
                 sizes,
                 ends,
+            }
+            .encode(),
+            Reply::Listening {
+                token: 5,
+                owner: TAKER,
+                sizes,
+                local: ends.peer,
             }
             .encode(),
         ];

@@ -356,7 +356,7 @@ impl Port for MemPort {
                 (me.cq.pop_front(), std::mem::take(&mut me.tell_disconnect))
             };
             if tell {
-                s.on_disconnected();
+                s.on_disconnected_of(std::ptr::null());
                 n += 1;
             }
             match next {

@@ -108,6 +108,12 @@ pub trait QueuePair: Send {
     fn on_completion(&mut self, wc: &Wc);
     /// The peer disconnected (the connection manager said so).
     fn set_disconnected(&mut self);
+    /// Whether a connection manager event for `id` is about this queue pair (not one it
+    /// replaced: a moved end's old queue pair disconnects after the new one is up).
+    fn is_conn(&self, id: *const libc::c_void) -> bool {
+        let _ = id;
+        true
+    }
     /// Starts the disconnect (the QP goes to the error state; what is posted flushes).
     fn disconnect(&mut self) -> rdma::Result<()>;
     /// After [`disconnect`](Self::disconnect): asks for the marker that ends the flush.
@@ -272,6 +278,10 @@ impl QueuePair for rdma::Conn {
 
     fn set_disconnected(&mut self) {
         rdma::Conn::set_disconnected(self);
+    }
+
+    fn is_conn(&self, id: *const libc::c_void) -> bool {
+        self.id().as_ptr().cast_const().cast() == id
     }
 
     fn disconnect(&mut self) -> rdma::Result<()> {

@@ -11,6 +11,17 @@ unix socket (SCM_RIGHTS), as acceptor/worker servers, Node.js cluster and system
                                          open), shuts down writing, writes what came back
                                          to OUT
 
+  pass_fds.py lsender ADDR PORT UNIX_PATH LOG HOLD_S
+                                         listens, sends the listener itself to the worker,
+                                         closes its copy, and exits after HOLD_S seconds
+                                         (a seamless reload's old process)
+  pass_fds.py lworker UNIX_PATH N LOG    accepts and serves N connections on the listener
+                                         it is sent
+  pass_fds.py forkexec ADDR PORT N LOG   accepts N connections; a fork child per connection
+                                         reads (and echoes) its first byte, then execs
+                                         `pass_fds.py fdecho 3 I LOG` with the connection
+                                         on fd 3
+
 The worker is started on its own (not forked by the acceptor). LOG gets `listen pid=P`,
 `passed pid=P conn=I`, `serve pid=W conn=I`, `served pid=W conn=I bytes=B` lines.
 """
@@ -68,6 +79,68 @@ def acceptor(addr, port, path, n, logpath):
     ch.close()
 
 
+def recv_listener(path):
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    ch, _ = srv.accept()
+    _msg, fds, _flags, _addr = socket.recv_fds(ch, 16, 1)
+    return socket.socket(fileno=fds[0])
+
+
+def lworker(path, n, logpath):
+    lst = recv_listener(path)
+    log(logpath, f"received pid={os.getpid()} name={lst.getsockname()}")
+    threads = []
+    for i in range(n):
+        conn, _peer = lst.accept()
+        log(logpath, f"serve pid={os.getpid()} conn={i} peer={conn.getpeername()}")
+        t = threading.Thread(target=echo, args=(conn, i, logpath))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+
+
+def lsender(addr, port, path, logpath, hold_s):
+    import time
+    lst = socket.create_server((addr, port))
+    log(logpath, f"listen pid={os.getpid()}")
+    ch = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ch.connect(path)
+    socket.send_fds(ch, [b"l"], [lst.fileno()])
+    lst.close()
+    ch.close()
+    log(logpath, f"passed pid={os.getpid()} listener")
+    time.sleep(hold_s)
+    log(logpath, f"exit pid={os.getpid()}")
+
+
+def forkexec(addr, port, n, logpath):
+    lst = socket.create_server((addr, port))
+    log(logpath, f"listen pid={os.getpid()}")
+    kids = []
+    for i in range(n):
+        conn, _peer = lst.accept()
+        pid = os.fork()
+        if pid == 0:
+            lst.close()
+            first = conn.recv(1)  # the child takes the connection over here
+            conn.sendall(first)
+            os.dup2(conn.fileno(), 3)  # inheritable, not close-on-exec
+            os.execv(sys.executable, [sys.executable, __file__, "fdecho", "3", str(i), logpath])
+        conn.close()
+        kids.append(pid)
+    for pid in kids:
+        os.waitpid(pid, 0)
+
+
+def fdecho(fd, i, logpath):
+    conn = socket.socket(fileno=fd)
+    log(logpath, f"serve pid={os.getpid()} conn={i}")
+    echo(conn, i, logpath)
+
+
 def client(addr, port, path, out, pause_ms):
     import time
     data = open(path, "rb").read()
@@ -98,5 +171,13 @@ if __name__ == "__main__":
         client(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]))
     elif sys.argv[1] == "worker":
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1] == "lworker":
+        lworker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1] == "lsender":
+        lsender(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))
+    elif sys.argv[1] == "forkexec":
+        forkexec(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    elif sys.argv[1] == "fdecho":
+        fdecho(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     else:
         acceptor(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6])
