@@ -296,7 +296,12 @@ victim_raw() {
 # Fails on a shim that accepts either resume (attacker answer=ESTABLISHED: a window far
 # beyond the peer's ring, or stream positions that never existed), or that waits for bytes
 # at 2^62 (the owner's helper, which also takes new connections in, stalls: no refusal
-# within 5 s, victims slower than VICTIM_S s), or that refuses without a bound.
+# within 5 s, victims slower than VICTIM_S s), or that refuses without a bound. Checked
+# 2026-11-25 against librsock.so built without the owner's beyond-a-ring check
+# (engine/takeover.rs, answer_export) and the taker's granted_end window check
+# (proto/conn/migrate.rs, from_handover): FAIL — the 4 granted_end resumes were ACCEPTED
+# (ESTABLISHED), the 4 sent_end ones each held the owner 1 s (refused after 1.0-3.0 s), a
+# victim connection took 4139 ms, and 4 QPs of accepted attackers stayed.
 cell_isolation_oversized_resume() { oversized_resume_cell sent granted; }
 # Cell isolation_unwritten_resume (opt-in): the same with 8 resumes at sent_end = one server
 # ring, within a ring of what the owner received (so not refused at sight) but never
@@ -371,7 +376,11 @@ oversized_resume_cell() {
 # server stays up and ends with no RC QP.
 # Fails on a shim that waits for a resume that never comes (connections never ended), that
 # resumes on the thread that serves everyone else (victims slower than VICTIM_S s), or that
-# lets one MIGRATE disturb other connections (a victim's echo differs or fails).
+# lets one MIGRATE disturb other connections (a victim's echo differs or fails). Checked
+# 2026-11-25 against librsock.so built so that a MIGRATE never leads to a resume
+# (engine/takeover.rs, schedule_resume returning at once): FAIL — 0 of 16 connections
+# ended, no failed resume in the log, 16 RC QPs left. (A resume to a dead port is rejected
+# at once, so the movers' concurrency and deadline are not what this cell proves.)
 cell_isolation_migrate_storm() {
     rdma_begin
     head -c 262144 /dev/urandom > small.bin
@@ -385,7 +394,7 @@ cell_isolation_migrate_storm() {
     local t0=$SECONDS
     timed_victims victim 4 victim_raw
     wait_cond 30 "[ \$(grep -c 'result=error' srv.out) -ge $n ]" ||
-        soft fail "the server ended $(grep -c 'result=error' srv.out) of the $n connections that moved nowhere within $((SECONDS - t0 + 30)) s: $(grep -v 'result=ok' srv.out | head -3 | paste -sd'|')"
+        soft fail "the server ended $(grep -c 'result=error' srv.out) of the $n connections that moved nowhere within $((SECONDS - t0)) s: $(grep -v 'result=ok' srv.out | head -3 | paste -sd'|')"
     echo "# server log: $(grep -c 'result=error' srv.out) connections ended with an error (counted $((SECONDS - t0)) s after the MIGRATEs, once the victims were done)"
     local tried
     tried=$(grep -c 'resume after the peer moved' srv.log || true)
