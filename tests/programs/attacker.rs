@@ -3,7 +3,8 @@
 //! server with the rkeys and addresses it learnt from their Accept hellos, or guessed.
 //!
 //! ```text
-//! rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT | --phantom-read OUT]
+//! rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT] [--migrate-storm N]
+//!                [--phantom-read OUT] [--oversized-resume sent|granted|unwritten]
 //! ```
 //!
 //! `--phantom-read OUT` (issue #21): announces a full ring of DATA without writing any of it,
@@ -14,7 +15,13 @@
 //! connection, sends MIGRATE{TO_PORT} (PROTOCOL.md §11: "my end moves to TO_PORT at my
 //! address", where nothing listens), keeps the connection for `--timeout`, and exits 0 once
 //! the MIGRATE's write completed. The server must end that connection with an error, not wait
-//! for a resume forever nor disturb its other connections.
+//! for a resume forever nor disturb its other connections. `--migrate-storm N` (issue #21)
+//! does it on N connections at once (to port 9 unless `--migrate` says), and reports when
+//! the server ended each (see `attacker/storm.rs`).
+//!
+//! `--oversized-resume sent|granted|unwritten` (issue #21): waits for the MIGRATE of a server
+//! that hands the connection to another process, then resumes at positions it never reached
+//! (see `attacker/resume.rs`).
 //!
 //! 1. Opens connections A and B (rdma_cm connect with a valid Connect hello; the server's
 //!    Accept hello in the ESTABLISHED event gives each ring's address, rkey and size).
@@ -44,6 +51,10 @@
 
 #[path = "attacker/phantom.rs"]
 mod phantom;
+#[path = "attacker/resume.rs"]
+mod resume;
+#[path = "attacker/storm.rs"]
+mod storm;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::exit;
@@ -53,8 +64,8 @@ use rdma_sys::{
     ibv_cq, ibv_pd, ibv_qp, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_flags,
     ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status, ibv_wr_opcode,
 };
-use rsock_core::proto::{Config, Hello, HelloKind};
-use rsock_core::rdma::{self, ffi, CmId, ConnParam, EventChannel, EventKind};
+use rsock_core::proto::{Config, Hello, HelloKind, Imm};
+use rsock_core::rdma::{self, ffi, CmEvent, CmId, ConnParam, EventChannel, EventKind};
 
 /// Bytes of every attacking write.
 const LEN: usize = 8;
@@ -64,12 +75,16 @@ const PATTERN: [u8; LEN] = [0xEE; LEN];
 const RECV_CREDITS: u32 = 16;
 /// The ring the attacker announces (never registered, never written by the server).
 const FAKE_RING_SIZE: u32 = 4096;
+/// Where `--migrate-storm` says the connections move when `--migrate` does not say: the
+/// discard port, where nothing listens in the test bed.
+const STORM_PORT: u16 = 9;
 const WR_WRITE: u64 = 1;
 const WR_RECV: u64 = 2;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT | --phantom-read OUT]"
+        "usage: rsock_attacker ADDR PORT [--timeout SECS] [--migrate TO_PORT] [--migrate-storm N]\n       \
+         [--phantom-read OUT] [--oversized-resume sent|granted|unwritten]"
     );
     exit(2)
 }
@@ -84,6 +99,8 @@ struct Peer {
     qpn: u32,
     /// The server's Accept hello: its ring for this connection.
     ring: Hello,
+    /// Our Connect hello (a resume reuses its ring and connection id).
+    ours: Hello,
     /// A ring of ours the server may write (phantom-read mode): a page-aligned part of this
     /// allocation (a zero-based registration needs the page offset of address and IOVA to
     /// agree), starting at `own_at`; and its registration.
@@ -113,6 +130,25 @@ impl Outcome {
     }
 }
 
+/// How the server ended a connection, as the attacker saw it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ended {
+    /// rdma_cm's DISCONNECTED.
+    Disconnected,
+    /// A receive completed in error: the QP went to the error state.
+    Flushed,
+    /// A RESET immediate.
+    Reset,
+}
+
+/// A connection id of our own (the server echoes it; a resume proves with it).
+fn fresh_conn_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 40) ^ 0x5253_434b_0000_0000
+}
+
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
@@ -127,6 +163,35 @@ impl Peer {
     /// [`Peer::open`], announcing a real ring of `ring_len` bytes (registered zero-based for
     /// remote write, as rsock does) instead of a fake one when `ring_len > 0`.
     fn open_with_ring(
+        name: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+        ring_len: usize,
+    ) -> Result<Peer, String> {
+        let deadline = Instant::now() + timeout;
+        let mut p = Peer::prepare(name, addr, timeout, ring_len)?;
+        let ours = p.ours.to_bytes();
+        let ev = p.handshake(&ours[..Hello::LEN], deadline)?;
+        if ev.kind != EventKind::Established {
+            return Err(format!(
+                "connect answered with {} (status {})",
+                ev.name(),
+                ev.status
+            ));
+        }
+        p.ring = Hello::parse_kind(ev.private_data(), HelloKind::Accept)
+            .map_err(err("server's accept hello"))?;
+        println!(
+            "conn name={} qpn={} server_ring addr={:#x} rkey={:#x} size={} recv_credits={}",
+            p.name, p.qpn, p.ring.ring_addr, p.ring.rkey, p.ring.ring_size, p.ring.recv_credits
+        );
+        Ok(p)
+    }
+
+    /// Everything before the connect request: resolves `addr`, builds a PD, CQ and QP, posts
+    /// receives, registers the ring (`ring_len > 0`) and makes our Connect hello (`ours`,
+    /// with a fresh connection id).
+    fn prepare(
         name: &str,
         addr: SocketAddr,
         timeout: Duration,
@@ -160,6 +225,7 @@ impl Peer {
             pd: std::ptr::null_mut(),
             qpn: 0,
             ring: Config::default().hello(HelloKind::Accept, 0, 0, 0),
+            ours: Config::default().hello(HelloKind::Connect, 0, 0, 0),
             own_ring: vec![0; if ring_len > 0 { ring_len + 4096 } else { 0 }],
             own_at: 0,
             own_mr: std::ptr::null_mut(),
@@ -203,23 +269,8 @@ impl Peer {
             ));
         }
         // Zero-length receives for the server's immediates (credits, FIN), as a client posts.
-        let mut wrs: Vec<ibv_recv_wr> = (0..RECV_CREDITS)
-            .map(|_| ibv_recv_wr {
-                wr_id: WR_RECV,
-                next: std::ptr::null_mut(),
-                sg_list: std::ptr::null_mut(),
-                num_sge: 0,
-            })
-            .collect();
-        for i in 0..wrs.len() - 1 {
-            let next: *mut ibv_recv_wr = &mut wrs[i + 1];
-            wrs[i].next = next;
-        }
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: live QP; a valid chain of WRs without SGEs.
-        let ret = unsafe { rdma_sys::ibv_post_recv(p.qp, wrs.as_mut_ptr(), &mut bad) };
-        if ret != 0 {
-            return Err(format!("ibv_post_recv failed ({ret})"));
+        for _ in 0..RECV_CREDITS {
+            p.repost_recv()?;
         }
         let mut cfg = Config {
             ring_size: FAKE_RING_SIZE,
@@ -250,33 +301,79 @@ impl Peer {
             rkey = unsafe { (*p.own_mr).rkey };
             cfg.ring_size = ring_len as u32;
         }
-        let ours = cfg.hello(HelloKind::Connect, 0, rkey, 0).to_bytes();
-        let id = p.id.as_mut().expect("id");
+        p.ours = cfg.hello(HelloKind::Connect, 0, rkey, fresh_conn_id());
+        Ok(p)
+    }
+
+    /// Sends the connect request carrying `private_data` and returns the event that answers
+    /// it (ESTABLISHED, REJECTED, UNREACHABLE, ...), waiting until `deadline`.
+    fn handshake(&mut self, private_data: &[u8], deadline: Instant) -> Result<CmEvent, String> {
+        let id = self.id.as_mut().ok_or("no id")?;
+        let ch = id.channel().clone();
         id.connect(&ConnParam {
-            private_data: &ours,
+            private_data,
             ..ConnParam::default()
         })
         .map_err(err("rdma_connect"))?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ev = match ch.get_event(Some(left)) {
-            Ok(Some(ev)) => ev,
-            Ok(None) => return Err(format!("no answer to the connect request in {timeout:?}")),
-            Err(e) => return Err(format!("waiting for ESTABLISHED: {e}")),
-        };
-        if ev.kind != EventKind::Established {
-            return Err(format!(
-                "connect answered with {} (status {})",
-                ev.name(),
-                ev.status
-            ));
+        match ch.get_event(rdma::fd::remaining(Some(deadline))) {
+            Ok(Some(ev)) => Ok(ev),
+            Ok(None) => Err("no answer to the connect request in time".to_string()),
+            Err(e) => Err(format!(
+                "waiting for the answer to the connect request: {e}"
+            )),
         }
-        p.ring = Hello::parse_kind(ev.private_data(), HelloKind::Accept)
-            .map_err(err("server's accept hello"))?;
-        println!(
-            "conn name={} qpn={} server_ring addr={:#x} rkey={:#x} size={} recv_credits={}",
-            p.name, p.qpn, p.ring.ring_addr, p.ring.rkey, p.ring.ring_size, p.ring.recv_credits
-        );
-        Ok(p)
+    }
+
+    /// Posts one zero-length receive (each of the server's immediates consumes one).
+    fn repost_recv(&mut self) -> Result<(), String> {
+        let mut wr = ibv_recv_wr {
+            wr_id: WR_RECV,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+        };
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: live QP; one WR without SGEs.
+        let ret = unsafe { rdma_sys::ibv_post_recv(self.qp, &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(format!("ibv_post_recv failed ({ret})"));
+        }
+        Ok(())
+    }
+
+    /// Without waiting: the next immediate the server sent (its receive reposted), or how the
+    /// connection ended. `Ok(None)`: nothing new. Completions of our own writes are skipped.
+    fn poll_imm(&mut self) -> Result<Option<Imm>, Ended> {
+        if let Some(id) = self.id.as_ref() {
+            if let Ok(Some(ev)) = id.channel().clone().get_event(Some(Duration::ZERO)) {
+                if ev.kind == EventKind::Disconnected {
+                    return Err(Ended::Disconnected);
+                }
+            }
+        }
+        // SAFETY: plain C struct; zero is valid.
+        let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: live CQ; room for one entry.
+            let n = unsafe { rdma_sys::ibv_poll_cq(self.cq, 1, &mut wc) };
+            if n <= 0 {
+                return Ok(None);
+            }
+            if wc.wr_id != WR_RECV {
+                continue;
+            }
+            if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+                return Err(Ended::Flushed); // the QP went to the error state
+            }
+            let _ = self.repost_recv();
+            // SAFETY: a u32 either way; a receive with immediate fills it.
+            let raw = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
+            return match Imm::decode(u32::from_be(raw)) {
+                Ok(Imm::Reset) => Err(Ended::Reset),
+                Ok(imm) => Ok(Some(imm)),
+                Err(_) => Ok(None),
+            };
+        }
     }
 
     /// One signaled, inline RDMA WRITE (no immediate) of `PATTERN` to `addr` with `rkey`;
@@ -330,14 +427,8 @@ impl Peer {
         Ok(Outcome { status: None })
     }
 
-    /// One signaled, zero-length WRITE_WITH_IMM carrying `imm` (a control message, consuming
-    /// one of the server's receives); waits for its completion until `timeout`.
-    fn send_imm(&mut self, imm: u32, timeout: Duration) -> Result<Outcome, String> {
-        self.post_imm(imm)?;
-        self.wait_write(timeout)
-    }
-
-    /// Posts what [`Peer::send_imm`] waits for.
+    /// Posts one signaled, zero-length WRITE_WITH_IMM carrying `imm` (a control message,
+    /// consuming one of the server's receives); [`Peer::wait_write`] waits for it.
     fn post_imm(&mut self, imm: u32) -> Result<(), String> {
         // SAFETY: plain C struct; zero is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -465,6 +556,8 @@ fn main() {
     let mut timeout = Duration::from_secs(20);
     let mut migrate: Option<u16> = None;
     let mut phantom: Option<String> = None;
+    let mut storm_n = 1;
+    let mut resume = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--timeout" => {
@@ -483,6 +576,21 @@ fn main() {
                 );
             }
             "--phantom-read" => phantom = Some(args.next().unwrap_or_else(|| usage())),
+            "--migrate-storm" => {
+                storm_n = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n: &usize| (1..=1024).contains(&n))
+                    .unwrap_or_else(|| usage());
+                migrate = migrate.or(Some(STORM_PORT));
+            }
+            "--oversized-resume" => {
+                resume = Some(
+                    args.next()
+                        .and_then(|v| resume::Variant::parse(&v))
+                        .unwrap_or_else(|| usage()),
+                );
+            }
             _ => usage(),
         }
     }
@@ -505,24 +613,11 @@ fn main() {
     if let Some(out) = phantom {
         phantom::run(addr, timeout, &out);
     }
+    if let Some(v) = resume {
+        resume::run(addr, timeout, v);
+    }
     if let Some(to) = migrate {
-        let mut m = open_or_die("M");
-        let imm = rsock_core::proto::Imm::Migrate { port: to }.encode();
-        match m.send_imm(imm, timeout) {
-            Ok(o) if o.ok() => println!("attacker: MIGRATE to port {to} sent (imm {imm:#010x})"),
-            Ok(o) => {
-                println!("attacker: the MIGRATE write failed: {}", o.text());
-                exit(3)
-            }
-            Err(e) => {
-                println!("attacker: MIGRATE not posted: {e}");
-                exit(3)
-            }
-        }
-        // Stay connected: the server must give up on its own, not because we left.
-        std::thread::sleep(timeout);
-        m.close(close_t);
-        exit(0)
+        storm::run(addr, timeout, to, storm_n);
     }
     let mut a = open_or_die("A");
     let mut b = open_or_die("B");

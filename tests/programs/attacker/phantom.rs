@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::process::exit;
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_recv_wr, ibv_wc};
+use rdma_sys::ibv_wc;
 use rsock_core::proto::Imm;
 use rsock_core::rdma::EventKind;
 
@@ -91,7 +91,7 @@ fn collect(p: &mut Peer, want: u64, timeout: Duration) -> (u64, Ended) {
             if wc.status != rdma_sys::ibv_wc_status::IBV_WC_SUCCESS {
                 return (echoed, Ended::Disconnected); // flushed: the QP is down
             }
-            repost(p);
+            let _ = p.repost_recv();
             // SAFETY: a u32 either way; a receive with immediate fills it.
             let raw = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
             match Imm::decode(u32::from_be(raw)) {
@@ -114,17 +114,4 @@ fn collect(p: &mut Peer, want: u64, timeout: Duration) -> (u64, Ended) {
         }
     }
     (echoed, Ended::Timeout)
-}
-
-/// Posts one zero-length receive again (the server's immediates each consume one).
-fn repost(p: &mut Peer) {
-    let mut wr = ibv_recv_wr {
-        wr_id: WR_RECV,
-        next: std::ptr::null_mut(),
-        sg_list: std::ptr::null_mut(),
-        num_sge: 0,
-    };
-    let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-    // SAFETY: live QP; one WR without SGEs.
-    unsafe { rdma_sys::ibv_post_recv(p.qp, &mut wr, &mut bad) };
 }
