@@ -29,8 +29,9 @@ use std::time::{Duration, Instant};
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an export waits for the peer's bytes up to its resume point. The peer resumes
 /// only after every write of its old QP completed, i.e. was placed in our ring: what is
-/// left is reading their completions, so an honest resume never waits long. A resume point
-/// the peer never wrote (a hostile peer) costs the helper at most this.
+/// left is reading their completions, so an honest resume never waits long. The taker asks
+/// again until then (the owner's helper never waits): a resume point the peer never wrote
+/// (a hostile peer) costs that taker at most this, and the owner nothing.
 const EXPORT_WAIT: Duration = Duration::from_secs(1);
 /// At most this many resumes run at once (each on a long-lived mover thread).
 const MAX_MOVERS: usize = 4;
@@ -195,16 +196,23 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             resume_at: sent_end,
             taker: engine.owner,
         };
-        let mut at = owner;
-        let memfd = match ipc::call(&mut at, &export, fd) {
-            Ok((Reply::State, Some(memfd))) if at == owner => memfd,
-            Ok((_, f)) => {
-                if let Some(f) = f {
-                    raw::close(f);
+        let export_by = Instant::now() + EXPORT_WAIT;
+        let memfd = loop {
+            let mut at = owner;
+            match ipc::call(&mut at, &export, fd) {
+                Ok((Reply::State, Some(memfd))) if at == owner => break memfd,
+                Ok((_, f)) => {
+                    if let Some(f) = f {
+                        raw::close(f);
+                    }
+                    return Err("export: not a state".into());
                 }
-                return Err("export: not a state".into());
+                // The peer's last writes are not all in the owner's ring yet.
+                Err(ipc::CallError::Refused(libc::EAGAIN)) if Instant::now() < export_by => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(format!("export: {}", errno_name(e.errno()))),
             }
-            Err(e) => return Err(format!("export: {}", errno_name(e.errno()))),
         };
         // At most what the state can hold: the header and two buffers of the sizes agreed.
         let most = proto::Handover::LEN + 1 + (m.ring.len() + m.send.len());
@@ -382,13 +390,12 @@ impl Engine {
             );
             return (Reply::Failed(libc::EPROTO), None);
         }
-        let deadline = Instant::now() + EXPORT_WAIT;
-        while s.received_end() < resume_at {
-            if Instant::now() > deadline {
-                return (Reply::Failed(libc::ETIMEDOUT), None);
-            }
-            if self.progress(&s.dev) == 0 {
-                std::thread::sleep(Duration::from_micros(100));
+        // Not all in yet: the taker asks again (for up to EXPORT_WAIT). This thread never
+        // waits on a peer, which may name a point it never wrote.
+        if s.received_end() < resume_at {
+            self.progress(&s.dev);
+            if s.received_end() < resume_at {
+                return (Reply::Failed(libc::EAGAIN), None);
             }
         }
         let Some(state) = s.export(taker) else {

@@ -33,9 +33,8 @@
 # the victim's bytes and the cell fails.
 # Cells isolation_oversized_resume and isolation_migrate_storm (issue #21): resumes at
 # positions a peer never reached, and MIGRATE on 16 connections at once, while a victim's
-# connections must each be served in under T_ISO_VICTIM_S (2) s; the opt-in
-# isolation_unwritten_resume (run only when named) shows where that does not hold yet.
-# See their comments below.
+# connections must each be served in under T_ISO_VICTIM_S (2) s; isolation_unwritten_resume
+# the same at resume points never written. See their comments below.
 # Environment: T_ISO_MB (victim's file, MiB, default 16), T_ISO_VICTIM_S, SHIM_LOG_LEVEL,
 # T_KEEP=1.
 #
@@ -303,16 +302,14 @@ victim_raw() {
 # (ESTABLISHED), the 4 sent_end ones each held the owner 1 s (refused after 1.0-3.0 s), a
 # victim connection took 4139 ms, and 4 QPs of accepted attackers stayed.
 cell_isolation_oversized_resume() { oversized_resume_cell sent granted; }
-# Cell isolation_unwritten_resume (opt-in): the same with 8 resumes at sent_end = one server
-# ring, within a ring of what the owner received (so not refused at sight) but never
-# written: each costs the owner's helper thread EXPORT_WAIT (1 s) before it refuses, and
-# the helper answers them one after another while it also takes new connections in. Not
-# in the default list because it fails on the current shim (2026-11-25, two runs in the
-# bed): the owner refused the 8 exports one a second, in series (its log: "take-over
-# failed: export: Connection timed out" at +0, +1.1, +2.1, ... +7.8 s); a victim connection
-# made meanwhile took 8.1 s (its take-over waited 3.0 s for the owner), and in the other
-# run (debug logs) 10.6 s, falling back to kernel TCP. A remote peer can stall the owner's
-# helper 1 s per connection it opens (src/engine/takeover.rs, answer_export).
+# Cell isolation_unwritten_resume: the same with 8 resumes at sent_end = one server ring,
+# within a ring of what the owner received (so not refused at sight) but never written.
+# The owner answers the taker's export at once ("not all in yet", EAGAIN) and the taker
+# asks again for up to EXPORT_WAIT (1 s) in its own thread: the refusals take ~1 s each, in
+# parallel, and the owner's helper never waits. Fails on a shim whose owner waits in its
+# helper thread for the bytes (2026-11-25, before the fix: the 8 exports were refused one a
+# second, in series, "export: Connection timed out" at +0, +1.1, ... +7.8 s; a victim
+# connection made meanwhile took 8.1 s, and 10.6 s in another run, falling back to TCP).
 cell_isolation_unwritten_resume() { oversized_resume_cell unwritten; }
 
 # oversized_resume_cell VARIANT...: 8 attackers at once, their variants taken in turn.
@@ -419,9 +416,9 @@ cell_isolation_migrate_storm() {
 }
 
 CELLS=(isolation_cross_connection_write isolation_hostile_migrate isolation_phantom_read
-    isolation_oversized_resume isolation_migrate_storm)
-# Cells run only when named, with why in their comment: isolation_unwritten_resume.
-OPT_IN=(isolation_unwritten_resume)
+    isolation_oversized_resume isolation_unwritten_resume isolation_migrate_storm)
+# Cells run only when named, with why in their comment.
+OPT_IN=()
 for c in "${CELLS[@]}" "${OPT_IN[@]}"; do
     if [[ " ${OPT_IN[*]} " == *" $c "* ]]; then
         [ -n "$PATTERN" ] && selected "$c" || { echo "# not run (opt-in, see its comment): $c"; continue; }

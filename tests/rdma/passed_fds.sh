@@ -252,18 +252,22 @@ cell_passed_exec_taken() {
     done
     bg_wait srv || soft fail "server: $(tail -c 300 srv.err | paste -sd' ')"
     bg_stop qps
-    local kids
+    local main kids
+    main=$(awk '/^listen /{ sub("pid=", "", $2); print $2; exit }' events.log)
     kids=$(awk '/^serve /{ sub("pid=", "", $2); print $2 }' events.log | sort -u | paste -sd' ')
-    # shellcheck disable=SC2086 # a list of pids
-    echo "# children $kids; sampled QPs: children $(qps_of $kids)"
+    echo "# server $main, children $kids"
     [ "$(grep -c "^served .* bytes=$((SIZE - 1))" events.log)" -eq 3 ] ||
         soft fail "the exec'd images did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
-    [ "$(grep -c 'given back to pid .* before an exec' srv.log)" -eq 3 ] ||
+    # Each child held its connection for a few ms only (too short for the QP sampler): the
+    # shims' logs say it moved there and back.
+    [ "$(grep -c "taken over from pid $main " srv.log)" -eq 3 ] ||
+        soft fail "the children did not take 3 streams over: $(grep 'taken over' srv.log | paste -sd'|')"
+    [ "$(grep -c "given back to pid $main before an exec" srv.log)" -eq 3 ] ||
         soft fail "the shim's log does not say 3 streams were given back before exec: $(grep -i 'exec' srv.log | tail -3 | paste -sd'|')"
-    # shellcheck disable=SC2086 # a list of pids
-    [ "$(qps_of $kids)" -gt 0 ] || soft fail "no QP was ever a child's: the streams were not taken over"
     soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
-    soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma>=3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    # The server's own counters see only the first byte of each: the rest goes through the
+    # relay to a program that reads a plain socket.
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=3' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
     soft rdma_end "$((3 * SIZE))" 2
     expect_qps_released
 }
