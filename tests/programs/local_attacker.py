@@ -12,6 +12,12 @@ It finds every engine's abstract socket (`@rsock.<pid>.<nonce>` in /proc/net/uni
 Prints one line per finding and a summary `local-attacker: names=N requests=R
 got_fds=F answers_not_refused=A flood_held=H`; exit status 1 if any request got an fd or an
 answer other than a refusal (what would be a breach), 0 otherwise.
+
+`--squat PID` instead: waits for the engine of process PID to go (its name is free once
+the process exits), binds that name itself and, for --hold seconds, answers every caller
+as an owner would answer an accept: a forged "kernel TCP connection" carrying a socket of
+its own. Prints `local-attacker: squat name=NAME callers=C`; what matters is that no caller
+believes it (the caller checks the answering pid).
 """
 import argparse
 import array
@@ -67,13 +73,59 @@ def refused(reply):
     return reply is None or len(reply) == 0 or (reply[:4] == MAGIC and reply[5] == 0)
 
 
+def squat(pid, hold, ready):
+    name = next((n for n in names() if n.startswith(f"rsock.{pid}.")), None)
+    if name is None:
+        print(f"local-attacker: no engine of pid {pid}", flush=True)
+        return 2
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    end = time.time() + 60
+    while True:
+        try:
+            srv.bind("\0" + name)
+            break
+        except OSError:
+            if time.time() > end:
+                print(f"local-attacker: {name} never came free", flush=True)
+                return 2
+            time.sleep(0.01)
+    srv.listen(64)
+    srv.settimeout(0.2)
+    print(f"local-attacker: squatting {name}", flush=True)
+    if ready:
+        open(ready, "w").close()
+    forged = MAGIC + bytes([1, 2]) + bytes(98)  # Reply::Tcp, no addresses
+    callers = 0
+    end = time.time() + hold
+    while time.time() < end:
+        try:
+            c, _ = srv.accept()
+        except OSError:
+            continue
+        callers += 1
+        bait = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            c.settimeout(0.5)
+            c.recvmsg(256, socket.CMSG_SPACE(64))
+            c.sendmsg([forged], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [bait.fileno()]))])
+        except OSError:
+            pass
+        bait.close()
+        c.close()
+    print(f"local-attacker: squat name={name} callers={callers}", flush=True)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=64, help="tokens tried per engine and op")
     ap.add_argument("--flood", type=int, default=67, help="connections held open per engine")
     ap.add_argument("--hold", type=float, default=5.0, help="seconds the flood is held")
     ap.add_argument("--ready", help="file created once the flood is open")
+    ap.add_argument("--squat", type=int, help="squat this process's engine name once it exits")
     a = ap.parse_args()
+    if a.squat:
+        return squat(a.squat, a.hold, a.ready)
 
     found = names()
     print(f"local-attacker: uid={os.getuid()} engines: {' '.join(found) or 'none'}", flush=True)

@@ -20,6 +20,12 @@
 # Cells: local_attack_echo (a root echo server: one process owns its streams),
 # local_attack_prefork (a prefork server: workers take every connection over from the
 # master, so each client needs the master's control socket while it is flooded).
+# Cell local_attack_squat: a listener passed to an unrelated worker (tests/rdma/fork/
+# pass_fds.py lworker/lsender), whose sender then exits; the attacker, as nobody, binds the
+# sender's control-socket name as soon as it is free and answers the worker's accept with a
+# forged kernel TCP connection of its own. Asserts: the squatter was called; the worker
+# believed none of it (it checks the answering pid), took the listener over and served 3
+# RDMA clients intact, every connection it served coming from the clients' address.
 # Prints "PASS cell (Ns)" / "FAIL cell: why", then "N passed, N failed"; exit 1 on failure.
 
 set -u
@@ -148,8 +154,51 @@ cell_local_attack_prefork() {
     expect_qps_released
 }
 
+cell_local_attack_squat() {
+    local fk=$T_ROOT/tests/rdma/fork
+    rdma_begin
+    chmod 777 "$CELL_DIR"
+    bg worker $T shimmed "$CELL_DIR/srv" python3 "$fk/pass_fds.py" lworker "$CELL_DIR/ch.sock" 3 \
+        "$CELL_DIR/events.log" "$CELL_DIR/gate"
+    wait_until 30 test -S "$CELL_DIR/ch.sock" || fail "the worker did not listen: $(tail -c 300 worker.err)"
+    bg snd $T shimmed "$CELL_DIR/srv" python3 "$fk/pass_fds.py" lsender "$A" "$PORT" "$CELL_DIR/ch.sock" \
+        "$CELL_DIR/events.log" 3
+    wait_until 60 grep -q '^received ' events.log || fail "the worker got no listener: $(tail -c 300 worker.err | paste -sd' ')"
+    local spid
+    spid=$(awk '/^listen /{ sub("pid=", "", $2); print $2; exit }' events.log)
+    wait_until 30 grep -q "@rsock\.$spid\." /proc/net/unix || fail "the sender's engine has no control socket"
+    bg atk 120 setpriv --reuid=65534 --regid=65534 --clear-groups python3 "$ATK" --squat "$spid" --hold 15 \
+        --ready "$CELL_DIR/squatting"
+    bg_wait snd || fail "sender: $(tail -c 300 snd.err | paste -sd' ')"
+    wait_until 60 test -e squatting || fail "the attacker could not squat: $(tail -c 300 atk.out atk.err | paste -sd' ')"
+    touch gate  # the worker accepts now: its first call reaches the squatter
+    wait_until 60 grep -q 'taking the listener over' srv.log ||
+        fail "the worker did not take the listener over: $(tail -c 400 srv.log | paste -sd' ')"
+    wait_rdma_listen "$PORT" 60 || fail "the worker does not serve RDMA on the listener it took over"
+    local i
+    for i in 1 2 3; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$fk/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 200
+    done
+    for i in 1 2 3; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_wait worker || soft fail "worker: $(tail -c 300 worker.err | paste -sd' ')"
+    bg_wait atk || soft fail "the attacker: $(tail -c 300 atk.err | paste -sd' ')"
+    sed 's/^/#   /' atk.out
+    grep -q 'callers=[1-9]' atk.out || soft fail "the squatter was never called: $(tail -n1 atk.out)"
+    [ "$(grep -c "^served .* bytes=$SIZE" events.log)" -eq 3 ] ||
+        soft fail "the worker did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    [ "$(grep -c "^serve .* peer=('$A'," events.log)" -eq 3 ] ||
+        soft fail "the worker served a connection not from the clients: $(grep '^serve ' events.log | paste -sd'|')"
+    soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=3' 'conns.tcp==0'
+    soft rdma_end "$((3 * SIZE))" 0
+    expect_qps_released
+}
+
 res_summary > "$T_WORK/res.start"
-for c in local_attack_echo local_attack_prefork; do
+for c in local_attack_echo local_attack_prefork local_attack_squat; do
     selected "$c" || continue
     run_cell "$c"
 done

@@ -15,8 +15,9 @@ unix socket (SCM_RIGHTS), as acceptor/worker servers, Node.js cluster and system
                                          listens, sends the listener itself to the worker,
                                          closes its copy, and exits after HOLD_S seconds
                                          (a seamless reload's old process)
-  pass_fds.py lworker UNIX_PATH N LOG    accepts and serves N connections on the listener
-                                         it is sent
+  pass_fds.py lworker UNIX_PATH N LOG [GATE]
+                                         accepts and serves N connections on the listener
+                                         it is sent (once the file GATE exists, if given)
   pass_fds.py forkexec ADDR PORT N LOG   accepts N connections; a fork child per connection
                                          reads (and echoes) its first byte, then execs
                                          `pass_fds.py fdecho 3 I LOG` with the connection
@@ -88,9 +89,12 @@ def recv_listener(path):
     return socket.socket(fileno=fds[0])
 
 
-def lworker(path, n, logpath):
+def lworker(path, n, logpath, gate=None):
+    import time
     lst = recv_listener(path)
     log(logpath, f"received pid={os.getpid()} name={lst.getsockname()}")
+    while gate and not os.path.exists(gate):
+        time.sleep(0.05)
     threads = []
     for i in range(n):
         conn, _peer = lst.accept()
@@ -172,7 +176,7 @@ if __name__ == "__main__":
     elif sys.argv[1] == "worker":
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "lworker":
-        lworker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        lworker(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     elif sys.argv[1] == "lsender":
         lsender(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))
     elif sys.argv[1] == "forkexec":
