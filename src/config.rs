@@ -315,6 +315,8 @@ impl Config {
                         None => bad("expected comma-separated ADDR/PREFIX or port=N[-M] entries"),
                     }
                 }
+                // The shim's own note to an exec'd image (api::inherit), not a setting.
+                "RSOCK_PASSED_FDS" => {}
                 _ => warnings.push(format!(
                     "{name}: unknown variable, ignored (known: {})",
                     KNOWN.join(", ")

@@ -45,11 +45,34 @@ fn use_passed(s: &Socket, p: &ipc::Passed) -> Attachment {
     let Some(&first) = fds.first() else {
         return Attachment::Passed(Arc::new(*p));
     };
-    let (stream, ends) = match describe(p.owner, p.token, first) {
-        Ok(x) => x,
-        Err(why) => {
+    let mut at = p.owner;
+    let (stream, ends) = match ipc::call(&mut at, &Request::Describe { token: p.token }, first) {
+        Ok((r @ Reply::Described { ends, .. }, _)) => (as_stream(r), ends),
+        Ok((
+            Reply::Listening {
+                token,
+                owner,
+                sizes,
+                local,
+            },
+            Some(tcp_fd),
+        )) => {
+            track_foreign_listener(first, owner, token, sizes, local, tcp_fd);
+            for &fd in &fds[1..] {
+                if let Some(n) = fdtable::get(first) {
+                    super::share(&n, fd);
+                }
+            }
+            return fdtable::get(first)
+                .and_then(|n| n.attachment())
+                .unwrap_or_else(|| Attachment::Passed(Arc::new(*p)));
+        }
+        other => {
+            if let Ok((_, Some(x))) = other {
+                raw::close(x);
+            }
             log::warn!(
-                "fd {first}: rdma stream passed at exec by pid {}: not described ({why}): dead",
+                "fd {first}: rdma socket passed at exec by pid {}: not described ({other:?}): dead",
                 p.owner.pid
             );
             if let Some(a) = dead_end() {
@@ -557,24 +580,7 @@ fn received(fd: c_int) {
                 local,
             },
             Some(tcp_fd),
-        )) => {
-            let l = Listener::foreign(
-                owner,
-                token,
-                crate::engine::BufSizes::unpack(sizes),
-                dup_hidden(fd),
-                raw::hide(tcp_fd),
-            );
-            track(fd, |s| {
-                if s.transition(State::Created, State::Listening) {
-                    s.attach(Attachment::Listener(l));
-                }
-            });
-            log::info!(
-                "fd {fd}: received pid {}'s listener on {local}: accepting through it",
-                owner.pid
-            );
-        }
+        )) => track_foreign_listener(fd, owner, token, sizes, local, tcp_fd),
         other => {
             if let Ok((_, Some(x))) = other {
                 raw::close(x);
@@ -585,6 +591,35 @@ fn received(fd: c_int) {
             );
         }
     }
+}
+
+/// Tracks `fd`, the A of listener `token` that `owner` runs (received with `SCM_RIGHTS`, or
+/// passed at exec), as a listener that accepts through its owner; `tcp_fd` is the kernel
+/// listener the owner sent, kept for the day the owner is gone.
+fn track_foreign_listener(
+    fd: c_int,
+    owner: ipc::Owner,
+    token: u64,
+    sizes: u64,
+    local: std::net::SocketAddr,
+    tcp_fd: c_int,
+) {
+    let l = Listener::foreign(
+        owner,
+        token,
+        crate::engine::BufSizes::unpack(sizes),
+        dup_hidden(fd),
+        raw::hide(tcp_fd),
+    );
+    track(fd, |s| {
+        if s.transition(State::Created, State::Listening) {
+            s.attach(Attachment::Listener(l));
+        }
+    });
+    log::info!(
+        "fd {fd}: pid {}'s listener on {local}: accepting through it",
+        owner.pid
+    );
 }
 
 /// What a [`Reply::Described`] says, as the [`Reply::Stream`] a worker's accept gets.
@@ -602,22 +637,6 @@ fn as_stream(r: Reply) -> Reply {
             ends,
         },
         r => r,
-    }
-}
-
-/// Asks `owner` what its stream `token` is, proving it with `fd` (the stream's A): the facts
-/// as the [`Reply::Stream`] a worker's accept would get, for [`attach_rdma`], and its ends.
-fn describe(owner: ipc::Owner, token: u64, fd: c_int) -> Result<(Reply, ipc::Ends), String> {
-    let mut at = owner;
-    match ipc::call(&mut at, &Request::Describe { token }, fd) {
-        Ok((r @ Reply::Described { ends, .. }, _)) => Ok((as_stream(r), ends)),
-        Ok((r, x)) => {
-            if let Some(x) = x {
-                raw::close(x);
-            }
-            Err(format!("{r:?}"))
-        }
-        Err(e) => Err(format!("{e:?}")),
     }
 }
 
@@ -697,12 +716,13 @@ fn to_kernel_listener(s: &Socket, l: &Arc<Listener>, for_exec: bool) {
     s.detach_quietly();
 }
 
-/// Before `exec`: owned fds that survive it must be usable by an image that knows nothing of
-/// the shim. Streams owned elsewhere on stdio are adopted (relayed); listeners become the
-/// kernel listener they wrap. Streams owned elsewhere on other fds are left as they are and
-/// returned: the new image, if it has the shim, takes them over on first use
-/// ([`passed_at_exec`]). A stream this very process owns cannot outlive its engine: it is
-/// left as it is (the limitation is logged).
+/// Before `exec`: owned fds that survive it must be usable by the new image. Streams owned
+/// elsewhere on stdio are adopted (relayed: no shim needed); a stream this process took
+/// over goes back where it came from and is relayed; its own listeners become the kernel
+/// listener they wrap. Streams owned elsewhere on other fds, and listeners owned elsewhere,
+/// are left as they are and returned: the new image (given the shim by `with_exec_env`)
+/// takes them over, or accepts through the owner, on first use ([`passed_at_exec`]). A
+/// stream this process made itself cannot outlive its engine (logged).
 pub(super) fn before_exec() -> Vec<c_int> {
     let mut passed = Vec::new();
     if fdtable::high_water() == 0 || raw::in_vfork_child() {
@@ -730,6 +750,11 @@ pub(super) fn before_exec() -> Vec<c_int> {
                 adopt(&s, &st); // relayed: the new image needs no shim for it
             }
             Some(Attachment::Stream(_) | Attachment::Passed(_)) => passed.push(fd),
+            // Another process's (a fork child execs with its parent's listener: Postfix,
+            // inetd `wait` services, a binary upgrade): the new image accepts through the
+            // owner, whose rdma_cm listener and queue would otherwise take connections that
+            // nobody accepts.
+            Some(Attachment::Listener(l)) if !l.owner.is_me() => passed.push(fd),
             Some(Attachment::Listener(l)) => to_kernel_listener(&s, &l, true),
             _ => {}
         }

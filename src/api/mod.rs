@@ -482,7 +482,13 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
         };
     }
     if let Some(s) = fdtable::get(fd) {
-        match s.attachment() {
+        // A listener passed at exec is known by its name until its first use.
+        let a = match s.attachment() {
+            Some(Attachment::Passed(_)) => inherit::here(&s),
+            a => a,
+        };
+        let s = fdtable::get(fd).unwrap_or(s);
+        match a {
             Some(Attachment::Listener(l)) if l.owner.is_me() => {
                 return accept_dual(&l, addr, len, flags)
             }
@@ -674,7 +680,9 @@ fn environ_ptr() -> *const *const libc::c_char {
 }
 
 /// Prepares the sockets for the exec ([`inherit::before_exec`]) and calls `exec` with
-/// `envp`, plus `RSOCK_PASSED_FDS=...` when streams are passed on (replacing any it had).
+/// `envp`, plus `RSOCK_PASSED_FDS=...` when sockets are passed on (replacing any it had).
+/// Those need the shim in the new image: a program that cleans its children's environment
+/// (Postfix's master) gets `LD_PRELOAD` and this process's `RSOCK_*` settings put back.
 /// A vfork child, or a process that never owned a socket, execs with `envp` as it is.
 unsafe fn with_exec_env(
     envp: *const *const libc::c_char,
@@ -691,22 +699,64 @@ unsafe fn with_exec_env(
         return exec(envp);
     }
     let list: Vec<String> = passed.iter().map(|fd| fd.to_string()).collect();
-    let ours = format!("{}={}\0", inherit::PASSED_FDS, list.join(","));
+    let mut added = vec![format!("{}={}\0", inherit::PASSED_FDS, list.join(","))];
     let prefix = format!("{}=", inherit::PASSED_FDS);
     let mut env: Vec<*const libc::c_char> = Vec::new();
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    let mut preload = None;
     let mut p = envp;
     while !(*p).is_null() {
-        if !std::ffi::CStr::from_ptr(*p)
-            .to_bytes()
-            .starts_with(prefix.as_bytes())
-        {
+        let var = std::ffi::CStr::from_ptr(*p).to_bytes();
+        let name = var.split(|&b| b == b'=').next().unwrap_or(var);
+        if name == b"LD_PRELOAD" {
+            preload = Some(var[name.len()..].strip_prefix(b"=").unwrap_or(b"").to_vec());
+        } else if !var.starts_with(prefix.as_bytes()) {
             env.push(*p);
         }
+        names.push(name.to_vec());
         p = p.add(1);
     }
-    env.push(ours.as_ptr().cast());
+    added.push(with_shim(preload));
+    for (k, v) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("RSOCK_")
+            && k != inherit::PASSED_FDS
+            && !names.contains(&k.as_bytes().to_vec())
+        {
+            added.push(format!("{k}={}\0", v.to_string_lossy()));
+        }
+    }
+    env.extend(added.iter().map(|v| v.as_ptr().cast()));
     env.push(std::ptr::null());
-    exec(env.as_ptr()) // on failure `ours` and `env` are dropped here
+    exec(env.as_ptr()) // on failure `added` and `env` are dropped here
+}
+
+/// `LD_PRELOAD=...` for an exec'd image, NUL-terminated: `had` (the value the program gave
+/// it, if any) with this library added unless it is there already.
+fn with_shim(had: Option<Vec<u8>>) -> String {
+    let had = had.map(|v| String::from_utf8_lossy(&v).into_owned());
+    let me = own_path();
+    match (had, me) {
+        (Some(h), Some(me)) if !h.split([':', ' ']).any(|x| x == me) && !h.is_empty() => {
+            format!("LD_PRELOAD={me}:{h}\0")
+        }
+        (Some(h), _) if !h.is_empty() => format!("LD_PRELOAD={h}\0"),
+        (_, Some(me)) => format!("LD_PRELOAD={me}\0"),
+        _ => "LD_PRELOAD=\0".to_string(),
+    }
+}
+
+/// The path this library was loaded from.
+fn own_path() -> Option<String> {
+    // SAFETY: dladdr on an address inside this library; it fills `info` or returns 0.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) };
+    if r == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr's dli_fname is a NUL-terminated string that lives with the library.
+    let p = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    Some(p.to_string_lossy().into_owned())
 }
 
 /// The child's state is reset by the `pthread_atfork` handler registered at start-up, which

@@ -185,6 +185,8 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
         return real::ioctl(fd, req, arg);
     };
     match (req, &a) {
+        // Flags of the program's fd itself (Python's `set_inheritable`), not of the socket.
+        (libc::FIOCLEX | libc::FIONCLEX, _) => real::ioctl(fd, req, arg),
         (libc::FIONBIO, _) => {
             let r = real::ioctl(fd, req, arg);
             if r == 0 && arg != 0 {

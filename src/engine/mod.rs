@@ -1034,14 +1034,14 @@ impl Engine {
                     log::debug!("ipc: cannot watch a caller: {e}");
                 }
             };
-            server.on_listener(&mut |req, proof| self.answer(req, proof), &mut watch);
+            server.on_listener(&mut |req, call| self.answer(req, call), &mut watch);
         }
     }
 
     /// Helper: a caller whose request was not in yet is readable.
     fn serve_waiting(&'static self, c: c_int) {
         if let Some(server) = &self.ipc {
-            server.on_waiting(c, &mut |req, proof| self.answer(req, proof));
+            server.on_waiting(c, &mut |req, call| self.answer(req, call));
         }
     }
 
@@ -1060,7 +1060,20 @@ impl Engine {
     /// One request, from a process that sent `proof` as its fd of the socket asked about.
     /// Whoever does not hold that socket learns nothing (ENOENT, as for a token never
     /// issued), whatever its uid.
-    fn answer(&'static self, req: &ipc::Request, proof: c_int) -> (ipc::Reply, Option<c_int>) {
+    fn answer(
+        &'static self,
+        req: &ipc::Request,
+        call: ipc::Call,
+    ) -> Option<(ipc::Reply, Option<c_int>)> {
+        let proof = call.proof;
+        if let ipc::Request::Reclaim { token, taker } = *req {
+            return self.defer_reclaim(token, taker, call);
+        }
+        Some(self.answer_now(req, proof))
+    }
+
+    /// [`answer`](Self::answer) for the requests the helper answers at once.
+    fn answer_now(&'static self, req: &ipc::Request, proof: c_int) -> (ipc::Reply, Option<c_int>) {
         let token = req.token();
         let stream = || {
             lock(&self.streams_by_token)
@@ -1100,7 +1113,7 @@ impl Engine {
                 Some(s) => self.answer_export(&s, resume_at, taker),
                 None => self.not_here(token, proof),
             },
-            ipc::Request::Reclaim { taker, .. } => self.answer_reclaim(token, taker, proof),
+            ipc::Request::Reclaim { .. } => (ipc::Reply::Failed(libc::EINVAL), None), // deferred
             ipc::Request::Accept { taker, .. } => match self.listener_held(token, proof) {
                 Some(l) => self.accept_for(&l, taker),
                 None => (ipc::Reply::Failed(libc::ENOENT), None),

@@ -447,7 +447,7 @@ impl Engine {
         (r, Some(a))
     }
 
-    /// Old owner, helper thread: [`Request::Reclaim`] — the process this one handed stream
+    /// Old owner, mover thread: [`Request::Reclaim`] — the process this one handed stream
     /// `token` to (`taker`, holding its A as `proof`) is about to change its credentials,
     /// after which the kernel refuses its writes to the verbs and rdma_cm files: this process
     /// takes the stream back (the same hand-over, the other way) and relays it to the taker.
@@ -531,9 +531,47 @@ impl Engine {
     /// to a live thread in `rdma resource show`); up to [`MAX_MOVERS`] run at once, so one
     /// slow or hostile peer does not hold up the others.
     pub(super) fn schedule_resume(&'static self, token: u64, port: u16) {
+        self.to_mover(MoverJob::Resume { token, port });
+    }
+
+    /// Helper: [`Request::Reclaim`] is answered by a mover thread (the hand-over back waits
+    /// for the remote peer's resume; the helper never waits on a peer). `None`: queued, with
+    /// copies of the caller's connection and proof.
+    pub(super) fn defer_reclaim(
+        &'static self,
+        token: u64,
+        taker: ipc::Owner,
+        call: ipc::Call,
+    ) -> Option<(Reply, Option<c_int>)> {
+        if lock(&self.moved).get(token, call.proof) != Some(taker) {
+            return Some((Reply::Failed(libc::ENOENT), None));
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on fds the ipc server holds for this call.
+        let (conn, proof) = unsafe {
+            (
+                raw::hide(crate::sys::real::fcntl(call.conn, libc::F_DUPFD_CLOEXEC, 0)),
+                raw::hide(crate::sys::real::fcntl(
+                    call.proof,
+                    libc::F_DUPFD_CLOEXEC,
+                    0,
+                )),
+            )
+        };
+        if conn < 0 || proof < 0 {
+            raw::close(conn);
+            raw::close(proof);
+            return Some((Reply::Failed(libc::EMFILE), None));
+        }
+        let call = ipc::Call { conn, proof };
+        self.to_mover(MoverJob::Reclaim { token, taker, call });
+        None
+    }
+
+    /// Queues `job` for a mover thread, starting one if none is idle (up to [`MAX_MOVERS`]).
+    fn to_mover(&'static self, job: MoverJob) {
         let spawn = {
             let mut q = lock(&self.resumes);
-            q.queue.push_back((token, port));
+            q.queue.push_back(job);
             let spawn = q.idle == 0 && q.threads < MAX_MOVERS;
             if spawn {
                 q.threads += 1;
@@ -552,13 +590,14 @@ impl Engine {
         self.resume_cv.notify_one();
     }
 
-    /// A mover thread: resumes streams whose peer moved, one at a time.
+    /// A mover thread: resumes streams whose peer moved, and takes streams back, one at a
+    /// time.
     fn run_mover(&'static self) {
         let Some(_g) = crate::guard::enter() else {
             return;
         };
         loop {
-            let (token, port) = {
+            let job = {
                 let mut q = lock(&self.resumes);
                 q.idle += 1;
                 while q.queue.is_empty() {
@@ -570,18 +609,39 @@ impl Engine {
                     None => continue,
                 }
             };
-            let s = lock(&self.streams_by_token).get(&token).cloned();
-            if let Some(s) = s {
-                resume(self, s, port);
+            match job {
+                MoverJob::Resume { token, port } => {
+                    let s = lock(&self.streams_by_token).get(&token).cloned();
+                    if let Some(s) = s {
+                        resume(self, s, port);
+                    }
+                }
+                MoverJob::Reclaim { token, taker, call } => {
+                    let (r, fd) = self.answer_reclaim(token, taker, call.proof);
+                    ipc::reply(call.conn, &r, fd);
+                    raw::close(call.proof);
+                }
             }
         }
     }
 }
 
-/// Resumes waiting for a mover thread, and the threads there are.
+/// What a mover thread does.
+enum MoverJob {
+    /// Our peer moved to `port`: resume stream `token` there.
+    Resume { token: u64, port: u16 },
+    /// [`Request::Reclaim`], answered on `call`.
+    Reclaim {
+        token: u64,
+        taker: ipc::Owner,
+        call: ipc::Call,
+    },
+}
+
+/// Jobs waiting for a mover thread, and the threads there are.
 #[derive(Default)]
 pub struct Resumes {
-    queue: std::collections::VecDeque<(u64, u16)>,
+    queue: std::collections::VecDeque<MoverJob>,
     threads: usize,
     idle: usize,
 }

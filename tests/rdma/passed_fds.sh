@@ -28,6 +28,11 @@
 #   passed_listener_reload  the same, but the sender exits once it passed the listener (a
 #                           seamless reload's old process): the worker takes the listener over
 #                           and serves RDMA on it itself.
+#   passed_exec_listener    a server that listens, then forks 2 children that exec a program
+#                           with the listener on fd 3 and an environment cleaned of all but
+#                           PATH (Postfix's master); it never accepts itself: the children
+#                           accept through it (the shim puts itself back in their
+#                           environment), 2 clients each.
 #   passed_exec_taken       a fork-after-accept server whose child takes its connection over
 #                           (reads the first byte), then execs a program with it on fd 3: the
 #                           stream goes back to the parent, which relays it to the new image.
@@ -225,7 +230,7 @@ listener_cell() {
     wpid=$(awk '/^received /{ sub("pid=", "", $2); print $2; exit }' events.log)
     spid=$(awk '/^listen /{ sub("pid=", "", $2); print $2; exit }' events.log)
     echo "# sender pid $spid, worker pid $wpid; sampled QPs: worker $(qps_of "$wpid"), sender $(qps_of "$spid")"
-    grep -q "received pid $spid's listener" srv.log || soft fail "the worker's shim did not recognise the listener"
+    grep -q "pid $spid's listener on .*: accepting through it" srv.log || soft fail "the worker's shim did not recognise the listener"
     [ "$(grep -c "^served pid=$wpid .* bytes=$SIZE" events.log)" -eq 3 ] ||
         soft fail "the worker did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
     [ "$(qps_of "$wpid")" -gt 0 ] || soft fail "no QP was ever the worker's"
@@ -237,6 +242,38 @@ listener_cell() {
 
 cell_passed_listener_held() { listener_cell 600; }
 cell_passed_listener_reload() { listener_cell 0; }
+
+cell_passed_exec_listener() {
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" spawner "$A" "$PORT" 2 2 "$CELL_DIR/events.log"
+    wait_dual srv
+    wait_until 60 bash -c "[ \$(grep -c '^accepting ' events.log) -eq 2 ]" || fail "the children did not start: $(tail -c 300 srv.err | paste -sd' ')"
+    local i
+    for i in 1 2 3 4; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 300
+    done
+    for i in 1 2 3 4; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_wait srv || soft fail "server: $(tail -c 300 srv.err | paste -sd' ')"
+    bg_stop qps
+    local main kids
+    main=$(awk '/^listen /{ sub("pid=", "", $2); print $2; exit }' events.log)
+    kids=$(awk '/^accepting /{ sub("pid=", "", $2); print $2 }' events.log | paste -sd' ')
+    # shellcheck disable=SC2086 # a list of pids
+    echo "# server $main, exec'd children $kids; sampled QPs: children $(qps_of $kids), server $(qps_of "$main")"
+    [ "$(grep -c "^served .* bytes=$SIZE" events.log)" -eq 4 ] ||
+        soft fail "the children did not echo 4 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    [ "$(grep -c "pid $main's listener on .*: accepting through it" srv.log)" -eq 2 ] ||
+        soft fail "the children's shims did not take the listener as the server's: $(grep -i 'listener' srv.log | tail -3 | paste -sd'|')"
+    # shellcheck disable=SC2086 # a list of pids
+    [ "$(qps_of $kids)" -gt 0 ] || soft fail "no QP was ever a child's"
+    soft expect_rdma cli 4 -D B=$((4 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv -D B=$((4 * SIZE)) 'conns.rdma>=4' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
+    soft rdma_end "$((4 * SIZE))" 2
+    expect_qps_released
+}
 
 cell_passed_exec_taken() {
     rdma_begin
@@ -274,7 +311,7 @@ cell_passed_exec_taken() {
 
 res_summary > "$T_WORK/res.start"
 for c in passed_acceptor_worker passed_node_cluster passed_systemd_activate passed_systemd_accept \
-    passed_listener_held passed_listener_reload passed_exec_taken; do
+    passed_listener_held passed_listener_reload passed_exec_listener passed_exec_taken; do
     selected "$c" || continue
     run_cell "$c"
 done

@@ -207,9 +207,29 @@ const MAX_WAITING_PER_UID: usize = 8;
 /// connecting).
 const REQUEST_WAIT: Duration = Duration::from_millis(500);
 
-/// What an owner makes of one request. The proof fd is the caller's; the answerer must not
-/// keep or close it.
-pub type Answer<'a> = dyn FnMut(&Request, c_int) -> (Reply, Option<c_int>) + 'a;
+/// What an owner makes of one request: its reply now, or `None` when the answer takes long
+/// (a hand-over that waits for the remote peer) and another thread gives it later with
+/// [`reply`], on its own copies of the caller's connection and proof (`Call`). The proof fd
+/// is the caller's; the answerer must not keep or close it.
+pub type Answer<'a> = dyn FnMut(&Request, Call) -> Option<(Reply, Option<c_int>)> + 'a;
+
+/// One caller's connection and the fd it sent as proof (both the server's, closed after).
+#[derive(Clone, Copy)]
+pub struct Call {
+    pub conn: c_int,
+    pub proof: c_int,
+}
+
+/// Sends `reply` (with `fd`, which is closed) on the caller's connection `conn`, then closes it.
+pub fn reply(conn: c_int, reply: &Reply, fd: Option<c_int>) {
+    if let Err(e) = unix::send(conn, &reply.encode(), fd) {
+        log::debug!("ipc: reply not sent: {e}");
+    }
+    if let Some(fd) = fd {
+        raw::close(fd); // the caller has its own copy now
+    }
+    raw::close(conn);
+}
 
 /// The owner's side: a listening socket and the connections whose request is still due.
 pub struct Server {
@@ -315,24 +335,20 @@ impl Server {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return false,
             r => r,
         };
-        let reply = match &got {
+        let answered = match &got {
             Ok(g) if !g.truncated => match (Request::decode(&buf[..g.len]), g.fd) {
-                (Ok(req), Some(proof)) => answer(&req, proof),
-                _ => (Reply::Failed(libc::EPROTO), None),
+                (Ok(req), Some(proof)) => answer(&req, Call { conn: c, proof }),
+                _ => Some((Reply::Failed(libc::EPROTO), None)),
             },
-            _ => (Reply::Failed(libc::EPROTO), None),
+            _ => Some((Reply::Failed(libc::EPROTO), None)),
         };
         if let Ok(Some(proof)) = got.as_ref().map(|g| g.fd) {
             raw::close(proof);
         }
-        let (reply, fd) = reply;
-        if let Err(e) = unix::send(c, &reply.encode(), fd) {
-            log::debug!("ipc: reply not sent: {e}");
+        match answered {
+            Some((r, fd)) => reply(c, &r, fd),
+            None => raw::close(c), // answered later, on the answerer's copy
         }
-        if let Some(fd) = fd {
-            raw::close(fd); // the caller has its own copy now
-        }
-        raw::close(c);
         true
     }
 }

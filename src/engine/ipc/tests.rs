@@ -26,7 +26,8 @@ fn serve(
         let mut watched: Vec<c_int> = Vec::new();
         let mut most_waiting = 0;
         while !stop.load(Ordering::Relaxed) {
-            let mut ans = |r: &Request, proof: c_int| answer(r, file_identity(proof));
+            let mut ans =
+                |r: &Request, call: super::Call| Some(answer(r, file_identity(call.proof)));
             if unix::wait(server.fd(), libc::POLLIN, 5) != 0 {
                 server.on_listener(&mut ans, &mut |c| watched.push(c));
             }

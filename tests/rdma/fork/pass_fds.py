@@ -18,6 +18,10 @@ unix socket (SCM_RIGHTS), as acceptor/worker servers, Node.js cluster and system
   pass_fds.py lworker UNIX_PATH N LOG [GATE]
                                          accepts and serves N connections on the listener
                                          it is sent (once the file GATE exists, if given)
+  pass_fds.py spawner ADDR PORT K N LOG  listens, then forks K children that each exec
+                                         `pass_fds.py execaccept 3 N LOG` with the listener on
+                                         fd 3 and an environment cleaned of everything but
+                                         PATH (Postfix's master does both); never accepts
   pass_fds.py forkexec ADDR PORT N LOG   accepts N connections; a fork child per connection
                                          reads (and echoes) its first byte, then execs
                                          `pass_fds.py fdecho 3 I LOG` with the connection
@@ -139,6 +143,36 @@ def forkexec(addr, port, n, logpath):
         os.waitpid(pid, 0)
 
 
+def spawner(addr, port, k, n, logpath):
+    lst = socket.create_server((addr, port))
+    lst.set_inheritable(True)
+    log(logpath, f"listen pid={os.getpid()}")
+    kids = []
+    for _ in range(k):
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(lst.fileno(), 3)
+            os.execve(sys.executable, [sys.executable, __file__, "execaccept", "3", str(n), logpath],
+                      {"PATH": "/usr/bin:/bin"})
+        kids.append(pid)
+    for pid in kids:
+        os.waitpid(pid, 0)
+
+
+def execaccept(fd, n, logpath):
+    lst = socket.socket(fileno=fd)
+    log(logpath, f"accepting pid={os.getpid()} name={lst.getsockname()}")
+    threads = []
+    for i in range(n):
+        conn, _peer = lst.accept()
+        log(logpath, f"serve pid={os.getpid()} conn={i} peer={conn.getpeername()}")
+        t = threading.Thread(target=echo, args=(conn, i, logpath))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+
+
 def fdecho(fd, i, logpath):
     conn = socket.socket(fileno=fd)
     log(logpath, f"serve pid={os.getpid()} conn={i}")
@@ -181,6 +215,10 @@ if __name__ == "__main__":
         lsender(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))
     elif sys.argv[1] == "forkexec":
         forkexec(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    elif sys.argv[1] == "spawner":
+        spawner(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+    elif sys.argv[1] == "execaccept":
+        execaccept(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "fdecho":
         fdecho(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     else:
