@@ -207,6 +207,17 @@ fn relay_end(
     }
 }
 
+/// A relay end of the stream behind `s` (whose fd here is `fd`), for a process that cannot
+/// use the stream itself (`api::rights`): served by this process's engine if the stream is
+/// its own, else by its owner.
+pub(super) fn relay_for_sending(s: &Socket, fd: c_int) -> Option<c_int> {
+    match s.attachment()? {
+        Attachment::Stream(st) if st.owner().is_me() => crate::engine::get()?.relay_end(&st),
+        Attachment::Stream(st) => relay_end(&mut st.owner(), st.token, fd, st.peer),
+        _ => None,
+    }
+}
+
 /// Makes the inherited stream `st` a relayed socket in this process: every fd of it now
 /// refers to a relay end the owner serves. If the owner cannot serve it (gone, or the
 /// stream is closed there), the fds read end of stream and writes fail, as on a dead socket.

@@ -195,6 +195,12 @@ pub unsafe fn sendto(
 
 #[inline]
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // Only a message that carries fds costs more than a test: they may be rsock streams.
+    if !fdtable::owns(fd) && !msg.is_null() && (*msg).msg_controllen > 0 {
+        if let Some(r) = super::rights::sending(fd, msg, flags) {
+            return r;
+        }
+    }
     data_call!(sent, fd, real::sendmsg(fd, msg, flags), |st| {
         if msg.is_null() {
             return fail(libc::EFAULT);

@@ -18,6 +18,7 @@ mod creds;
 mod inherit;
 mod io;
 mod opts;
+mod rights;
 
 pub use creds::*;
 pub use inherit::passed_at_exec;
@@ -747,7 +748,7 @@ fn with_shim(had: Option<Vec<u8>>) -> String {
 }
 
 /// The path this library was loaded from.
-fn own_path() -> Option<String> {
+pub(super) fn own_path() -> Option<String> {
     // SAFETY: dladdr on an address inside this library; it fills `info` or returns 0.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) };

@@ -1192,6 +1192,11 @@ impl Engine {
         r
     }
 
+    /// A relay end of `s`, which this process owns, for a process that cannot use its A.
+    pub fn relay_end(&'static self, s: &Arc<Stream>) -> Option<c_int> {
+        self.relay(s).1
+    }
+
     /// Starts a relay of `s` and the reply that hands its A over.
     fn relay(&'static self, s: &Arc<Stream>) -> (ipc::Reply, Option<c_int>) {
         match s.start_relay() {

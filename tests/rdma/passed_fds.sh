@@ -10,6 +10,9 @@
 #   passed_acceptor_worker  a Python acceptor sends each accepted connection to a worker it
 #                           did not fork (tests/rdma/fork/pass_fds.py) and closes its copy;
 #                           3 clients, each pausing half-way with its connection open.
+#   passed_plain_worker     the same with a worker that runs without the shim: the acceptor's
+#                           shim sees it (the worker's memory map) and sends relay ends
+#                           instead of the streams; it relays them.
 #   passed_node_cluster     Node.js cluster, round-robin (its default: the primary accepts
 #                           and sends each handle to a worker), 2 workers, 4 curl requests
 #                           without keep-alive.
@@ -95,6 +98,33 @@ cell_passed_acceptor_worker() {
     soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
     soft expect_stats "$CELL_DIR/srv" srv -D B=$((3 * SIZE)) 'conns.rdma>=3' 'conns.tcp==0' 'rx.rdma==B' 'tx.rdma==B'
     soft rdma_end "$((3 * SIZE))" 2
+    expect_qps_released
+}
+
+cell_passed_plain_worker() {
+    rdma_begin
+    bg worker $T python3 "$FK/pass_fds.py" worker "$CELL_DIR/ch.sock" 3 "$CELL_DIR/events.log"
+    wait_until 30 test -S "$CELL_DIR/ch.sock" || fail "the worker did not listen: $(tail -c 300 worker.err)"
+    bg acc $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" acceptor "$A" "$PORT" "$CELL_DIR/ch.sock" 3 "$CELL_DIR/events.log"
+    wait_dual acc
+    local i
+    for i in 1 2 3; do
+        bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 1000
+    done
+    for i in 1 2 3; do
+        bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
+        soft expect_same_file "$DATA" "got$i" "client $i"
+    done
+    bg_wait acc || soft fail "acceptor: $(tail -c 300 acc.err | paste -sd' ')"
+    bg_wait worker || soft fail "worker: $(tail -c 300 worker.err | paste -sd' ')"
+    bg_stop qps
+    [ "$(grep -c "^served .* bytes=$SIZE" events.log)" -eq 3 ] ||
+        soft fail "the worker did not echo 3 whole streams: $(grep '^served' events.log | paste -sd'|')"
+    [ "$(grep -c 'sent to a process without rsock as relay ends' srv.log)" -eq 3 ] ||
+        soft fail "the acceptor's shim did not send relay ends: $(grep -i 'without rsock' srv.log | paste -sd'|')"
+    soft expect_rdma cli 3 -D B=$((3 * SIZE)) 'tx.rdma==B' 'rx.rdma==B'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma==3' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft rdma_end "$((3 * SIZE))" 1
     expect_qps_released
 }
 
@@ -310,7 +340,7 @@ cell_passed_exec_taken() {
 }
 
 res_summary > "$T_WORK/res.start"
-for c in passed_acceptor_worker passed_node_cluster passed_systemd_activate passed_systemd_accept \
+for c in passed_acceptor_worker passed_plain_worker passed_node_cluster passed_systemd_activate passed_systemd_accept \
     passed_listener_held passed_listener_reload passed_exec_listener passed_exec_taken; do
     selected "$c" || continue
     run_cell "$c"
