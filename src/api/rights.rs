@@ -26,10 +26,8 @@ pub(super) unsafe fn sending(fd: c_int, msg: *const msghdr, flags: c_int) -> Opt
         return None;
     }
     let _g = crate::guard::enter()?;
-    let control = std::slice::from_raw_parts(
-        (*msg).msg_control.cast::<u8>(),
-        (*msg).msg_controllen as usize,
-    );
+    let control =
+        std::slice::from_raw_parts((*msg).msg_control.cast::<u8>(), (*msg).msg_controllen);
     let mut copy = control.to_vec();
     let mut m: msghdr = *msg;
     m.msg_control = copy.as_mut_ptr().cast();
