@@ -110,23 +110,28 @@ pub fn hide(fd: c_int) -> c_int {
         return fd;
     }
     let saved = errno();
-    // SAFETY: F_DUPFD_CLOEXEC on our own fd, straight to the kernel (fcntl is hooked).
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_fcntl,
-            fd as c_long,
-            libc::F_DUPFD_CLOEXEC as c_long,
-            hidden_fd_base() as c_long,
-        )
-    };
+    let n = dup_high(fd);
     let out = if n >= 0 {
         close(fd);
-        n as c_int
+        n
     } else {
         fd
     };
     set_errno(saved);
     out
+}
+
+/// A close-on-exec copy of `fd` at a high number, or -1.
+fn dup_high(fd: c_int) -> c_int {
+    // SAFETY: F_DUPFD_CLOEXEC on an fd of the shim's, straight to the kernel (fcntl is hooked).
+    unsafe {
+        libc::syscall(
+            libc::SYS_fcntl,
+            fd as c_long,
+            libc::F_DUPFD_CLOEXEC as c_long,
+            hidden_fd_base() as c_long,
+        ) as c_int
+    }
 }
 
 /// Moves an fd that a library opened for the shim, and reads from `field` on every use (an
@@ -145,18 +150,10 @@ pub unsafe fn rehome(field: *mut c_int) {
         return;
     }
     let saved = errno();
-    // SAFETY: F_DUPFD_CLOEXEC on an fd of the shim's, straight to the kernel.
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_fcntl,
-            old as c_long,
-            libc::F_DUPFD_CLOEXEC as c_long,
-            hidden_fd_base() as c_long,
-        )
-    };
+    let n = dup_high(old);
     if n >= 0 {
         // SAFETY: valid per the contract.
-        unsafe { field.write_volatile(n as c_int) };
+        unsafe { field.write_volatile(n) };
         close(old);
     }
     set_errno(saved);

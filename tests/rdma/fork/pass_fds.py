@@ -54,21 +54,35 @@ def echo(conn, i, logpath):
     log(logpath, f"served pid={os.getpid()} conn={i} bytes={n}")
 
 
-def worker(path, n, logpath):
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
-    ch, _ = srv.accept()
+def serve_each(next_conn, n, logpath):
+    """Echoes n connections, each on a thread: next_conn() gives the next one."""
     threads = []
     for i in range(n):
-        _msg, fds, _flags, _addr = socket.recv_fds(ch, 16, 1)
-        conn = socket.socket(fileno=fds[0])
+        conn = next_conn()
         log(logpath, f"serve pid={os.getpid()} conn={i} peer={conn.getpeername()}")
         t = threading.Thread(target=echo, args=(conn, i, logpath))
         t.start()
         threads.append(t)
     for t in threads:
         t.join()
+
+
+def channel(path):
+    """The unix socket the sender connects to at path: bound, listened, accepted."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    return srv.accept()[0]
+
+
+def received_socket(ch):
+    _msg, fds, _flags, _addr = socket.recv_fds(ch, 16, 1)
+    return socket.socket(fileno=fds[0])
+
+
+def worker(path, n, logpath):
+    ch = channel(path)
+    serve_each(lambda: received_socket(ch), n, logpath)
 
 
 def acceptor(addr, port, path, n, logpath):
@@ -84,30 +98,13 @@ def acceptor(addr, port, path, n, logpath):
     ch.close()
 
 
-def recv_listener(path):
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
-    ch, _ = srv.accept()
-    _msg, fds, _flags, _addr = socket.recv_fds(ch, 16, 1)
-    return socket.socket(fileno=fds[0])
-
-
 def lworker(path, n, logpath, gate=None):
     import time
-    lst = recv_listener(path)
+    lst = received_socket(channel(path))
     log(logpath, f"received pid={os.getpid()} name={lst.getsockname()}")
     while gate and not os.path.exists(gate):
         time.sleep(0.05)
-    threads = []
-    for i in range(n):
-        conn, _peer = lst.accept()
-        log(logpath, f"serve pid={os.getpid()} conn={i} peer={conn.getpeername()}")
-        t = threading.Thread(target=echo, args=(conn, i, logpath))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+    serve_each(lambda: lst.accept()[0], n, logpath)
 
 
 def lsender(addr, port, path, logpath, hold_s):
@@ -162,15 +159,7 @@ def spawner(addr, port, k, n, logpath):
 def execaccept(fd, n, logpath):
     lst = socket.socket(fileno=fd)
     log(logpath, f"accepting pid={os.getpid()} name={lst.getsockname()}")
-    threads = []
-    for i in range(n):
-        conn, _peer = lst.accept()
-        log(logpath, f"serve pid={os.getpid()} conn={i} peer={conn.getpeername()}")
-        t = threading.Thread(target=echo, args=(conn, i, logpath))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+    serve_each(lambda: lst.accept()[0], n, logpath)
 
 
 def fdecho(fd, i, logpath):
