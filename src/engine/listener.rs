@@ -65,7 +65,13 @@ pub struct Listener {
     deferred: Mutex<VecDeque<rdma::Incoming>>,
     backlog: usize,
     nonblocking: AtomicBool,
+    /// Another process has accepted through it (`ipc` Accept).
+    served_elsewhere: AtomicBool,
 }
+
+/// How many listeners this process owns and has not closed (for the exit hand-off, read
+/// from `_exit`, which takes no lock).
+pub(super) static OWNED: AtomicUsize = AtomicUsize::new(0);
 
 struct Queue {
     items: VecDeque<Accepted>,
@@ -134,6 +140,7 @@ impl Listener {
             deferred: Mutex::new(VecDeque::new()),
             backlog,
             nonblocking: AtomicBool::new(fl >= 0 && fl & libc::O_NONBLOCK != 0),
+            served_elsewhere: AtomicBool::new(false),
         });
         // A says whose listener it is, for a process that receives it with SCM_RIGHTS.
         let _ = crate::sys::unix::bind_abstract(
@@ -157,6 +164,7 @@ impl Listener {
             )
         };
         lock(&engine.listeners).insert(token, l.clone());
+        OWNED.fetch_add(1, Relaxed);
         let watched = engine
             .watch(l.rdma_fd, TAG_LISTEN_RDMA | token)
             .and_then(|_| engine.watch_oneshot(tcp_fd, TAG_LISTEN_TCP | token));
@@ -196,6 +204,7 @@ impl Listener {
             deferred: Mutex::new(VecDeque::new()),
             backlog: libc::SOMAXCONN as usize,
             nonblocking: AtomicBool::new(false),
+            served_elsewhere: AtomicBool::new(false),
         })
     }
 
@@ -342,11 +351,49 @@ impl Listener {
         self.bell.release_app();
     }
 
+    /// Another process accepted through it: noted for [`shared`](Self::shared).
+    pub(super) fn served_elsewhere(&self) {
+        self.served_elsewhere.store(true, Relaxed);
+    }
+
+    /// Whether other processes use it: they accepted through it, or they hold it while this
+    /// process's program does not.
+    pub(super) fn shared(&self) -> bool {
+        self.served_elsewhere.load(Relaxed) || (self.bell.app_fd() < 0 && self.bell.peer_holds())
+    }
+
+    /// Connections waiting for `accept()`.
+    pub(super) fn queued(&self) -> usize {
+        lock(&self.queue).items.len()
+    }
+
+    /// This process is about to exit while others use the listener: it takes no more
+    /// connections in — the kernel listener keeps them for whoever accepts next, and its
+    /// rdma_cm listener goes (the port is free for the next owner; RDMA clients meanwhile
+    /// fall back) — while the queue it has is accepted through it.
+    pub(super) fn stop_feeding(&self, engine: &Engine) {
+        if lock(&self.rdma).is_some() {
+            engine.unwatch(self.rdma_fd);
+        }
+        engine.unwatch(self.tcp_fd);
+        lock(&self.queue).tcp_armed = true; // so that no accept re-arms it
+        drop(lock(&self.rdma).take());
+        let deferred: Vec<rdma::Incoming> = lock(&self.deferred).drain(..).collect();
+        engine.deferred.fetch_sub(deferred.len(), Relaxed);
+        for inc in deferred {
+            super::setup::refuse_request(inc, "listener's owner exiting");
+        }
+    }
+
     /// No process holds the listener any more: stop both halves and drop the queue.
     pub fn close(&self, engine: &Engine) {
-        engine.unwatch(self.rdma_fd);
+        if lock(&self.rdma).is_some() {
+            engine.unwatch(self.rdma_fd); // (after stop_feeding the number may be another's)
+        }
         engine.unwatch(self.tcp_fd);
-        lock(&engine.listeners).remove(&self.token);
+        if lock(&engine.listeners).remove(&self.token).is_some() {
+            OWNED.fetch_sub(1, Relaxed);
+        }
         let items: Vec<Accepted> = {
             let mut q = lock(&self.queue);
             q.closed = true;

@@ -310,21 +310,27 @@ pub fn active() -> bool {
 /// the peer. The kernel keeps delivering a TCP socket's queued bytes after its process is
 /// gone; ours live in this process's memory, so the process waits for them instead.
 pub fn drain_at_exit() {
-    if !active() || crate::sys::raw::in_vfork_child() {
+    if !has_exit_work() || crate::sys::raw::in_vfork_child() {
         return; // a vfork child's exit must not touch its parent's streams
     }
     let Some(e) = get() else { return };
     let Some(_g) = crate::guard::enter() else {
         return;
     }; // inside the shim (a signal handler?)
+    e.hand_listeners_on(false);
     drain_streams(e, false);
+}
+
+/// Whether this process has streams to drain or listeners to hand on at exit (no lock).
+fn has_exit_work() -> bool {
+    active() || listener::OWNED.load(Relaxed) != 0
 }
 
 /// `_exit`'s drain, async-signal-safe (`_exit` may be called from a signal handler): this
 /// thread only sets a flag, rings the helper thread, which drains as [`drain_at_exit`]
 /// does, and waits for its answer, bounded by the linger time. No lock, no allocation.
 pub fn drain_at_exit_from_any_context() {
-    if !active() || crate::sys::raw::in_vfork_child() {
+    if !has_exit_work() || crate::sys::raw::in_vfork_child() {
         return;
     }
     // SAFETY: engines are leaked, never freed: a non-null pointer stays valid.
@@ -346,6 +352,48 @@ pub fn drain_at_exit_from_any_context() {
     let ms = (e.linger().as_millis() + 200) as libc::c_int;
     // SAFETY: one pollfd on our eventfd; poll(2) is async-signal-safe.
     unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, ms) };
+}
+
+/// How long an exiting owner waits for the first, or next, of its queued connections to be
+/// accepted through it.
+const HAND_ON_IDLE: Duration = Duration::from_secs(2);
+
+impl Engine {
+    /// At exit: listeners other processes use stop taking connections in, and the ones
+    /// already queued wait — bounded by the linger time — to be accepted through this
+    /// process (a kernel listener's queue outlives the process that made it; ours lives in
+    /// its memory). `on_helper`: the helper thread waits, so it answers requests itself.
+    fn hand_listeners_on(&'static self, on_helper: bool) {
+        let shared: Vec<Arc<Listener>> = lock(&self.listeners)
+            .values()
+            .filter(|l| l.shared())
+            .cloned()
+            .collect();
+        if shared.is_empty() {
+            return;
+        }
+        shared.iter().for_each(|l| l.stop_feeding(self));
+        let queued = || shared.iter().map(|l| l.queued()).sum::<usize>();
+        let start = std::time::Instant::now();
+        let (mut left, mut moved_at) = (queued(), start);
+        // Up to the linger time, and only while the queue is being taken (the others may be
+        // exiting too: a server shutting down).
+        while left > 0 && start.elapsed() < self.linger() && moved_at.elapsed() < HAND_ON_IDLE {
+            if on_helper {
+                self.serve_requests();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            let now = queued();
+            if now < left {
+                moved_at = std::time::Instant::now();
+            }
+            left = now;
+        }
+        log::info!(
+            "exit: {} listener(s) handed on to the processes that share them ({left} connection(s) left unaccepted)",
+            shared.len()
+        );
+    }
 }
 
 /// Delivers what every stream of `e` holds, FIN included, bounded by the linger time (call
@@ -945,6 +993,7 @@ impl Engine {
     /// Helper: `_exit` may have asked for the exit drain; answers once it is done.
     fn exit_drain_if_asked(&'static self) {
         if self.exit_asked.swap(false, AcqRel) {
+            self.hand_listeners_on(true);
             drain_streams(self, true);
             crate::sys::raw::eventfd_add(self.exit_done_fd);
         }
@@ -1158,6 +1207,7 @@ impl Engine {
         l: &Arc<Listener>,
         taker: Option<ipc::Owner>,
     ) -> (ipc::Reply, Option<c_int>) {
+        l.served_elsewhere(); // another process accepts through it
         match l.try_pop(self) {
             None => (ipc::Reply::Failed(libc::EAGAIN), None),
             Some(Accepted::Tcp(fd)) => {

@@ -31,6 +31,10 @@
 #   passed_listener_reload  the same, but the sender exits once it passed the listener (a
 #                           seamless reload's old process): the worker takes the listener over
 #                           and serves RDMA on it itself.
+#   passed_listener_queued  the sender exits with 3 RDMA connections in its listener's queue,
+#                           which the worker starts accepting only then: the sender hands
+#                           the listener on (takes no more in, waits for its queue to be
+#                           accepted through it) before it is gone.
 #   passed_exec_listener    a server that listens, then forks 2 children that exec a program
 #                           with the listener on fd 3 and an environment cleaned of all but
 #                           PATH (Postfix's master); it never accepts itself: the children
@@ -222,11 +226,13 @@ cell_passed_systemd_accept() {
     expect_qps_released
 }
 
-# listener_cell HOLD_S: a listener passed to a worker, its sender exiting after HOLD_S s.
+# listener_cell HOLD_S [queued]: a listener passed to a worker, its sender exiting after
+# HOLD_S s; "queued": the clients connect first, the worker accepts once the sender exits.
 listener_cell() {
-    local hold=$1
+    local hold=$1 queued=${2:-}
     rdma_begin
-    bg worker $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" lworker "$CELL_DIR/ch.sock" 3 "$CELL_DIR/events.log"
+    bg worker $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" lworker "$CELL_DIR/ch.sock" 3 "$CELL_DIR/events.log" \
+        ${queued:+"$CELL_DIR/gate"}
     wait_until 30 test -S "$CELL_DIR/ch.sock" || fail "the worker did not listen: $(tail -c 300 worker.err)"
     bg snd $T shimmed "$CELL_DIR/srv" python3 "$FK/pass_fds.py" lsender "$A" "$PORT" "$CELL_DIR/ch.sock" "$CELL_DIR/events.log" "$hold"
     wait_until 60 grep -q '^received ' events.log || fail "the worker got no listener: $(tail -c 300 worker.err | paste -sd' ')"
@@ -240,6 +246,15 @@ listener_cell() {
     for i in 1 2 3; do
         bg "c$i" $T shimmed "$CELL_DIR/cli" python3 "$FK/pass_fds.py" client "$A" "$PORT" "$DATA" "$CELL_DIR/got$i" 1000
     done
+    if [ -n "$queued" ]; then
+        # The sender's queue holds them (RDMA, established) until it exits; only then does
+        # the worker accept.
+        wait_until 60 grep -q '^exit ' events.log || fail "the sender did not exit"
+        touch gate
+        bg_wait snd || soft fail "sender: $(tail -c 300 snd.err | paste -sd' ')"
+        grep -q 'listener(s) handed on .* (0 connection(s) left unaccepted)' srv.log ||
+            soft fail "the sender did not hand its queue on: $(grep -i 'handed on\|exit' srv.log | tail -3 | paste -sd'|')"
+    fi
     for i in 1 2 3; do
         bg_wait "c$i" || soft fail "client $i: $(tail -c 300 "c$i.err" | paste -sd' ')"
         soft expect_same_file "$DATA" "got$i" "client $i"
@@ -263,6 +278,7 @@ listener_cell() {
 
 cell_passed_listener_held() { listener_cell 600; }
 cell_passed_listener_reload() { listener_cell 0; }
+cell_passed_listener_queued() { listener_cell 5 queued; }
 
 cell_passed_exec_listener() {
     rdma_begin
@@ -332,7 +348,7 @@ cell_passed_exec_taken() {
 
 res_summary > "$T_WORK/res.start"
 for c in passed_acceptor_worker passed_plain_worker passed_node_cluster passed_systemd_activate passed_systemd_accept \
-    passed_listener_held passed_listener_reload passed_exec_listener passed_exec_taken; do
+    passed_listener_held passed_listener_reload passed_listener_queued passed_exec_listener passed_exec_taken; do
     selected "$c" || continue
     run_cell "$c"
 done
