@@ -221,14 +221,26 @@ fn idle_callers_neither_block_the_owner_nor_pile_up() {
     let (a, _b) = stream_pair().unwrap();
     let started = Instant::now();
     let mut at = owner;
-    let r = call(
-        &mut at,
-        &Request::Accept {
-            token: 1,
-            taker: None,
-        },
-        a,
-    );
+    let ask = |at: &mut Owner| {
+        call(
+            at,
+            &Request::Accept {
+                token: 1,
+                taker: None,
+            },
+            a,
+        )
+    };
+    let mut r = ask(&mut at);
+    // The owner may accept this connection before its request is in, when this uid's
+    // waiting places are all taken by the idle ones: it closes it, and the caller, as real
+    // callers do, asks again.
+    for _ in 0..3 {
+        if !matches!(r, Err(CallError::Failed(libc::EPIPE | libc::ECONNRESET))) {
+            break;
+        }
+        r = ask(&mut at);
+    }
     assert_eq!(r, Err(CallError::Refused(libc::EAGAIN)));
     assert!(
         started.elapsed() < Duration::from_millis(400),
