@@ -218,17 +218,24 @@ impl Dev {
 
     fn set_listening(&self, on: bool) {
         self.listening.store(on, SeqCst);
+        // Off is a removal, not a MOD to no events: the kernel adds EPOLLERR|EPOLLHUP to
+        // every mask, so a MOD to 0 leaves the item live and every completion event still
+        // woke the helper (a context switch per message, seen in the two-host bed's trace).
+        let (op, events) = if on {
+            (libc::EPOLL_CTL_ADD, libc::EPOLLIN as u32)
+        } else {
+            (libc::EPOLL_CTL_DEL, 0)
+        };
         let mut ev = libc::epoll_event {
-            events: if on { libc::EPOLLIN as u32 } else { 0 },
+            events,
             u64: self.tag,
         };
-        // SAFETY: our epoll fd and the device's channel fd, registered when the Dev was made.
-        let r = unsafe {
-            crate::sys::real::epoll_ctl(self.epfd, libc::EPOLL_CTL_MOD, self.dev.comp_fd(), &mut ev)
-        };
+        // SAFETY: our epoll fd and the device's channel fd (added when the Dev was made).
+        let r = unsafe { crate::sys::real::epoll_ctl(self.epfd, op, self.dev.comp_fd(), &mut ev) };
         if r != 0 {
             log::error!(
-                "epoll_ctl(completion channel): errno {}",
+                "epoll_ctl(completion channel, {}): errno {}",
+                if on { "add" } else { "remove" },
                 crate::sys::raw::errno()
             );
         }
