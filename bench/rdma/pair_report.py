@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Report of bench/rdma/pair.sh: medians over rounds and ratios within the boot."""
+import statistics
+import sys
+from collections import defaultdict
+
+out = sys.argv[1]
+host = dict(line.rstrip("\n").split("=", 1) for line in open(f"{out}/host.txt") if "=" in line)
+lat = defaultdict(list)   # (cell, size) -> medians per round
+p99 = defaultdict(list)
+csw = defaultdict(list)
+pkts = defaultdict(list)  # cell -> (sent per rt) per round
+failed = []
+for line in open(f"{out}/data.txt"):
+    f = line.split()
+    if not f:
+        continue
+    kv = dict(x.split("=", 1) for x in f[1:] if "=" in x)
+    if f[0] == "lat":
+        try:
+            key = (kv["cell"], int(kv["size"]))
+            lat[key].append(float(kv["median_us"]))
+            p99[key].append(float(kv["p99_us"]))
+            if "srv_csw_rt" in kv:
+                csw[key].append(float(kv["cli_csw_rt"]) + float(kv["srv_csw_rt"]))
+        except (KeyError, ValueError):
+            failed.append(f"unreadable: {line.strip()}")
+    elif f[0] == "pkts":
+        rts = int(kv["rts"])
+        if rts > 0:
+            pkts[kv["cell"]].append(int(kv["sent"]) / rts)
+    elif f[0] == "conns":
+        if kv.get("rdma", "") in ("", "0") or kv.get("tcp", "1") != "0":
+            failed.append(f"{kv['cell']} round {kv['round']}: not over RDMA (rdma={kv.get('rdma')} tcp={kv.get('tcp')})")
+
+med = lambda v: statistics.median(v) if v else None
+fmt = lambda v: "—" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")
+ratio = lambda a, b: "—" if a is None or b is None else f"{a / b:.2f}×"
+
+print("# Two-host latency: rsock, kernel TCP and raw verbs across one emulated wire\n")
+print(f"{host.get('date_utc', '')}, commit {host.get('commit', '?')}, host {host.get('host_cpu', '?')}; "
+      "two TCG guests (2 vCPUs each) joined by a Unix-datagram wire, each with its own rxe0. "
+      "Round-trip times in µs (perftest's half round trips doubled), medians of the rounds' "
+      f"medians ({len(next(iter(lat.values()), []))} rounds). Compare ratios, not µs.\n")
+print("| round trip | rsock | kernel TCP | `ib_write_lat` | `ib_send_lat -e` | rsock/TCP | rsock/write_lat | rsock/send_lat -e |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for size in (64, 4096):
+    for mode, rs, tcp in (("blocking", "rsock", "tcp"), ("epoll-driven", "rsock-epoll", "tcp-epoll")):
+        a, t = med(lat[(rs, size)]), med(lat[(tcp, size)])
+        w, e = med(lat[("write_lat", size)]), med(lat[("send_lat_e", size)])
+        print(f"| {size} B, {mode}, p50 | **{fmt(a)}** | {fmt(t)} | {fmt(w)} | {fmt(e)} | {ratio(a, t)} | {ratio(a, w)} | {ratio(a, e)} |")
+    a, t = med(p99[("rsock", size)]), med(p99[("tcp", size)])
+    print(f"| {size} B, blocking, p99 | {fmt(a)} | {fmt(t)} | | | {ratio(a, t)} | | |")
+print()
+print("| per round trip (64 B and 4 KiB runs together) | rsock | rsock, epoll | `ib_write_lat` |")
+print("|---|---:|---:|---:|")
+print(f"| packets sent by node 0's rxe0 | {fmt(med(pkts['rsock']))} | {fmt(med(pkts['rsock-epoll']))} | {fmt(med(pkts['write_lat']))} |")
+print(f"| context switches, both ends, 64 B | {fmt(med(csw[('rsock', 64)]))} | {fmt(med(csw[('rsock-epoll', 64)]))} | |")
+print(f"\nRaw data: bench/rdma/results/pair-raw/data.txt.")
+for f in failed:
+    print(f"\nFAILED: {f}")
