@@ -27,14 +27,17 @@ done
 BIN=${BENCH_BIN:?BENCH_BIN (the copied binaries) must be set}
 WORK=$(mktemp -d /tmp/rsock-pair-bench.XXXXXX)
 WARM=50
-# Cells: NAME PORT KIND, KIND = rsock|tcp (examples/pingpong, blocking or --epoll) or
+# Cells: NAME PORT KIND, KIND = rsock|tcp (examples/pingpong, blocking or --epoll;
+# rsock-nospin: RSOCK_SPIN_US=0 at both ends, as the two guests share two host cores and a
+# waiter that polls takes them from the other guest) or
 # perftest (ib_write_lat: RDMA WRITE polled in memory, busy; ib_send_lat -e: SEND, the
 # waiter sleeps on the completion channel as a blocked rsock call does).
-CELLS="rsock:7601:rsock tcp:7602:tcp rsock-epoll:7603:rsock tcp-epoll:7604:tcp write_lat:0:perftest send_lat_e:0:perftest"
+CELLS="rsock:7601:rsock tcp:7602:tcp rsock-epoll:7603:rsock tcp-epoll:7604:tcp rsock-nospin:7605:rsock write_lat:0:perftest send_lat_e:0:perftest"
 
 shim() { # DIR CMD...
-  local dir=$1; shift
-  env LD_PRELOAD="$BIN/librsock.so" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_LOG="$dir.log" \
+  local dir=$1 spin=1000; shift
+  case $dir in *nospin*) spin=0 ;; esac
+  env RSOCK_SPIN_US=$spin LD_PRELOAD="$BIN/librsock.so" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_LOG="$dir.log" \
     RSOCK_CONNECT_TIMEOUT_MS=20000 "$@"
 }
 epoll_flag() { case $1 in *-epoll) echo --epoll ;; esac; }
@@ -119,7 +122,7 @@ done
 # rsock's own counters: every client process of an rsock cell had its connection on
 # RDMA and none on TCP (a figure secretly measured over TCP would be worthless).
 for r in $(seq 1 "$ROUNDS"); do
-  for name in rsock rsock-epoll; do
+  for name in rsock rsock-epoll rsock-nospin; do
     json=$("$BIN/rsock" stat --dir "$WORK/$name-cli-$r" --all --json 2>&1)
     rd=$(sed -n 's/.*"conns":{"rdma":\([0-9]*\),"tcp":\([0-9]*\).*/\1 \2/p' <<<"$json" | head -1)
     echo "conns cell=$name round=$r rdma=${rd% *} tcp=${rd#* }" >>"$data"

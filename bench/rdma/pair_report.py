@@ -45,17 +45,18 @@ print(f"{host.get('date_utc', '')}, commit {host.get('commit', '?')}, host {host
 print("| round trip | rsock | kernel TCP | `ib_write_lat` | `ib_send_lat -e` | rsock/TCP | rsock/write_lat | rsock/send_lat -e |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for size in (64, 4096):
-    for mode, rs, tcp in (("blocking", "rsock", "tcp"), ("epoll-driven", "rsock-epoll", "tcp-epoll")):
+    for mode, rs, tcp in (("blocking", "rsock", "tcp"), ("blocking, `RSOCK_SPIN_US=0`", "rsock-nospin", "tcp"),
+                          ("epoll-driven", "rsock-epoll", "tcp-epoll")):
         a, t = med(lat[(rs, size)]), med(lat[(tcp, size)])
         w, e = med(lat[("write_lat", size)]), med(lat[("send_lat_e", size)])
         print(f"| {size} B, {mode}, p50 | **{fmt(a)}** | {fmt(t)} | {fmt(w)} | {fmt(e)} | {ratio(a, t)} | {ratio(a, w)} | {ratio(a, e)} |")
     a, t = med(p99[("rsock", size)]), med(p99[("tcp", size)])
     print(f"| {size} B, blocking, p99 | {fmt(a)} | {fmt(t)} | | | {ratio(a, t)} | | |")
 print()
-print("| per round trip (64 B and 4 KiB runs together) | rsock | rsock, epoll | `ib_write_lat` |")
-print("|---|---:|---:|---:|")
-print(f"| packets sent by node 0's rxe0 | {fmt(med(pkts['rsock']))} | {fmt(med(pkts['rsock-epoll']))} | {fmt(med(pkts['write_lat']))} |")
-print(f"| context switches, both ends, 64 B | {fmt(med(csw[('rsock', 64)]))} | {fmt(med(csw[('rsock-epoll', 64)]))} | |")
+print("| per round trip (64 B and 4 KiB runs together) | rsock | rsock, no spin | rsock, epoll | `ib_write_lat` |")
+print("|---|---:|---:|---:|---:|")
+print(f"| packets sent by node 0's rxe0 | {fmt(med(pkts['rsock']))} | {fmt(med(pkts['rsock-nospin']))} | {fmt(med(pkts['rsock-epoll']))} | {fmt(med(pkts['write_lat']))} |")
+print(f"| context switches, both ends, 64 B | {fmt(med(csw[('rsock', 64)]))} | {fmt(med(csw[('rsock-nospin', 64)]))} | {fmt(med(csw[('rsock-epoll', 64)]))} | |")
 print(f"\nRaw data: bench/rdma/results/pair-raw/data.txt.")
 for f in failed:
     print(f"\nFAILED: {f}")
