@@ -5,7 +5,9 @@
 #   lat cell=C size=S round=R median_us=.. p99_us=..   (round-trip times)
 #   pkts cell=C round=R rts=N sent=N rcvd=N            (node 0's rxe0 packets for N round trips)
 #
-#   bench/rdma/pair-guest.sh --out DIR [--rounds N] [--iters N]
+#   rps cell=C what=W value=N [lat_p99_ms=..]          (real servers, after the rounds)
+#
+#   bench/rdma/pair-guest.sh --out DIR [--rounds N] [--iters N] [--no-servers]
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 # shellcheck source=../../tests/rdma-vm/lib.sh
@@ -13,13 +15,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 rdma_vm_require_guest
 [ "${RDMA_VM_TOPOLOGY:-}" = pair ] || { echo "pair-guest.sh: needs --topology pair" >&2; exit 2; }
 
-OUT= ROUNDS=3 ITERS=1000
+OUT= ROUNDS=3 ITERS=1000 SERVERS=1 WRK_D=10 PG_T=15
 while (($#)); do
   case $1 in
     --out) OUT=${2:?}; shift ;;
     --rounds) ROUNDS=${2:?}; shift ;;
     --iters) ITERS=${2:?}; shift ;;
-    *) echo "usage: $0 --out DIR [--rounds N] [--iters N]" >&2; exit 2 ;;
+    --no-servers) SERVERS=0 ;;
+    *) echo "usage: $0 --out DIR [--rounds N] [--iters N] [--no-servers]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -42,6 +45,81 @@ shim() { # DIR CMD...
 }
 epoll_flag() { case $1 in *-epoll) echo --epoll ;; esac; }
 perftest_cmd() { case $1 in write_lat) echo "ib_write_lat" ;; send_lat_e) echo "ib_send_lat -e" ;; esac; }
+
+# ---- real servers across the wire (after the latency rounds) --------------------------------
+# nginx as bench/rdma/fork.sh runs it (master + 2 workers, workers as nobody) and PostgreSQL
+# (pgbench -c 4 -j 2); the rsock cell has both ends preloaded, the TCP cell neither.
+# shellcheck source=../../tests/rdma/fork/servers.sh
+. tests/rdma/fork/servers.sh
+W=/tmp/rsock-pair-servers
+serve_one() { # KIND PATH: runs a server until node 0 says it is done
+  local kind=$1 path=$2 d=$W/$1-$2 port pre=()
+  [ "$path" = rsock ] && pre=(env LD_PRELOAD="$BIN/librsock.so" RSOCK_STATS_DIR="$WORK/srv-$kind" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=20000)
+  case $kind in
+    nginx)
+      port=7611
+      nginx_conf "$d" "$RDMA_VM_SELF" $port off
+      head -c 4096 /dev/urandom >"$d/www/4k.bin"
+      head -c 65536 /dev/urandom >"$d/www/64k.bin"
+      "${pre[@]}" nginx -p "$d" -c "$d/nginx.conf" -e "$d/nginx-error.log" >"$d.out" 2>&1 &
+      ;;
+    pg)
+      port=7621
+      pg_init "$d" || { echo "pair-guest: initdb failed" >&2; return 1; }
+      echo "host all all 10.77.1.0/24 trust" >>"$d/data/pg_hba.conf"
+      # shellcheck disable=SC2046 # pg_server_args prints words
+      "${pre[@]}" setpriv --reuid=postgres --regid=postgres --init-groups \
+        "$(pg_bin)/postgres" $(pg_server_args "$d" "$RDMA_VM_SELF" $port) >"$d.out" 2>&1 &
+      ;;
+  esac
+  local srv=$!
+  wait_tcp_listen $port 120 || echo "pair-guest: $kind ($path) did not listen: $(tail -c 300 "$d.out")" >&2
+  pair_signal "srv-$kind-$path"
+  pair_wait "cli-$kind-$path" 600
+  kill -TERM $srv 2>/dev/null; wait $srv 2>/dev/null
+  [ "$kind" = nginx ] && pkill -f "nginx -p $d" 2>/dev/null
+  sleep 1
+}
+serve_servers() {
+  for kind in nginx pg; do for path in rsock tcp; do serve_one $kind $path; done; done
+}
+client_servers() {
+  local kind path pre out
+  for kind in nginx pg; do
+    for path in rsock tcp; do
+      pair_wait "srv-$kind-$path" 600 || return 1
+      pre=()
+      [ "$path" = rsock ] && pre=(env LD_PRELOAD="$BIN/librsock.so" RSOCK_STATS_DIR="$WORK/cli-$kind" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=20000)
+      case $kind in
+        nginx)
+          for f in 4k 64k; do
+            out=$("${pre[@]}" timeout 120 wrk -t 2 -c 8 -d "${WRK_D}s" --latency --timeout 10s "http://$RDMA_VM_PEER:7611/$f.bin" 2>&1)
+            awk -v c="$path" -v w="wrk-$f" '/^Requests\/sec:/ { r = $2 } $1 == "99%" { p = $2 }
+              /Non-2xx|Socket errors/ { e = e $0 }
+              END { gsub(/ /, "_", e); printf "rps cell=%s what=%s value=%s p99=%s errors=%s\n", c, w, r, p, e }' <<<"$out" >>"$data"
+          done
+          ;;
+        pg)
+          local pg=(-h "$RDMA_VM_PEER" -p 7621 -U postgres)
+          "${pre[@]}" timeout 300 pgbench -i -s 1 "${pg[@]}" postgres >"$WORK/pgi-$path.log" 2>&1 || echo "pair-guest: pgbench -i failed: $(tail -c 200 "$WORK/pgi-$path.log")" >&2
+          for mode in select-only tpcb; do
+            flag=(); [ $mode = select-only ] && flag=(-S)
+            out=$("${pre[@]}" timeout 300 pgbench -c 4 -j 2 -T "$PG_T" "${flag[@]}" -r "${pg[@]}" postgres 2>&1)
+            awk -v c="$path" -v w="pgbench-$mode" '/^tps = / { t = $3 } /^latency average/ { l = $4 }
+              END { printf "rps cell=%s what=%s value=%s lat_avg_ms=%s\n", c, w, t, l }' <<<"$out" >>"$data"
+          done
+          ;;
+      esac
+      pair_signal "cli-$kind-$path"
+      echo "pair-guest: $kind $path done" >&2
+    done
+  done
+  for kind in nginx pg; do
+    json=$("$BIN/rsock" stat --dir "$WORK/cli-$kind" --all --json 2>&1)
+    rd=$(python3 -c 'import json,sys; c=[json.loads(l)["conns"] for l in sys.argv[1].splitlines() if l.strip().startswith("{")]; print(sum(x["rdma"] for x in c), sum(x["tcp"] for x in c))' "$json" 2>/dev/null)
+    echo "conns cell=$kind-rsock round=servers rdma=${rd% *} tcp=${rd#* }" >>"$data"
+  done
+}
 
 if [ "$RDMA_VM_NODE" = 1 ]; then
   for c in $CELLS; do
@@ -73,6 +151,7 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
       done
     done
   done
+  ((SERVERS)) && serve_servers
   pair_barrier end 600
   exit 0
 fi
@@ -119,6 +198,7 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "pair-guest: round $r $name done" >&2
   done
 done
+((SERVERS)) && client_servers
 # rsock's own counters: every client process of an rsock cell had its connection on
 # RDMA and none on TCP (a figure secretly measured over TCP would be worthless).
 for r in $(seq 1 "$ROUNDS"); do

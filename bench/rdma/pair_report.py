@@ -11,6 +11,7 @@ p99 = defaultdict(list)
 csw = defaultdict(list)
 pkts = defaultdict(list)  # cell -> (sent per rt) per round
 failed = []
+rps = defaultdict(dict)   # what -> cell -> (value, extra)
 for line in open(f"{out}/data.txt"):
     f = line.split()
     if not f:
@@ -29,6 +30,11 @@ for line in open(f"{out}/data.txt"):
         rts = int(kv["rts"])
         if rts > 0:
             pkts[kv["cell"]].append(int(kv["sent"]) / rts)
+    elif f[0] == "rps":
+        try:
+            rps[kv["what"]][kv["cell"]] = (float(kv["value"]), kv.get("p99") or kv.get("lat_avg_ms", ""))
+        except (KeyError, ValueError):
+            failed.append(f"server cell without a figure: {line.strip()}")
     elif f[0] == "conns":
         if kv.get("rdma", "") in ("", "0") or kv.get("tcp", "1") != "0":
             failed.append(f"{kv['cell']} round {kv['round']}: not over RDMA (rdma={kv.get('rdma')} tcp={kv.get('tcp')})")
@@ -57,6 +63,16 @@ print("| per round trip (64 B and 4 KiB runs together) | rsock | rsock, no spin 
 print("|---|---:|---:|---:|---:|")
 print(f"| packets sent by node 0's rxe0 | {fmt(med(pkts['rsock']))} | {fmt(med(pkts['rsock-nospin']))} | {fmt(med(pkts['rsock-epoll']))} | {fmt(med(pkts['write_lat']))} |")
 print(f"| context switches, both ends, 64 B | {fmt(med(csw[('rsock', 64)]))} | {fmt(med(csw[('rsock-nospin', 64)]))} | {fmt(med(csw[('rsock-epoll', 64)]))} | |")
+if rps:
+    print("\n## Real servers across the wire (one run each)\n")
+    print("| server, load | rsock | kernel TCP | rsock/TCP | latency rsock / TCP |")
+    print("|---|---:|---:|---:|---:|")
+    names = {"wrk-4k": "nginx 2 workers, `wrk -t 2 -c 8`, 4 KiB (req/s)", "wrk-64k": "nginx, 64 KiB (req/s)",
+             "pgbench-select-only": "PostgreSQL `pgbench -S -c 4 -j 2` (tps)", "pgbench-tpcb": "PostgreSQL `pgbench -c 4 -j 2`, TPC-B (tps)"}
+    for what, cells in rps.items():
+        a, t = cells.get("rsock"), cells.get("tcp")
+        lat = f"{a[1] if a else '?'} / {t[1] if t else '?'}" + (" (p99)" if what.startswith("wrk") else " ms (mean)")
+        print(f"| {names.get(what, what)} | **{fmt(a and a[0])}** | {fmt(t and t[0])} | {ratio(a and a[0], t and t[0])} | {lat} |")
 print(f"\nRaw data: bench/rdma/results/pair-raw/data.txt.")
 for f in failed:
     print(f"\nFAILED: {f}")
