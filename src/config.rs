@@ -242,7 +242,13 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_CONFIG",
     // Not a setting: the exec hooks name the streams they pass to the new image with it.
     "RSOCK_PASSED_FDS",
+    // Not the shim's: `rsock run` finds the shim with it (and passes it on to the program).
+    "RSOCK_LIB",
 ];
+
+/// How a warning of [`Config::parse`] ends when it rejected a value (the setting keeps its
+/// default); `rsock run` makes those usage errors.
+pub const USING_DEFAULT: &str = "; using the default";
 
 /// The rules file read when `RSOCK_CONFIG` is unset, if it exists.
 pub const DEFAULT_RULES: &str = "/etc/rsock.conf";
@@ -262,11 +268,11 @@ impl Config {
                 continue;
             }
             let Some(v) = value.to_str().map(str::trim) else {
-                warnings.push(format!("{name}: value is not UTF-8; using the default"));
+                warnings.push(format!("{name}: value is not UTF-8{USING_DEFAULT}"));
                 continue;
             };
             let mut bad =
-                |what: &str| warnings.push(format!("{name}={v:?}: {what}; using the default"));
+                |what: &str| warnings.push(format!("{name}={v:?}: {what}{USING_DEFAULT}"));
             match name {
                 "RSOCK_ENABLE" => set_bool(&mut c.enable, v, &mut bad),
                 "RSOCK_STATS" => set_bool(&mut c.stats, v, &mut bad),
@@ -315,8 +321,9 @@ impl Config {
                         None => bad("expected comma-separated ADDR/PREFIX or port=N[-M] entries"),
                     }
                 }
-                // The shim's own note to an exec'd image (api::inherit), not a setting.
-                "RSOCK_PASSED_FDS" => {}
+                // The shim's own note to an exec'd image (api::inherit), not a setting; the
+                // CLI's.
+                "RSOCK_PASSED_FDS" | "RSOCK_LIB" => {}
                 _ => warnings.push(format!(
                     "{name}: unknown variable, ignored (known: {})",
                     KNOWN.join(", ")
@@ -542,6 +549,13 @@ mod tests {
         assert!(c.enable);
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("RSOCK_ENABEL") && w[0].contains("unknown"));
+    }
+
+    #[test]
+    fn the_clis_variable_is_known() {
+        let (c, w) = parse(&[("RSOCK_LIB", "/opt/rsock/librsock.so")]);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c, Config::default());
     }
 
     #[test]
