@@ -2,8 +2,10 @@
 //! exercised under `rsock run` by tests/rdma/product.sh; here RSOCK_LIB names a harmless
 //! system library so these checks need no build of librsock.so.)
 
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 
 const RSOCK: &str = env!("CARGO_BIN_EXE_rsock");
 
@@ -30,6 +32,18 @@ fn rsock(args: &[&str]) -> Output {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// An empty directory of this test's own.
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rsock-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
 }
 
 #[test]
@@ -154,4 +168,176 @@ fn rules_command_reports_bad_lines() {
         stderr(&o)
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// rsock with stdout a pipe whose reader is gone, as in `(sleep 1; rsock help stat) | true`.
+fn with_closed_stdout(args: &[&str]) -> Output {
+    let mut fds = [0; 2];
+    // SAFETY: fds is an array of two ints for pipe2 to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: pipe2 just opened both; nothing else owns them.
+    let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(reader);
+    Command::new(RSOCK)
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let dir = temp_dir("closed-stdout");
+    let rules = dir.join("r.conf");
+    std::fs::write(&rules, "tcp port=22\n").unwrap();
+    let (dir, rules) = (dir.to_str().unwrap(), rules.to_str().unwrap());
+    for args in [
+        &["help", "stat"][..],
+        &["stat", "--all", "--dir", dir],
+        &["rules", rules],
+        &["--version"],
+        &[
+            "stat", "--json", "--watch", "0.1", "--count", "2", "--dir", dir,
+        ],
+    ] {
+        let o = with_closed_stdout(args);
+        assert_eq!(
+            (o.status.code(), stderr(&o).as_str()),
+            (Some(0), ""),
+            "{args:?}: {:?}",
+            o.status
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn version() {
+    for flag in ["--version", "-V"] {
+        let o = rsock(&[flag]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(stdout(&o), format!("rsock {}\n", env!("CARGO_PKG_VERSION")));
+    }
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in ["run", "stat", "rules"] {
+        for args in [[cmd, "--help"], [cmd, "-h"], ["help", cmd]] {
+            let o = rsock(&args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+            assert!(
+                stdout(&o).starts_with(&format!("usage: rsock {cmd} ")),
+                "{args:?}: {}",
+                stdout(&o)
+            );
+        }
+    }
+    for args in [&["help"][..], &["--help"], &["-h"]] {
+        let o = rsock(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}");
+        assert!(
+            stdout(&o).contains("rsock stat [OPTIONS]"),
+            "{}",
+            stdout(&o)
+        );
+    }
+}
+
+#[test]
+fn unknown_commands_are_named() {
+    for args in [&["frob"][..], &["help", "frob"]] {
+        let o = rsock(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&o).contains("unknown command \"frob\""),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert_eq!(stdout(&o), "");
+    }
+}
+
+#[test]
+fn options_take_their_value_either_way() {
+    let dir = temp_dir("opt-equals");
+    let d = dir.to_str().unwrap();
+    let joined = [
+        "stat".to_string(),
+        "--json".into(),
+        format!("--dir={d}"),
+        "--watch=0.1".into(),
+        "--count=1".into(),
+    ];
+    let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
+    for args in [
+        &joined[..],
+        &[
+            "stat", "--json", "--dir", d, "--watch", "0.1", "--count", "1",
+        ],
+    ] {
+        let o = rsock(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains(&format!("\"dir\":\"{d}\"")),
+            "{}",
+            stdout(&o)
+        );
+    }
+    let o = rsock(&["stat", "--all=yes"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--all takes no value"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn out_of_range_values_name_their_option() {
+    for (args, said) in [
+        (
+            &["stat", "--watch", "0"][..],
+            "invalid value \"0\" for --watch",
+        ),
+        (&["stat", "--watch=0"], "invalid value \"0\" for --watch"),
+        (
+            &["stat", "--watch", "5000s"],
+            "invalid value \"5000s\" for --watch",
+        ),
+        (
+            &["stat", "--watch", "--count", "0"],
+            "invalid value \"0\" for --count",
+        ),
+        (&["stat", "0"], "\"0\" is not a PID"),
+    ] {
+        let o = rsock(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(said), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn json_watch_prints_a_json_line_per_frame() {
+    let dir = temp_dir("json-watch");
+    let o = rsock(
+        &["stat", "--json", "--watch", "0.1", "--count", "2"]
+            .into_iter()
+            .chain(["--dir", dir.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for l in lines {
+        assert!(
+            l.starts_with("{\"time\":\"") && l.ends_with("\"problems\":[]}"),
+            "{l}"
+        );
+        assert!(l.contains("\"processes\":[]"), "{l}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -8,6 +8,8 @@
 
 // A binary's root looks for modules beside it (src/bin/), where cargo would take them for
 // binaries of their own: they live in src/bin/rsock/.
+#[path = "rsock/out.rs"]
+mod out;
 #[path = "rsock/run.rs"]
 mod run;
 #[path = "rsock/stat.rs"]
@@ -15,13 +17,21 @@ mod stat;
 #[path = "rsock/watch.rs"]
 mod watch;
 
+use out::outln;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage:
   rsock run [OPTIONS] [--] PROGRAM [ARGS...]   run PROGRAM with librsock.so preloaded
   rsock stat [OPTIONS] [PID...]                 counters of processes running with the shim
   rsock rules [FILE]                            check a rules file (default: RSOCK_CONFIG or /etc/rsock.conf)
-  rsock help [run|stat]";
+  rsock help [COMMAND]                          a command's usage (also rsock COMMAND --help)
+  rsock --version";
+
+const RULES_USAGE: &str = "usage: rsock rules [FILE]
+Prints each rule of FILE as the shim understands it, and every line it would ignore.
+FILE: RSOCK_CONFIG if set, else /etc/rsock.conf.
+Exit status: 0 if every line is a rule; 1 if a line would be ignored or FILE cannot be read;
+2 for a usage error.";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -30,19 +40,38 @@ fn main() -> ExitCode {
         Some("run") => run::main(rest),
         Some("stat") => stat::main(rest),
         Some("rules") => rules(rest),
-        Some("-h" | "--help" | "help") => {
-            match rest.first().map(String::as_str) {
-                Some("run") => println!("{}", run::USAGE),
-                Some("stat") => println!("{}", stat::USAGE),
-                _ => println!("{USAGE}"),
-            }
+        Some("help" | "-h" | "--help") => help(rest),
+        Some("-V" | "--version") => {
+            outln!("rsock {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
-        }
+        Some(a) if a.starts_with('-') => usage_error(&format!("unknown option {a:?}")),
+        Some(a) => usage_error(&format!("unknown command {a:?}")),
+        None => usage_error("no command given"),
     }
+}
+
+fn usage_error(msg: &str) -> ExitCode {
+    eprintln!("rsock: {msg}\n{USAGE}");
+    ExitCode::from(2)
+}
+
+/// `rsock help [COMMAND]`: the usage of COMMAND, or of rsock.
+fn help(topic: &[String]) -> ExitCode {
+    let text = match topic.first().map(String::as_str) {
+        None | Some("help" | "-h" | "--help") => USAGE,
+        Some("run") => run::USAGE,
+        Some("stat") => stat::USAGE,
+        Some("rules") => RULES_USAGE,
+        Some(c) => return usage_error(&format!("unknown command {c:?}")),
+    };
+    outln!("{text}");
+    ExitCode::SUCCESS
+}
+
+fn rules_usage(msg: &str) -> ExitCode {
+    eprintln!("rsock rules: {msg}\n{RULES_USAGE}");
+    ExitCode::from(2)
 }
 
 /// `rsock rules [FILE]`: prints each rule as the shim understands it, and every line it
@@ -54,16 +83,18 @@ fn rules(args: &[String]) -> ExitCode {
             match &Config::get().rules_path {
                 Some(p) => p.clone(),
                 None => {
-                    println!("no rules file (RSOCK_CONFIG unset and {} absent): every connection tries RDMA", rsock_core::config::DEFAULT_RULES);
+                    outln!("no rules file (RSOCK_CONFIG unset and {} absent): every connection tries RDMA", rsock_core::config::DEFAULT_RULES);
                     return ExitCode::SUCCESS;
                 }
             }
         }
-        [f] if !f.starts_with('-') => std::path::PathBuf::from(f),
-        _ => {
-            eprintln!("usage: rsock rules [FILE]");
-            return ExitCode::from(2);
+        [h] if h == "-h" || h == "--help" => {
+            outln!("{RULES_USAGE}");
+            return ExitCode::SUCCESS;
         }
+        [f] if !f.starts_with('-') => std::path::PathBuf::from(f),
+        [o] => return rules_usage(&format!("unknown option {o:?}")),
+        _ => return rules_usage("one FILE at most"),
     };
     let mut c = Config {
         rules_path: Some(path.clone()),
@@ -72,12 +103,12 @@ fn rules(args: &[String]) -> ExitCode {
     let mut problems = Vec::new();
     c.load_rules(&mut problems);
     for r in &c.rules {
-        println!("line {:<4} {r}", r.line);
+        outln!("line {:<4} {r}", r.line);
     }
     for p in &problems {
         eprintln!("rsock rules: {p}");
     }
-    println!(
+    outln!(
         "{}: {} rule(s), {} line(s) ignored",
         path.display(),
         c.rules.len(),

@@ -235,7 +235,7 @@ impl Snapshot {
 }
 
 /// Escapes a string for a JSON string literal.
-fn json_escape(s: &str) -> String {
+pub fn json_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for ch in s.chars() {
         match ch {

@@ -4,6 +4,7 @@
 //! processes; another user's are refused by the kernel, and we say so plainly instead of
 //! listing nothing.
 
+use crate::out::outln;
 use crate::watch;
 use rsock_core::config::Config;
 use rsock_core::stats::read::{read_dir_reporting, DirContents, Snapshot};
@@ -16,13 +17,15 @@ pub const USAGE: &str =
     "usage: rsock stat [--dir DIR] [--all] [--json] [--gc] [--watch [SECS]] [--count N] [PID...]
   --dir DIR      stats directory (default: RSOCK_STATS_DIR or /dev/shm/rsock-<uid>)
   --all          include processes that have exited (their files were kept with RSOCK_STATS_KEEP=1)
-  --json         one JSON object per process, one per line
+  --json         one JSON object per process, one per line; with --watch, one per refresh:
+                 {\"time\":..., \"processes\":[...], \"problems\":[...]}
   --gc           remove the files of processes that have exited
   --watch [SECS] refresh every SECS seconds (default 1; 0.1-3600, e.g. 2, 0.5, 90s — an
                  integer above 60 needs the s): rates per process and per connection,
                  in place on a terminal, one block per refresh otherwise
   --count N      with --watch: stop after N refreshes
-  PID...         only these processes (another user's are looked up in their directory)";
+  PID...         only these processes (another user's are looked up in their directory)
+An option's value may also follow an =, as in --count=3.";
 
 /// Parsed command line.
 pub struct Opts {
@@ -31,6 +34,7 @@ pub struct Opts {
     pub all: bool,
     pub json: bool,
     pub gc: bool,
+    pub help: bool,
     pub watch: Option<f64>,
     pub count: Option<u64>,
     pub pids: Vec<u32>,
@@ -44,6 +48,10 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if o.help {
+        outln!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     if o.watch.is_some() {
         return watch::main(&o);
     }
@@ -52,7 +60,7 @@ pub fn main(args: &[String]) -> ExitCode {
     for s in &procs {
         shown += 1;
         if o.json {
-            println!("{}", s.to_json());
+            outln!("{}", s.to_json());
         } else {
             print_human(s);
         }
@@ -61,7 +69,7 @@ pub fn main(args: &[String]) -> ExitCode {
         eprintln!("rsock stat: {p}");
     }
     if shown == 0 && !o.json && problems.is_empty() {
-        println!("no rsock processes in {}", o.dir.display());
+        outln!("no rsock processes in {}", o.dir.display());
     }
     if problems.is_empty() {
         ExitCode::SUCCESS
@@ -77,53 +85,65 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         all: false,
         json: false,
         gc: false,
+        help: false,
         watch: None,
         count: None,
         pids: Vec::new(),
     };
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        let next = args.get(i + 1);
-        match a {
-            "--dir" => {
-                o.dir = PathBuf::from(next.ok_or("--dir needs a value")?);
-                o.dir_given = true;
-                i += 1;
+    let mut it = args.iter().peekable();
+    while let Some(a) = it.next() {
+        // `--opt=VALUE` is `--opt VALUE`.
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v)),
+            _ => (a.as_str(), None),
+        };
+        let no_value = |set: &mut bool| {
+            *set = true;
+            match inline {
+                Some(_) => Err(format!("{flag} takes no value")),
+                None => Ok(()),
             }
-            "--all" => o.all = true,
-            "--json" => o.json = true,
-            "--gc" => o.gc = true,
+        };
+        let invalid = |v: &str, expected: &str| {
+            format!("invalid value {v:?} for {flag}: expected {expected}")
+        };
+        match flag {
+            "-h" | "--help" => no_value(&mut o.help)?,
+            "--all" => no_value(&mut o.all)?,
+            "--json" => no_value(&mut o.json)?,
+            "--gc" => no_value(&mut o.gc)?,
+            "--dir" => {
+                let v = inline.or_else(|| it.next().map(String::as_str));
+                o.dir = PathBuf::from(v.ok_or("--dir needs a value")?);
+                o.dir_given = true;
+            }
+            "--count" => {
+                let v = inline.or_else(|| it.next().map(String::as_str));
+                let v = v.ok_or("--count needs a value")?;
+                let n = v.parse::<u64>().ok().filter(|&n| n > 0);
+                o.count = Some(n.ok_or_else(|| invalid(v, "a positive integer"))?);
+            }
             "--watch" => {
-                o.watch = Some(1.0);
-                // An optional interval: the next word if it reads as one and not as a PID — a
-                // fraction ("0.5"), an "s" suffix ("10s"), or an integer up to 60.
+                // An optional interval: `--watch=SECS`, or the next word if it reads as one and
+                // not as a PID — a fraction ("0.5"), an "s" suffix ("10s"), or an integer up to
+                // 60; one that reads as an interval but is out of range is an error.
                 let looks_like_interval = |n: &&String| {
                     n.contains('.') || n.ends_with('s') || n.parse::<u32>().is_ok_and(|v| v <= 60)
                 };
-                if let Some(secs) = next.filter(looks_like_interval).and_then(|n| interval(n)) {
-                    o.watch = Some(secs);
-                    i += 1;
-                }
+                let v = inline.or_else(|| it.next_if(looks_like_interval).map(String::as_str));
+                o.watch = Some(match v {
+                    None => 1.0,
+                    Some(v) => interval(v).ok_or_else(|| invalid(v, "seconds from 0.1 to 3600"))?,
+                });
             }
-            w if w.starts_with("--watch=") => {
-                o.watch = Some(
-                    interval(&w[8..]).ok_or("--watch=SECS: expected seconds from 0.1 to 3600")?,
-                )
-            }
-            "--count" => {
-                let n = next.and_then(|n| n.parse::<u64>().ok()).filter(|&n| n > 0);
-                o.count = Some(n.ok_or("--count needs a positive integer")?);
-                i += 1;
-            }
+            f if f.starts_with('-') => return Err(format!("unknown option {a:?}")),
             p => match p.parse::<u32>() {
-                Ok(pid) => o.pids.push(pid),
-                Err(_) => return Err(format!("unknown argument {p:?}")),
+                Ok(pid) if pid > 0 => o.pids.push(pid),
+                _ => return Err(format!("{p:?} is not a PID (a positive integer)")),
             },
         }
-        i += 1;
     }
-    if o.count.is_some() && o.watch.is_none() {
+    if o.count.is_some() && o.watch.is_none() && !o.help {
         return Err("--count goes with --watch".into());
     }
     Ok(o)
@@ -246,14 +266,17 @@ fn lookup_elsewhere(o: &Opts, pid: u32) -> Result<Option<Snapshot>, String> {
 
 pub fn print_human(s: &Snapshot) {
     let state = if s.alive { "" } else { " (exited)" };
-    println!("pid {} {}{state}", s.pid, s.comm);
-    println!(
+    outln!("pid {} {}{state}", s.pid, s.comm);
+    outln!(
         "  {:<12} {:>8} {:>16} {:>16}",
-        "path", "conns", "tx bytes", "rx bytes"
+        "path",
+        "conns",
+        "tx bytes",
+        "rx bytes"
     );
     for p in [Path::Rdma, Path::Tcp, Path::Passthrough] {
         let i = p as usize;
-        println!(
+        outln!(
             "  {:<12} {:>8} {:>16} {:>16}",
             p.name(),
             s.conns[i],
@@ -263,25 +286,27 @@ pub fn print_human(s: &Snapshot) {
     }
     let reasons = reasons(s);
     if !reasons.is_empty() {
-        println!("  fallbacks: {reasons}");
+        outln!("  fallbacks: {reasons}");
     }
     if s.slept > 0 {
-        println!(
+        outln!(
             "  blocking calls slept {} times ({} woke late)",
-            s.slept, s.woke_late
+            s.slept,
+            s.woke_late
         );
     }
     if s.grown_rings + s.grown_send > 0 {
-        println!(
+        outln!(
             "  buffers grown under load: {} rings, {} send buffers",
-            s.grown_rings, s.grown_send
+            s.grown_rings,
+            s.grown_send
         );
     }
     for c in &s.sockets {
         let why = c
             .reason
             .map_or(String::new(), |r| format!(" ({})", r.name()));
-        println!(
+        outln!(
             "  fd {:<5} {:<5}{why} {} -> {} tx {} rx {}",
             c.fd,
             c.path.name(),
@@ -337,5 +362,8 @@ mod tests {
         );
         assert!(parse(&args(&["--count", "2"])).is_err());
         assert!(parse(&args(&["--watch=0"])).is_err());
+        assert!(parse(&args(&["--watch", "0"])).is_err(), "0 is not a PID");
+        let o = parse(&args(&["--watch", "--count=3", "--dir=/d"])).unwrap();
+        assert_eq!((o.count, o.dir), (Some(3), PathBuf::from("/d")));
     }
 }

@@ -4,10 +4,12 @@
 //! the reads, per process and path, and per connection (keyed by pid, fd and addresses). On a
 //! terminal each frame overwrites the last (cursor home, clear to end of line/screen); when
 //! stdout is not a terminal, frames follow one another as plain text, each headed by a
-//! `--- ` line with the time, so a log or a pipe reads naturally.
+//! `--- ` line with the time, so a log or a pipe reads naturally. With `--json`, each frame
+//! is one line: a JSON object with the time and every process's counters (no rates: a reader
+//! takes differences itself).
 
 use crate::stat::{collect, reasons, show_addr, Opts};
-use rsock_core::stats::read::Snapshot;
+use rsock_core::stats::read::{json_escape, Snapshot};
 use rsock_core::stats::{Path, PATHS};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -49,15 +51,17 @@ pub fn main(o: &Opts) -> ExitCode {
         let dt = prev.at.map(|t| now.duration_since(t).as_secs_f64());
         let text = frame(o, secs, &procs, &problems, dt, &mut prev);
         prev.at = Some(now);
-        let written = if tty {
+        let written = if o.json {
+            writeln!(out, "{}", json_frame(o, secs, &procs, &problems))
+        } else if tty {
             // Home, each line cleared to its end, then the rest of the screen cleared.
             let body: String = text.lines().map(|l| format!("{l}\x1b[K\n")).collect();
             write!(out, "\x1b[H{body}\x1b[J")
         } else {
             writeln!(out, "{text}")
         };
-        if written.and_then(|_| out.flush()).is_err() {
-            return ExitCode::SUCCESS; // the reader went away (a closed pipe)
+        if let Err(e) = written.and_then(|_| out.flush()) {
+            crate::out::exit_on(&e); // quietly if the reader went away (a closed pipe)
         }
         frames += 1;
         if o.count.is_some_and(|n| frames >= n) {
@@ -76,10 +80,10 @@ fn frame(
     prev: &mut Previous,
 ) -> String {
     let mut t = String::new();
+    let (date, time) = utc_now();
     let _ = writeln!(
         t,
-        "--- rsock stat --watch {secs}s  {}  {}",
-        utc_now(),
+        "--- rsock stat --watch {secs}s  {date} {time} UTC  {}",
         o.dir.display()
     );
     if procs.is_empty() {
@@ -152,6 +156,22 @@ fn frame(
     t
 }
 
+/// `{"time":"2026-11-23T23:10:01Z","interval":0.5,"dir":"...","processes":[...],"problems":[...]}`
+fn json_frame(o: &Opts, secs: f64, procs: &[Snapshot], problems: &[String]) -> String {
+    let procs: Vec<String> = procs.iter().map(Snapshot::to_json).collect();
+    let problems: Vec<String> = problems
+        .iter()
+        .map(|p| format!("\"{}\"", json_escape(p)))
+        .collect();
+    let (date, time) = utc_now();
+    format!(
+        "{{\"time\":\"{date}T{time}Z\",\"interval\":{secs},\"dir\":\"{}\",\"processes\":[{}],\"problems\":[{}]}}",
+        json_escape(&o.dir.display().to_string()),
+        procs.join(","),
+        problems.join(",")
+    )
+}
+
 /// Bytes per second between two reads, or "-" on the first frame or if the counter went back
 /// (a reused slot).
 fn rate(before: Option<u64>, now: u64, dt: Option<f64>) -> String {
@@ -179,8 +199,9 @@ fn bytes(n: u64) -> String {
     }
 }
 
-/// "2026-11-23 23:10:01 UTC" without a date crate (days to civil date, Howard Hinnant's method).
-fn utc_now() -> String {
+/// ("2026-11-23", "23:10:01"), UTC, without a date crate (days to civil date, Howard
+/// Hinnant's method).
+fn utc_now() -> (String, String) {
     let secs = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
@@ -194,11 +215,9 @@ fn utc_now() -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
+    (
+        format!("{year:04}-{month:02}-{day:02}"),
+        format!("{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60),
     )
 }
 
@@ -218,7 +237,8 @@ mod tests {
 
     #[test]
     fn utc_date_is_plausible() {
-        let s = utc_now();
+        let (date, time) = utc_now();
+        let s = format!("{date} {time} UTC");
         assert_eq!(s.len(), 23, "{s}");
         assert!(
             s.ends_with(" UTC") && s[..4].parse::<u32>().unwrap() >= 2024,
