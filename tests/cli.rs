@@ -341,3 +341,35 @@ fn json_watch_prints_a_json_line_per_frame() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn inherited_rsock_variables_are_checked() {
+    let run = |var: (&str, &str), args: &[&str]| {
+        Command::new(RSOCK)
+            .arg("run")
+            .args(args)
+            .args(["--", "true"])
+            .env("RSOCK_LIB", harmless_lib())
+            .env(var.0, var.1)
+            .output()
+            .unwrap()
+    };
+    let o = run(("RSOCK_SPIN_US", "lots"), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("RSOCK_SPIN_US=\"lots\": expected an integer"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(("RSOCK_SPIN_US", "lots"), &["--spin-us", "5"]);
+    assert_eq!(o.status.code(), Some(0), "an option wins: {}", stderr(&o));
+    // RSOCK_LIB (set here) is known to the shim; an unknown name is a warning, as in the shim.
+    let o = run(("RSOCK_FROB", "1"), &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("warning: RSOCK_FROB: unknown variable")
+            && !stderr(&o).contains("RSOCK_LIB: unknown"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -2,7 +2,8 @@
 //! into `RSOCK_*` variables. It execs (no child process), so the program's exit status and
 //! signals are the caller's to see, unchanged.
 
-use rsock_core::config::Config;
+use crate::out::outln;
+use rsock_core::config::{Config, USING_DEFAULT};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -30,7 +31,7 @@ pub fn main(args: &[String]) -> ExitCode {
     match prepare(args) {
         Ok(cmd) => exec(cmd),
         Err((0, _)) => {
-            println!("{USAGE}");
+            outln!("{USAGE}");
             ExitCode::SUCCESS
         }
         Err((code, msg)) => {
@@ -80,6 +81,7 @@ fn prepare(args: &[String]) -> Result<Launch, (u8, String)> {
             )),
             "--spin-us" => env.push(("RSOCK_SPIN_US".into(), value(flag)?.into())),
             "--no-rdma" if inline.is_none() => env.push(("RSOCK_RDMA".into(), "0".into())),
+            "--no-rdma" => return Err(usage(format!("{flag} takes no value"))),
             f if f.starts_with('-') => return Err(usage(format!("unknown option {a:?}"))),
             _ => {
                 program = Some(a);
@@ -116,13 +118,27 @@ fn prepare(args: &[String]) -> Result<Launch, (u8, String)> {
     })
 }
 
-/// The options' values parse the way the shim will read them; a rules file with bad lines
-/// is run anyway (the shim skips them too) after listing them.
+/// The `RSOCK_*` variables PROGRAM will see (inherited ones, and the options' over them)
+/// parse the way the shim will read them: a value the shim would replace by its default is a
+/// usage error; its other notes (an unknown name, a size rounded up) are warnings here. A
+/// rules file with bad lines is run anyway (the shim skips them too) after listing them.
 fn check_settings(env: &[(String, OsString)]) -> Result<(), (u8, String)> {
-    let (mut cfg, warnings) =
-        Config::parse(env.iter().map(|(k, v)| (OsString::from(k), v.clone())));
-    if let Some(w) = warnings.first() {
-        return Err((2, w.trim_end_matches("; using the default").to_string()));
+    let from_options = |k: &OsStr| env.iter().any(|(n, _)| OsStr::new(n) == k);
+    let inherited = std::env::vars_os()
+        .filter(|(k, _)| k.as_bytes().starts_with(b"RSOCK_") && !from_options(k));
+    let options = env.iter().map(|(k, v)| (OsString::from(k), v.clone()));
+    let (mut cfg, warnings) = Config::parse(inherited.chain(options));
+    if let Some(bad) = warnings.iter().find_map(|w| w.strip_suffix(USING_DEFAULT)) {
+        let name = bad.split(['=', ':']).next().unwrap_or_default();
+        let from = if from_options(OsStr::new(name)) {
+            ""
+        } else {
+            " (from the environment)"
+        };
+        return Err((2, format!("{bad}{from}")));
+    }
+    for w in &warnings {
+        eprintln!("rsock run: warning: {w}");
     }
     if cfg.rules_path.is_some() && env.iter().any(|(k, _)| k == "RSOCK_CONFIG") {
         let mut problems = Vec::new();
