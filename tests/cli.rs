@@ -373,3 +373,25 @@ fn inherited_rsock_variables_are_checked() {
         stderr(&o)
     );
 }
+
+#[test]
+fn log_file_must_be_writable() {
+    let o = rsock(&["run", "--log", "/nonexistent/dir/x.log", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--log /nonexistent/dir/x.log: cannot write to /nonexistent/dir"),
+        "{}",
+        stderr(&o)
+    );
+    let dir = temp_dir("log-dash");
+    let o = Command::new(RSOCK)
+        .args(["run", "--log", "-", "--", "true"])
+        .current_dir(&dir)
+        .env("RSOCK_LIB", harmless_lib())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--log -: "), "{}", stderr(&o));
+    assert!(!dir.join("-").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -72,7 +72,10 @@ fn prepare(args: &[String]) -> Result<Launch, (u8, String)> {
                 break;
             }
             "-h" | "--help" => return Err((0, String::new())),
-            "--log" => env.push(("RSOCK_LOG".into(), absolute(&value(flag)?).into_os_string())),
+            "--log" => {
+                let log = log_file(&value(flag)?).map_err(usage)?;
+                env.push(("RSOCK_LOG".into(), log.into_os_string()))
+            }
             "--log-level" => env.push(("RSOCK_LOG_LEVEL".into(), value(flag)?.into())),
             "--exclude" => env.push(("RSOCK_EXCLUDE".into(), value(flag)?.into())),
             "--config" => env.push((
@@ -151,6 +154,35 @@ fn check_settings(env: &[(String, OsString)]) -> Result<(), (u8, String)> {
         }
     }
     Ok(())
+}
+
+/// `--log FILE`, made absolute. The shim appends to it (creating it) and logs nothing if it
+/// cannot, so check now that it could, creating nothing. `-` is refused: the log is a file,
+/// and the shim stays off the program's stdout and stderr.
+fn log_file(v: &str) -> Result<PathBuf, String> {
+    if v == "-" {
+        return Err("--log -: the shim's log is a file; give its path".into());
+    }
+    let p = absolute(v);
+    let (target, what) = match std::fs::metadata(&p) {
+        Ok(m) if m.is_dir() => return Err(format!("--log {v}: is a directory")),
+        Ok(_) => (p.clone(), libc::W_OK),
+        Err(_) => (
+            p.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            libc::W_OK | libc::X_OK,
+        ),
+    };
+    let c = std::ffi::CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| format!("--log {v}: a path with a NUL byte"))?;
+    // SAFETY: c is NUL-terminated; access only reads it.
+    if unsafe { libc::access(c.as_ptr(), what) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "--log {v}: cannot write to {}: {e}",
+            target.display()
+        ));
+    }
+    Ok(p)
 }
 
 fn absolute(p: &str) -> PathBuf {
