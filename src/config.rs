@@ -56,7 +56,7 @@ pub struct Config {
     pub recv_credits: u32,
     /// `RSOCK_INLINE` (default 128, 0–1024): largest write posted inline (capped by the device).
     pub max_inline: u32,
-    /// `RSOCK_SPIN_US` (default 1000, 0–100000): the longest a blocking call or wait polls
+    /// `RSOCK_SPIN_US` (default 400, 0–100000): the longest a blocking call or wait polls
     /// before sleeping; each waiter adapts its polling below it (engine/spin.rs).
     pub spin_us: u32,
     /// `RSOCK_EXCLUDE` (default `127.0.0.0/8,::1/128`): destinations that never try RDMA:
@@ -201,7 +201,7 @@ impl Default for Config {
             max_pinned_mb: None,
             recv_credits: 64,
             max_inline: 128,
-            spin_us: 1000,
+            spin_us: 400,
             exclude: DEFAULT_EXCLUDE
                 .split(',')
                 .filter_map(Exclude::parse)

@@ -38,9 +38,9 @@ WARM=50
 CELLS="rsock:7601:rsock tcp:7602:tcp rsock-epoll:7603:rsock tcp-epoll:7604:tcp rsock-nospin:7605:rsock write_lat:0:perftest send_lat_e:0:perftest"
 
 shim() { # DIR CMD...
-  local dir=$1 spin=1000; shift
-  case $dir in *nospin*) spin=0 ;; esac
-  env RSOCK_SPIN_US=$spin LD_PRELOAD="$BIN/librsock.so" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_LOG="$dir.log" \
+  local dir=$1 spin=(); shift
+  case $dir in *nospin*) spin=(RSOCK_SPIN_US=0) ;; esac
+  env "${spin[@]}" LD_PRELOAD="$BIN/librsock.so" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_LOG="$dir.log" \
     RSOCK_CONNECT_TIMEOUT_MS=20000 "$@"
 }
 epoll_flag() { case $1 in *-epoll) echo --epoll ;; esac; }
