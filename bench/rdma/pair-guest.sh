@@ -16,6 +16,7 @@ rdma_vm_require_guest
 [ "${RDMA_VM_TOPOLOGY:-}" = pair ] || { echo "pair-guest.sh: needs --topology pair" >&2; exit 2; }
 
 OUT= ROUNDS=3 ITERS=1000 SERVERS=1 WRK_D=10 PG_T=15
+SERVER_KINDS=${SERVER_KINDS:-nginx pg redis memcached}
 while (($#)); do
   case $1 in
     --out) OUT=${2:?}; shift ;;
@@ -48,7 +49,9 @@ perftest_cmd() { case $1 in write_lat) echo "ib_write_lat" ;; send_lat_e) echo "
 
 # ---- real servers across the wire (after the latency rounds) --------------------------------
 # nginx as bench/rdma/fork.sh runs it (master + 2 workers, workers as nobody) and PostgreSQL
-# (pgbench -c 4 -j 2); the rsock cell has both ends preloaded, the TCP cell neither.
+# (pgbench -c 4 -j 2), Redis (redis-benchmark -c 8, SET and GET) and memcached (memcslap
+# --concurrency 8, set and get, as user memcache); the rsock cell has both ends preloaded,
+# the TCP cell neither.
 # shellcheck source=../../tests/rdma/fork/servers.sh
 . tests/rdma/fork/servers.sh
 W=/tmp/rsock-pair-servers
@@ -71,6 +74,17 @@ serve_one() { # KIND PATH: runs a server until node 0 says it is done
       "${pre[@]}" setpriv --reuid=postgres --regid=postgres --init-groups \
         "$(pg_bin)/postgres" $(pg_server_args "$d" "$RDMA_VM_SELF" $port) >"$d.out" 2>&1 &
       ;;
+    redis)
+      port=7631
+      mkdir -p "$d"
+      "${pre[@]}" redis-server --port $port --bind "$RDMA_VM_SELF" --protected-mode no --save '' \
+        --appendonly no --dir "$d" >"$d.out" 2>&1 &
+      ;;
+    memcached)
+      port=7641
+      mkdir -p "$d"
+      "${pre[@]}" memcached -u memcache -l "$RDMA_VM_SELF" -p $port -U 0 >"$d.out" 2>&1 &
+      ;;
   esac
   local srv=$!
   wait_tcp_listen $port 120 || echo "pair-guest: $kind ($path) did not listen: $(tail -c 300 "$d.out")" >&2
@@ -81,11 +95,11 @@ serve_one() { # KIND PATH: runs a server until node 0 says it is done
   sleep 1
 }
 serve_servers() {
-  for kind in nginx pg; do for path in rsock tcp; do serve_one $kind $path; done; done
+  for kind in $SERVER_KINDS; do for path in rsock tcp; do serve_one $kind $path; done; done
 }
 client_servers() {
   local kind path pre out
-  for kind in nginx pg; do
+  for kind in $SERVER_KINDS; do
     for path in rsock tcp; do
       pair_wait "srv-$kind-$path" 600 || return 1
       pre=()
@@ -109,12 +123,27 @@ client_servers() {
               END { printf "rps cell=%s what=%s value=%s lat_avg_ms=%s\n", c, w, t, l }' <<<"$out" >>"$data"
           done
           ;;
+        redis)
+          out=$("${pre[@]}" timeout 300 redis-benchmark -h "$RDMA_VM_PEER" -p 7631 -c 8 -n 20000 -t set,get -q 2>&1 | tr '\r' '\n')
+          for t in SET GET; do
+            awk -v c="$path" -v t=$t -v w="redis-${t,,}" '$1 == t ":" && $3 == "requests" { r = $2; p = $(NF - 1); sub(/^p50=/, "", p) }
+              END { printf "rps cell=%s what=%s value=%s p50=%s\n", c, w, r, p }' <<<"$out" >>"$data"
+          done
+          ;;
+        memcached)
+          for t in set get; do
+            # memcslap: "Time to set 16000 keys by 8 threads: 1.234 seconds." (get runs after a load)
+            out=$("${pre[@]}" timeout 300 memcslap --servers="$RDMA_VM_PEER:7641" --concurrency=8 --execute-number=2000 --test=$t 2>&1)
+            awk -v c="$path" -v w="memcached-$t" -v t=$t '$1 == "Time" && $3 == t { n = $4; s = $(NF - 1) }
+              END { printf "rps cell=%s what=%s value=%.0f\n", c, w, (s > 0 ? n / s : 0) }' <<<"$out" >>"$data"
+          done
+          ;;
       esac
       pair_signal "cli-$kind-$path"
       echo "pair-guest: $kind $path done" >&2
     done
   done
-  for kind in nginx pg; do
+  for kind in $SERVER_KINDS; do
     json=$("$BIN/rsock" stat --dir "$WORK/cli-$kind" --all --json 2>&1)
     rd=$(python3 -c 'import json,sys; c=[json.loads(l)["conns"] for l in sys.argv[1].splitlines() if l.strip().startswith("{")]; print(sum(x["rdma"] for x in c), sum(x["tcp"] for x in c))' "$json" 2>/dev/null)
     echo "conns cell=$kind-rsock round=servers rdma=${rd% *} tcp=${rd#* }" >>"$data"

@@ -37,6 +37,18 @@ for f in librsock.so rsock examples/pingpong; do
   cp "target/release/$f" "$OUT/bin/" || { log "missing target/release/$f"; exit 2; }
 done
 tests/rdma-vm/setup.sh >&2 || { log "test bed setup failed"; exit 97; }
+# The real servers and their load tools (the guests run the host's installed programs).
+need=()
+for c in nginx:nginx-light wrk:wrk pgbench:postgresql redis-server:redis-server redis-benchmark:redis-tools \
+  memcached:memcached memcslap:libmemcached-tools; do
+  command -v "${c%%:*}" >/dev/null || need+=("${c#*:}")
+done
+if ((${#need[@]})); then
+  log "installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2 ||
+    { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2; } ||
+    log "could not install ${need[*]}: those servers will fail"
+fi
 {
   echo "date_utc=$(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src preload 2>/dev/null || echo ' + uncommitted changes')"

@@ -68,10 +68,13 @@ if rps:
     print("| server, load | rsock | kernel TCP | rsock/TCP | latency rsock / TCP |")
     print("|---|---:|---:|---:|---:|")
     names = {"wrk-4k": "nginx 2 workers, `wrk -t 2 -c 8`, 4 KiB (req/s)", "wrk-64k": "nginx, 64 KiB (req/s)",
-             "pgbench-select-only": "PostgreSQL `pgbench -S -c 4 -j 2` (tps)", "pgbench-tpcb": "PostgreSQL `pgbench -c 4 -j 2`, TPC-B (tps)"}
+             "pgbench-select-only": "PostgreSQL `pgbench -S -c 4 -j 2` (tps)", "pgbench-tpcb": "PostgreSQL `pgbench -c 4 -j 2`, TPC-B (tps)",
+             "redis-set": "Redis `redis-benchmark -c 8 -t set` (req/s)", "redis-get": "Redis, GET (req/s)",
+             "memcached-set": "memcached `memcslap --concurrency 8 --test set` (ops/s)", "memcached-get": "memcached, get (ops/s)"}
     for what, cells in rps.items():
         a, t = cells.get("rsock"), cells.get("tcp")
-        lat = f"{a[1] if a else '?'} / {t[1] if t else '?'}" + (" (p99)" if what.startswith("wrk") else " ms (mean)")
+        unit = " (p99)" if what.startswith("wrk") else " ms (mean)" if what.startswith("pg") else " ms (p50)"
+        lat = "" if what.startswith("memcached") else f"{a[1] if a else '?'} / {t[1] if t else '?'}{unit}"
         print(f"| {names.get(what, what)} | **{fmt(a and a[0])}** | {fmt(t and t[0])} | {ratio(a and a[0], t and t[0])} | {lat} |")
 print(f"\nRaw data: bench/rdma/results/pair-raw/data.txt.")
 for f in failed:
