@@ -32,7 +32,7 @@ for line in open(f"{out}/data.txt"):
             pkts[kv["cell"]].append(int(kv["sent"]) / rts)
     elif f[0] == "rps":
         try:
-            rps[kv["what"]][kv["cell"]] = (float(kv["value"]), kv.get("p99") or kv.get("lat_avg_ms", ""))
+            rps[kv["what"]][kv["cell"]] = (float(kv["value"]), kv.get("p99") or kv.get("lat_avg_ms") or kv.get("p50", ""))
         except (KeyError, ValueError):
             failed.append(f"server cell without a figure: {line.strip()}")
     elif f[0] == "conns":
