@@ -205,6 +205,14 @@ shimmed() {
     env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 "$@"
 }
 
+# pair_shim DIR CMD...: as shimmed, for the two-host bed: stats in DIR, the log in DIR.log
+# (level SHIM_LOG_LEVEL, default info), and a connect timeout for two slow emulated guests.
+pair_shim() {
+    local dir=$1; shift
+    shimmed "$dir" RSOCK_CONNECT_TIMEOUT_MS=20000 RSOCK_LOG="$dir.log" \
+        RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "$@"
+}
+
 # stats_json STATSDIR OUT: writes `rsock stat --all --json` for STATSDIR to OUT.
 stats_json() {
     env -u LD_PRELOAD "$T_BIN" stat --dir "$1" --all --json > "$2"

@@ -23,20 +23,14 @@ rdma_vm_require_guest
 t_init
 PORT=7310
 K=3
-CTO=20000 # two emulated guests on one host are slow to connect
 EX=$T_EXAMPLES
 for x in fork_echo fork_client; do
     [ -x "$EX/$x" ] || { echo "missing $EX/$x (cargo build --release --examples)" >&2; exit 2; }
 done
-shim() { # DIR CMD...: runs CMD under the shim, its stats and log in DIR
-    local dir=$1; shift
-    env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
-        RSOCK_LOG="$dir.log" RSOCK_LOG_LEVEL=${SHIM_LOG_LEVEL:-info} "$@"
-}
 
 if [ "$RDMA_VM_NODE" = 1 ]; then
     dir=$T_WORK/srv
-    shim "$dir" timeout 300 "$EX/fork_echo" "$RDMA_VM_SELF:$PORT" --max-conns $K --timeout 120 \
+    pair_shim "$dir" timeout 300 "$EX/fork_echo" "$RDMA_VM_SELF:$PORT" --max-conns $K --timeout 120 \
         --pidfile "$T_WORK/srv.pid" > "$T_WORK/srv.out" 2>&1 &
     srv=$!
     wait_tcp_listen "$PORT" 60 && wait_rdma_listen "$PORT" 60 || { echo "FAIL fork_takeover: server did not listen"; exit 1; }
@@ -73,7 +67,7 @@ fi
 pair_wait srv-up 240 || { echo "FAIL fork_takeover: no server"; exit 1; }
 head -c $((4 << 20)) /dev/urandom > "$T_WORK/data.bin"
 dir=$T_WORK/cli
-shim "$dir" timeout 240 "$EX/fork_client" "$RDMA_VM_PEER:$PORT" --conns $K --parallel $K \
+pair_shim "$dir" timeout 240 "$EX/fork_client" "$RDMA_VM_PEER:$PORT" --conns $K --parallel $K \
     --file "$T_WORK/data.bin" --pause-ms 4000 --timeout 120 > "$T_WORK/cli.out" 2> "$T_WORK/cli.err" &
 cli=$!
 wait "$cli"

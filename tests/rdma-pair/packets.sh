@@ -27,14 +27,9 @@ PORT=7330
 N=300
 EX=$T_EXAMPLES
 [ -x "$EX/pingpong" ] || { echo "missing $EX/pingpong (cargo build --release --examples)" >&2; exit 2; }
-shim() { # DIR CMD...
-    local dir=$1; shift
-    env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=20000 \
-        RSOCK_LOG="$dir.log" RSOCK_LOG_LEVEL=${SHIM_LOG_LEVEL:-info} "$@"
-}
 
 if [ "$RDMA_VM_NODE" = 1 ]; then
-    shim "$T_WORK/srv" timeout 300 "$EX/pingpong" server "$RDMA_VM_SELF:$PORT" --once > "$T_WORK/srv.out" 2>&1 &
+    pair_shim "$T_WORK/srv" timeout 300 "$EX/pingpong" server "$RDMA_VM_SELF:$PORT" --once > "$T_WORK/srv.out" 2>&1 &
     wait_tcp_listen "$PORT" 60 && wait_rdma_listen "$PORT" 60 || { echo "FAIL packets: server did not listen"; exit 1; }
     pair_signal pp-up
     pair_wait verbs-go 300 || exit 1
@@ -51,7 +46,7 @@ fails=0
 bad() { echo "FAIL packets: $*"; fails=$((fails + 1)); }
 pair_wait pp-up 240 || { echo "FAIL packets: no server"; exit 1; }
 rxe_counters_snapshot "$T_WORK/c"
-out=$(shim "$T_WORK/cli" timeout 240 "$EX/pingpong" client "$RDMA_VM_PEER:$PORT" --size 64 --iters $N --warmup 20 --label rsock 2>&1)
+out=$(pair_shim "$T_WORK/cli" timeout 240 "$EX/pingpong" client "$RDMA_VM_PEER:$PORT" --size 64 --iters $N --warmup 20 --label rsock 2>&1)
 rc=$?
 d=$(rxe_counters_delta "$T_WORK/c")
 echo "# $out"
