@@ -38,6 +38,12 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `o` is a usage error (status 2) whose message contains `said`; `what` names the case.
+fn assert_usage_error(o: &Output, said: &str, what: &str) {
+    assert_eq!(o.status.code(), Some(2), "{what}: {}", stderr(o));
+    assert!(stderr(o).contains(said), "{what}: {}", stderr(o));
+}
+
 /// An empty directory of this test's own.
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("rsock-cli-{name}-{}", std::process::id()));
@@ -101,12 +107,7 @@ fn refuses_clearly() {
     let o = rsock(&["run", "--", "no-such-program-for-rsock"]);
     assert_eq!(o.status.code(), Some(127), "{}", stderr(&o));
     let o = rsock(&["run", "--log-level", "chatty", "--", "true"]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("RSOCK_LOG_LEVEL=\"chatty\""),
-        "{}",
-        stderr(&o)
-    );
+    assert_usage_error(&o, "RSOCK_LOG_LEVEL=\"chatty\"", "");
 }
 
 /// passwd is set-user-ID root on Debian: for anyone but root the loader would ignore
@@ -249,12 +250,7 @@ fn every_command_has_help() {
 fn unknown_commands_are_named() {
     for args in [&["frob"][..], &["help", "frob"]] {
         let o = rsock(args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}");
-        assert!(
-            stderr(&o).contains("unknown command \"frob\""),
-            "{args:?}: {}",
-            stderr(&o)
-        );
+        assert_usage_error(&o, "unknown command \"frob\"", &format!("{args:?}"));
         assert_eq!(stdout(&o), "");
     }
 }
@@ -286,12 +282,7 @@ fn options_take_their_value_either_way() {
         );
     }
     let o = rsock(&["stat", "--all=yes"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("--all takes no value"),
-        "{}",
-        stderr(&o)
-    );
+    assert_usage_error(&o, "--all takes no value", "");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -314,8 +305,7 @@ fn out_of_range_values_name_their_option() {
         (&["stat", "0"], "\"0\" is not a PID"),
     ] {
         let o = rsock(args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}");
-        assert!(stderr(&o).contains(said), "{args:?}: {}", stderr(&o));
+        assert_usage_error(&o, said, &format!("{args:?}"));
     }
 }
 
@@ -355,12 +345,7 @@ fn inherited_rsock_variables_are_checked() {
             .unwrap()
     };
     let o = run(("RSOCK_SPIN_US", "lots"), &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("RSOCK_SPIN_US=\"lots\": expected an integer"),
-        "{}",
-        stderr(&o)
-    );
+    assert_usage_error(&o, "RSOCK_SPIN_US=\"lots\": expected an integer", "");
     let o = run(("RSOCK_SPIN_US", "lots"), &["--spin-us", "5"]);
     assert_eq!(o.status.code(), Some(0), "an option wins: {}", stderr(&o));
     // RSOCK_LIB (set here) is known to the shim; an unknown name is a warning, as in the shim.
@@ -377,11 +362,10 @@ fn inherited_rsock_variables_are_checked() {
 #[test]
 fn log_file_must_be_writable() {
     let o = rsock(&["run", "--log", "/nonexistent/dir/x.log", "--", "true"]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--log /nonexistent/dir/x.log: cannot write to /nonexistent/dir"),
-        "{}",
-        stderr(&o)
+    assert_usage_error(
+        &o,
+        "--log /nonexistent/dir/x.log: cannot write to /nonexistent/dir",
+        "",
     );
     let dir = temp_dir("log-dash");
     let o = Command::new(RSOCK)
@@ -390,8 +374,7 @@ fn log_file_must_be_writable() {
         .env("RSOCK_LIB", harmless_lib())
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--log -: "), "{}", stderr(&o));
+    assert_usage_error(&o, "--log -: ", "");
     assert!(!dir.join("-").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
