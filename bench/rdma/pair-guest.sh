@@ -6,6 +6,9 @@
 #   pkts cell=C round=R rts=N sent=N rcvd=N            (node 0's rxe0 packets for N round trips)
 #
 #   rps cell=C what=W value=N [lat_p99_ms=..]          (real servers, after the rounds)
+#   cpu cell=C what=W units=N n0u=.. n0k=.. n1u=.. n1k=..
+#       CPU clock ticks (USER_HZ) each whole node spent over a measurement of N round trips
+#       or requests: user, and kernel (system + irq + softirq, where rxe does its work)
 #
 #   bench/rdma/pair-guest.sh --out DIR [--rounds N] [--iters N] [--no-servers]
 set -u
@@ -44,6 +47,41 @@ shim() { # DIR CMD...
   env "${spin[@]}" LD_PRELOAD="$BIN/librsock.so" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_LOG="$dir.log" \
     RSOCK_CONNECT_TIMEOUT_MS=20000 "$@"
 }
+# ---- CPU per round trip / request, both nodes --------------------------------------------
+# A whole node's CPU ticks (user, kernel) from /proc/stat: the device is software here, so
+# its work is kernel time of the node, and a fair per-message cost includes it.
+PAIR=/run/rdma-vm/pair
+cpu_now() { awk '$1 == "cpu" { print $2 + $3, $4 + $7 + $8; exit }' /proc/stat; }
+# Node 1 answers node 0's "cpusnap-NAME" with its own counters in "cpu1-NAME". It looks
+# every 0.1 s without forking (a read that times out on an idle fifo): what it costs is
+# node 1's CPU time too, in every cell alike.
+cpu_answer() {
+  local f n
+  mkfifo "$WORK/idle" && exec 9<>"$WORK/idle"
+  while :; do
+    for f in "$PAIR"/cpusnap-*; do
+      [ -e "$f" ] || continue
+      n=${f##*/cpusnap-}
+      [ -e "$PAIR/cpu1-$n" ] || { cpu_now >"$PAIR/cpu1-$n.tmp" && mv "$PAIR/cpu1-$n.tmp" "$PAIR/cpu1-$n"; }
+    done
+    read -r -t 0.1 -u 9
+  done
+}
+cpu_mark() { # NAME: prints both nodes' counters now (node 0 first)
+  local mine
+  pair_signal "cpusnap-$1"
+  mine=$(cpu_now)
+  wait_until 30 test -e "$PAIR/cpu1-$1" || { echo "$mine 0 0"; return 1; }
+  echo "$mine $(cat "$PAIR/cpu1-$1")"
+}
+cpu_line() { # CELL WHAT UNITS BEFORE AFTER: a "cpu" line of the deltas
+  local -a a=($4) b=($5)
+  echo "cpu cell=$1 what=$2 units=$3 n0u=$((b[0] - a[0])) n0k=$((b[1] - a[1])) n1u=$((b[2] - a[2])) n1k=$((b[3] - a[3]))" >>"$data"
+}
+cpu_seq=0
+cpu_begin() { cpu_seq=$((cpu_seq + 1)); cpu_before=$(cpu_mark "$cpu_seq-a"); }
+cpu_end() { cpu_line "$1" "$2" "$3" "$cpu_before" "$(cpu_mark "$cpu_seq-b")"; }
+
 epoll_flag() { case $1 in *-epoll) echo --epoll ;; esac; }
 perftest_cmd() { case $1 in write_lat) echo "ib_write_lat" ;; send_lat_e) echo "ib_send_lat -e" ;; esac; }
 
@@ -107,10 +145,12 @@ client_servers() {
       case $kind in
         nginx)
           for f in 4k 64k; do
+            cpu_begin
             out=$("${pre[@]}" timeout 120 wrk -t 2 -c 8 -d "${WRK_D}s" --latency --timeout 10s "http://$RDMA_VM_PEER:7611/$f.bin" 2>&1)
             awk -v c="$path" -v w="wrk-$f" '/^Requests\/sec:/ { r = $2 } $1 == "99%" { p = $2 }
               /Non-2xx|Socket errors/ { e = e $0 }
               END { gsub(/ /, "_", e); printf "rps cell=%s what=%s value=%s p99=%s errors=%s\n", c, w, r, p, e }' <<<"$out" >>"$data"
+            cpu_end "$path" "wrk-$f" "$(awk '/ requests in / { print $1 }' <<<"$out")"
           done
           ;;
         pg)
@@ -118,24 +158,30 @@ client_servers() {
           "${pre[@]}" timeout 300 pgbench -i -s 1 "${pg[@]}" postgres >"$WORK/pgi-$path.log" 2>&1 || echo "pair-guest: pgbench -i failed: $(tail -c 200 "$WORK/pgi-$path.log")" >&2
           for mode in select-only tpcb; do
             flag=(); [ $mode = select-only ] && flag=(-S)
+            cpu_begin
             out=$("${pre[@]}" timeout 300 pgbench -c 4 -j 2 -T "$PG_T" "${flag[@]}" -r "${pg[@]}" postgres 2>&1)
             awk -v c="$path" -v w="pgbench-$mode" '/^tps = / { t = $3 } /^latency average/ { l = $4 }
               END { printf "rps cell=%s what=%s value=%s lat_avg_ms=%s\n", c, w, t, l }' <<<"$out" >>"$data"
+            cpu_end "$path" "pgbench-$mode" "$(awk -F': ' '/^number of transactions actually processed/ { print $2 }' <<<"$out")"
           done
           ;;
         redis)
+          cpu_begin
           out=$("${pre[@]}" timeout 300 redis-benchmark -h "$RDMA_VM_PEER" -p 7631 -c 8 -n 20000 -t set,get -q 2>&1 | tr '\r' '\n')
           for t in SET GET; do
             awk -v c="$path" -v t=$t -v w="redis-${t,,}" '$1 == t ":" && $3 == "requests" { r = $2; p = $(NF - 1); sub(/^p50=/, "", p) }
               END { printf "rps cell=%s what=%s value=%s p50=%s\n", c, w, r, p }' <<<"$out" >>"$data"
           done
+          cpu_end "$path" redis-set+get 40000
           ;;
         memcached)
           for t in set get; do
+            cpu_begin
             # memcslap: "Time to set 16000 keys by 8 threads: 1.234 seconds." (get runs after a load)
             out=$("${pre[@]}" timeout 300 memcslap --servers="$RDMA_VM_PEER:7641" --concurrency=8 --execute-number=2000 --test=$t 2>&1)
             awk -v c="$path" -v w="memcached-$t" -v t=$t '$1 == "Time" && $3 == t { n = $4; s = $(NF - 1) }
               END { printf "rps cell=%s what=%s value=%.0f\n", c, w, (s > 0 ? n / s : 0) }' <<<"$out" >>"$data"
+            cpu_end "$path" "memcached-$t" "$(awk -v t=$t '$1 == "Time" && $3 == t { print $4 }' <<<"$out")"
           done
           ;;
       esac
@@ -151,6 +197,8 @@ client_servers() {
 }
 
 if [ "$RDMA_VM_NODE" = 1 ]; then
+  cpu_answer &
+  answerer=$!
   for c in $CELLS; do
     IFS=: read -r name port kind <<<"$c"
     case $kind in
@@ -182,6 +230,7 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
   done
   ((SERVERS)) && serve_servers
   pair_barrier end 600
+  kill $answerer 2>/dev/null
   exit 0
 fi
 
@@ -195,6 +244,7 @@ for r in $(seq 1 "$ROUNDS"); do
     case $kind in
       rsock | tcp)
         rxe_counters_snapshot "$WORK/c"
+        cpu_begin
         run=("$BIN/pingpong" client "$RDMA_VM_PEER:$port" --size 64,4096 --iters "$ITERS" --warmup $WARM --label "$name" $(epoll_flag "$name"))
         if [ "$kind" = rsock ]; then out=$(shim "$WORK/$name-cli-$r" "${run[@]}"); else out=$("${run[@]}"); fi
         d=$(rxe_counters_delta "$WORK/c")
@@ -202,10 +252,12 @@ for r in $(seq 1 "$ROUNDS"); do
           for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
           printf "lat cell=%s size=%s round=%s median_us=%s p99_us=%s cli_csw_rt=%s srv_csw_rt=%s\n", c, v["size"], r, v["median_us"], v["p99_us"], v["cli_csw_rt"], v["srv_csw_rt"] }' >>"$data"
         rts=$((2 * (ITERS + WARM)))
+        cpu_end "$name" "pingpong-r$r" $rts
         ;;
       perftest)
         rts=0
         rxe_counters_snapshot "$WORK/c"
+        cpu_begin
         for s in 64 4096; do
           [ "$name" = send_lat_e ] && [ $s = 4096 ] && continue
           pair_signal "go-$name-$s-$r"
@@ -219,6 +271,7 @@ for r in $(seq 1 "$ROUNDS"); do
           sleep 1
         done
         d=$(rxe_counters_delta "$WORK/c")
+        cpu_end "$name" "pingpong-r$r" $rts
         ;;
     esac
     sent=$(awk '$1 == "sent_pkts" { print $2 }' <<<"$d")

@@ -12,6 +12,8 @@ csw = defaultdict(list)
 pkts = defaultdict(list)  # cell -> (sent per rt) per round
 failed = []
 rps = defaultdict(dict)   # what -> cell -> (value, extra)
+cpu = defaultdict(list)   # (cell, what without the round) -> [(n0u, n0k, n1u, n1k) µs per unit]
+TICK_US = 10_000          # USER_HZ = 100
 for line in open(f"{out}/data.txt"):
     f = line.split()
     if not f:
@@ -35,6 +37,14 @@ for line in open(f"{out}/data.txt"):
             rps[kv["what"]][kv["cell"]] = (float(kv["value"]), kv.get("p99") or kv.get("lat_avg_ms") or kv.get("p50", ""))
         except (KeyError, ValueError):
             failed.append(f"server cell without a figure: {line.strip()}")
+    elif f[0] == "cpu":
+        try:
+            units = int(kv["units"])
+            if units > 0:
+                what = kv["what"].split("-r")[0] if kv["what"].startswith("pingpong") else kv["what"]
+                cpu[(kv["cell"], what)].append(tuple(int(kv[k]) * TICK_US / units for k in ("n0u", "n0k", "n1u", "n1k")))
+        except (KeyError, ValueError):
+            failed.append(f"unreadable: {line.strip()}")
     elif f[0] == "conns":
         if kv.get("rdma", "") in ("", "0") or kv.get("tcp", "1") != "0":
             failed.append(f"{kv['cell']} round {kv['round']}: not over RDMA (rdma={kv.get('rdma')} tcp={kv.get('tcp')})")
@@ -76,6 +86,35 @@ if rps:
         unit = " (p99)" if what.startswith("wrk") else " ms (mean)" if what.startswith("pg") else " ms (p50)"
         lat = "" if what.startswith("memcached") else f"{a[1] if a else '?'} / {t[1] if t else '?'}{unit}"
         print(f"| {names.get(what, what)} | **{fmt(a and a[0])}** | {fmt(t and t[0])} | {ratio(a and a[0], t and t[0])} | {lat} |")
+if cpu:
+    def cpu_of(cell, what):
+        """Medians over rounds of (node 0 user, kernel, node 1 user, kernel), µs per unit."""
+        v = cpu.get((cell, what))
+        return None if not v else tuple(statistics.median(x[i] for x in v) for i in range(4))
+    total = lambda c: None if c is None else sum(c)
+    cell_fmt = lambda c: "—" if c is None else f"{c[0] + c[1]:,.0f} ({c[1]:,.0f})"
+    print("\n## CPU per round trip and per request, both nodes\n")
+    print("Each node's whole CPU time (/proc/stat: user + kernel; kernel = system + irq + softirq, "
+          "where Soft-RoCE does its work), over a measurement, divided by its round trips or "
+          "requests: µs of CPU, kernel part in brackets. Ping-pong cells include the process's "
+          "start and connection set-up, spread over their round trips (64 B and 4 KiB together). "
+          "`ib_write_lat` polls by design: both its ends stay busy.\n")
+    print("| ping-pong, per round trip | node 0 (client) | node 1 (server) | both | vs kernel TCP |")
+    print("|---|---:|---:|---:|---:|")
+    tcp_pp = {"rsock": "tcp", "rsock-nospin": "tcp", "rsock-epoll": "tcp-epoll"}
+    for cell in ("rsock", "rsock-nospin", "rsock-epoll", "tcp", "tcp-epoll", "send_lat_e", "write_lat"):
+        c = cpu_of(cell, "pingpong")
+        if c is None:
+            continue
+        t = cpu_of(tcp_pp.get(cell, ""), "pingpong")
+        print(f"| {cell} | {cell_fmt(c[:2])} | {cell_fmt(c[2:])} | **{total(c):,.0f}** | {ratio(total(c), total(t))} |")
+    whats = sorted({w for (_, w) in cpu if w != "pingpong"})
+    if whats:
+        print("\n| server, per request | rsock: client node | rsock: server node | rsock, both | TCP, both | rsock/TCP |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for what in whats:
+            a, t = cpu_of("rsock", what), cpu_of("tcp", what)
+            print(f"| {what} | {cell_fmt(a and a[:2])} | {cell_fmt(a and a[2:])} | **{fmt(total(a))}** | {fmt(total(t))} ({fmt(t and t[1] + t[3])}) | {ratio(total(a), total(t))} |")
 print(f"\nRaw data: bench/rdma/results/pair-raw/data.txt.")
 for f in failed:
     print(f"\nFAILED: {f}")
