@@ -19,7 +19,8 @@ Runs PROGRAM with librsock.so preloaded (prepended to any LD_PRELOAD already set
   --config FILE      rules file (RSOCK_CONFIG); its bad lines are listed here too
   --spin-us N        microseconds a blocking call polls before sleeping (RSOCK_SPIN_US)
   --no-rdma          track connections but never try RDMA (RSOCK_RDMA=0)
-The shim is librsock.so next to this rsock binary, or RSOCK_LIB.
+The shim is RSOCK_LIB if set; else the first librsock.so found next to this rsock binary,
+in ../lib/rsock/ from its directory, or in the library directory set at build time.
 Exit status: PROGRAM's own; 2 for a usage error; 126 when rsock refuses (no shim, a
 setuid/setgid/capability program, a bad --config file) or cannot execute PROGRAM; 127 when
 PROGRAM is not found.";
@@ -189,35 +190,80 @@ fn absolute(p: &str) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| PathBuf::from(p))
 }
 
-/// librsock.so: `RSOCK_LIB`, else next to this binary (`target/release/`, or wherever both
-/// were installed together).
-fn find_shim() -> Result<PathBuf, (u8, String)> {
-    let (candidate, from) = match std::env::var_os("RSOCK_LIB") {
-        Some(p) if !p.is_empty() => (absolute(&p.to_string_lossy()), "RSOCK_LIB"),
-        _ => {
-            let exe = std::env::current_exe()
-                .map_err(|e| (REFUSED, format!("cannot locate the rsock binary: {e}")))?;
-            (
-                exe.with_file_name("librsock.so"),
-                "next to the rsock binary",
-            )
-        }
-    };
-    match std::fs::metadata(&candidate) {
-        Ok(m) if m.is_file() => Ok(candidate),
-        Ok(_) => Err((
-            REFUSED,
-            format!("the shim {} ({from}) is not a file", candidate.display()),
-        )),
-        Err(e) => Err((
-            REFUSED,
-            format!(
-                "cannot find the shim: {} ({from}): {e}; build it with `cargo build --release` \
-                 or point RSOCK_LIB at librsock.so",
-                candidate.display()
-            ),
-        )),
+/// The library directory fixed when rsock was built (`RSOCK_LIBDIR=/usr/lib/rsock cargo
+/// build`; `make` sets it to `$(PREFIX)/lib/rsock`), if any.
+const BUILD_LIBDIR: Option<&str> = option_env!("RSOCK_LIBDIR");
+
+/// The places librsock.so is looked for, in order, each with what it is: `RSOCK_LIB` alone
+/// if it is set (a name the user gave is not second-guessed); else next to the rsock binary
+/// (`target/release/`, or wherever both were copied together), in `../lib/rsock/` from the
+/// binary's directory (`/usr/bin/rsock` and `/usr/lib/rsock/librsock.so`), and in the
+/// library directory set at build time. A place named twice is listed once.
+fn shim_candidates(
+    rsock_lib: Option<&OsStr>,
+    exe: Option<&Path>,
+    build_libdir: Option<&str>,
+) -> Vec<(PathBuf, &'static str)> {
+    if let Some(p) = rsock_lib.filter(|p| !p.is_empty()) {
+        return vec![(absolute(&p.to_string_lossy()), "RSOCK_LIB")];
     }
+    let mut c: Vec<(PathBuf, &'static str)> = Vec::new();
+    if let Some(dir) = exe.and_then(Path::parent) {
+        c.push((dir.join("librsock.so"), "next to the rsock binary"));
+        if let Some(up) = dir.parent() {
+            c.push((
+                up.join("lib/rsock/librsock.so"),
+                "../lib/rsock from the rsock binary",
+            ));
+        }
+    }
+    if let Some(d) = build_libdir.filter(|d| !d.is_empty()) {
+        c.push((
+            Path::new(d).join("librsock.so"),
+            "the library directory set at build time",
+        ));
+    }
+    let mut seen = Vec::new();
+    c.retain(|(p, _)| {
+        let new = !seen.contains(p);
+        seen.push(p.clone());
+        new
+    });
+    c
+}
+
+/// The first of `candidates` that is a file, or an error naming every place looked at and
+/// why each did not do.
+fn first_shim(candidates: &[(PathBuf, &str)]) -> Result<PathBuf, (u8, String)> {
+    let mut looked = Vec::new();
+    for (path, from) in candidates {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => return Ok(path.clone()),
+            Ok(_) => looked.push(format!("{} ({from}): not a file", path.display())),
+            Err(e) => looked.push(format!("{} ({from}): {e}", path.display())),
+        }
+    }
+    if looked.is_empty() {
+        looked.push("nowhere (the rsock binary's own path is unknown)".to_string());
+    }
+    Err((
+        REFUSED,
+        format!(
+            "cannot find the shim: {}; build it with `cargo build --release`, install it with \
+             `make install`, or point RSOCK_LIB at librsock.so",
+            looked.join("; ")
+        ),
+    ))
+}
+
+/// librsock.so, looked for where [`shim_candidates`] says.
+fn find_shim() -> Result<PathBuf, (u8, String)> {
+    let exe = std::env::current_exe().ok();
+    first_shim(&shim_candidates(
+        std::env::var_os("RSOCK_LIB").as_deref(),
+        exe.as_deref(),
+        BUILD_LIBDIR,
+    ))
 }
 
 /// `program` as execvp would find it: a path if it has a slash, else the first executable
@@ -395,6 +441,75 @@ mod tests {
             "{msg}"
         );
         std::env::remove_var("RSOCK_LIB");
+    }
+
+    #[test]
+    fn shim_is_looked_for_in_order() {
+        let exe = Path::new("/opt/x/bin/rsock");
+        let paths = |c: Vec<(PathBuf, &str)>| c.into_iter().map(|(p, _)| p).collect::<Vec<_>>();
+        assert_eq!(
+            paths(shim_candidates(None, Some(exe), Some("/usr/lib/rsock"))),
+            [
+                "/opt/x/bin/librsock.so",
+                "/opt/x/lib/rsock/librsock.so",
+                "/usr/lib/rsock/librsock.so"
+            ]
+            .map(PathBuf::from)
+        );
+        // RSOCK_LIB alone when set; empty counts as unset; no build-time directory by default.
+        assert_eq!(
+            paths(shim_candidates(
+                Some(OsStr::new("/a/librsock.so")),
+                Some(exe),
+                Some("/x")
+            )),
+            [PathBuf::from("/a/librsock.so")]
+        );
+        assert_eq!(
+            paths(shim_candidates(Some(OsStr::new("")), Some(exe), None)).len(),
+            2
+        );
+        // The build-time directory that is ../lib/rsock anyway is listed once.
+        let c = shim_candidates(
+            None,
+            Some(Path::new("/usr/bin/rsock")),
+            Some("/usr/lib/rsock"),
+        );
+        assert_eq!(c.len(), 2, "{c:?}");
+
+        // The first that exists wins; the error names every place looked at.
+        let root = std::env::temp_dir().join(format!("rsock-find-shim-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (bin, lib, fixed) = (root.join("bin"), root.join("lib/rsock"), root.join("fixed"));
+        for d in [&bin, &lib, &fixed] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let exe = bin.join("rsock");
+        let fixed_s = fixed.to_str().unwrap();
+        let find = || first_shim(&shim_candidates(None, Some(&exe), Some(fixed_s)));
+        let (code, msg) = find().unwrap_err();
+        assert_eq!(code, REFUSED);
+        for p in [
+            bin.join("librsock.so"),
+            lib.join("librsock.so"),
+            fixed.join("librsock.so"),
+        ] {
+            assert!(msg.contains(p.to_str().unwrap()), "{msg}");
+        }
+        assert!(
+            msg.contains("set at build time") && msg.contains("RSOCK_LIB"),
+            "{msg}"
+        );
+        std::fs::write(fixed.join("librsock.so"), b"").unwrap();
+        assert_eq!(find().unwrap(), fixed.join("librsock.so"));
+        std::fs::write(lib.join("librsock.so"), b"").unwrap();
+        assert_eq!(find().unwrap(), lib.join("librsock.so"));
+        std::fs::create_dir(bin.join("librsock.so")).unwrap(); // not a file: skipped
+        assert_eq!(find().unwrap(), lib.join("librsock.so"));
+        std::fs::remove_dir(bin.join("librsock.so")).unwrap();
+        std::fs::write(bin.join("librsock.so"), b"").unwrap();
+        assert_eq!(find().unwrap(), bin.join("librsock.so"));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
