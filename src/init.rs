@@ -5,6 +5,7 @@
 //! the first thread that needs them, inside the reentrancy guard.
 
 use crate::config;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Once, OnceLock};
 
@@ -19,6 +20,21 @@ pub fn enabled() -> bool {
 }
 
 fn start() {
+    if let Some((first, me)) = another_copy_first() {
+        // Only the log settings: the first copy reads (and reports on) the rest.
+        let env = std::env::vars_os().filter(|(k, _)| k.as_bytes().starts_with(b"RSOCK_"));
+        let (cfg, _) = config::Config::parse(env);
+        if let Some(path) = &cfg.log_path {
+            crate::logger::init(path, cfg.log_level);
+        }
+        log::warn!(
+            "rsock {} in pid {}: librsock.so is loaded twice; the copy loaded first ({first}) \
+             serves this process and this copy ({me}) stays inert: its hooks pass every call to libc",
+            env!("CARGO_PKG_VERSION"),
+            crate::sys::raw::getpid(),
+        );
+        return; // ENABLED stays false; no fork handlers
+    }
     let (cfg, warnings) = config::loaded();
     if let Some(path) = &cfg.log_path {
         crate::logger::init(path, cfg.log_level);
@@ -38,6 +54,25 @@ fn start() {
                                     // SAFETY: registering plain extern "C" fns; they run around every fork().
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
     ENABLED.store(cfg.enable, Ordering::Release);
+}
+
+/// When librsock.so is loaded twice in one process (`LD_PRELOAD=/a/librsock.so:/b/librsock.so`,
+/// or a copy in `LD_PRELOAD` plus `rsock run`'s), the paths of the copy loaded first and of
+/// this one, if this is not the first. The program's calls are bound to the first copy's
+/// hooks, whose "real" functions (`dlsym(RTLD_NEXT)`) are then the second copy's hooks: the
+/// second must pass them to libc untouched, or every socket would be tracked and counted
+/// twice. The marker both copies can see is the loader's own: the object that defines the
+/// exported instance symbol first. With the shim loaded once (or this code outside it, as in
+/// the rsock CLI) there is no other copy.
+fn another_copy_first() -> Option<(String, String)> {
+    use crate::sys::dl;
+    let first = dl::first_definer(dl::INSTANCE_SYMBOL)?;
+    let me = dl::this_object()?;
+    if first.base == me.base {
+        return None;
+    }
+    let name = |o: dl::Object| o.path.unwrap_or_else(|| format!("{:#x}", o.base));
+    Some((name(first), name(me)))
 }
 
 /// In the parent, before a fork: the child may poll the streams it inherits, so their

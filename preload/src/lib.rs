@@ -26,6 +26,13 @@ extern "C" fn resolve_real_functions() {
 #[link_section = ".init_array"]
 static RESOLVE_AT_LOAD: extern "C" fn() = resolve_real_functions;
 
+/// The marker that makes a second copy of librsock.so in one process inert
+/// (`rsock_core::init`): the loader binds this name, like every hook, to the copy it loaded
+/// first, and each copy compares that copy with itself. Its value is never read.
+#[no_mangle]
+#[used]
+pub static rsock_shim_instance: u8 = 0;
+
 macro_rules! hooks {
     ($( fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $(, variadic $var:ty)?; )*) => {
         $(

@@ -749,15 +749,7 @@ fn with_shim(had: Option<Vec<u8>>) -> String {
 
 /// The path this library was loaded from.
 pub(super) fn own_path() -> Option<String> {
-    // SAFETY: dladdr on an address inside this library; it fills `info` or returns 0.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) };
-    if r == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dladdr's dli_fname is a NUL-terminated string that lives with the library.
-    let p = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-    Some(p.to_string_lossy().into_owned())
+    crate::sys::dl::this_object()?.path
 }
 
 /// The child's state is reset by the `pthread_atfork` handler registered at start-up, which

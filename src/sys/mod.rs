@@ -1,5 +1,6 @@
 //! All FFI of the core: real libc entry points and raw syscalls that no hook can intercept.
 
+pub mod dl;
 pub mod raw;
 pub mod real;
 pub mod sockaddr;

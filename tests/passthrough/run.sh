@@ -415,6 +415,42 @@ cell_malformed_config() {
     expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'conns.tcp==1' 'tx.tcp==SIZE'
 }
 
+# ---- one copy of the shim per process -----------------------------------------------------
+
+# librsock.so loaded twice: the server preloads the build and a copy of it; the client has
+# the copy in LD_PRELOAD and is started with `rsock run` (which puts the build first). The
+# copy loaded second must stay inert: the bytes flow, each side counts its one connection
+# and its bytes once, and each process logs once that the second copy is inert.
+cell_two_copies() {
+    mkdir -p copy && cp "$T_SO" copy/librsock.so
+    local copy=$CELL_DIR/copy/librsock.so
+    bg srv $T env LD_PRELOAD="$T_SO:$copy" RSOCK_LOG="$CELL_DIR/srv.log" \
+        RSOCK_STATS_DIR="$CELL_DIR/srv" RSOCK_STATS_KEEP=1 $NC -l 127.0.0.1 "$PORT"
+    wait_listen "$PORT" 10 srv || fail "server did not listen"
+    bg_in cli $T "$DATA" env LD_PRELOAD="$copy" RSOCK_LIB="$T_SO" RSOCK_LOG="$CELL_DIR/cli.log" \
+        RSOCK_STATS_DIR="$CELL_DIR/cli" RSOCK_STATS_KEEP=1 "$T_BIN" run -- $NC -N 127.0.0.1 "$PORT"
+    expect_status cli 0
+    expect_status srv 0
+    expect_same_file "$DATA" srv.out
+    expect_empty srv.err "server stderr"
+    expect_empty cli.err "client stderr"
+    expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
+        'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
+    expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
+        'fallback.no_device==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
+    local side n
+    for side in srv cli; do
+        n=$(grep -c "stays inert" "$side.log")
+        [ "$n" -eq 1 ] || fail "$side: $n 'stays inert' lines in the log, want 1: $(head -c 300 "$side.log")"
+        grep "stays inert" "$side.log" | grep -qF "first ($T_SO)" ||
+            fail "$side: the inert line does not name $T_SO as the copy loaded first: $(grep 'stays inert' "$side.log")"
+        grep "stays inert" "$side.log" | grep -qF "this copy ($copy)" ||
+            fail "$side: the inert line does not name the copy $copy"
+        n=$(grep -c "starting in pid" "$side.log")
+        [ "$n" -eq 1 ] || fail "$side: $n start lines in the log, want 1 (one copy at work)"
+    done
+}
+
 # ---- run ----------------------------------------------------------------------------------
 
 CELLS=(
@@ -428,6 +464,7 @@ CELLS=(
     fd_edge fd_edge_stdio fd_edge_with_log
     refused_connect
     enable_0 stats_removed_at_exit malformed_config
+    two_copies
 )
 t0=$SECONDS
 for c in "${CELLS[@]}"; do
