@@ -1,0 +1,55 @@
+# Build and install rsock: the CLI, the shim, the man page, bash completion and an example
+# rules file.
+#
+#   make                          cargo build --release of the shim and the CLI
+#   make install                  into $(DESTDIR)$(PREFIX); PREFIX defaults to /usr/local
+#   make install PREFIX=/usr DESTDIR=/tmp/stage
+#   make uninstall                (same PREFIX and DESTDIR)
+#
+# The CLI is built knowing $(LIBDIR) (RSOCK_LIBDIR at build time) as one of the places of
+# the shim, so `make install` rebuilds it when PREFIX differs from the last build's. The
+# rules file goes to $(DESTDIR)/etc/rsock.conf — the path the shim reads, whatever the
+# PREFIX — and only if there is none there yet.
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib/rsock
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+CARGO ?= cargo
+INSTALL ?= install
+
+RELEASE := target/release
+
+.PHONY: all build install uninstall
+
+all: build
+
+build:
+	RSOCK_LIBDIR=$(LIBDIR) $(CARGO) build --release --workspace --lib --bins
+
+install: build
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(MANDIR)/man1 \
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)/etc
+	$(INSTALL) -m 755 $(RELEASE)/rsock $(DESTDIR)$(BINDIR)/rsock
+	$(INSTALL) -m 644 $(RELEASE)/librsock.so $(DESTDIR)$(LIBDIR)/librsock.so
+	$(INSTALL) -m 644 docs/man/rsock.1 $(DESTDIR)$(MANDIR)/man1/rsock.1
+	$(INSTALL) -m 644 completions/rsock.bash $(DESTDIR)$(BASHCOMPDIR)/rsock
+	@if [ -e $(DESTDIR)/etc/rsock.conf ]; then \
+		echo "keeping $(DESTDIR)/etc/rsock.conf (the example is etc/rsock.conf)"; \
+	else \
+		echo "$(INSTALL) -m 644 etc/rsock.conf $(DESTDIR)/etc/rsock.conf"; \
+		$(INSTALL) -m 644 etc/rsock.conf $(DESTDIR)/etc/rsock.conf; \
+	fi
+
+# /etc/rsock.conf goes only if it is still the example as installed.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/rsock $(DESTDIR)$(LIBDIR)/librsock.so \
+		$(DESTDIR)$(MANDIR)/man1/rsock.1 $(DESTDIR)$(BASHCOMPDIR)/rsock
+	-rmdir $(DESTDIR)$(LIBDIR) 2>/dev/null
+	@if cmp -s etc/rsock.conf $(DESTDIR)/etc/rsock.conf; then \
+		echo "rm -f $(DESTDIR)/etc/rsock.conf"; rm -f $(DESTDIR)/etc/rsock.conf; \
+	elif [ -e $(DESTDIR)/etc/rsock.conf ]; then \
+		echo "keeping $(DESTDIR)/etc/rsock.conf (changed since it was installed)"; \
+	fi
