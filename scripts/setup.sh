@@ -13,6 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PACKAGES=(
   # build: gcc for the linker, rdma-sys's bindgen needs libclang and the rdma-core headers
   build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev
+  # make install and the Debian package (tests/install.sh): dpkg-deb, dpkg-shlibdeps, readelf, man
+  make dpkg-dev binutils man-db
   # RDMA userspace (used inside the test bed, which runs the host's binaries)
   rdma-core ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils ibverbs-utils perftest
   # the programs the tests run under the shim, and the tools the tests use

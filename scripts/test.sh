@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run every rsock test: formatting and lints (cargo fmt --check, clippy -D warnings), host
-# unit/property tests, the passthrough matrix, and the RDMA suites inside the Soft-RoCE test
-# bed (one guest boot, then a two-guest boot for what needs two hosts). This is the README's
-# test command
-# and what CI runs.
+# unit/property tests, the passthrough matrix, the install test (make install and the .deb,
+# tests/install.sh), and the RDMA suites inside the Soft-RoCE test bed (one guest boot, then
+# a two-guest boot for what needs two hosts). This is the README's test command and what CI
+# runs.
 #
 #   scripts/test.sh              everything (sets up what is missing first)
 #   scripts/test.sh --host-only  skip the test-bed suite (developer inner loop; not for CI)
@@ -40,6 +40,7 @@ suite fmt cargo fmt --all --check
 suite clippy cargo clippy --workspace --all-targets --quiet -- -D warnings
 suite unit cargo test --workspace --quiet
 suite passthrough tests/passthrough/run.sh
+suite install tests/install.sh
 if ((host_only)); then
   echo "test bed suite skipped (--host-only): nothing about the RDMA path was tested"
 else
