@@ -7,7 +7,8 @@
 #   make uninstall                (same PREFIX and DESTDIR)
 #
 # The CLI is built knowing $(LIBDIR) (RSOCK_LIBDIR at build time) as one of the places of
-# the shim, so `make install` rebuilds it when PREFIX differs from the last build's. The
+# the shim, so `make install` rebuilds it (with cargo, if it is on PATH) when PREFIX differs
+# from the last build's. The
 # rules file goes to $(DESTDIR)/etc/rsock.conf — the path the shim reads, whatever the
 # PREFIX — and only if there is none there yet.
 
@@ -29,7 +30,15 @@ all: build
 build:
 	RSOCK_LIBDIR=$(LIBDIR) $(CARGO) build --release --workspace --lib --bins
 
-install: build
+# `sudo make install` after `make` works where root has no cargo: what was built is installed.
+install:
+	@if command -v $(CARGO) >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory build; \
+	elif [ -f $(RELEASE)/rsock ] && [ -f $(RELEASE)/librsock.so ]; then \
+		echo "$(CARGO) not found: installing what was built before"; \
+	else \
+		echo "$(CARGO) not found and nothing built: run make first" >&2; exit 1; \
+	fi
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(MANDIR)/man1 \
 		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)/etc
 	$(INSTALL) -m 755 $(RELEASE)/rsock $(DESTDIR)$(BINDIR)/rsock
