@@ -52,3 +52,20 @@ pub fn first_definer(name: &CStr) -> Option<Object> {
     }
     object_at(p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_found() {
+        let me = this_object().expect("dladdr knows this test binary");
+        assert_ne!(me.base, 0);
+        // No librsock.so in a test binary: nothing defines the instance symbol.
+        assert_eq!(first_definer(INSTANCE_SYMBOL), None);
+        // libc defines `socket`: a loaded object other than this binary.
+        let libc = first_definer(c"socket").expect("libc defines socket");
+        assert_ne!(libc.base, me.base);
+        assert!(libc.path.is_some_and(|p| p.contains("libc")));
+    }
+}
