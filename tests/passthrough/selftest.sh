@@ -74,6 +74,8 @@ mutate stats_removed_at_exit "stats kept" 'RSOCK_STATS_DIR="$CELL_DIR/st" $NC -l
 mutate enable_0 "shim enabled creates stats" 'bg srv $T env RSOCK_ENABLE=0' 'bg srv $T env RSOCK_ENABLE=1'
 mutate malformed_config "one bad variable fewer" 'RSOCK_STATS_SLOTS=-1 RSOCK_FOO=1)' 'RSOCK_FOO=1)'
 mutate malformed_config "shim output on stderr" 'expect_empty srv.err "server stderr"' 'echo noise > srv.err; expect_empty srv.err "server stderr"'
+mutate two_copies "copies swapped: the inert one is the build" 'LD_PRELOAD="$T_SO:$copy"' 'LD_PRELOAD="$copy:$T_SO"'
+mutate two_copies "server counted twice" "'fallback.no_device==1' 'rx.tcp==SIZE'" "'fallback.no_device==1' 'rx.tcp==2*SIZE'"
 
 echo "$caught caught, $missed missed"
 [ "$missed" -eq 0 ]
