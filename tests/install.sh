@@ -132,7 +132,7 @@ cell_installed_run() {
 
 cell_deb() {
     local deb
-    deb=$(cd "$T_ROOT" && scripts/deb.sh 2> deb.err) || fail "scripts/deb.sh failed: $(tail -c 400 deb.err)"
+    deb=$(cd "$T_ROOT" && scripts/deb.sh 2> "$CELL_DIR/deb.err") || fail "scripts/deb.sh failed: $(tail -c 400 deb.err)"
     deb=$T_ROOT/$deb
     [ -f "$deb" ] || fail "no package at $deb"
     dpkg-deb -c "$deb" | awk '{print $6}' | grep -v '/$' | sort > files.txt
