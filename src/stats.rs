@@ -17,7 +17,10 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x03";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x04";
+
+/// The layout version: the last byte of [`MAGIC`].
+pub const VERSION: u8 = MAGIC[7];
 
 /// Which transport carries a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,8 +146,11 @@ pub struct Header {
     pub pid: u32,
     /// Number of [`ConnSlot`]s after the header.
     pub nslots: u32,
-    /// Process start, seconds since the epoch (tells a reused pid apart).
+    /// When the region was made, seconds since the epoch.
     pub start_sec: u64,
+    /// The process's start time in clock ticks after boot, field 22 of `/proc/<pid>/stat`
+    /// (0 if unknown): a live pid whose start differs is another process (the pid was reused).
+    pub start_ticks: u64,
     /// Program name, NUL-padded.
     pub comm: [u8; 32],
     /// Process-wide counters.
@@ -281,6 +287,10 @@ fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
         return Err(std::io::Error::last_os_error());
     }
     let h = mem.cast::<Header>();
+    let start_ticks = std::fs::read("/proc/self/stat")
+        .ok()
+        .and_then(|b| start_ticks_of(&b))
+        .unwrap_or(0);
     let mut comm = [0u8; 32];
     if let Ok(c) = std::fs::read("/proc/self/comm") {
         let c = c.strip_suffix(b"\n").unwrap_or(&c);
@@ -292,12 +302,22 @@ fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
         ptr::addr_of_mut!((*h).pid).write(pid as u32);
         ptr::addr_of_mut!((*h).nslots).write(cfg.stats_slots);
         ptr::addr_of_mut!((*h).start_sec).write(process_start_sec());
+        ptr::addr_of_mut!((*h).start_ticks).write(start_ticks);
         ptr::addr_of_mut!((*h).comm).write(comm);
         std::sync::atomic::fence(Release);
         ptr::addr_of_mut!((*h).magic).write(MAGIC); // last: readers skip half-made files
     }
     path.pop(); // CString adds it back
     Ok((h, path))
+}
+
+/// Field 22 (`starttime`, clock ticks after boot) of a `/proc/<pid>/stat` line. The program
+/// name in field 2 may hold spaces and parentheses: fields are counted after its last `)`.
+pub fn start_ticks_of(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    // After the name come field 3 (state), 4, ...: field 22 is the 20th of them.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
 fn process_start_sec() -> u64 {
@@ -458,3 +478,18 @@ pub fn add_rx(path: Path, h: SlotHandle, n: usize) {
 }
 
 pub mod read;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_ticks_after_an_awkward_name() {
+        let line = b"4242 (a b) c)) S 1 4242 4242 0 -1 4194560 120 0 0 0 1 2 0 0 20 0 1 0 987654 2367488 200 18446744073709551615\n";
+        assert_eq!(start_ticks_of(line), Some(987654));
+        assert_eq!(start_ticks_of(b"4242 (x) S 1 2"), None, "too short");
+        assert_eq!(start_ticks_of(b"no name here"), None);
+        let own = std::fs::read("/proc/self/stat").unwrap();
+        assert!(start_ticks_of(&own).is_some_and(|t| t > 0));
+    }
+}

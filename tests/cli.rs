@@ -378,3 +378,151 @@ fn log_file_must_be_writable() {
     assert!(!dir.join("-").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+// ---- `rsock stat` over real shimmed processes ----------------------------------------------
+//
+// The host has no RDMA device: connections fall back to kernel TCP and the shim still counts
+// them. The shim is librsock.so next to the rsock binary under test (`cargo build
+// --workspace`) or the release build, whichever is newer.
+
+/// librsock.so for these tests (see above).
+fn shim() -> PathBuf {
+    let exe = PathBuf::from(RSOCK);
+    let release = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|t| t.join("release/librsock.so"));
+    let newest = [Some(exe.with_file_name("librsock.so")), release]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max();
+    newest
+        .map(|(_, p)| p)
+        .expect("no librsock.so: build it first (cargo build --workspace)")
+}
+
+/// `args` with the shim preloaded, counting into `dir` (kept after exit).
+fn shimmed(dir: &std::path::Path, args: &[&str]) -> Command {
+    let mut c = Command::new(args[0]);
+    c.args(&args[1..])
+        .env("LD_PRELOAD", shim())
+        .env("RSOCK_STATS_DIR", dir)
+        .env("RSOCK_STATS_KEEP", "1")
+        .env_remove("RSOCK_EXCLUDE")
+        .env_remove("RSOCK_RDMA")
+        .env_remove("RSOCK_CONFIG");
+    c
+}
+
+/// A Python program under the shim that runs `body`, prints "ready", and waits for its stdin
+/// to close; the caller reads stats meanwhile.
+struct Held {
+    child: std::process::Child,
+}
+
+impl Held {
+    fn start(dir: &std::path::Path, body: &str, env: &[(&str, &str)]) -> Held {
+        use std::io::BufRead as _;
+        let script =
+            format!("import socket, sys\n{body}\nprint('ready', flush=True)\nsys.stdin.read()\n");
+        let mut child = shimmed(dir, &["python3", "-c", &script])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n", "the python program failed");
+        Held { child }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets the program end, and waits for it.
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// A connection from the process to itself over 127.0.0.1, 10 bytes each way.
+const PY_PAIR: &str = "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()
+c = socket.create_connection(l.getsockname()); a, _ = l.accept()
+c.sendall(b'x' * 10); a.recv(10); a.sendall(b'y' * 10); c.recv(10)";
+
+fn stat_in(dir: &std::path::Path, args: &[&str]) -> Output {
+    let mut v = vec!["stat", "--dir", dir.to_str().unwrap()];
+    v.extend_from_slice(args);
+    rsock(&v)
+}
+
+#[test]
+fn a_reused_pid_shows_the_process_as_exited() {
+    let dir = temp_dir("pid-reuse");
+    let held = Held::start(&dir, PY_PAIR, &[]);
+    let pid = held.pid();
+    let o = stat_in(&dir, &["--json"]);
+    assert!(
+        stdout(&o).contains(&format!("{{\"pid\":{pid},"))
+            && stdout(&o).contains("\"alive\":true,\"pid_reused\":false"),
+        "{}",
+        stdout(&o)
+    );
+    held.finish();
+    let o = stat_in(&dir, &["--all"]);
+    assert!(
+        stdout(&o).contains(&format!("pid {pid} ")) && stdout(&o).contains(" (exited)\n"),
+        "{}",
+        stdout(&o)
+    );
+    // The pid is taken again by a process that started later (in a later clock tick: the
+    // start times /proc gives are in ticks).
+    let file = dir.join(format!("{pid}.stats"));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = std::mem::offset_of!(rsock_core::stats::Header, start_ticks);
+    let stored = u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap());
+    assert!(stored > 0, "the shim stored no start time");
+    let mut later = loop {
+        let c = Command::new("sleep").arg("1000").spawn().unwrap();
+        let stat = std::fs::read(format!("/proc/{}/stat", c.id())).unwrap();
+        if rsock_core::stats::start_ticks_of(&stat) != Some(stored) {
+            break c;
+        }
+        let mut c = c;
+        c.kill().unwrap();
+        c.wait().unwrap();
+    };
+    let me = later.id();
+    let at = std::mem::offset_of!(rsock_core::stats::Header, pid);
+    bytes[at..at + 4].copy_from_slice(&me.to_ne_bytes());
+    std::fs::write(dir.join(format!("{me}.stats")), &bytes).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let o = stat_in(&dir, &[]);
+    assert!(
+        stdout(&o).starts_with("no rsock processes"),
+        "a reused pid is not this process: {}",
+        stdout(&o)
+    );
+    let o = stat_in(&dir, &["--all"]);
+    assert!(
+        stdout(&o).contains(&format!("pid {me} "))
+            && stdout(&o).contains(" (exited; pid reused by another process)\n"),
+        "{}",
+        stdout(&o)
+    );
+    let o = stat_in(&dir, &["--all", "--json"]);
+    assert!(
+        stdout(&o).contains("\"alive\":false,\"pid_reused\":true"),
+        "{}",
+        stdout(&o)
+    );
+    later.kill().unwrap();
+    later.wait().unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

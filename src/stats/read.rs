@@ -17,6 +17,9 @@ pub struct Snapshot {
     pub comm: String,
     /// Whether the process is still running.
     pub alive: bool,
+    /// The pid runs another process now (its start time differs from the one stored): the
+    /// process this region belongs to has exited.
+    pub pid_reused: bool,
     /// Connections established, by path.
     pub conns: [u64; PATHS],
     /// Bytes sent, by path.
@@ -79,7 +82,8 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
     let mut s = Snapshot {
         pid: h.pid,
         comm: String::from_utf8_lossy(h.comm.split(|&b| b == 0).next().unwrap_or(&[])).into_owned(),
-        alive: pid_alive(h.pid),
+        alive: false,
+        pid_reused: false,
         conns: load(&h.counters.conns).try_into().ok()?,
         tx: load(&h.counters.tx).try_into().ok()?,
         rx: load(&h.counters.rx).try_into().ok()?,
@@ -115,7 +119,23 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
             rx: c.rx.load(Relaxed),
         });
     }
+    (s.alive, s.pid_reused) = liveness(h.pid, h.start_ticks);
     Some(s)
+}
+
+/// (alive, pid reused) for the process `pid` that started `start_ticks` after boot (0:
+/// unknown, then a running pid counts as alive).
+fn liveness(pid: u32, start_ticks: u64) -> (bool, bool) {
+    if !pid_alive(pid) {
+        return (false, false);
+    }
+    let now = std::fs::read(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|b| super::start_ticks_of(&b));
+    match now {
+        Some(t) if start_ticks != 0 && t != start_ticks => (false, true),
+        _ => (true, false),
+    }
 }
 
 /// Decodes a raw `sockaddr_in`/`sockaddr_in6`.
@@ -217,10 +237,11 @@ impl Snapshot {
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"sockets\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"sockets\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
+            self.pid_reused,
             by_path(&self.conns),
             by_path(&self.tx),
             by_path(&self.rx),

@@ -264,9 +264,17 @@ fn lookup_elsewhere(o: &Opts, pid: u32) -> Result<Option<Snapshot>, String> {
     }
 }
 
+/// "" for a live process, " (exited)", or " (exited; pid reused by another process)".
+pub fn state(s: &Snapshot) -> &'static str {
+    match (s.alive, s.pid_reused) {
+        (true, _) => "",
+        (false, false) => " (exited)",
+        (false, true) => " (exited; pid reused by another process)",
+    }
+}
+
 pub fn print_human(s: &Snapshot) {
-    let state = if s.alive { "" } else { " (exited)" };
-    outln!("pid {} {}{state}", s.pid, s.comm);
+    outln!("pid {} {}{}", s.pid, s.comm, state(s));
     outln!(
         "  {:<12} {:>8} {:>16} {:>16}",
         "path",

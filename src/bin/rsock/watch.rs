@@ -8,7 +8,7 @@
 //! is one line: a JSON object with the time and every process's counters (no rates: a reader
 //! takes differences itself).
 
-use crate::stat::{collect, reasons, show_addr, Opts};
+use crate::stat::{collect, reasons, show_addr, state, Opts};
 use rsock_core::stats::read::{json_escape, Snapshot};
 use rsock_core::stats::{Path, PATHS};
 use std::collections::HashMap;
@@ -97,7 +97,7 @@ fn frame(
             "pid {} {}{}  {:>13} {:>13} {:>11} {:>11}",
             s.pid,
             s.comm,
-            if s.alive { "" } else { " (exited)" },
+            state(s),
             "tx/s",
             "rx/s",
             "tx",
