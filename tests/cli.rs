@@ -526,3 +526,31 @@ fn a_reused_pid_shows_the_process_as_exited() {
     later.wait().unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn b_a_file_of_another_layout_version_is_reported() {
+    let dir = temp_dir("other-version");
+    let held = Held::start(&dir, PY_PAIR, &[]);
+    let pid = held.pid();
+    let file = dir.join(format!("{pid}.stats"));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let version = rsock_core::stats::VERSION;
+    bytes[7] = version - 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let said = format!(
+        "{}: stats layout version {}, this rsock reads version {version}",
+        file.display(),
+        version - 1
+    );
+    for args in [&[][..], &["--json"], &[&pid.to_string()]] {
+        let o = stat_in(&dir, args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert_eq!(
+            stderr(&o).lines().collect::<Vec<_>>(),
+            [format!("rsock stat: {said} (the process runs another build of rsock; use that build's rsock stat)")],
+            "{args:?}"
+        );
+    }
+    held.finish();
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -4,7 +4,7 @@
 //! in place, so a copy is a consistent-enough snapshot (each counter is exact; counters are not
 //! mutually atomic). Slots being filled (odd `seq`) are skipped.
 
-use super::{region_len, ConnSlot, Fallback, Header, Path, MAGIC, PATHS, REASONS};
+use super::{region_len, ConnSlot, Fallback, Header, Path, MAGIC, PATHS, REASONS, VERSION};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -138,6 +138,16 @@ fn liveness(pid: u32, start_ticks: u64) -> (bool, bool) {
     }
 }
 
+/// The layout version of a region file that is not of this build's version ([`VERSION`]):
+/// `Some(v)` if `bytes` starts with the magic of version `v`, `None` otherwise (ours, or not
+/// a region — a file being made starts all zero).
+pub fn other_version(bytes: &[u8]) -> Option<u8> {
+    let prefix = &MAGIC[..MAGIC.len() - 1];
+    (bytes.len() >= MAGIC.len() && bytes.starts_with(prefix))
+        .then(|| bytes[MAGIC.len() - 1])
+        .filter(|&v| v != VERSION)
+}
+
 /// Decodes a raw `sockaddr_in`/`sockaddr_in6`.
 pub fn decode_addr(a: &[u8; 28]) -> Option<SocketAddr> {
     let family = u16::from_ne_bytes([a[0], a[1]]) as i32;
@@ -181,6 +191,8 @@ pub struct DirContents {
     pub procs: Vec<(std::path::PathBuf, Snapshot)>,
     /// Region files that could not be read (another user's, with mode 0600), and why.
     pub unreadable: Vec<(std::path::PathBuf, std::io::Error)>,
+    /// Region files of another layout version (made by another build of rsock), with it.
+    pub other_version: Vec<(std::path::PathBuf, u8)>,
 }
 
 /// Reads every region file in `dir`, and says which could not be read.
@@ -195,6 +207,8 @@ pub fn read_dir_reporting(dir: &std::path::Path) -> std::io::Result<DirContents>
             Ok(bytes) => {
                 if let Some(s) = parse(&bytes) {
                     out.procs.push((p, s));
+                } else if let Some(v) = other_version(&bytes) {
+                    out.other_version.push((p, v));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // exited meanwhile
@@ -202,6 +216,7 @@ pub fn read_dir_reporting(dir: &std::path::Path) -> std::io::Result<DirContents>
         }
     }
     out.procs.sort_by_key(|(_, s)| s.pid);
+    out.other_version.sort();
     Ok(out)
 }
 
@@ -267,4 +282,21 @@ pub fn json_escape(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn other_versions_are_told_apart() {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&[0; 64]);
+        assert_eq!(other_version(&b), None, "ours");
+        b[7] = 3;
+        assert_eq!(other_version(&b), Some(3));
+        assert_eq!(parse(&b).map(|s| s.pid), None);
+        assert_eq!(other_version(&[0; 72]), None, "a file being made");
+        assert_eq!(other_version(b"RSOCKST"), None, "too short");
+    }
 }

@@ -7,7 +7,7 @@
 use crate::out::outln;
 use crate::watch;
 use rsock_core::config::Config;
-use rsock_core::stats::read::{read_dir_reporting, DirContents, Snapshot};
+use rsock_core::stats::read::{self, read_dir_reporting, DirContents, Snapshot};
 use rsock_core::stats::{Fallback, Path};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -159,6 +159,7 @@ fn interval(s: &str) -> Option<f64> {
 pub fn collect(o: &Opts) -> (Vec<Snapshot>, Vec<String>) {
     let mut problems = Vec::new();
     let mut procs = Vec::new();
+    let mut noted = Vec::new(); // PIDs whose file was reported already
     match read_checked(&o.dir) {
         Ok(c) => {
             for (path, s) in c.procs {
@@ -168,6 +169,13 @@ pub fn collect(o: &Opts) -> (Vec<Snapshot>, Vec<String>) {
                 }
                 if (o.all || s.alive) && (o.pids.is_empty() || o.pids.contains(&s.pid)) {
                     procs.push(s);
+                }
+            }
+            for (path, v) in &c.other_version {
+                let pid = file_pid(path);
+                if o.pids.is_empty() || pid.is_some_and(|p| o.pids.contains(&p)) {
+                    problems.push(other_version_note(path, *v));
+                    noted.extend(pid);
                 }
             }
             if let Some((path, e)) = c.unreadable.first() {
@@ -185,7 +193,7 @@ pub fn collect(o: &Opts) -> (Vec<Snapshot>, Vec<String>) {
     }
     // PIDs not found here: they may be another user's, whose files are in their own directory.
     for &pid in &o.pids {
-        if procs.iter().any(|s| s.pid == pid) {
+        if procs.iter().any(|s| s.pid == pid) || noted.contains(&pid) {
             continue;
         }
         match lookup_elsewhere(o, pid) {
@@ -198,6 +206,21 @@ pub fn collect(o: &Opts) -> (Vec<Snapshot>, Vec<String>) {
     }
     procs.sort_by_key(|s| s.pid);
     (procs, problems)
+}
+
+/// The PID in a region file's name (`<pid>.stats`).
+fn file_pid(path: &std::path::Path) -> Option<u32> {
+    path.file_stem()?.to_str()?.parse().ok()
+}
+
+/// One line about a region file this build cannot read.
+fn other_version_note(path: &std::path::Path, v: u8) -> String {
+    format!(
+        "{}: stats layout version {v}, this rsock reads version {} (the process runs another \
+         build of rsock; use that build's rsock stat)",
+        path.display(),
+        rsock_core::stats::VERSION
+    )
 }
 
 /// Reads a stats directory; a missing one is empty, an unreadable one is a clear message.
@@ -252,7 +275,10 @@ fn lookup_elsewhere(o: &Opts, pid: u32) -> Result<Option<Snapshot>, String> {
     let dir = PathBuf::from(format!("/dev/shm/rsock-{}", m.uid()));
     let file = dir.join(format!("{pid}.stats"));
     match std::fs::read(&file) {
-        Ok(bytes) => Ok(rsock_core::stats::read::parse(&bytes)),
+        Ok(bytes) => match read::other_version(&bytes) {
+            Some(v) => Err(other_version_note(&file, v)),
+            None => Ok(read::parse(&bytes)),
+        },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(format!(
             "runs as {}; its stats ({}) are readable only by that user or root \
