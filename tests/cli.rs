@@ -554,3 +554,47 @@ fn b_a_file_of_another_layout_version_is_reported() {
     held.finish();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn c_gc_says_what_it_removed() {
+    let dir = temp_dir("gc");
+    let live = Held::start(&dir, PY_PAIR, &[]);
+    let gone = Held::start(&dir, PY_PAIR, &[]);
+    let (live_pid, gone_pid) = (live.pid(), gone.pid());
+    gone.finish();
+    let o = stat_in(&dir, &["--gc"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let removed = format!(
+        "removed {}: pid {gone_pid} python3 (exited)",
+        dir.join(format!("{gone_pid}.stats")).display()
+    );
+    assert_eq!(
+        stdout(&o).lines().next(),
+        Some(removed.as_str()),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(stdout(&o).matches("removed ").count(), 1, "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(&format!("pid {live_pid} python3\n")),
+        "the live one is listed: {}",
+        stdout(&o)
+    );
+    assert!(!dir.join(format!("{gone_pid}.stats")).exists());
+    assert!(dir.join(format!("{live_pid}.stats")).exists());
+    // Nothing more to remove: nothing said.
+    let o = stat_in(&dir, &["--gc", "--json"]);
+    assert_eq!((stderr(&o).as_str(), o.status.code()), ("", Some(0)));
+    live.finish();
+    let o = stat_in(&dir, &["--gc", "--json"]);
+    assert_eq!(stdout(&o), "", "stdout keeps JSON only");
+    assert!(
+        stderr(&o).contains(&format!(
+            "removed {}",
+            dir.join(format!("{live_pid}.stats")).display()
+        )),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

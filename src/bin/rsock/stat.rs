@@ -19,7 +19,8 @@ pub const USAGE: &str =
   --all          include processes that have exited (their files were kept with RSOCK_STATS_KEEP=1)
   --json         one JSON object per process, one per line; with --watch, one per refresh:
                  {\"time\":..., \"processes\":[...], \"problems\":[...]}
-  --gc           remove the files of processes that have exited
+  --gc           first remove the files of processes that have exited, one line per file
+                 (\"removed FILE: pid N PROGRAM (why)\"; on stderr with --json)
   --watch [SECS] refresh every SECS seconds (default 1; 0.1-3600, e.g. 2, 0.5, 90s — an
                  integer above 60 needs the s): rates per process and per connection,
                  in place on a terminal, one block per refresh otherwise
@@ -51,6 +52,15 @@ pub fn main(args: &[String]) -> ExitCode {
     if o.help {
         outln!("{USAGE}");
         return ExitCode::SUCCESS;
+    }
+    if o.gc {
+        for line in gc(&o.dir) {
+            if o.json {
+                eprintln!("rsock stat: {line}"); // stdout stays one JSON object per line
+            } else {
+                outln!("{line}");
+            }
+        }
     }
     if o.watch.is_some() {
         return watch::main(&o);
@@ -162,11 +172,7 @@ pub fn collect(o: &Opts) -> (Vec<Snapshot>, Vec<String>) {
     let mut noted = Vec::new(); // PIDs whose file was reported already
     match read_checked(&o.dir) {
         Ok(c) => {
-            for (path, s) in c.procs {
-                if o.gc && !s.alive {
-                    let _ = std::fs::remove_file(&path);
-                    continue;
-                }
+            for (_, s) in c.procs {
                 if (o.all || s.alive) && (o.pids.is_empty() || o.pids.contains(&s.pid)) {
                     procs.push(s);
                 }
@@ -221,6 +227,46 @@ fn other_version_note(path: &std::path::Path, v: u8) -> String {
         path.display(),
         rsock_core::stats::VERSION
     )
+}
+
+/// `--gc`: removes the region files of processes that have exited, and says which, one line
+/// per file: "removed FILE: pid N PROGRAM (why)". Files of another layout version go too
+/// when the pid in their name is not running.
+fn gc(dir: &std::path::Path) -> Vec<String> {
+    let Ok(c) = read_checked(dir) else {
+        return Vec::new(); // collect() reports it
+    };
+    let mut dead: Vec<(PathBuf, String)> = Vec::new();
+    for (path, s) in c.procs {
+        if !s.alive {
+            let why = if s.pid_reused {
+                "exited; its pid now runs another process"
+            } else {
+                "exited"
+            };
+            dead.push((path, format!("pid {} {} ({why})", s.pid, s.comm)));
+        }
+    }
+    for (path, v) in c.other_version {
+        if let Some(pid) = file_pid(&path).filter(|&p| !pid_running(p)) {
+            dead.push((
+                path,
+                format!("pid {pid} (exited; stats layout version {v})"),
+            ));
+        }
+    }
+    dead.sort();
+    dead.into_iter()
+        .filter_map(|(path, what)| match std::fs::remove_file(&path) {
+            Ok(()) => Some(format!("removed {}: {what}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => Some(format!("cannot remove {}: {what}: {e}", path.display())),
+        })
+        .collect()
+}
+
+fn pid_running(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Reads a stats directory; a missing one is empty, an unreadable one is a clear message.
