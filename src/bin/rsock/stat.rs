@@ -295,15 +295,36 @@ fn owner_hint(path: &std::path::Path) -> String {
     )
 }
 
+/// "user NAME (uid N)", or "uid N" for a uid without a name.
 fn user_name(uid: u32) -> String {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let name = passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 2 && f[2] == uid.to_string()).then(|| f[0].to_string())
-    });
-    match name {
+    match passwd_name(uid) {
         Some(n) => format!("user {n} (uid {uid})"),
         None => format!("uid {uid}"),
+    }
+}
+
+/// The name of `uid` from the system's user database (NSS: files, LDAP, SSSD, systemd...).
+fn passwd_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: an all-zero passwd is a valid out-buffer; its pointers are only read when
+        // getpwuid_r says it filled them (into buf, which outlives the reads).
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call; buf.len() is buf's size.
+        let r = unsafe {
+            libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found)
+        };
+        if r == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if r != 0 || found.is_null() || pw.pw_name.is_null() {
+            return None;
+        }
+        // SAFETY: pw_name points at a NUL-terminated string in buf.
+        let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+        return Some(name.to_string_lossy().into_owned());
     }
 }
 
@@ -418,6 +439,20 @@ mod tests {
 
     fn args(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn user_names_come_from_the_user_database() {
+        assert_eq!(user_name(0), "user root (uid 0)");
+        assert_eq!(user_name(4_000_000_000), "uid 4000000000");
+        // SAFETY: cannot fail.
+        let me = unsafe { libc::getuid() };
+        let id = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap();
+        let name = String::from_utf8(id.stdout).unwrap();
+        assert_eq!(user_name(me), format!("user {} (uid {me})", name.trim()));
     }
 
     #[test]
