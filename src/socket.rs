@@ -130,6 +130,9 @@ pub struct Socket {
     /// The program polled this socket or put it in an epoll set: its doorbell must follow
     /// every readiness change (see `Stream::watch`).
     watched: std::sync::atomic::AtomicBool,
+    /// A listener on kernel TCP only: why not RDMA too, as a [`Fallback`] (u32::MAX: none);
+    /// the connections it accepts are counted with it.
+    tcp_only: AtomicU32,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -147,6 +150,7 @@ impl Socket {
             epoll: ForkMutex::new(Vec::new()),
             blocking_accept: std::sync::atomic::AtomicBool::new(false),
             watched: std::sync::atomic::AtomicBool::new(false),
+            tcp_only: AtomicU32::new(u32::MAX),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -161,6 +165,7 @@ impl Socket {
         self.slot.store(0, Relaxed);
         self.blocking_accept.store(false, Relaxed);
         self.watched.store(false, Relaxed);
+        self.tcp_only.store(u32::MAX, Relaxed);
     }
 
     /// In a fork child (single-threaded, in the `pthread_atfork` handler): a lock that a
@@ -357,6 +362,18 @@ impl Socket {
         self.set_state(state);
         let h = stats::open_conn(fd, path, reason, local, peer);
         self.slot.store(h.0, Release);
+    }
+
+    /// Records that this listener is on kernel TCP only, and why.
+    pub fn set_tcp_only(&self, why: Fallback) {
+        self.tcp_only.store(why as u32, Relaxed);
+    }
+
+    /// Why this listener is on kernel TCP only, if it is.
+    pub fn tcp_only(&self) -> Option<Fallback> {
+        Fallback::ALL
+            .get(self.tcp_only.load(Relaxed) as usize)
+            .copied()
     }
 
     /// Counts bytes sent by a successful call returning `n`.

@@ -76,6 +76,8 @@ pub enum Fallback {
     Unsupported = 9,
     /// A rule of the rules file (action `tcp`) or `RSOCK_RDMA=0` kept it off RDMA.
     Rule = 10,
+    /// `RSOCK_EXCLUDE` names the destination (or, for a server, the listening address).
+    Excluded = 11,
 }
 
 /// Number of [`Fallback`] slots in the region (room to grow without a layout change).
@@ -83,7 +85,7 @@ pub const REASONS: usize = 16;
 
 impl Fallback {
     /// All reasons, in wire order.
-    pub const ALL: [Fallback; 11] = [
+    pub const ALL: [Fallback; 12] = [
         Fallback::NoDevice,
         Fallback::RdmaUnavailable,
         Fallback::PeerTcp,
@@ -95,6 +97,7 @@ impl Fallback {
         Fallback::NegativeCache,
         Fallback::Unsupported,
         Fallback::Rule,
+        Fallback::Excluded,
     ];
 
     /// Snake-case name used by `rsock stat` and the log.
@@ -111,6 +114,7 @@ impl Fallback {
             "negative_cache",
             "unsupported",
             "rule",
+            "excluded",
         ][self as usize]
     }
 }

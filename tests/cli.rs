@@ -598,3 +598,40 @@ fn c_gc_says_what_it_removed() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn e_excluded_is_its_own_reason() {
+    let dir = temp_dir("excluded");
+    // 127.0.0.0/8 is in RSOCK_EXCLUDE by default: both ends (the client by its destination,
+    // the server by its listening address) are excluded.
+    let held = Held::start(&dir, PY_PAIR, &[]);
+    let o = stat_in(&dir, &["--json"]);
+    let out = stdout(&o);
+    assert!(out.contains(",\"excluded\":2}"), "{out}");
+    assert!(out.contains("\"no_device\":0,"), "{out}");
+    assert_eq!(out.matches("\"reason\":\"excluded\"").count(), 2, "{out}");
+    let o = stat_in(&dir, &[]);
+    assert!(
+        stdout(&o).contains("  fallbacks: excluded=2\n"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        stdout(&o).matches(" (excluded) 127.0.0.1:").count(),
+        2,
+        "{}",
+        stdout(&o)
+    );
+    held.finish();
+    // Not excluded: some other reason (no_device on a host without RDMA), never `excluded`.
+    let held = Held::start(&dir, PY_PAIR, &[("RSOCK_EXCLUDE", "port=1")]);
+    let o = stat_in(&dir, &["--json", &held.pid().to_string()]);
+    assert!(stdout(&o).contains(",\"excluded\":0}"), "{}", stdout(&o));
+    assert!(
+        !stdout(&o).contains("\"reason\":\"excluded\""),
+        "{}",
+        stdout(&o)
+    );
+    held.finish();
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -420,14 +420,17 @@ pub(super) unsafe fn accept(
                 // holder): serve RDMA again, as the new owner.
                 raw::close(l.tcp_fd);
                 let backlog = l.backlog();
-                if let Some((engine, local, rl)) = super::rdma_listen(fd, backlog) {
-                    super::start_dual(s, fd, engine, local, rl, backlog);
-                    // The kernel listener's file is nonblocking for the old owner's helper;
-                    // the new doorbell blocks as the program's listener did.
-                    if let Some(Attachment::Listener(nl)) = s.attachment() {
-                        nl.set_nonblocking(nonblock);
-                        let _ = nl.bell().set_file_nonblocking(nonblock);
+                match super::rdma_listen(fd, backlog) {
+                    Ok((engine, local, rl)) => {
+                        super::start_dual(s, fd, engine, local, rl, backlog);
+                        // The kernel listener's file is nonblocking for the old owner's
+                        // helper; the new doorbell blocks as the program's listener did.
+                        if let Some(Attachment::Listener(nl)) = s.attachment() {
+                            nl.set_nonblocking(nonblock);
+                            let _ = nl.bell().set_file_nonblocking(nonblock);
+                        }
                     }
+                    Err(why) => s.set_tcp_only(why),
                 }
                 return super::accept4(fd, addr, len, flags); // as a listener of this process now
             }
@@ -478,7 +481,7 @@ unsafe fn install_accepted(
             let ends = ipc::Ends { local, peer };
             attach_rdma(nfd, r, ends, flags & libc::SOCK_NONBLOCK != 0);
         }
-        _ => track_accepted(nfd),
+        _ => track_accepted(nfd, None),
     }
     nfd
 }
@@ -697,9 +700,12 @@ pub(super) fn adopt_listener(fd: c_int) -> bool {
         return true;
     }
     let backlog = libc::SOMAXCONN;
-    if let Some((engine, local, rl)) = super::rdma_listen(fd, backlog) {
-        log::info!("fd {fd}: an inherited listener on {local}: adopted");
-        super::start_dual(&s, fd, engine, local, rl, backlog);
+    match super::rdma_listen(fd, backlog) {
+        Ok((engine, local, rl)) => {
+            log::info!("fd {fd}: an inherited listener on {local}: adopted");
+            super::start_dual(&s, fd, engine, local, rl, backlog);
+        }
+        Err(why) => s.set_tcp_only(why),
     }
     true
 }

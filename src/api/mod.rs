@@ -205,12 +205,18 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if !s.transition(State::Created, State::Connecting) {
         return connect_again(&s, fd, addr, len);
     }
-    let decision = Config::get().decide(Role::Client, None, Some(dest));
+    let cfg = Config::get();
+    let decision = cfg.decide(Role::Client, None, Some(dest));
     let (action, sizes) = (decision.action, buf_sizes(&decision));
+    // Passthrough by RSOCK_EXCLUDE is counted as `excluded`; without an engine (no device)
+    // on path `tcp`, as every connection there.
+    let excluded = action == Action::Passthrough && cfg.excludes(&dest);
     let (path, reason) = if action == Action::Tcp {
         (Path::Tcp, Some(Fallback::Rule)) // never tries RDMA, so never starts the engine
     } else if action == Action::Passthrough && engine::get().is_some() {
-        (Path::Passthrough, None)
+        (Path::Passthrough, excluded.then_some(Fallback::Excluded))
+    } else if excluded {
+        (Path::Tcp, Some(Fallback::Excluded))
     } else {
         match keep_errno(|| connect_rdma(&s, fd, dest, sizes)) {
             Ok(()) => {
@@ -304,8 +310,9 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 || !s.transition(State::Created, State::Listening) {
         return r; // the prepared rdma_cm listener is dropped
     }
-    if let Some((engine, local, rl)) = rdma {
-        start_dual(&s, fd, engine, local, rl, backlog);
+    match rdma {
+        Ok((engine, local, rl)) => start_dual(&s, fd, engine, local, rl, backlog),
+        Err(why) => s.set_tcp_only(why),
     }
     r
 }
@@ -331,51 +338,63 @@ fn start_dual(
                 s.attach(Attachment::Listener(l));
                 log::debug!("fd {fd}: listening on {local} over kernel TCP and RDMA");
             }
-            Err(e) => log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}"),
+            Err(e) => {
+                log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}");
+                s.set_tcp_only(Fallback::RdmaUnavailable);
+            }
         }
     });
 }
 
-/// The rdma_cm half of a dual listener on `fd`'s bound address, if RDMA can serve it.
+/// The rdma_cm half of a dual listener on `fd`'s bound address, or why RDMA cannot serve it
+/// (the reason its connections are counted with).
 fn rdma_listen(
     fd: c_int,
     backlog: c_int,
-) -> Option<(&'static engine::Engine, SocketAddr, engine::RdmaListen)> {
-    let engine = engine::for_new()?;
+) -> Result<(&'static engine::Engine, SocketAddr, engine::RdmaListen), Fallback> {
     let mut a = [0u8; 28];
     let mut alen = a.len() as socklen_t;
     // SAFETY: valid buffer of alen bytes.
     let local = unsafe {
         if real::getsockname(fd, a.as_mut_ptr().cast(), &mut alen) != 0 {
-            return None;
+            return Err(Fallback::Unsupported);
         }
-        saddr::read(a.as_ptr().cast(), alen)?
+        saddr::read(a.as_ptr().cast(), alen).ok_or(Fallback::Unsupported)?
     };
-    let decision = Config::get().decide(Role::Server, Some(local), None);
-    let action = decision.action;
-    if local.port() == 0 || action != Action::Rdma {
-        return None; // unbound (the kernel picks the port at listen), excluded or ruled out
+    let cfg = Config::get();
+    let decision = cfg.decide(Role::Server, Some(local), None);
+    match decision.action {
+        Action::Rdma => {}
+        Action::Passthrough if cfg.excludes(&local) => return Err(Fallback::Excluded),
+        Action::Passthrough | Action::Tcp => return Err(Fallback::Rule),
     }
-    let (_, v6only) = saddr::family_of(fd)?;
+    let engine = engine::for_new().ok_or_else(no_engine_reason)?;
+    if local.port() == 0 {
+        return Err(Fallback::Unsupported); // unbound: the kernel picks the port at listen
+    }
+    let (_, v6only) = saddr::family_of(fd).ok_or(Fallback::Unsupported)?;
     let afonly = crate::addr::listen_afonly(local, v6only);
     match Listener::prepare(engine, local, afonly, backlog, buf_sizes(&decision)) {
-        Ok(rl) => Some((engine, local, rl)),
+        Ok(rl) => Ok((engine, local, rl)),
         Err(e) => {
             log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}");
-            None
+            Err(Fallback::RdmaUnavailable)
         }
     }
 }
 
-/// Owns a kernel TCP socket just accepted on an owned listener.
-pub(super) fn track_accepted(nfd: c_int) {
+/// Owns a kernel TCP socket just accepted on an owned listener; `tcp_only`: why that
+/// listener is on kernel TCP only, if it is.
+pub(super) fn track_accepted(nfd: c_int, tcp_only: Option<Fallback>) {
     let Some(_g) = guard::enter() else { return };
     keep_errno(|| {
         if !init::enabled() {
             return;
         }
         // A listener inherited from an owner with an engine also gets its TCP peers' way.
-        let reason = if !engine::is_owner_process() || engine::get().is_some() {
+        let reason = if let Some(why) = tcp_only {
+            why
+        } else if !engine::is_owner_process() || engine::get().is_some() {
             Fallback::PeerTcp // an inherited listener's owner had an engine: a plain peer
         } else {
             no_engine_reason()
@@ -436,7 +455,7 @@ unsafe fn accept_dual(
             if !len.is_null() && real::getpeername(nfd, addr, len) != 0 {
                 *len = 0;
             }
-            track_accepted(nfd);
+            track_accepted(nfd, None);
             nfd
         }
         Ok(Accepted::Rdma(stream)) => {
@@ -497,7 +516,9 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
             _ => {}
         }
     }
-    let blocking = fdtable::get(fd).is_some_and(|s| s.blocking_accept());
+    let listener = fdtable::get(fd);
+    let blocking = listener.as_ref().is_some_and(|s| s.blocking_accept());
+    let tcp_only = listener.and_then(|s| s.tcp_only());
     loop {
         let nfd = if flags == 0 {
             real::accept(fd, addr, len)
@@ -505,7 +526,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
             real::accept4(fd, addr, len, flags)
         };
         if nfd >= 0 {
-            track_accepted(nfd);
+            track_accepted(nfd, tcp_only);
         } else if blocking && errno() == libc::EAGAIN {
             crate::sys::unix::wait(fd, libc::POLLIN, 1000); // see Socket::blocking_accept
             continue;

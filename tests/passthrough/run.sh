@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Passthrough test matrix: unmodified programs under librsock.so on a host with no RDMA
 # device. Each must behave exactly as without the shim (data checked by sha256), and the
-# shim's own counters must show the path taken (kernel TCP, fallback reason no_device) and,
+# shim's own counters must show the path taken (kernel TCP, fallback reason excluded: every
+# cell runs over 127.0.0.1 or ::1, in the default RSOCK_EXCLUDE) and,
 # where exact, the bytes moved.
 #
 # usage: tests/passthrough/run.sh [CELL_PATTERN]
@@ -41,9 +42,9 @@ cell_nc_client_to_server() {
     expect_status srv 0
     expect_same_file "$DATA" srv.out
     expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
-        'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
     expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
-        'fallback.no_device==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
 }
 
 # The server sends the file and half-closes (-N); the client (-d: ignores its stdin)
@@ -56,9 +57,9 @@ cell_nc_server_to_client() {
     expect_status srv 0
     expect_same_file "$DATA" cli.out
     expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
     expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
 }
 
 # Both directions at once, each side half-closing after its file (-N on both).
@@ -71,9 +72,9 @@ cell_nc_bidirectional() {
     expect_same_file "$DATA" srv.out "client->server"
     expect_same_file "$DATA2" cli.out "server->client"
     expect_stats "$CELL_DIR/srv" srv -D A=$SIZE -D B=$SIZE2 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'rx.tcp==A' 'tx.tcp==B' 'sockets==[]'
+        'fallback.excluded==1' 'rx.tcp==A' 'tx.tcp==B' 'sockets==[]'
     expect_stats "$CELL_DIR/cli" cli -D A=$SIZE -D B=$SIZE2 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'tx.tcp==A' 'rx.tcp==B' 'sockets==[]'
+        'fallback.excluded==1' 'tx.tcp==A' 'rx.tcp==B' 'sockets==[]'
 }
 
 # ---- iperf3 -------------------------------------------------------------------------------
@@ -102,10 +103,10 @@ iperf3_cell() {
     local snd=cli rcv=srv
     [ $reverse = 1 ] && snd=srv rcv=cli
     expect_stats "$CELL_DIR/$snd" "$snd(sender)" -D N=$n -D SENT=$sent \
-        'nproc==1' 'conns.tcp==N' 'conns.rdma==0' 'fallback.no_device==N' \
+        'nproc==1' 'conns.tcp==N' 'conns.rdma==0' 'fallback.excluded==N' \
         'SENT <= tx.tcp <= SENT + 65536' 'rx.tcp < 65536' 'sockets==[]'
     expect_stats "$CELL_DIR/$rcv" "$rcv(receiver)" -D N=$n -D RECVD=$recvd \
-        'nproc==1' 'conns.tcp==N' 'conns.rdma==0' 'fallback.no_device==N' \
+        'nproc==1' 'conns.tcp==N' 'conns.rdma==0' 'fallback.excluded==N' \
         'RECVD <= rx.tcp <= RECVD + 65536 + (N - 1) * 16 * 2**20' 'tx.tcp < 65536' 'sockets==[]'
 }
 cell_iperf3() { iperf3_cell; }
@@ -129,9 +130,9 @@ cell_iperf2() {
     bg_stop srv
     [ "$sbytes" = "$bytes" ] || fail "server reported ${sbytes:-nothing} bytes, client $bytes"
     expect_stats "$CELL_DIR/cli" cli -D B=$bytes 'nproc==1' 'conns.tcp>=1' \
-        'fallback.no_device==conns.tcp' 'B <= tx.tcp <= B + 65536' 'sockets==[]'
+        'fallback.excluded==conns.tcp' 'B <= tx.tcp <= B + 65536' 'sockets==[]'
     expect_stats "$CELL_DIR/srv" srv -D B=$bytes -D C="$(python3 -c "import json;print(json.loads(open('$CELL_DIR/stats.cli.json').readline())['conns']['tcp'])")" \
-        'nproc==1' 'conns.tcp==C' 'fallback.no_device==C' 'B <= rx.tcp <= B + 65536'
+        'nproc==1' 'conns.tcp==C' 'fallback.excluded==C' 'B <= rx.tcp <= B + 65536'
 }
 
 # ---- socat --------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ cell_iperf2() {
 # socket is still listed as open at exit, with its own byte counts.
 socat_stats() {
     expect_stats "$CELL_DIR/$1" "$1" -D TX=$2 -D RX=$3 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'tx.tcp==TX' 'rx.tcp==RX' \
+        'fallback.excluded==1' 'tx.tcp==TX' 'rx.tcp==RX' \
         'len(sockets)<=1' 'all(s["tx"]==TX and s["rx"]==RX for s in sockets)'
 }
 
@@ -205,11 +206,11 @@ cell_socat_fork_server() {
     done
     bg_stop srv
     expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE2 'nproc==3' 'conns.tcp==3' \
-        'fallback.no_device==3' 'rx.tcp==3*SIZE' 'tx.tcp==0'
+        'fallback.excluded==3' 'rx.tcp==3*SIZE' 'tx.tcp==0'
     # The parent accepts (conns counted there); children send (bytes counted in their own
     # regions, one per child).
     expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE2 'nproc==4' 'conns.tcp==3' \
-        'fallback.no_device==3' 'tx.tcp==3*SIZE' 'rx.tcp==0' \
+        'fallback.excluded==3' 'tx.tcp==3*SIZE' 'rx.tcp==0' \
         'sorted(p["tx"]["tcp"] for p in procs)==[0, SIZE, SIZE, SIZE]'
 }
 
@@ -228,11 +229,11 @@ cell_curl_http_server() {
     [ "$dl" -eq "$SIZE" ] || fail "curl size_download=$dl, want $SIZE"
     # Exact both ways: curl's request is all the server reads; body + headers all it writes.
     expect_stats "$CELL_DIR/cli" cli -D IN=$((dl + hdr)) -D OUT=$req 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'rx.tcp==IN' 'tx.tcp==OUT' 'sockets==[]'
+        'fallback.excluded==1' 'rx.tcp==IN' 'tx.tcp==OUT' 'sockets==[]'
     # The server is still running: its connection may still be open, so no sockets check.
     bg_stop srv
     expect_stats "$CELL_DIR/srv" srv -D IN=$req -D OUT=$((dl + hdr)) 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'rx.tcp==IN' 'tx.tcp==OUT'
+        'fallback.excluded==1' 'rx.tcp==IN' 'tx.tcp==OUT'
 }
 
 # ---- Rust std::net example ----------------------------------------------------------------
@@ -262,9 +263,9 @@ stream_copy_cell() {
     [ "$feed" = pipe ] || mv srv.out recv.bin
     expect_same_file "$DATA" recv.bin
     soft expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
     soft expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' \
-        'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
 }
 cell_stream_copy() { stream_copy_cell rw; }
 # std::io::copy between a regular file and a TcpStream: sendfile(2) to send, read/write to
@@ -310,7 +311,7 @@ fd_edge_cell() {
     read -r sent recvd < <(sed -n 's/^total sent \([0-9]*\) received \([0-9]*\)$/\1 \2/p' plain.out)
     [ -n "$sent" ] || fail "no totals line"
     expect_stats "$CELL_DIR/st" end -D N=$((2 * nconn)) -D SENT=$sent -D RECVD=$recvd \
-        'nproc==1' 'conns.tcp==N' 'fallback.no_device==N' 'sockets==[]' \
+        'nproc==1' 'conns.tcp==N' 'fallback.excluded==N' 'sockets==[]' \
         'tx.tcp==SENT' 'rx.tcp==RECVD'
     # Snapshots the program took of its own counters at checkpoints (it prints which fds
     # it holds as connections at that point in "live ..." lines).
@@ -358,7 +359,7 @@ print("connected?"); sys.exit(1)'
     cmp -s plain.err shim.err || fail "curl's error differs: $(cat shim.err) vs $(cat plain.err)"
     expect_stats "$CELL_DIR/blocking" blocking 'getattr(conns, "tcp", 0)==0' 'sockets==[]'
     expect_stats "$CELL_DIR/nonblocking" nonblocking 'getattr(conns, "tcp", 0)==0' \
-        'getattr(fallback, "no_device", 0)==0' 'sockets==[]'
+        'getattr(fallback, "excluded", 0)==0' 'sockets==[]'
 }
 
 # ---- settings -----------------------------------------------------------------------------

@@ -50,7 +50,7 @@ export TMPDIR=$tmp   # run.sh work dirs go under $tmp
 
 mutate nc_client_to_server "wrong conns count" "'conns.tcp==1' 'conns.rdma==0'" "'conns.tcp==2' 'conns.rdma==0'"
 mutate nc_client_to_server "wrong rx bytes" "'rx.tcp==SIZE'" "'rx.tcp==SIZE+1'"
-mutate nc_server_to_client "wrong fallback reason count" "'fallback.no_device==1' 'tx.tcp==SIZE'" "'fallback.no_device==0' 'tx.tcp==SIZE'"
+mutate nc_server_to_client "wrong fallback reason count" "'fallback.excluded==1' 'tx.tcp==SIZE'" "'fallback.excluded==0' 'tx.tcp==SIZE'"
 mutate nc_bidirectional "wrong file compared" 'expect_same_file "$DATA2" cli.out' 'expect_same_file "$DATA" cli.out'
 mutate nc_bidirectional "sockets not empty expected" "'rx.tcp==B' 'sockets==[]'" "'rx.tcp==B' 'sockets!=[]'"
 mutate iperf3 "client exit status" '-t 2 -J "$@"' '-t 2 -J --bogus-flag "$@"'
