@@ -369,6 +369,13 @@ impl Socket {
         self.tcp_only.store(why as u32, Relaxed);
     }
 
+    /// Records that the socket now listens at `fd` (its kernel TCP only reason set first),
+    /// for `rsock stat`.
+    pub fn listening(&self, fd: i32, local: &[u8]) {
+        let h = stats::open_listener(fd, self.tcp_only(), local);
+        stats::close_conn(SlotHandle(self.slot.swap(h.0, AcqRel)));
+    }
+
     /// Why this listener is on kernel TCP only, if it is.
     pub fn tcp_only(&self) -> Option<Fallback> {
         Fallback::ALL

@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x04";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x05";
 
 /// The layout version: the last byte of [`MAGIC`].
 pub const VERSION: u8 = MAGIC[7];
@@ -139,6 +139,12 @@ pub struct Counters {
     pub grown_rings: AtomicU64,
     /// Send buffers that grew to their full size.
     pub grown_send: AtomicU64,
+    /// Sockets that started listening.
+    pub listens: AtomicU64,
+    /// Connects the peer refused (`ECONNREFUSED`): not connections, so not in `conns`.
+    pub connects_refused: AtomicU64,
+    /// Connects that failed otherwise (unreachable, timed out, ...).
+    pub connects_failed: AtomicU64,
 }
 
 /// Start of the region.
@@ -161,11 +167,20 @@ pub struct Header {
     pub counters: Counters,
 }
 
-/// One live connection. `seq` is 0 when free, odd while being filled, even when valid.
+/// What a [`ConnSlot`] holds.
+pub const SLOT_CONN: u32 = 0;
+/// A [`ConnSlot`] holding a listener: `path` is `rdma` for a dual (RDMA + kernel TCP)
+/// listener, `tcp` for kernel TCP only with `reason` saying why; `peer` is empty.
+pub const SLOT_LISTENER: u32 = 1;
+
+/// One live connection or listener. `seq` is 0 when free, odd while being filled, even when
+/// valid.
 #[repr(C)]
 pub struct ConnSlot {
     /// Publication word (see the type doc).
     pub seq: AtomicU32,
+    /// [`SLOT_CONN`] or [`SLOT_LISTENER`].
+    pub kind: AtomicU32,
     /// The program's fd.
     pub fd: AtomicI32,
     /// [`Path`] as u32.
@@ -176,6 +191,8 @@ pub struct ConnSlot {
     pub local: [u8; 28],
     /// Peer address, same encoding.
     pub peer: [u8; 28],
+    /// Padding to keep the counters aligned.
+    pub _pad: u32,
     /// Bytes sent.
     pub tx: AtomicU64,
     /// Bytes received.
@@ -396,6 +413,25 @@ pub fn count_growth(ring: bool) {
     }
 }
 
+/// Makes this process's region now if it has none yet: a process shows in `rsock stat` from
+/// its first tracked socket, before it connects or listens. One load once made.
+#[inline]
+pub fn touch() {
+    let _ = region();
+}
+
+/// Counts a connect that failed with `errno` (`refused` for `ECONNREFUSED`).
+pub fn count_connect_failed(errno: i32) {
+    if let Some(h) = region() {
+        let c = if errno == libc::ECONNREFUSED {
+            &h.counters.connects_refused
+        } else {
+            &h.counters.connects_failed
+        };
+        c.fetch_add(1, Relaxed);
+    }
+}
+
 /// Counts a new connection on `path` (with `reason` for fallbacks) and claims a slot for it.
 pub fn open_conn(
     fd: i32,
@@ -411,6 +447,33 @@ pub fn open_conn(
     if let Some(r) = reason {
         h.counters.fallback[r as usize].fetch_add(1, Relaxed);
     }
+    claim(h, SLOT_CONN, fd, path, reason, local, peer)
+}
+
+/// Counts a new listener and claims a slot for it: `rdma` for a dual listener, else kernel
+/// TCP only because of `tcp_only`.
+pub fn open_listener(fd: i32, tcp_only: Option<Fallback>, local: &[u8]) -> SlotHandle {
+    let Some(h) = region() else {
+        return SlotHandle(0);
+    };
+    h.counters.listens.fetch_add(1, Relaxed);
+    let path = if tcp_only.is_some() {
+        Path::Tcp
+    } else {
+        Path::Rdma
+    };
+    claim(h, SLOT_LISTENER, fd, path, tcp_only, local, &[])
+}
+
+fn claim(
+    h: &Header,
+    kind: u32,
+    fd: i32,
+    path: Path,
+    reason: Option<Fallback>,
+    local: &[u8],
+    peer: &[u8],
+) -> SlotHandle {
     // SAFETY: slots follow the header; nslots of them.
     let slots = unsafe {
         std::slice::from_raw_parts(
@@ -420,6 +483,7 @@ pub fn open_conn(
     };
     for (i, s) in slots.iter().enumerate() {
         if s.seq.compare_exchange(0, 1, Acquire, Relaxed).is_ok() {
+            s.kind.store(kind, Relaxed);
             s.fd.store(fd, Relaxed);
             s.path.store(path as u32, Relaxed);
             s.reason
@@ -452,7 +516,7 @@ pub fn set_fd(h: SlotHandle, fd: i32) {
     }
 }
 
-/// Releases a connection's slot.
+/// Releases a connection's or listener's slot.
 pub fn close_conn(h: SlotHandle) {
     if let Some(s) = h.slot() {
         s.seq.store(0, Release);
@@ -486,6 +550,12 @@ pub mod read;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_keep_their_counters_aligned() {
+        assert_eq!(std::mem::size_of::<ConnSlot>(), 96);
+        assert_eq!(std::mem::size_of::<Header>() % 8, 0);
+    }
 
     #[test]
     fn start_ticks_after_an_awkward_name() {

@@ -635,3 +635,111 @@ fn e_excluded_is_its_own_reason() {
     held.finish();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A listener on 127.0.0.1 that has accepted nothing.
+const PY_LISTEN: &str = "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()";
+
+#[test]
+fn f_a_listener_shows_from_its_first_socket() {
+    let dir = temp_dir("listener");
+    // Excluded (127.0.0.0/8 by default): TCP only, and why.
+    let held = Held::start(&dir, PY_LISTEN, &[]);
+    let pid = held.pid();
+    let o = stat_in(&dir, &[]);
+    let out = stdout(&o);
+    assert!(out.starts_with(&format!("pid {pid} python3\n")), "{out}");
+    assert!(
+        out.contains("listening on 127.0.0.1:") && out.contains("  tcp only (excluded)\n"),
+        "{out}"
+    );
+    let o = stat_in(&dir, &["--json"]);
+    assert!(
+        stdout(&o).contains("\"listens\":1,")
+            && stdout(&o).contains(",\"rdma\":false,\"tcp_only\":\"excluded\"}]"),
+        "{}",
+        stdout(&o)
+    );
+    held.finish();
+    // Not excluded: RDMA + TCP where a device serves it, else TCP only for another reason.
+    let held = Held::start(&dir, PY_LISTEN, &[("RSOCK_EXCLUDE", "")]);
+    let o = stat_in(&dir, &[&held.pid().to_string()]);
+    let out = stdout(&o);
+    assert!(out.contains("listening on 127.0.0.1:"), "{out}");
+    assert!(
+        out.contains("  rdma+tcp\n") || out.contains("  tcp only (no_device)\n"),
+        "{out}"
+    );
+    held.finish();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `rsock run -- nc -l 127.0.0.1 PORT`: the server shows in `rsock stat` while it waits.
+#[test]
+fn f_a_server_under_rsock_run_shows_while_it_waits() {
+    let dir = temp_dir("nc-listen");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut nc = Command::new(RSOCK)
+        .args(["run", "--", "nc", "-l", "127.0.0.1", &port.to_string()])
+        .env("RSOCK_LIB", shim())
+        .env("RSOCK_STATS_DIR", &dir)
+        .env_remove("LD_PRELOAD")
+        .env_remove("RSOCK_EXCLUDE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let want = format!("listening on 127.0.0.1:{port}  tcp only (excluded)");
+    // nc needs a moment to start: look until it shows (or give up after a generous while).
+    let mut out = String::new();
+    for _ in 0..200 {
+        out = stdout(&stat_in(&dir, &[&nc.id().to_string()]));
+        if out.contains(&want) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    nc.kill().unwrap();
+    nc.wait().unwrap();
+    assert!(out.contains(&want), "{out}");
+    assert!(out.starts_with(&format!("pid {} nc", nc.id())), "{out}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn f_a_refused_connect_leaves_a_trace() {
+    let dir = temp_dir("refused");
+    // A port nobody listens on; then a blocking connect and one with a timeout (nonblocking,
+    // its failure read from SO_ERROR).
+    let body = "p = socket.socket(); p.bind(('127.0.0.1', 0)); port = p.getsockname()[1]; p.close()
+for t in (None, 5):
+    c = socket.socket(); c.settimeout(t)
+    try:
+        c.connect(('127.0.0.1', port)); sys.exit('connected?')
+    except ConnectionRefusedError:
+        pass
+    c.close()";
+    let held = Held::start(&dir, body, &[]);
+    let o = stat_in(&dir, &[]);
+    let out = stdout(&o);
+    assert!(
+        out.starts_with(&format!("pid {} python3\n", held.pid())),
+        "{out}"
+    );
+    assert!(
+        out.contains("  connects failed: 2 refused, 0 other\n"),
+        "{out}"
+    );
+    let o = stat_in(&dir, &["--json"]);
+    assert!(
+        stdout(&o).contains("\"conns\":{\"rdma\":0,\"tcp\":0,\"passthrough\":0}")
+            && stdout(&o).contains("\"connects\":{\"refused\":2,\"failed\":0}"),
+        "{}",
+        stdout(&o)
+    );
+    held.finish();
+    std::fs::remove_dir_all(dir).unwrap();
+}

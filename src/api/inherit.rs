@@ -420,6 +420,7 @@ pub(super) unsafe fn accept(
                 // holder): serve RDMA again, as the new owner.
                 raw::close(l.tcp_fd);
                 let backlog = l.backlog();
+                let bound = super::local_addr(fd);
                 match super::rdma_listen(fd, backlog) {
                     Ok((engine, local, rl)) => {
                         super::start_dual(s, fd, engine, local, rl, backlog);
@@ -432,6 +433,7 @@ pub(super) unsafe fn accept(
                     }
                     Err(why) => s.set_tcp_only(why),
                 }
+                s.listening(fd, &bound);
                 return super::accept4(fd, addr, len, flags); // as a listener of this process now
             }
             Err(e) => {
@@ -700,6 +702,7 @@ pub(super) fn adopt_listener(fd: c_int) -> bool {
         return true;
     }
     let backlog = libc::SOMAXCONN;
+    let bound = super::local_addr(fd);
     match super::rdma_listen(fd, backlog) {
         Ok((engine, local, rl)) => {
             log::info!("fd {fd}: an inherited listener on {local}: adopted");
@@ -707,6 +710,7 @@ pub(super) fn adopt_listener(fd: c_int) -> bool {
         }
         Err(why) => s.set_tcp_only(why),
     }
+    s.listening(fd, &bound);
     true
 }
 

@@ -70,7 +70,12 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let fd = real::socket(domain, ty, protocol);
     if fd >= 0 && is_tcp(domain, ty, protocol) {
         if let Some(_g) = guard::enter() {
-            keep_errno(|| init::enabled().then(|| track(fd, |_| {})));
+            keep_errno(|| {
+                if init::enabled() {
+                    track(fd, |_| {});
+                    crate::stats::touch(); // the process shows in `rsock stat` from now on
+                }
+            });
         }
     }
     fd
@@ -247,6 +252,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         s.set_pending(Pending { path, reason, peer });
     } else {
         s.set_state(State::Created); // failed: the program may retry on the same socket
+        crate::stats::count_connect_failed(e);
     }
     set_errno(e);
     r
@@ -264,6 +270,15 @@ pub(super) fn resolve_pending(s: &crate::socket::Socket, fd: c_int, ok: bool) {
     }
 }
 
+/// A connect in progress on `s` failed with `err`: counted as such, the socket back to
+/// `Created`.
+pub(super) fn pending_failed(s: &crate::socket::Socket, err: c_int) {
+    if s.take_pending().is_some() {
+        s.set_state(State::Created);
+        crate::stats::count_connect_failed(err);
+    }
+}
+
 /// A repeated connect() on a socket whose kernel connect is in progress.
 unsafe fn connect_again(
     s: &crate::socket::Socket,
@@ -276,7 +291,7 @@ unsafe fn connect_again(
     if r == 0 || e == libc::EISCONN {
         keep_errno(|| resolve_pending(s, fd, true));
     } else if e != libc::EALREADY && e != libc::EINPROGRESS && e != libc::EINTR {
-        resolve_pending(s, fd, false);
+        pending_failed(s, e);
     }
     set_errno(e);
     r
@@ -310,10 +325,12 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 || !s.transition(State::Created, State::Listening) {
         return r; // the prepared rdma_cm listener is dropped
     }
+    let bound = keep_errno(|| local_addr(fd)); // before the fd becomes a doorbell
     match rdma {
         Ok((engine, local, rl)) => start_dual(&s, fd, engine, local, rl, backlog),
         Err(why) => s.set_tcp_only(why),
     }
+    keep_errno(|| s.listening(fd, &bound));
     r
 }
 

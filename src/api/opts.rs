@@ -143,7 +143,7 @@ unsafe fn so_error(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
         let e = crate::sys::raw::errno();
         let err = *(val as *const c_int);
         if err != 0 {
-            super::resolve_pending(&s, fd, false);
+            super::pending_failed(&s, err);
         } else if connected(fd) {
             super::resolve_pending(&s, fd, true);
         }

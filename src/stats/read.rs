@@ -5,6 +5,7 @@
 //! mutually atomic). Slots being filled (odd `seq`) are skipped.
 
 use super::{region_len, ConnSlot, Fallback, Header, Path, MAGIC, PATHS, REASONS, VERSION};
+use super::{SLOT_CONN, SLOT_LISTENER};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -36,8 +37,27 @@ pub struct Snapshot {
     pub grown_rings: u64,
     /// See [`Counters::grown_send`](super::Counters::grown_send).
     pub grown_send: u64,
+    /// Sockets that started listening.
+    pub listens: u64,
+    /// Connects refused by the peer.
+    pub connects_refused: u64,
+    /// Connects that failed otherwise.
+    pub connects_failed: u64,
     /// Live connections with a slot.
     pub sockets: Vec<ConnSnapshot>,
+    /// Live listeners with a slot.
+    pub listeners: Vec<ListenerSnapshot>,
+}
+
+/// One live listener.
+#[derive(Debug, Clone)]
+pub struct ListenerSnapshot {
+    /// The program's fd.
+    pub fd: i32,
+    /// Why it listens on kernel TCP only; `None`: on RDMA and kernel TCP.
+    pub tcp_only: Option<Fallback>,
+    /// The listening address.
+    pub local: Option<SocketAddr>,
 }
 
 /// One live connection.
@@ -92,7 +112,11 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         woke_late: h.counters.woke_late.load(Relaxed),
         grown_rings: h.counters.grown_rings.load(Relaxed),
         grown_send: h.counters.grown_send.load(Relaxed),
+        listens: h.counters.listens.load(Relaxed),
+        connects_refused: h.counters.connects_refused.load(Relaxed),
+        connects_failed: h.counters.connects_failed.load(Relaxed),
         sockets: Vec::new(),
+        listeners: Vec::new(),
     };
     // SAFETY: the length check above covers nslots slots after the header.
     let slots = unsafe {
@@ -109,10 +133,23 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         let Some(path) = Path::from_u32(c.path.load(Relaxed)) else {
             continue;
         };
+        let reason = Fallback::ALL.get(c.reason.load(Relaxed) as usize).copied();
+        match c.kind.load(Relaxed) {
+            SLOT_CONN => {}
+            SLOT_LISTENER => {
+                s.listeners.push(ListenerSnapshot {
+                    fd: c.fd.load(Relaxed),
+                    tcp_only: if path == Path::Rdma { None } else { reason },
+                    local: decode_addr(&c.local),
+                });
+                continue;
+            }
+            _ => continue,
+        }
         s.sockets.push(ConnSnapshot {
             fd: c.fd.load(Relaxed),
             path,
-            reason: Fallback::ALL.get(c.reason.load(Relaxed) as usize).copied(),
+            reason,
             local: decode_addr(&c.local),
             peer: decode_addr(&c.peer),
             tx: c.tx.load(Relaxed),
@@ -120,6 +157,8 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         });
     }
     (s.alive, s.pid_reused) = liveness(h.pid, h.start_ticks);
+    s.sockets.sort_by_key(|c| c.fd);
+    s.listeners.sort_by_key(|l| l.fd);
     Some(s)
 }
 
@@ -251,8 +290,22 @@ impl Snapshot {
                 )
             })
             .collect();
+        let listeners: Vec<String> = self
+            .listeners
+            .iter()
+            .map(|l| {
+                format!(
+                    "{{\"fd\":{},\"local\":{},\"rdma\":{},\"tcp_only\":{}}}",
+                    l.fd,
+                    addr(l.local),
+                    l.tcp_only.is_none(),
+                    l.tcp_only
+                        .map_or("null".to_string(), |r| format!("\"{}\"", r.name()))
+                )
+            })
+            .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"sockets\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"sockets\":[{}],\"listeners\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -265,7 +318,11 @@ impl Snapshot {
             self.woke_late,
             self.grown_rings,
             self.grown_send,
-            socks.join(",")
+            self.listens,
+            self.connects_refused,
+            self.connects_failed,
+            socks.join(","),
+            listeners.join(",")
         )
     }
 }

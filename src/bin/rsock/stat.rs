@@ -7,7 +7,7 @@
 use crate::out::outln;
 use crate::watch;
 use rsock_core::config::Config;
-use rsock_core::stats::read::{self, read_dir_reporting, DirContents, Snapshot};
+use rsock_core::stats::read::{self, read_dir_reporting, DirContents, ListenerSnapshot, Snapshot};
 use rsock_core::stats::{Fallback, Path};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -389,6 +389,12 @@ pub fn print_human(s: &Snapshot) {
     if !reasons.is_empty() {
         outln!("  fallbacks: {reasons}");
     }
+    if let Some(f) = failed_connects(s) {
+        outln!("  {f}");
+    }
+    for l in &s.listeners {
+        outln!("  {}", listener_line(l));
+    }
     if s.slept > 0 {
         outln!(
             "  blocking calls slept {} times ({} woke late)",
@@ -417,6 +423,25 @@ pub fn print_human(s: &Snapshot) {
             c.rx
         );
     }
+}
+
+/// "connects failed: 2 refused, 1 other" when a connect failed.
+pub fn failed_connects(s: &Snapshot) -> Option<String> {
+    (s.connects_refused + s.connects_failed > 0).then(|| {
+        format!(
+            "connects failed: {} refused, {} other",
+            s.connects_refused, s.connects_failed
+        )
+    })
+}
+
+/// "fd 3     listening on 127.0.0.1:5000  tcp only (excluded)", or "... rdma+tcp".
+pub fn listener_line(l: &ListenerSnapshot) -> String {
+    let how = match l.tcp_only {
+        None => "rdma+tcp".to_string(),
+        Some(r) => format!("tcp only ({})", r.name()),
+    };
+    format!("fd {:<5} listening on {}  {how}", l.fd, show_addr(l.local))
 }
 
 /// "peer_tcp=2 rule=1": the non-zero fallback counters.

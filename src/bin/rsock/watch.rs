@@ -8,7 +8,7 @@
 //! is one line: a JSON object with the time and every process's counters (no rates: a reader
 //! takes differences itself).
 
-use crate::stat::{collect, reasons, show_addr, state, Opts};
+use crate::stat::{collect, failed_connects, listener_line, reasons, show_addr, state, Opts};
 use rsock_core::stats::read::{json_escape, Snapshot};
 use rsock_core::stats::{Path, PATHS};
 use std::collections::HashMap;
@@ -126,6 +126,12 @@ fn frame(
         let r = reasons(s);
         if !r.is_empty() {
             let _ = writeln!(t, "  fallbacks: {r}");
+        }
+        if let Some(f) = failed_connects(s) {
+            let _ = writeln!(t, "  {f}");
+        }
+        for l in &s.listeners {
+            let _ = writeln!(t, "    {}", listener_line(l));
         }
         for c in &s.sockets {
             let key = (s.pid, c.fd, c.local, c.peer);
