@@ -743,3 +743,41 @@ for t in (None, 5):
     held.finish();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn g_openmetrics_export() {
+    let dir = temp_dir("openmetrics");
+    let held = Held::start(&dir, PY_PAIR, &[]);
+    let pid = held.pid();
+    let o = stat_in(&dir, &["--openmetrics"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.ends_with("\n# EOF\n"), "{out}");
+    let who = format!("pid=\"{pid}\",comm=\"python3\"");
+    for want in [
+        "# TYPE rsock_connections counter\n".to_string(),
+        format!("rsock_connections_total{{{who},path=\"tcp\"}} 2\n"),
+        format!("rsock_sent_bytes_total{{{who},path=\"tcp\"}} 20\n"),
+        format!("rsock_received_bytes_total{{{who},path=\"tcp\"}} 20\n"),
+        format!("rsock_fallbacks_total{{{who},reason=\"excluded\"}} 2\n"),
+        format!("rsock_listens_total{{{who}}} 1\n"),
+        format!("rsock_open_connections{{{who}}} 2\n"),
+        format!("rsock_open_listeners{{{who}}} 1\n"),
+    ] {
+        assert!(out.contains(&want), "{want:?} in {out}");
+    }
+    for line in out.lines().filter(|l| !l.starts_with('#')) {
+        let (metric, value) = line.rsplit_once(' ').unwrap();
+        assert!(value.parse::<u64>().is_ok(), "{line}");
+        assert!(
+            metric.starts_with("rsock_")
+                && metric.contains(&format!("{{{who}"))
+                && metric.ends_with('}'),
+            "{line}"
+        );
+    }
+    held.finish();
+    let o = stat_in(&dir, &["--openmetrics", "--json"]);
+    assert_usage_error(&o, "--openmetrics goes with neither --json nor --watch", "");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -8,6 +8,8 @@
 
 // A binary's root looks for modules beside it (src/bin/), where cargo would take them for
 // binaries of their own: they live in src/bin/rsock/.
+#[path = "rsock/openmetrics.rs"]
+mod openmetrics;
 #[path = "rsock/out.rs"]
 mod out;
 #[path = "rsock/run.rs"]

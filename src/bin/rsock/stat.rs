@@ -14,11 +14,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 pub const USAGE: &str =
-    "usage: rsock stat [--dir DIR] [--all] [--json] [--gc] [--watch [SECS]] [--count N] [PID...]
+    "usage: rsock stat [--dir DIR] [--all] [--json | --openmetrics] [--gc] [--watch [SECS]] [--count N] [PID...]
   --dir DIR      stats directory (default: RSOCK_STATS_DIR or /dev/shm/rsock-<uid>)
   --all          include processes that have exited (their files were kept with RSOCK_STATS_KEEP=1)
   --json         one JSON object per process, one per line; with --watch, one per refresh:
                  {\"time\":..., \"processes\":[...], \"problems\":[...]}
+  --openmetrics  the counters in the OpenMetrics text format (labels pid and comm; ends
+                 with # EOF), e.g. for node_exporter's textfile collector
   --gc           first remove the files of processes that have exited, one line per file
                  (\"removed FILE: pid N PROGRAM (why)\"; on stderr with --json)
   --watch [SECS] refresh every SECS seconds (default 1; 0.1-3600, e.g. 2, 0.5, 90s — an
@@ -34,6 +36,7 @@ pub struct Opts {
     pub dir_given: bool,
     pub all: bool,
     pub json: bool,
+    pub openmetrics: bool,
     pub gc: bool,
     pub help: bool,
     pub watch: Option<f64>,
@@ -55,8 +58,8 @@ pub fn main(args: &[String]) -> ExitCode {
     }
     if o.gc {
         for line in gc(&o.dir) {
-            if o.json {
-                eprintln!("rsock stat: {line}"); // stdout stays one JSON object per line
+            if o.json || o.openmetrics {
+                eprintln!("rsock stat: {line}"); // stdout stays JSON or OpenMetrics only
             } else {
                 outln!("{line}");
             }
@@ -66,6 +69,17 @@ pub fn main(args: &[String]) -> ExitCode {
         return watch::main(&o);
     }
     let (procs, problems) = collect(&o);
+    if o.openmetrics {
+        outln!("{}", crate::openmetrics::render(&procs).trim_end());
+        for p in &problems {
+            eprintln!("rsock stat: {p}");
+        }
+        return if problems.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    }
     let mut shown = 0;
     for s in &procs {
         shown += 1;
@@ -94,6 +108,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         dir_given: false,
         all: false,
         json: false,
+        openmetrics: false,
         gc: false,
         help: false,
         watch: None,
@@ -121,6 +136,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "-h" | "--help" => no_value(&mut o.help)?,
             "--all" => no_value(&mut o.all)?,
             "--json" => no_value(&mut o.json)?,
+            "--openmetrics" => no_value(&mut o.openmetrics)?,
             "--gc" => no_value(&mut o.gc)?,
             "--dir" => {
                 let v = inline.or_else(|| it.next().map(String::as_str));
@@ -155,6 +171,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     }
     if o.count.is_some() && o.watch.is_none() && !o.help {
         return Err("--count goes with --watch".into());
+    }
+    if o.openmetrics && (o.json || o.watch.is_some()) && !o.help {
+        return Err("--openmetrics goes with neither --json nor --watch".into());
     }
     Ok(o)
 }
