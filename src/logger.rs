@@ -113,13 +113,15 @@ impl log::Log for FileLogger {
             return;
         }
         let (s, ns) = raw::realtime();
+        let (year, month, day, hour, min, sec) = utc(s);
         let mut line = LineBuf {
             buf: [0; 1024],
             len: 0,
         };
+        // RFC 3339, UTC, microseconds: 2026-11-23T23:10:01.123456Z.
         let _ = write!(
             line,
-            "{s}.{:06} rsock[{}:{}] {:<5} {}",
+            "{year:04}-{month:02}-{day:02}T{hour:02}:{min:02}:{sec:02}.{:06}Z rsock[{}:{}] {:<5} {}",
             ns / 1000,
             raw::getpid(),
             raw::gettid(),
@@ -134,4 +136,41 @@ impl log::Log for FileLogger {
     }
 
     fn flush(&self) {}
+}
+
+/// (year, month, day, hour, minute, second) in UTC of `secs` since the epoch, without a date
+/// crate or the C library (days to civil date: Howard Hinnant's method). Allocates nothing.
+pub fn utc(secs: i64) -> (i64, u32, u32, u32, u32, u32) {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let rem = rem as u32;
+    (
+        year,
+        month as u32,
+        day as u32,
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc;
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), (1970, 1, 1, 0, 0, 0));
+        assert_eq!(utc(951_782_400), (2000, 2, 29, 0, 0, 0), "a leap day");
+        assert_eq!(utc(1_795_654_311), (2026, 11, 26, 0, 51, 51));
+        assert_eq!(utc(-1), (1969, 12, 31, 23, 59, 59));
+    }
 }

@@ -781,3 +781,47 @@ fn g_openmetrics_export() {
     assert_usage_error(&o, "--openmetrics goes with neither --json nor --watch", "");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn h_log_lines_start_with_an_rfc3339_time() {
+    let dir = temp_dir("log-time");
+    let log = dir.join("shim.log");
+    let held = Held::start(
+        &dir,
+        PY_PAIR,
+        &[
+            ("RSOCK_LOG", log.to_str().unwrap()),
+            ("RSOCK_LOG_LEVEL", "debug"),
+        ],
+    );
+    held.finish();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("over kernel TCP (excluded)"), "{text}");
+    for line in text.lines() {
+        let (time, rest) = line.split_once(' ').unwrap();
+        assert!(rest.starts_with("rsock["), "{line}");
+        // 2026-11-23T23:10:01.123456Z
+        let b = time.as_bytes();
+        assert_eq!(b.len(), 27, "{line}");
+        for (i, c) in b.iter().enumerate() {
+            let want = match i {
+                4 | 7 => b'-',
+                10 => b'T',
+                13 | 16 => b':',
+                19 => b'.',
+                26 => b'Z',
+                _ => b'0',
+            };
+            assert!(
+                if want == b'0' {
+                    c.is_ascii_digit()
+                } else {
+                    *c == want
+                },
+                "{line}"
+            );
+        }
+        assert!(time[..4].parse::<u32>().unwrap() >= 2024, "{line}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -205,25 +205,15 @@ fn bytes(n: u64) -> String {
     }
 }
 
-/// ("2026-11-23", "23:10:01"), UTC, without a date crate (days to civil date, Howard
-/// Hinnant's method).
+/// ("2026-11-23", "23:10:01"), UTC.
 fn utc_now() -> (String, String) {
     let secs = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day, hour, min, sec) = rsock_core::logger::utc(secs);
     (
         format!("{year:04}-{month:02}-{day:02}"),
-        format!("{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60),
+        format!("{hour:02}:{min:02}:{sec:02}"),
     )
 }
 
