@@ -54,7 +54,7 @@ _rsock_stat() {
             [[ $cur == -* ]] || return ;;
     esac
     if [[ $cur == -* ]]; then
-        mapfile -t COMPREPLY < <(compgen -W '--dir --all --json --gc --watch --count
+        mapfile -t COMPREPLY < <(compgen -W '--dir --all --json --openmetrics --gc --watch --count
             --help -h' -- "$cur")
     else
         # PIDs of this user's processes with a stats file.

@@ -392,9 +392,14 @@ impl Config {
 pub fn loaded() -> &'static (Config, Vec<String>) {
     static CONFIG: OnceLock<(Config, Vec<String>)> = OnceLock::new();
     CONFIG.get_or_init(|| {
-        let (mut c, mut warnings) =
-            Config::parse(std::env::vars_os().filter(|(k, _)| k.as_bytes().starts_with(b"RSOCK_")));
-        if std::env::var_os("RSOCK_CONFIG").is_none() {
+        // A setuid program (which /etc/ld.so.preload would give the shim) must not take
+        // settings from whoever ran it: RSOCK_LOG would append to any file as root. It runs
+        // on the defaults and the system's rules file.
+        let secure = crate::sys::raw::secure_execution();
+        let (mut c, mut warnings) = Config::parse(
+            std::env::vars_os().filter(|(k, _)| !secure && k.as_bytes().starts_with(b"RSOCK_")),
+        );
+        if secure || std::env::var_os("RSOCK_CONFIG").is_none() {
             c.rules_path = Some(PathBuf::from(DEFAULT_RULES)).filter(|p| p.exists());
         }
         c.load_rules(&mut warnings);

@@ -160,6 +160,13 @@ pub unsafe fn rehome(field: *mut c_int) {
 }
 
 /// Thread id of the caller.
+/// Whether this process runs in secure-execution mode (setuid/setgid, file capabilities):
+/// the loader ignores the caller's `LD_*` there, and the shim its `RSOCK_*`.
+pub fn secure_execution() -> bool {
+    // SAFETY: getauxval reads the auxiliary vector; no preconditions.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
 pub fn gettid() -> i64 {
     // SAFETY: gettid has no arguments and cannot fail.
     unsafe { libc::syscall(libc::SYS_gettid) }
