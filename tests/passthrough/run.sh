@@ -436,9 +436,9 @@ cell_two_copies() {
     expect_empty srv.err "server stderr"
     expect_empty cli.err "client stderr"
     expect_stats "$CELL_DIR/srv" srv -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
-        'fallback.no_device==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'rx.tcp==SIZE' 'tx.tcp==0' 'sockets==[]'
     expect_stats "$CELL_DIR/cli" cli -D SIZE=$SIZE 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
-        'fallback.no_device==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
+        'fallback.excluded==1' 'tx.tcp==SIZE' 'rx.tcp==0' 'sockets==[]'
     local side n
     for side in srv cli; do
         n=$(grep -c "stays inert" "$side.log")

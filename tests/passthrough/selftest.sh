@@ -30,7 +30,7 @@ s = open(src).read()
 start = s.find("\ncell_" + cell + "()")
 if start < 0:
     sys.exit(1)
-i = s.find(old, start)
+i = s.find(old, start, s.find("\n}\n", start))  # in the cell's own body
 if i < 0:
     # helpers shared by several cells come just before the cell functions
     i = s.rfind(old, 0, start)
@@ -75,7 +75,7 @@ mutate enable_0 "shim enabled creates stats" 'bg srv $T env RSOCK_ENABLE=0' 'bg 
 mutate malformed_config "one bad variable fewer" 'RSOCK_STATS_SLOTS=-1 RSOCK_FOO=1)' 'RSOCK_FOO=1)'
 mutate malformed_config "shim output on stderr" 'expect_empty srv.err "server stderr"' 'echo noise > srv.err; expect_empty srv.err "server stderr"'
 mutate two_copies "copies swapped: the inert one is the build" 'LD_PRELOAD="$T_SO:$copy"' 'LD_PRELOAD="$copy:$T_SO"'
-mutate two_copies "server counted twice" "'fallback.no_device==1' 'rx.tcp==SIZE'" "'fallback.no_device==1' 'rx.tcp==2*SIZE'"
+mutate two_copies "server counted twice" "'fallback.excluded==1' 'rx.tcp==SIZE'" "'fallback.excluded==1' 'rx.tcp==2*SIZE'"
 
 echo "$caught caught, $missed missed"
 [ "$missed" -eq 0 ]
