@@ -652,7 +652,7 @@ impl<P: Port> Stream<P> {
                     // refuses to any credentials but the opener's: this process changed its
                     // uid or gid after it took the connection over (rsyncd's children do).
                     log::warn!(
-                        "rdma stream {}: this process's credentials changed since its RDMA engine started; its connections cannot send (README, Limitations)",
+                        "rdma stream {}: this process's credentials changed since its RDMA engine started; its connections cannot send (docs/LIMITATIONS.md)",
                         self.peer
                     );
                 }
