@@ -21,8 +21,11 @@ pub fn enabled() -> bool {
 
 fn start() {
     if let Some((first, me)) = another_copy_first() {
-        // Only the log settings: the first copy reads (and reports on) the rest.
-        let env = std::env::vars_os().filter(|(k, _)| k.as_bytes().starts_with(b"RSOCK_"));
+        // Only the log settings: the first copy reads (and reports on) the rest. None from
+        // the environment of a setuid program (see `config::loaded`).
+        let secure = crate::sys::raw::secure_execution();
+        let env =
+            std::env::vars_os().filter(|(k, _)| !secure && k.as_bytes().starts_with(b"RSOCK_"));
         let (cfg, _) = config::Config::parse(env);
         if let Some(path) = &cfg.log_path {
             crate::logger::init(path, cfg.log_level);
