@@ -6,9 +6,10 @@
 #   pkts cell=C round=R rts=N sent=N rcvd=N            (node 0's rxe0 packets for N round trips)
 #
 #   rps cell=C what=W value=N [lat_p99_ms=..]          (real servers, after the rounds)
-#   cpu cell=C what=W units=N n0u=.. n0k=.. n1u=.. n1k=..
+#   cpu cell=C what=W units=N n0u=.. n0k=.. n1u=.. n1k=.. secs=..
 #       CPU clock ticks (USER_HZ) each whole node spent over a measurement of N round trips
-#       or requests: user, and kernel (system + irq + softirq, where rxe does its work)
+#       or requests lasting secs: user, and kernel (system + irq + softirq, where rxe does
+#       its work); cell=idle: ten seconds with nothing measured
 #
 #   bench/rdma/pair-guest.sh --out DIR [--rounds N] [--iters N] [--no-servers]
 set -u
@@ -51,32 +52,31 @@ shim() { # DIR CMD...
 # A whole node's CPU ticks (user, kernel) from /proc/stat: the device is software here, so
 # its work is kernel time of the node, and a fair per-message cost includes it.
 PAIR=/run/rdma-vm/pair
-cpu_now() { awk '$1 == "cpu" { print $2 + $3, $4 + $7 + $8; exit }' /proc/stat; }
+cpu_now() { awk '$1 == "cpu" { print $2 + $3, $4 + $7 + $8; exit }' /proc/stat; cut -d' ' -f1 /proc/uptime; }
 # Node 1 answers node 0's "cpusnap-NAME" with its own counters in "cpu1-NAME". It looks
-# every 0.1 s without forking (a read that times out on an idle fifo): what it costs is
-# node 1's CPU time too, in every cell alike.
+# every 0.1 s without forking (`nap`): what it costs is node 1's CPU time too, in every
+# cell alike.
 cpu_answer() {
   local f n
-  mkfifo "$WORK/idle" && exec 9<>"$WORK/idle"
   while :; do
     for f in "$PAIR"/cpusnap-*; do
       [ -e "$f" ] || continue
       n=${f##*/cpusnap-}
       [ -e "$PAIR/cpu1-$n" ] || { cpu_now >"$PAIR/cpu1-$n.tmp" && mv "$PAIR/cpu1-$n.tmp" "$PAIR/cpu1-$n"; }
     done
-    read -r -t 0.1 -u 9
+    nap
   done
 }
-cpu_mark() { # NAME: prints both nodes' counters now (node 0 first)
+cpu_mark() { # NAME: prints both nodes' counters now (node 0's user, kernel, uptime; node 1's)
   local mine
   pair_signal "cpusnap-$1"
   mine=$(cpu_now)
-  wait_until 30 test -e "$PAIR/cpu1-$1" || { echo "$mine 0 0"; return 1; }
-  echo "$mine $(cat "$PAIR/cpu1-$1")"
+  wait_until 30 test -e "$PAIR/cpu1-$1" || { echo $mine 0 0 0; return 1; }
+  echo $mine $(cat "$PAIR/cpu1-$1")
 }
-cpu_line() { # CELL WHAT UNITS BEFORE AFTER: a "cpu" line of the deltas
+cpu_line() { # CELL WHAT UNITS BEFORE AFTER: a "cpu" line of the deltas (secs: node 0's clock)
   local -a a=($4) b=($5)
-  echo "cpu cell=$1 what=$2 units=$3 n0u=$((b[0] - a[0])) n0k=$((b[1] - a[1])) n1u=$((b[2] - a[2])) n1k=$((b[3] - a[3]))" >>"$data"
+  echo "cpu cell=$1 what=$2 units=$3 n0u=$((b[0] - a[0])) n0k=$((b[1] - a[1])) n1u=$((b[3] - a[3])) n1k=$((b[4] - a[4])) secs=$(awk -v x="${a[2]}" -v y="${b[2]}" 'BEGIN { printf "%.2f", y - x }')" >>"$data"
 }
 cpu_seq=0
 cpu_begin() { cpu_seq=$((cpu_seq + 1)); cpu_before=$(cpu_mark "$cpu_seq-a"); }
@@ -238,6 +238,11 @@ pair_wait servers-up 300 || exit 1
 mkdir -p "$OUT"
 data=$OUT/data.txt
 : >"$data"
+# What each node spends while nothing is measured (the bed's own bookkeeping, node 1 waiting
+# for the next signal): the report takes it off every measurement, per second it lasted.
+cpu_begin
+sleep 10
+cpu_end idle idle 1
 for r in $(seq 1 "$ROUNDS"); do
   for c in $CELLS; do
     IFS=: read -r name port kind <<<"$c"

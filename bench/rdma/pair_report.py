@@ -13,6 +13,8 @@ pkts = defaultdict(list)  # cell -> (sent per rt) per round
 failed = []
 rps = defaultdict(dict)   # what -> cell -> (value, extra)
 cpu = defaultdict(list)   # (cell, what without the round) -> [(n0u, n0k, n1u, n1k) µs per unit]
+cpu_raw = []              # (key, units, secs, ticks) as measured
+idle = None               # each node's ticks per second with nothing measured
 TICK_US = 10_000          # USER_HZ = 100
 for line in open(f"{out}/data.txt"):
     f = line.split()
@@ -39,15 +41,23 @@ for line in open(f"{out}/data.txt"):
             failed.append(f"server cell without a figure: {line.strip()}")
     elif f[0] == "cpu":
         try:
-            units = int(kv["units"])
-            if units > 0:
+            units, secs = int(kv["units"]), float(kv.get("secs", "0"))
+            ticks = [int(kv[k]) for k in ("n0u", "n0k", "n1u", "n1k")]
+            if kv["cell"] == "idle":
+                idle = [t / secs for t in ticks] if secs > 0 else None
+            elif units > 0:
                 what = kv["what"].split("-r")[0] if kv["what"].startswith("pingpong") else kv["what"]
-                cpu[(kv["cell"], what)].append(tuple(int(kv[k]) * TICK_US / units for k in ("n0u", "n0k", "n1u", "n1k")))
+                cpu_raw.append(((kv["cell"], what), units, secs, ticks))
         except (KeyError, ValueError):
             failed.append(f"unreadable: {line.strip()}")
     elif f[0] == "conns":
         if kv.get("rdma", "") in ("", "0") or kv.get("tcp", "1") != "0":
             failed.append(f"{kv['cell']} round {kv['round']}: not over RDMA (rdma={kv.get('rdma')} tcp={kv.get('tcp')})")
+
+# CPU of a measurement net of what the nodes spend anyway (their idle rate times its length).
+for key, units, secs, ticks in cpu_raw:
+    base = [r * secs for r in idle] if idle else [0] * 4
+    cpu[key].append(tuple(max(t - b, 0) * TICK_US / units for t, b in zip(ticks, base)))
 
 med = lambda v: statistics.median(v) if v else None
 fmt = lambda v: "—" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")
@@ -95,7 +105,9 @@ if cpu:
     cell_fmt = lambda c: "—" if c is None else f"{c[0] + c[1]:,.0f} ({c[1]:,.0f})"
     print("\n## CPU per round trip and per request, both nodes\n")
     print("Each node's whole CPU time (/proc/stat: user + kernel; kernel = system + irq + softirq, "
-          "where Soft-RoCE does its work), over a measurement, divided by its round trips or "
+          "where Soft-RoCE does its work), over a measurement, less what that node spends with "
+          "nothing measured (" + (", ".join(f"{r * TICK_US / 1e6:.0%}" for r in (idle[0] + idle[1], idle[2] + idle[3])) + " of a CPU on node 0 and node 1" if idle else "not measured") +
+          " per second of the measurement), divided by its round trips or "
           "requests: µs of CPU, kernel part in brackets. Ping-pong cells include the process's "
           "start and connection set-up, spread over their round trips (64 B and 4 KiB together). "
           "`ib_write_lat` polls by design: both its ends stay busy.\n")
