@@ -513,7 +513,7 @@ rspreload_iperf_probe() {
   echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
   echo "smoke=$SMOKE"
   echo "runs=$RUNS"
-  echo "rsock_spin_us=${RSOCK_SPIN_US:-default(1000)}"
+  echo "rsock_spin_us=${RSOCK_SPIN_US:-default(400)}"
   echo "librsock_sha256=$(sha256sum "$SO" | cut -c1-16)"
 } >"$OUT/env.txt"
 
