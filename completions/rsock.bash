@@ -72,7 +72,7 @@ _rsock() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
     COMPREPLY=()
     if ((COMP_CWORD == 1)); then
-        mapfile -t COMPREPLY < <(compgen -W 'run stat rules help --help -h --version -V' -- "$cur")
+        mapfile -t COMPREPLY < <(compgen -W 'run stat rules check help --help -h --version -V' -- "$cur")
         return
     fi
     case ${COMP_WORDS[1]} in
@@ -84,8 +84,10 @@ _rsock() {
             elif ((COMP_CWORD == 2)); then
                 mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             fi ;;
+        check)
+            [[ $cur == -* ]] && mapfile -t COMPREPLY < <(compgen -W '--help -h' -- "$cur") ;;
         help)
-            ((COMP_CWORD == 2)) && mapfile -t COMPREPLY < <(compgen -W 'run stat rules help' -- "$cur") ;;
+            ((COMP_CWORD == 2)) && mapfile -t COMPREPLY < <(compgen -W 'run stat rules check help' -- "$cur") ;;
     esac
 }
 complete -F _rsock rsock

@@ -825,3 +825,99 @@ fn h_log_lines_start_with_an_rfc3339_time() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+// ---- rsock check -------------------------------------------------------------------------------
+
+/// `rsock check` with the real shim (RSOCK_LIB), the environment otherwise the test's.
+fn check(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(RSOCK);
+    c.arg("check")
+        .args(args)
+        .env("RSOCK_LIB", shim())
+        .env_remove("LD_PRELOAD");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn check_says_what_this_host_lacks_and_why_a_connection_fell_back() {
+    if std::path::Path::new("/sys/class/infiniband")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some())
+    {
+        // A host with a device answers otherwise; the RDMA suite checks that case
+        // (tests/rdma/product.sh, cell check).
+        eprintln!("not run: this host has an RDMA device");
+        return;
+    }
+    // No device: the device check fails (status 1) and says what to do.
+    let o = check(&[], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("FAIL  device    no RDMA device"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("ok    shim"), "{}", stdout(&o));
+    // A listener on loopback: the probe connects over kernel TCP, excluded by default...
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    let o = check(&[&target], &[]);
+    assert!(
+        stdout(&o).contains(&format!(
+            "{target}: connected over kernel TCP; RDMA: excluded"
+        )),
+        "{}",
+        stdout(&o)
+    );
+    // ... and, not excluded, because there is no device.
+    let o = check(&[&target], &[("RSOCK_EXCLUDE", "")]);
+    assert!(
+        stdout(&o).contains(&format!(
+            "{target}: connected over kernel TCP; RDMA: no_device"
+        )),
+        "{}",
+        stdout(&o)
+    );
+    // Nothing listening: refused.
+    drop(l);
+    let o = check(&[&target], &[]);
+    assert!(
+        stdout(&o).contains(&format!("FAIL  server    {target}: connection refused")),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn check_rejects_a_bad_target() {
+    for bad in [
+        "10.0.0.1:0",
+        "10.0.0.1:x",
+        "[fe80::1",
+        "[fe80::1]x",
+        "",
+        "--frob",
+    ] {
+        let o = rsock(&["check", bad]);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+    }
+    assert_usage_error(
+        &rsock(&["check", "a", "b"]),
+        "unexpected argument",
+        "two targets",
+    );
+    assert_usage_error(
+        &rsock(&["check", "10.0.0.1:70000"]),
+        "PORT must be 1-65535",
+        "port",
+    );
+    let o = rsock(&["help", "check"]);
+    assert!(
+        stdout(&o).starts_with("usage: rsock check [HOST[:PORT]]"),
+        "{}",
+        stdout(&o)
+    );
+}

@@ -5,9 +5,12 @@
 //!   passthrough), bytes each way, fallback reasons and live connections — read from the
 //!   per-process stats regions (see `rsock_core::stats`); `--watch` refreshes it live.
 //! - `rsock rules [FILE]` checks a rules file the way the shim reads it.
+//! - `rsock check [HOST[:PORT]]` checks the device, memlock, and a peer over RDMA.
 
 // A binary's root looks for modules beside it (src/bin/), where cargo would take them for
 // binaries of their own: they live in src/bin/rsock/.
+#[path = "rsock/check.rs"]
+mod check;
 #[path = "rsock/openmetrics.rs"]
 mod openmetrics;
 #[path = "rsock/out.rs"]
@@ -26,6 +29,7 @@ const USAGE: &str = "usage:
   rsock run [OPTIONS] [--] PROGRAM [ARGS...]   run PROGRAM with librsock.so preloaded
   rsock stat [OPTIONS] [PID...]                 counters of processes running with the shim
   rsock rules [FILE]                            check a rules file (default: RSOCK_CONFIG or /etc/rsock.conf)
+  rsock check [HOST[:PORT]]                     can this host use RDMA; does a server answer over it
   rsock help [COMMAND]                          a command's usage (also rsock COMMAND --help)
   rsock --version";
 
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         Some("run") => run::main(rest),
         Some("stat") => stat::main(rest),
         Some("rules") => rules(rest),
+        Some("check") => check::main(rest),
         Some("help" | "-h" | "--help") => help(rest),
         Some("-V" | "--version") => {
             outln!("rsock {}", env!("CARGO_PKG_VERSION"));
@@ -65,6 +70,7 @@ fn help(topic: &[String]) -> ExitCode {
         Some("run") => run::USAGE,
         Some("stat") => stat::USAGE,
         Some("rules") => RULES_USAGE,
+        Some("check") => check::USAGE,
         Some(c) => return usage_error(&format!("unknown command {c:?}")),
     };
     outln!("{text}");

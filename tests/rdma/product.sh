@@ -191,9 +191,37 @@ cell_stat_other_user() {
     qps_released
 }
 
+# ---- rsock check ---------------------------------------------------------------------------------
+
+# `rsock check`: this host's device and memlock, then HOST:PORT of a server under rsock (the
+# probe's connection goes over RDMA) and of a plain server (kernel TCP, RDMA rejected).
+cell_check() {
+    "$T_BIN" check > host.out 2>&1 || fail "rsock check (no peer): status $?: $(cat host.out)"
+    grep -qE '^ok +device +rxe0 port 1: ACTIVE' host.out || fail "no ACTIVE rxe0 line: $(cat host.out)"
+    grep -qE '^ok +memlock +unlimited' host.out || fail "no memlock line: $(cat host.out)"
+    rs srv; bg srv $T "${RS[@]}" -- $NC -l "$A" "$PORT"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    wait_rdma_listen "$PORT" 60 || fail "no rdma_cm listener"
+    env RSOCK_CONNECT_TIMEOUT_MS=$CTO "$T_BIN" check "$A:$PORT" > shimmed.out 2>&1 ||
+        fail "rsock check against the shimmed server: status $?: $(cat shimmed.out)"
+    grep -qE "^ok +route +$A: rdma_cm resolved" shimmed.out || fail "no route line: $(cat shimmed.out)"
+    grep -qE "^ok +server +$A:$PORT: connected over RDMA" shimmed.out || fail "not over RDMA: $(cat shimmed.out)"
+    expect_status srv 0
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma==1' 'conns.tcp==0'
+    local plain=$((PORT + 1))
+    bg plain $T $NC -l "$A" "$plain"
+    wait_listen "$plain" 60 plain || fail "plain server did not listen"
+    env RSOCK_CONNECT_TIMEOUT_MS=$CTO "$T_BIN" check "$A:$plain" > plain.out 2>&1 ||
+        fail "rsock check against a plain server: status $? (warnings only expected): $(cat plain.out)"
+    grep -qE "^warn +server +$A:$plain: connected over kernel TCP; RDMA: rejected" plain.out ||
+        fail "plain server not reported as rejected: $(cat plain.out)"
+    expect_status plain 0
+    qps_released
+}
+
 # ---- run -----------------------------------------------------------------------------------------
 
-CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user)
+CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check)
 selected() {
     local p
     [ -z "$PATTERN" ] && return 0

@@ -257,7 +257,7 @@ fn first_shim(candidates: &[(PathBuf, &str)]) -> Result<PathBuf, (u8, String)> {
 }
 
 /// librsock.so, looked for where [`shim_candidates`] says.
-fn find_shim() -> Result<PathBuf, (u8, String)> {
+pub(crate) fn find_shim() -> Result<PathBuf, (u8, String)> {
     let exe = std::env::current_exe().ok();
     first_shim(&shim_candidates(
         std::env::var_os("RSOCK_LIB").as_deref(),
