@@ -80,8 +80,10 @@ _rsock() {
         stat) _rsock_stat "$cur" "$prev" ;;
         rules)
             if [[ $cur == -* ]]; then
-                mapfile -t COMPREPLY < <(compgen -W '--help -h' -- "$cur")
-            elif ((COMP_CWORD == 2)); then
+                mapfile -t COMPREPLY < <(compgen -W '--explain --prog --server --help -h' -- "$cur")
+            elif [[ $prev == --explain || $prev == --prog ]]; then
+                :
+            else
                 mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             fi ;;
         check)

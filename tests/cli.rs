@@ -921,3 +921,78 @@ fn check_rejects_a_bad_target() {
         stdout(&o)
     );
 }
+
+#[test]
+fn rules_explain_gives_each_step_of_the_decision() {
+    let d = temp_dir("explain");
+    let f = d.join("r.conf");
+    std::fs::write(
+        &f,
+        "tcp port=5432\nrdma prog=nginx ring=1M\npassthrough remote=10.9.0.0/16\n",
+    )
+    .unwrap();
+    let f = f.to_str().unwrap();
+    let explain = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(RSOCK);
+        c.args(["rules", "--explain"])
+            .args(args)
+            .env_remove("RSOCK_EXCLUDE")
+            .env_remove("RSOCK_RDMA");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let o = explain(&["10.0.0.1:5432", f], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("line 1: tcp port=5432 -- the first rule that matches"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("decision: tcp"), "{}", stdout(&o));
+    let o = explain(&["127.0.0.1:80", f], &[]);
+    assert!(
+        stdout(&o).contains("RSOCK_EXCLUDE (default 127.0.0.0/8,::1/128) names 127.0.0.1:80"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stdout(&o).contains("decision: passthrough"),
+        "{}",
+        stdout(&o)
+    );
+    // prog= matches only with --prog; the rule's ring size is shown; RSOCK_RDMA=0 is the last word.
+    let o = explain(&["10.0.0.2:80", "--prog", "nginx", "--server", f], &[]);
+    assert!(
+        stdout(&o).starts_with("a listener on 10.0.0.2:80 by program \"nginx\""),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stdout(&o).contains("buffers: ring 1024 KiB"),
+        "{}",
+        stdout(&o)
+    );
+    let o = explain(&["10.0.0.2:80", f], &[]);
+    assert!(
+        stdout(&o).contains("none of its 3 rule(s) matches"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("decision: rdma"), "{}", stdout(&o));
+    let o = explain(&["10.0.0.2:80", f], &[("RSOCK_RDMA", "0")]);
+    assert!(
+        stdout(&o).contains("RSOCK_RDMA=0: what would try RDMA takes kernel TCP"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("decision: tcp"), "{}", stdout(&o));
+    assert_usage_error(
+        &explain(&["10.0.0.1"], &[]),
+        "expected ADDR:PORT",
+        "no port",
+    );
+    assert_usage_error(&explain(&[], &[]), "--explain needs a value", "no address");
+    let _ = std::fs::remove_dir_all(&d);
+}

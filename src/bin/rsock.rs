@@ -11,6 +11,8 @@
 // binaries of their own: they live in src/bin/rsock/.
 #[path = "rsock/check.rs"]
 mod check;
+#[path = "rsock/explain.rs"]
+mod explain;
 #[path = "rsock/openmetrics.rs"]
 mod openmetrics;
 #[path = "rsock/out.rs"]
@@ -29,13 +31,19 @@ const USAGE: &str = "usage:
   rsock run [OPTIONS] [--] PROGRAM [ARGS...]   run PROGRAM with librsock.so preloaded
   rsock stat [OPTIONS] [PID...]                 counters of processes running with the shim
   rsock rules [FILE]                            check a rules file (default: RSOCK_CONFIG or /etc/rsock.conf)
+  rsock rules --explain ADDR:PORT [--prog NAME] [--server] [FILE]
+                                                how the shim decides for one connection
   rsock check [HOST[:PORT]]                     can this host use RDMA; does a server answer over it
   rsock help [COMMAND]                          a command's usage (also rsock COMMAND --help)
   rsock --version";
 
 const RULES_USAGE: &str = "usage: rsock rules [FILE]
+       rsock rules --explain ADDR:PORT [--prog NAME] [--server] [FILE]
 Prints each rule of FILE as the shim understands it, and every line it would ignore.
 FILE: RSOCK_CONFIG if set, else /etc/rsock.conf.
+--explain: how the shim decides for a connect to ADDR:PORT (--server: a listener on it),
+step by step: RSOCK_EXCLUDE, the first rule that matches (--prog: for program NAME;
+without it rules with prog= do not match), RSOCK_RDMA — with this environment's RSOCK_*.
 Exit status: 0 if every line is a rule; 1 if a line would be ignored or FILE cannot be read;
 2 for a usage error.";
 
@@ -86,6 +94,15 @@ fn rules_usage(msg: &str) -> ExitCode {
 /// would ignore; exit status 1 if there is one.
 fn rules(args: &[String]) -> ExitCode {
     use rsock_core::config::Config;
+    if args
+        .iter()
+        .any(|a| a == "--explain" || a.starts_with("--explain="))
+    {
+        return match explain_question(args) {
+            Ok(q) => explain::explain(&q),
+            Err(e) => rules_usage(&e),
+        };
+    }
     let path = match args {
         [] => {
             match &Config::get().rules_path {
@@ -127,4 +144,45 @@ fn rules(args: &[String]) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// The arguments of `rsock rules --explain`.
+fn explain_question(args: &[String]) -> Result<explain::Question, String> {
+    let mut addr = None;
+    let mut prog = None;
+    let mut role = rsock_core::rules::Role::Client;
+    let mut file = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (opt, inline) = match a.split_once('=') {
+            Some((o, v)) if o.starts_with("--") => (o, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match opt {
+            "--explain" => {
+                let v = value("--explain")?;
+                addr = Some(v.parse::<std::net::SocketAddr>().map_err(|_| {
+                    format!("--explain {v:?}: expected ADDR:PORT (IPv6: [ADDR]:PORT)")
+                })?);
+            }
+            "--prog" => prog = Some(value("--prog")?),
+            "--server" => role = rsock_core::rules::Role::Server,
+            "-h" | "--help" => return Err("--help takes no other arguments".into()),
+            o if o.starts_with('-') => return Err(format!("unknown option {o:?}")),
+            f if file.is_none() => file = Some(std::path::PathBuf::from(f)),
+            _ => return Err("one FILE at most".into()),
+        }
+    }
+    Ok(explain::Question {
+        addr: addr.ok_or("--explain needs ADDR:PORT")?,
+        prog,
+        role,
+        file,
+    })
 }
