@@ -199,6 +199,7 @@ client_servers() {
 if [ "$RDMA_VM_NODE" = 1 ]; then
   cpu_answer &
   answerer=$!
+  trap 'kill $answerer 2>/dev/null' EXIT
   for c in $CELLS; do
     IFS=: read -r name port kind <<<"$c"
     case $kind in
@@ -230,7 +231,6 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
   done
   ((SERVERS)) && serve_servers
   pair_barrier end 600
-  kill $answerer 2>/dev/null
   exit 0
 fi
 
