@@ -30,7 +30,7 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
     env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_CONNECT_TIMEOUT_MS=$CTO RSOCK_LOG="$dir.log" \
         RSOCK_LOG_LEVEL=info timeout 300 "$EX/echo_server" "$RDMA_VM_SELF:$PORT" > "$T_WORK/srv.out" 2>&1 &
     wait_tcp_listen "$PORT" 60 && wait_rdma_listen "$PORT" 60 || { echo "FAIL dead_peer: server did not listen"; exit 1; }
-    pair_signal srv-up
+    pair_signal dead-peer-srv-up
     pair_wait cut 240 || { grep -E 'WARN|ERROR|rdma stream' "$dir.log" | tail -n 20 | sed 's/^/    | srv: /'; exit 1; }
     ip link set eth0 down
     echo "# node 1: eth0 down"
@@ -45,7 +45,7 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
         rc=1
     fi
     grep -q 'the port went down' "$dir.log" || { echo "FAIL dead_peer (node 1): no port-down event in the shim's log"; rc=1; }
-    pair_wait done 240
+    pair_wait dead-peer-done 240
     [ $rc -eq 0 ] || grep -E 'WARN|ERROR|INFO  rdma' "$dir.log" | tail -n 10 | sed 's/^/    | srv: /'
     [ $rc -eq 0 ] && echo "PASS dead_peer (node 1: port down resets the server's streams)"
     exit $rc
@@ -95,13 +95,13 @@ for name in ("keepalive", "user_timeout", "control"):
     print("%s %s" % (name, "still waiting" if r is None else "%s after %.1f s" % (r[0], r[1] - t0)), flush=True)
 os._exit(0)'
 
-pair_wait srv-up 240 || { echo "FAIL dead_peer: no server"; exit 1; }
+pair_wait dead-peer-srv-up 240 || { echo "FAIL dead_peer: no server"; exit 1; }
 dir=$T_WORK/cli
 env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
     RSOCK_LOG="$dir.log" RSOCK_LOG_LEVEL=${SHIM_LOG_LEVEL:-debug} timeout 60 python3 -c "$CLIENT" "$RDMA_VM_PEER" "$PORT" \
     /run/rdma-vm/pair/cut > "$T_WORK/cli.out" 2> "$T_WORK/cli.err"
 rc=$?
-pair_signal done
+pair_signal dead-peer-done
 sed 's/^/# /' "$T_WORK/cli.out"
 fails=0
 bad() { echo "FAIL dead_peer: $*"; fails=$((fails + 1)); }

@@ -35,14 +35,14 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
     srv=$!
     wait_tcp_listen "$PORT" 60 && wait_rdma_listen "$PORT" 60 || { echo "FAIL fork_takeover: server did not listen"; exit 1; }
     main=$(cat "$T_WORK/srv.pid")
-    pair_signal srv-up
+    pair_signal fork-takeover-srv-up
     # Once every connection has been taken over (the clients are mid-stream or paused, the
     # connections open), sample who owns the server's QPs.
     taken() { [ "$(grep -c "taken over from pid $main " "$dir.log")" -ge $K ]; }
     wait_until 120 taken || echo "# node 1: not every connection was taken over within 120 s"
     sleep 1
     rdma resource show qp 2>/dev/null | grep ' type RC ' > "$T_WORK/qps.txt"
-    pair_wait done 300
+    pair_wait fork-takeover-done 300
     wait "$srv"
     rc=0
     bad() { echo "FAIL fork_takeover (node 1): $*"; rc=1; }
@@ -64,7 +64,7 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
     exit $rc
 fi
 
-pair_wait srv-up 240 || { echo "FAIL fork_takeover: no server"; exit 1; }
+pair_wait fork-takeover-srv-up 240 || { echo "FAIL fork_takeover: no server"; exit 1; }
 head -c $((4 << 20)) /dev/urandom > "$T_WORK/data.bin"
 dir=$T_WORK/cli
 pair_shim "$dir" timeout 240 "$EX/fork_client" "$RDMA_VM_PEER:$PORT" --conns $K --parallel $K \
@@ -72,7 +72,7 @@ pair_shim "$dir" timeout 240 "$EX/fork_client" "$RDMA_VM_PEER:$PORT" --conns $K 
 cli=$!
 wait "$cli"
 rc=$?
-pair_signal done
+pair_signal fork-takeover-done
 fails=0
 bad() { echo "FAIL fork_takeover: $*"; fails=$((fails + 1)); }
 line=$(grep -E '^(ok|FAILED) ' "$T_WORK/cli.out" | tail -n1)
