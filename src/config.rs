@@ -135,7 +135,13 @@ pub(crate) fn prefix_match(net: std::net::IpAddr, ip: std::net::IpAddr, prefix: 
 impl Config {
     /// Whether `RSOCK_EXCLUDE` keeps `dest` off RDMA.
     pub fn excludes(&self, dest: &std::net::SocketAddr) -> bool {
-        self.exclude.iter().any(|e| e.matches(dest))
+        self.exclude_entry(dest).is_some()
+    }
+
+    /// The `RSOCK_EXCLUDE` entry (counted from 1) that keeps `dest` off RDMA, if one does.
+    pub fn exclude_entry(&self, dest: &std::net::SocketAddr) -> Option<u32> {
+        let i = self.exclude.iter().position(|e| e.matches(dest))?;
+        Some(i as u32 + 1)
     }
 
     /// What to do with a connection: `role` Client at `connect()` (`remote` = destination,
@@ -155,12 +161,15 @@ impl Config {
             ring_size: self.ring_size,
             send_buf: self.send_buf,
             rule_line: None,
+            exclude: None,
+            rdma_off: false,
         };
         let service = match role {
             Role::Client => remote,
             Role::Server => local,
         };
-        if service.is_some_and(|a| self.excludes(&a)) {
+        d.exclude = service.and_then(|a| self.exclude_entry(&a));
+        if d.exclude.is_some() {
             d.action = Action::Passthrough;
             return d;
         }
@@ -176,6 +185,7 @@ impl Config {
         }
         if !self.rdma && d.action == Action::Rdma {
             d.action = Action::Tcp;
+            d.rdma_off = true;
         }
         d
     }

@@ -16,24 +16,43 @@ use std::sync::OnceLock;
 
 struct FileLogger {
     path: Vec<u8>, // NUL-terminated
+    /// Why it logs there: [`crate::stats::control::LOG_RSOCK_LOG`] or `LOG_STATS_DIR`.
+    target: u32,
     fd: AtomicI32,
     dev_ino: (AtomicU64, AtomicU64),
 }
 
 static LOGGER: OnceLock<FileLogger> = OnceLock::new();
 
-/// Installs the file logger for `path` at `level`. Later calls are ignored.
+/// Installs the file logger for `RSOCK_LOG`'s `path` at `level`. Later calls are ignored.
 pub fn init(path: &Path, level: log::LevelFilter) {
+    init_at(path, crate::stats::control::LOG_RSOCK_LOG, level);
+}
+
+/// Installs the file logger for `path`, there because of `target`, at `level`; ignored once
+/// one is installed.
+pub fn init_at(path: &Path, target: u32, level: log::LevelFilter) {
     let mut p = path.as_os_str().as_bytes().to_vec();
     p.push(0);
     let logger = LOGGER.get_or_init(|| FileLogger {
         path: p,
+        target,
         fd: AtomicI32::new(-1),
         dev_ino: (AtomicU64::new(0), AtomicU64::new(0)),
     });
     if log::set_logger(logger).is_ok() {
         log::set_max_level(level);
     }
+}
+
+/// The installed logger's file (without its NUL), if one is installed.
+pub fn installed() -> Option<&'static [u8]> {
+    LOGGER.get().map(|l| &l.path[..l.path.len() - 1])
+}
+
+/// Why the installed logger logs where it does (0 if none is installed).
+pub fn target() -> u32 {
+    LOGGER.get().map_or(0, |l| l.target)
 }
 
 impl FileLogger {

@@ -384,6 +384,34 @@ pub struct Decision {
     pub send_buf: u32,
     /// Line of the rule that decided, if one did.
     pub rule_line: Option<u32>,
+    /// The `RSOCK_EXCLUDE` entry (counted from 1) that named the service address, if one did.
+    pub exclude: Option<u32>,
+    /// `RSOCK_RDMA=0` turned `rdma` into `tcp`.
+    pub rdma_off: bool,
+}
+
+impl Decision {
+    /// What decided, as a connection's cause: counted as `excluded` or `rule` where it keeps
+    /// the connection off RDMA, except a passthrough by a rule (told not to try, no fallback).
+    pub fn cause(&self) -> crate::stats::Cause {
+        use crate::stats::{Cause, Detail, Fallback};
+        if let Some(n) = self.exclude {
+            return Cause::new(Fallback::Excluded, Detail::Exclude(n));
+        }
+        if self.rdma_off {
+            return Cause::new(Fallback::Rule, Detail::RdmaOff(self.rule_line));
+        }
+        let Some(line) = self.rule_line else {
+            return Cause::NONE;
+        };
+        match self.action {
+            Action::Tcp => Cause::new(Fallback::Rule, Detail::Rule(line)),
+            Action::Rdma | Action::Passthrough => Cause {
+                reason: None,
+                detail: Detail::Rule(line),
+            },
+        }
+    }
 }
 
 #[cfg(test)]

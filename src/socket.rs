@@ -14,7 +14,7 @@
 
 use crate::engine::{Listener, Stream};
 use crate::fdtable::TableRefs;
-use crate::stats::{self, Fallback, Path, SlotHandle};
+use crate::stats::{self, Cause, Detail, Fallback, Path, SlotHandle};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 
@@ -106,7 +106,7 @@ pub struct Pending {
     /// Path it will count on.
     pub path: Path,
     /// Why it is on that path.
-    pub reason: Option<Fallback>,
+    pub cause: Cause,
     /// Raw destination address.
     pub peer: [u8; 28],
 }
@@ -130,9 +130,10 @@ pub struct Socket {
     /// The program polled this socket or put it in an epoll set: its doorbell must follow
     /// every readiness change (see `Stream::watch`).
     watched: std::sync::atomic::AtomicBool,
-    /// A listener on kernel TCP only: why not RDMA too, as a [`Fallback`] (u32::MAX: none);
+    /// A listener on kernel TCP only: why not RDMA too, as a [`Fallback`] (u32::MAX: none)
+    /// in the low half and its [`Detail`]'s first word in the high half;
     /// the connections it accepts are counted with it.
-    tcp_only: AtomicU32,
+    tcp_only: AtomicU64,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -150,7 +151,7 @@ impl Socket {
             epoll: ForkMutex::new(Vec::new()),
             blocking_accept: std::sync::atomic::AtomicBool::new(false),
             watched: std::sync::atomic::AtomicBool::new(false),
-            tcp_only: AtomicU32::new(u32::MAX),
+            tcp_only: AtomicU64::new(u32::MAX as u64),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -165,7 +166,7 @@ impl Socket {
         self.slot.store(0, Relaxed);
         self.blocking_accept.store(false, Relaxed);
         self.watched.store(false, Relaxed);
-        self.tcp_only.store(u32::MAX, Relaxed);
+        self.tcp_only.store(u32::MAX as u64, Relaxed);
     }
 
     /// In a fork child (single-threaded, in the `pthread_atfork` handler): a lock that a
@@ -354,19 +355,22 @@ impl Socket {
         fd: i32,
         state: State,
         path: Path,
-        reason: Option<Fallback>,
+        cause: Cause,
         local: &[u8],
         peer: &[u8],
     ) {
         self.path.store(path as u32, Relaxed);
         self.set_state(state);
-        let h = stats::open_conn(fd, path, reason, local, peer);
+        let h = stats::open_conn(fd, path, cause, local, peer);
         self.slot.store(h.0, Release);
     }
 
     /// Records that this listener is on kernel TCP only, and why.
-    pub fn set_tcp_only(&self, why: Fallback) {
-        self.tcp_only.store(why as u32, Relaxed);
+    pub fn set_tcp_only(&self, why: Cause) {
+        let reason = why.reason.map_or(u32::MAX, |r| r as u32);
+        let (detail, _) = why.detail.encode(); // a listener's failures come with no event
+        self.tcp_only
+            .store((detail as u64) << 32 | reason as u64, Relaxed);
     }
 
     /// Records that the socket now listens at `fd` (its kernel TCP only reason set first),
@@ -377,10 +381,10 @@ impl Socket {
     }
 
     /// Why this listener is on kernel TCP only, if it is.
-    pub fn tcp_only(&self) -> Option<Fallback> {
-        Fallback::ALL
-            .get(self.tcp_only.load(Relaxed) as usize)
-            .copied()
+    pub fn tcp_only(&self) -> Option<Cause> {
+        let w = self.tcp_only.load(Relaxed);
+        let reason = Fallback::ALL.get(w as u32 as usize).copied()?;
+        Some(Cause::new(reason, Detail::decode((w >> 32) as u32, 0)))
     }
 
     /// Counts bytes sent by a successful call returning `n`.

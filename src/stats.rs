@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x05";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x06";
 
 /// The layout version: the last byte of [`MAGIC`].
 pub const VERSION: u8 = MAGIC[7];
@@ -165,6 +165,21 @@ pub struct Header {
     pub comm: [u8; 32],
     /// Process-wide counters.
     pub counters: Counters,
+    /// The log level asked for from outside (`rsock log`) and the one in force.
+    pub log: LogControl,
+}
+
+/// A log level change asked of a running process, and its answer (see [`control`]).
+#[repr(C)]
+pub struct LogControl {
+    /// Asked for by `rsock log`: a level (`log::LevelFilter` as usize) + 1; 0: nothing asked.
+    pub request: AtomicU32,
+    /// In force: level + 1 (0 before the process first looked).
+    pub level: AtomicU32,
+    /// Where the log goes: [`control::LOG_NOWHERE`], `LOG_RSOCK_LOG` or `LOG_STATS_DIR`.
+    pub target: AtomicU32,
+    /// Padding to keep the header a multiple of 8.
+    pub _pad: u32,
 }
 
 /// What a [`ConnSlot`] holds.
@@ -191,6 +206,10 @@ pub struct ConnSlot {
     pub local: [u8; 28],
     /// Peer address, same encoding.
     pub peer: [u8; 28],
+    /// The [`Detail`] of the slot's cause, first word (see [`Detail::encode`]).
+    pub detail: AtomicU32,
+    /// Its second word: the rdma_cm event.
+    pub event: AtomicU32,
     /// Padding to keep the counters aligned.
     pub _pad: u32,
     /// Bytes sent.
@@ -325,6 +344,7 @@ fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
         ptr::addr_of_mut!((*h).start_sec).write(process_start_sec());
         ptr::addr_of_mut!((*h).start_ticks).write(start_ticks);
         ptr::addr_of_mut!((*h).comm).write(comm);
+        control::init(&(*h).log);
         std::sync::atomic::fence(Release);
         ptr::addr_of_mut!((*h).magic).write(MAGIC); // last: readers skip half-made files
     }
@@ -418,6 +438,7 @@ pub fn count_growth(ring: bool) {
 #[inline]
 pub fn touch() {
     let _ = region();
+    control::poll();
 }
 
 /// Counts a connect that failed with `errno` (`refused` for `ECONNREFUSED`).
@@ -432,27 +453,24 @@ pub fn count_connect_failed(errno: i32) {
     }
 }
 
-/// Counts a new connection on `path` (with `reason` for fallbacks) and claims a slot for it.
-pub fn open_conn(
-    fd: i32,
-    path: Path,
-    reason: Option<Fallback>,
-    local: &[u8],
-    peer: &[u8],
-) -> SlotHandle {
+/// Counts a new connection on `path` (with its cause's reason, for fallbacks) and claims a
+/// slot for it.
+pub fn open_conn(fd: i32, path: Path, cause: Cause, local: &[u8], peer: &[u8]) -> SlotHandle {
+    control::poll();
     let Some(h) = region() else {
         return SlotHandle(0);
     };
     h.counters.conns[path as usize].fetch_add(1, Relaxed);
-    if let Some(r) = reason {
+    if let Some(r) = cause.reason {
         h.counters.fallback[r as usize].fetch_add(1, Relaxed);
     }
-    claim(h, SLOT_CONN, fd, path, reason, local, peer)
+    claim(h, SLOT_CONN, fd, path, cause, local, peer)
 }
 
 /// Counts a new listener and claims a slot for it: `rdma` for a dual listener, else kernel
 /// TCP only because of `tcp_only`.
-pub fn open_listener(fd: i32, tcp_only: Option<Fallback>, local: &[u8]) -> SlotHandle {
+pub fn open_listener(fd: i32, tcp_only: Option<Cause>, local: &[u8]) -> SlotHandle {
+    control::poll();
     let Some(h) = region() else {
         return SlotHandle(0);
     };
@@ -462,7 +480,8 @@ pub fn open_listener(fd: i32, tcp_only: Option<Fallback>, local: &[u8]) -> SlotH
     } else {
         Path::Rdma
     };
-    claim(h, SLOT_LISTENER, fd, path, tcp_only, local, &[])
+    let cause = tcp_only.unwrap_or(Cause::NONE);
+    claim(h, SLOT_LISTENER, fd, path, cause, local, &[])
 }
 
 fn claim(
@@ -470,7 +489,7 @@ fn claim(
     kind: u32,
     fd: i32,
     path: Path,
-    reason: Option<Fallback>,
+    cause: Cause,
     local: &[u8],
     peer: &[u8],
 ) -> SlotHandle {
@@ -487,7 +506,10 @@ fn claim(
             s.fd.store(fd, Relaxed);
             s.path.store(path as u32, Relaxed);
             s.reason
-                .store(reason.map_or(u32::MAX, |r| r as u32), Relaxed);
+                .store(cause.reason.map_or(u32::MAX, |r| r as u32), Relaxed);
+            let (detail, event) = cause.detail.encode();
+            s.detail.store(detail, Relaxed);
+            s.event.store(event, Relaxed);
             s.tx.store(0, Relaxed);
             s.rx.store(0, Relaxed);
             // SAFETY: we own the slot while seq is odd; readers retry on odd seq.
@@ -518,6 +540,7 @@ pub fn set_fd(h: SlotHandle, fd: i32) {
 
 /// Releases a connection's or listener's slot.
 pub fn close_conn(h: SlotHandle) {
+    control::poll();
     if let Some(s) = h.slot() {
         s.seq.store(0, Release);
     }
@@ -545,7 +568,10 @@ pub fn add_rx(path: Path, h: SlotHandle, n: usize) {
     }
 }
 
+mod cause;
+pub mod control;
 pub mod read;
+pub use cause::{Cause, CmCode, Detail};
 
 #[cfg(test)]
 mod tests {
@@ -553,7 +579,7 @@ mod tests {
 
     #[test]
     fn slots_keep_their_counters_aligned() {
-        assert_eq!(std::mem::size_of::<ConnSlot>(), 96);
+        assert_eq!(std::mem::size_of::<ConnSlot>(), 104);
         assert_eq!(std::mem::size_of::<Header>() % 8, 0);
     }
 

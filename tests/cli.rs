@@ -655,7 +655,9 @@ fn f_a_listener_shows_from_its_first_socket() {
     let o = stat_in(&dir, &["--json"]);
     assert!(
         stdout(&o).contains("\"listens\":1,")
-            && stdout(&o).contains(",\"rdma\":false,\"tcp_only\":\"excluded\"}]"),
+            && stdout(&o).contains(
+                ",\"rdma\":false,\"tcp_only\":\"excluded\",\"detail\":\"RSOCK_EXCLUDE entry 1\"}]"
+            ),
         "{}",
         stdout(&o)
     );
@@ -796,7 +798,10 @@ fn h_log_lines_start_with_an_rfc3339_time() {
     );
     held.finish();
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("over kernel TCP (excluded)"), "{text}");
+    assert!(
+        text.contains("over kernel TCP (excluded: RSOCK_EXCLUDE entry 1)"),
+        "{text}"
+    );
     for line in text.lines() {
         let (time, rest) = line.split_once(' ').unwrap();
         assert!(rest.starts_with("rsock["), "{line}");

@@ -20,7 +20,7 @@ use crate::engine::relay::Relayed;
 use crate::engine::{Inherited, Listener, Stream, TakeError};
 use crate::fdtable;
 use crate::socket::{Attachment, Socket, State};
-use crate::stats::Path;
+use crate::stats::{Cause, Path};
 use crate::sys::raw::{self, set_errno};
 use crate::sys::{real, sockaddr as saddr, unix};
 use libc::{c_int, sockaddr, socklen_t};
@@ -246,7 +246,7 @@ fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     if end.is_some() {
         let (local, _) = saddr::encode(&st.local);
         let (peer, _) = saddr::encode(&st.peer);
-        s.established(first, State::Rdma, Path::Rdma, None, &local, &peer);
+        s.established(first, State::Rdma, Path::Rdma, Cause::NONE, &local, &peer);
         log::debug!(
             "fd {first}: rdma stream to {} adopted from pid {} (relayed)",
             st.peer,
@@ -531,7 +531,7 @@ fn attach_rdma(nfd: c_int, r: &Reply, ends: ipc::Ends, nonblock: bool) {
     let (p, _) = saddr::encode(&peer);
     track(nfd, |s| {
         s.attach(attachment);
-        s.established(nfd, State::Rdma, Path::Rdma, None, &l, &p);
+        s.established(nfd, State::Rdma, Path::Rdma, Cause::NONE, &l, &p);
     });
 }
 

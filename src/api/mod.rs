@@ -32,7 +32,7 @@ use crate::guard;
 use crate::init;
 use crate::rules::{Action, Role};
 use crate::socket::{Attachment, Pending, State};
-use crate::stats::{Fallback, Path};
+use crate::stats::{Cause, Fallback, Path};
 use crate::sys::raw::{self, errno, set_errno};
 use crate::sys::real;
 use crate::sys::sockaddr as saddr;
@@ -116,12 +116,12 @@ fn buf_sizes(d: &crate::rules::Decision) -> engine::BufSizes {
 }
 
 /// Why a connection goes to kernel TCP when no engine could be had.
-fn no_engine_reason() -> Fallback {
-    if init::rdma_device_present() {
+fn no_engine_reason() -> Cause {
+    Cause::from(if init::rdma_device_present() {
         Fallback::RdmaUnavailable
     } else {
         Fallback::NoDevice
-    }
+    })
 }
 
 /// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
@@ -145,28 +145,29 @@ fn connect_rdma(
     fd: c_int,
     dest: SocketAddr,
     sizes: engine::BufSizes,
-) -> Result<(), Fallback> {
+    cause: Cause,
+) -> Result<(), Cause> {
     // A connect the kernel refuses (the wrong family, or a v6-only socket to an IPv4-mapped
     // address) is the kernel's to answer, with its errno.
     if !saddr::family_of(fd).is_some_and(|(v6, only)| crate::addr::connect_allowed(v6, only, dest))
     {
-        return Err(Fallback::Unsupported);
+        return Err(Fallback::Unsupported.into());
     }
     let engine = engine::for_new().ok_or_else(no_engine_reason)?;
     let now = Instant::now();
     if engine.negcache.contains(&dest, now) {
-        return Err(Fallback::NegativeCache);
+        return Err(Fallback::NegativeCache.into());
     }
     // SAFETY: duplicating the program's socket; the copy keeps its options.
     let opts_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
     if opts_fd < 0 {
-        return Err(Fallback::Resources);
+        return Err(Cause::errno(Fallback::Resources, errno()));
     }
     let stream = match engine.connect(dest, opts_fd, sizes) {
         Ok(st) => st,
         Err(why) => {
             crate::sys::raw::close(opts_fd);
-            if !matches!(why, Fallback::Resources) {
+            if why.reason != Some(Fallback::Resources) {
                 engine.negcache.insert(dest, now, engine.neg_ttl());
             }
             return Err(why);
@@ -182,13 +183,16 @@ fn connect_rdma(
         log::warn!("fd {fd}: cannot install the RDMA doorbell ({e}); using kernel TCP");
         stream.app_closed(true);
         engine.retire(stream);
-        return Err(Fallback::Resources);
+        return Err(Cause::errno(
+            Fallback::Resources,
+            e.raw_os_error().unwrap_or(0),
+        ));
     }
     engine.negcache.remove(&dest);
     let (local, _) = saddr::encode(&stream.local);
     let (peer, _) = saddr::encode(&stream.peer);
     s.attach(Attachment::Stream(stream));
-    s.established(fd, State::Rdma, Path::Rdma, None, &local, &peer);
+    s.established(fd, State::Rdma, Path::Rdma, cause, &local, &peer);
     log::debug!("fd {fd}: connected to {dest} over RDMA");
     Ok(())
 }
@@ -210,20 +214,19 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if !s.transition(State::Created, State::Connecting) {
         return connect_again(&s, fd, addr, len);
     }
-    let cfg = Config::get();
-    let decision = cfg.decide(Role::Client, None, Some(dest));
-    let (action, sizes) = (decision.action, buf_sizes(&decision));
+    let decision = Config::get().decide(Role::Client, None, Some(dest));
+    let (action, sizes, decided) = (decision.action, buf_sizes(&decision), decision.cause());
     // Passthrough by RSOCK_EXCLUDE is counted as `excluded`; without an engine (no device)
     // on path `tcp`, as every connection there.
-    let excluded = action == Action::Passthrough && cfg.excludes(&dest);
-    let (path, reason) = if action == Action::Tcp {
-        (Path::Tcp, Some(Fallback::Rule)) // never tries RDMA, so never starts the engine
+    let excluded = decision.exclude.is_some();
+    let (path, cause) = if action == Action::Tcp {
+        (Path::Tcp, decided) // never tries RDMA, so never starts the engine
     } else if action == Action::Passthrough && engine::get().is_some() {
-        (Path::Passthrough, excluded.then_some(Fallback::Excluded))
+        (Path::Passthrough, decided)
     } else if excluded {
-        (Path::Tcp, Some(Fallback::Excluded))
+        (Path::Tcp, decided)
     } else {
-        match keep_errno(|| connect_rdma(&s, fd, dest, sizes)) {
+        match keep_errno(|| connect_rdma(&s, fd, dest, sizes, decided)) {
             Ok(()) => {
                 if fd_flags(fd).0 {
                     set_errno(libc::EINPROGRESS); // completes at once: writable, SO_ERROR 0
@@ -231,25 +234,29 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
                 }
                 return 0;
             }
-            Err(why) => (Path::Tcp, Some(why)),
+            Err(why) => (Path::Tcp, why),
         }
     };
     let r = real::connect(fd, addr, len);
     let e = errno();
     log::debug!(
         "fd {fd}: connect to {dest} over kernel TCP ({})",
-        reason.map_or("passthrough", |r| r.name())
+        if cause == Cause::NONE {
+            "passthrough".to_string()
+        } else {
+            cause.to_string()
+        }
     );
     if r == 0 {
         let local = local_addr(fd);
-        s.established(fd, State::Tcp, path, reason, &local, addr_bytes(addr, len));
+        s.established(fd, State::Tcp, path, cause, &local, addr_bytes(addr, len));
     } else if e == libc::EINPROGRESS || e == libc::EINTR {
         // Goes on in the background (EINTR: a blocking connect, likewise). Counted once it is
         // known to have succeeded: SO_ERROR 0, a peer name, a connect saying EISCONN, or data.
         let mut peer = [0u8; 28];
         let raw = addr_bytes(addr, len);
         peer[..raw.len().min(28)].copy_from_slice(&raw[..raw.len().min(28)]);
-        s.set_pending(Pending { path, reason, peer });
+        s.set_pending(Pending { path, cause, peer });
     } else {
         s.set_state(State::Created); // failed: the program may retry on the same socket
         crate::stats::count_connect_failed(e);
@@ -264,7 +271,7 @@ pub(super) fn resolve_pending(s: &crate::socket::Socket, fd: c_int, ok: bool) {
     let Some(p) = s.take_pending() else { return };
     if ok {
         let local = local_addr(fd);
-        s.established(fd, State::Tcp, p.path, p.reason, &local, &p.peer);
+        s.established(fd, State::Tcp, p.path, p.cause, &local, &p.peer);
     } else {
         s.set_state(State::Created);
     }
@@ -357,7 +364,7 @@ fn start_dual(
             }
             Err(e) => {
                 log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}");
-                s.set_tcp_only(Fallback::RdmaUnavailable);
+                s.set_tcp_only(Fallback::RdmaUnavailable.into());
             }
         }
     });
@@ -368,26 +375,26 @@ fn start_dual(
 fn rdma_listen(
     fd: c_int,
     backlog: c_int,
-) -> Result<(&'static engine::Engine, SocketAddr, engine::RdmaListen), Fallback> {
+) -> Result<(&'static engine::Engine, SocketAddr, engine::RdmaListen), Cause> {
     let mut a = [0u8; 28];
     let mut alen = a.len() as socklen_t;
     // SAFETY: valid buffer of alen bytes.
     let local = unsafe {
         if real::getsockname(fd, a.as_mut_ptr().cast(), &mut alen) != 0 {
-            return Err(Fallback::Unsupported);
+            return Err(Fallback::Unsupported.into());
         }
         saddr::read(a.as_ptr().cast(), alen).ok_or(Fallback::Unsupported)?
     };
-    let cfg = Config::get();
-    let decision = cfg.decide(Role::Server, Some(local), None);
-    match decision.action {
-        Action::Rdma => {}
-        Action::Passthrough if cfg.excludes(&local) => return Err(Fallback::Excluded),
-        Action::Passthrough | Action::Tcp => return Err(Fallback::Rule),
+    let decision = Config::get().decide(Role::Server, Some(local), None);
+    if decision.action != Action::Rdma {
+        // Counted as `excluded` or `rule` (also a passthrough rule: the listener is on TCP).
+        let c = decision.cause();
+        let reason = c.reason.unwrap_or(Fallback::Rule);
+        return Err(Cause::new(reason, c.detail));
     }
     let engine = engine::for_new().ok_or_else(no_engine_reason)?;
     if local.port() == 0 {
-        return Err(Fallback::Unsupported); // unbound: the kernel picks the port at listen
+        return Err(Fallback::Unsupported.into()); // unbound: the kernel picks the port at listen
     }
     let (_, v6only) = saddr::family_of(fd).ok_or(Fallback::Unsupported)?;
     let afonly = crate::addr::listen_afonly(local, v6only);
@@ -395,24 +402,24 @@ fn rdma_listen(
         Ok(rl) => Ok((engine, local, rl)),
         Err(e) => {
             log::info!("fd {fd}: listening on {local} over kernel TCP only: {e}");
-            Err(Fallback::RdmaUnavailable)
+            Err(Fallback::RdmaUnavailable.into())
         }
     }
 }
 
 /// Owns a kernel TCP socket just accepted on an owned listener; `tcp_only`: why that
 /// listener is on kernel TCP only, if it is.
-pub(super) fn track_accepted(nfd: c_int, tcp_only: Option<Fallback>) {
+pub(super) fn track_accepted(nfd: c_int, tcp_only: Option<Cause>) {
     let Some(_g) = guard::enter() else { return };
     keep_errno(|| {
         if !init::enabled() {
             return;
         }
         // A listener inherited from an owner with an engine also gets its TCP peers' way.
-        let reason = if let Some(why) = tcp_only {
+        let cause = if let Some(why) = tcp_only {
             why
         } else if !engine::is_owner_process() || engine::get().is_some() {
-            Fallback::PeerTcp // an inherited listener's owner had an engine: a plain peer
+            Fallback::PeerTcp.into() // an inherited listener's owner had an engine: a plain peer
         } else {
             no_engine_reason()
         };
@@ -427,7 +434,7 @@ pub(super) fn track_accepted(nfd: c_int, tcp_only: Option<Fallback>) {
         };
         let local = local_addr(nfd);
         track(nfd, |s| {
-            s.established(nfd, State::Tcp, Path::Tcp, Some(reason), &local, peer)
+            s.established(nfd, State::Tcp, Path::Tcp, cause, &local, peer)
         });
     });
 }
@@ -498,7 +505,7 @@ unsafe fn accept_dual(
             if (nfd as u32 as usize) < fdtable::MAX_FDS {
                 track(nfd, |s| {
                     s.attach(Attachment::Stream(stream.clone()));
-                    s.established(nfd, State::Rdma, Path::Rdma, None, &local, &peer);
+                    s.established(nfd, State::Rdma, Path::Rdma, Cause::NONE, &local, &peer);
                 });
             }
             nfd
@@ -541,7 +548,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // only peers that came over TCP.
     let tcp_only = listener
         .and_then(|s| s.tcp_only())
-        .filter(|w| matches!(w, Fallback::Excluded | Fallback::Rule));
+        .filter(|w| matches!(w.reason, Some(Fallback::Excluded | Fallback::Rule)));
     loop {
         let nfd = if flags == 0 {
             real::accept(fd, addr, len)

@@ -63,6 +63,7 @@ pub(super) fn run(engine: &'static Engine) {
                 _ => {}
             }
         }
+        crate::stats::control::poll(); // within a second of `rsock log`
         if watched {
             // The safety net for polled streams (see `WATCHED`); a try: never waits for a
             // program thread that is polling.

@@ -930,7 +930,7 @@ impl Engine {
         dest: std::net::SocketAddr,
         opts_fd: c_int,
         sizes: BufSizes,
-    ) -> Result<Arc<Stream>, crate::stats::Fallback> {
+    ) -> Result<Arc<Stream>, crate::stats::Cause> {
         setup::connect(self, dest, opts_fd, sizes)
     }
 

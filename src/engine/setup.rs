@@ -13,7 +13,7 @@ use crate::proto::{self, Hello, HelloError, HelloKind, Reject, RejectReason};
 use crate::rdma::{
     self, Access, CmEvent, ConnParam, Device, EventKind, Pd, QpCaps, Reason, RegBuf,
 };
-use crate::stats::Fallback;
+use crate::stats::{Cause, CmCode, Detail, Fallback};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,9 +49,10 @@ impl Steps {
     }
 }
 
-/// Why an active RDMA attempt failed, in the counters' terms.
-pub(super) fn fallback_of(e: &rdma::Error) -> Fallback {
-    match e.reason() {
+/// Why an active RDMA attempt failed, in the counters' terms, with its errno and rdma_cm
+/// event.
+pub(super) fn cause_of(e: &rdma::Error) -> Cause {
+    let reason = match e.reason() {
         Reason::NoRdma => Fallback::Unreachable,
         Reason::Rejected => Fallback::Rejected,
         Reason::Unreachable => Fallback::Unreachable,
@@ -59,7 +60,25 @@ pub(super) fn fallback_of(e: &rdma::Error) -> Fallback {
         Reason::Resources => Fallback::Resources,
         Reason::BadHandshake => Fallback::BadHandshake,
         Reason::Disconnected | Reason::Other => Fallback::Unreachable,
-    }
+    };
+    let event = e.event().map(|(kind, status)| CmCode { kind, status });
+    Cause::new(
+        reason,
+        Detail::Failed {
+            errno: e.errno(),
+            event,
+        },
+    )
+}
+
+/// The cause of a connect answered by `ev` with `reason`.
+fn cause_of_event(reason: Fallback, ev: &rdma::CmEvent) -> Cause {
+    let errno = if ev.status < 0 { -ev.status } else { 0 };
+    let event = Some(CmCode {
+        kind: ev.raw_kind(),
+        status: ev.status,
+    });
+    Cause::new(reason, Detail::Failed { errno, event })
 }
 
 /// The connection's own PD, its registered ring and send buffer, and the protocol config
@@ -217,14 +236,14 @@ pub(super) fn connect(
     dest: SocketAddr,
     opts_fd: libc::c_int,
     sizes: BufSizes,
-) -> Result<Arc<Stream>, Fallback> {
+) -> Result<Arc<Stream>, Cause> {
     let mut steps = Steps::start();
     let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let token = engine.token();
     let fail = |e: rdma::Error| {
         log::info!("rdma connect to {dest}: {e}");
-        fallback_of(&e)
+        cause_of(&e)
     };
     // A socket the program bound first keeps its local address (and port, if it chose one).
     let src = bound_addr(opts_fd);
@@ -241,7 +260,7 @@ pub(super) fn connect(
     let _held = engine.hold_qp(rc.qp_num());
     let bell = super::stream::fresh_bell().map_err(|e| {
         log::info!("rdma connect to {dest}: doorbell: {e}");
-        Fallback::Resources
+        Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
     })?;
     let conn_id = crate::sys::unix::random_u64();
     let ours = hello(&m, HelloKind::Connect, conn_id);
@@ -256,7 +275,7 @@ pub(super) fn connect(
         Ok(Some(ev)) => ev,
         Ok(None) => {
             log::info!("rdma connect to {dest}: no answer in {timeout:?}");
-            return Err(Fallback::Timeout);
+            return Err(Cause::errno(Fallback::Timeout, libc::ETIMEDOUT));
         }
         Err(e) => return Err(fail(e)),
     };
@@ -265,7 +284,7 @@ pub(super) fn connect(
         Ok(h) => h,
         Err(why) => {
             log::info!("rdma connect to {dest}: {why:?} ({})", ev.name());
-            return Err(why);
+            return Err(cause_of_event(why, &ev));
         }
     };
     // Both in the program's family (the id was resolved with it): `getsockname` and
@@ -274,7 +293,7 @@ pub(super) fn connect(
     let dest = crate::addr::seen(dest, dest.is_ipv6());
     let conn = proto::Conn::new(&m.cfg, &peer).map_err(|e| {
         log::info!("rdma connect to {dest}: peer hello unusable: {e}");
-        Fallback::BadHandshake
+        Cause::from(Fallback::BadHandshake)
     })?;
     rc.id_mut().migrate(&engine.ch).map_err(fail)?;
     let parts = Parts {
@@ -291,7 +310,7 @@ pub(super) fn connect(
     };
     let s = Stream::new(parts, d, engine.spin_max(), engine.owner).map_err(|e| {
         log::warn!("rdma connect to {dest}: doorbell: {e}");
-        Fallback::Resources
+        Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
     })?;
     engine.register(&s);
     engine.ensure_helper();

@@ -284,14 +284,23 @@ impl CmEvent {
 
     /// librdmacm's name for the event
     pub fn name(&self) -> &'static str {
-        match self.kind {
-            EventKind::Other(t) => ffi::event_str(t),
-            k => ffi::event_str(kind_to_raw(k)),
-        }
+        ffi::event_str(self.raw_kind())
     }
 
     /// The error this event means for a connection attempt at step `op`
     pub fn to_error(&self, op: &'static str) -> Error {
+        self.error_kind(op).with_event(self.raw_kind(), self.status)
+    }
+
+    /// This event's `rdma_cm_event_type`
+    pub fn raw_kind(&self) -> ev::Type {
+        match self.kind {
+            EventKind::Other(t) => t,
+            k => kind_to_raw(k),
+        }
+    }
+
+    fn error_kind(&self, op: &'static str) -> Error {
         let neg = if self.status < 0 { -self.status } else { 0 };
         match self.kind {
             EventKind::Rejected => Error::new(op, libc::ECONNREFUSED, Reason::Rejected),

@@ -71,6 +71,8 @@ pub struct Error {
     op: &'static str,
     errno: i32,
     reason: Reason,
+    /// The rdma_cm event that reported it: (`rdma_cm_event_type`, status).
+    event: Option<(u32, i32)>,
 }
 
 /// Result of the RDMA layer
@@ -79,7 +81,12 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// An error with an explicit reason
     pub fn new(op: &'static str, errno: i32, reason: Reason) -> Error {
-        Error { op, errno, reason }
+        Error {
+            op,
+            errno,
+            reason,
+            event: None,
+        }
     }
 
     /// An error from an errno, with the reason [`Reason::from_errno`] gives
@@ -88,6 +95,7 @@ impl Error {
             op,
             errno,
             reason: Reason::from_errno(errno),
+            event: None,
         }
     }
 
@@ -129,6 +137,17 @@ impl Error {
     /// The fallback reason the shim counts
     pub fn reason(&self) -> Reason {
         self.reason
+    }
+
+    /// The rdma_cm event that reported it: (`rdma_cm_event_type`, status)
+    pub fn event(&self) -> Option<(u32, i32)> {
+        self.event
+    }
+
+    /// Same error, reported by rdma_cm event `kind` with `status`
+    pub fn with_event(mut self, kind: u32, status: i32) -> Error {
+        self.event = Some((kind, status));
+        self
     }
 
     /// Same error with another reason

@@ -4,7 +4,7 @@
 //! in place, so a copy is a consistent-enough snapshot (each counter is exact; counters are not
 //! mutually atomic). Slots being filled (odd `seq`) are skipped.
 
-use super::{region_len, ConnSlot, Fallback, Header, Path, MAGIC, PATHS, REASONS, VERSION};
+use super::{region_len, ConnSlot, Detail, Fallback, Header, Path, MAGIC, PATHS, REASONS, VERSION};
 use super::{SLOT_CONN, SLOT_LISTENER};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::atomic::Ordering::Relaxed;
@@ -43,6 +43,9 @@ pub struct Snapshot {
     pub connects_refused: u64,
     /// Connects that failed otherwise.
     pub connects_failed: u64,
+    /// The log level in force (`None`: not known yet) and where the log goes (see
+    /// [`super::control`]).
+    pub log: (Option<log::LevelFilter>, u32),
     /// Live connections with a slot.
     pub sockets: Vec<ConnSnapshot>,
     /// Live listeners with a slot.
@@ -56,6 +59,8 @@ pub struct ListenerSnapshot {
     pub fd: i32,
     /// Why it listens on kernel TCP only; `None`: on RDMA and kernel TCP.
     pub tcp_only: Option<Fallback>,
+    /// What exactly decided its path, where known.
+    pub detail: Detail,
     /// The listening address.
     pub local: Option<SocketAddr>,
 }
@@ -69,6 +74,9 @@ pub struct ConnSnapshot {
     pub path: Path,
     /// Why it is on TCP, if it is.
     pub reason: Option<Fallback>,
+    /// What exactly decided its path, where known (the errno and rdma_cm event of a failed
+    /// attempt, the rule's line, the `RSOCK_EXCLUDE` entry).
+    pub detail: Detail,
     /// Local address.
     pub local: Option<SocketAddr>,
     /// Peer address.
@@ -115,6 +123,10 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         listens: h.counters.listens.load(Relaxed),
         connects_refused: h.counters.connects_refused.load(Relaxed),
         connects_failed: h.counters.connects_failed.load(Relaxed),
+        log: (
+            super::control::decode(h.log.level.load(Relaxed)),
+            h.log.target.load(Relaxed),
+        ),
         sockets: Vec::new(),
         listeners: Vec::new(),
     };
@@ -134,12 +146,14 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
             continue;
         };
         let reason = Fallback::ALL.get(c.reason.load(Relaxed) as usize).copied();
+        let detail = Detail::decode(c.detail.load(Relaxed), c.event.load(Relaxed));
         match c.kind.load(Relaxed) {
             SLOT_CONN => {}
             SLOT_LISTENER => {
                 s.listeners.push(ListenerSnapshot {
                     fd: c.fd.load(Relaxed),
                     tcp_only: if path == Path::Rdma { None } else { reason },
+                    detail,
                     local: decode_addr(&c.local),
                 });
                 continue;
@@ -150,6 +164,7 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
             fd: c.fd.load(Relaxed),
             path,
             reason,
+            detail,
             local: decode_addr(&c.local),
             peer: decode_addr(&c.peer),
             tx: c.tx.load(Relaxed),
@@ -274,15 +289,20 @@ impl Snapshot {
             .map(|r| format!("\"{}\":{}", r.name(), self.fallback[*r as usize]))
             .collect();
         let addr = |a: Option<SocketAddr>| a.map_or("null".to_string(), |a| format!("\"{a}\""));
+        let detail = |d: Detail| match d {
+            Detail::None => "null".to_string(),
+            d => format!("\"{}\"", json_escape(&d.to_string())),
+        };
         let socks: Vec<String> = self
             .sockets
             .iter()
             .map(|c| {
                 format!(
-                    "{{\"fd\":{},\"path\":\"{}\",\"reason\":{},\"local\":{},\"peer\":{},\"tx\":{},\"rx\":{}}}",
+                    "{{\"fd\":{},\"path\":\"{}\",\"reason\":{},\"detail\":{},\"local\":{},\"peer\":{},\"tx\":{},\"rx\":{}}}",
                     c.fd,
                     c.path.name(),
                     c.reason.map_or("null".to_string(), |r| format!("\"{}\"", r.name())),
+                    detail(c.detail),
                     addr(c.local),
                     addr(c.peer),
                     c.tx,
@@ -295,17 +315,18 @@ impl Snapshot {
             .iter()
             .map(|l| {
                 format!(
-                    "{{\"fd\":{},\"local\":{},\"rdma\":{},\"tcp_only\":{}}}",
+                    "{{\"fd\":{},\"local\":{},\"rdma\":{},\"tcp_only\":{},\"detail\":{}}}",
                     l.fd,
                     addr(l.local),
                     l.tcp_only.is_none(),
                     l.tcp_only
-                        .map_or("null".to_string(), |r| format!("\"{}\"", r.name()))
+                        .map_or("null".to_string(), |r| format!("\"{}\"", r.name())),
+                    detail(l.detail)
                 )
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"sockets\":[{}],\"listeners\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -321,9 +342,39 @@ impl Snapshot {
             self.listens,
             self.connects_refused,
             self.connects_failed,
+            self.log_json(),
             socks.join(","),
             listeners.join(",")
         )
+    }
+}
+
+impl Snapshot {
+    /// Where the process logs, as `rsock stat` says it: "off", "info to RSOCK_LOG", ...
+    pub fn log_text(&self) -> String {
+        use super::control::{LOG_RSOCK_LOG, LOG_STATS_DIR};
+        match self.log {
+            (None, _) => "unknown".into(),
+            (Some(log::LevelFilter::Off), _) | (_, 0) => "off".into(),
+            (Some(l), LOG_RSOCK_LOG) => format!("{} to RSOCK_LOG", l.as_str().to_lowercase()),
+            (Some(l), LOG_STATS_DIR) => {
+                format!("{} to {}.log", l.as_str().to_lowercase(), self.pid)
+            }
+            (Some(l), _) => l.as_str().to_lowercase(),
+        }
+    }
+
+    fn log_json(&self) -> String {
+        use super::control::{LOG_RSOCK_LOG, LOG_STATS_DIR};
+        let level = self.log.0.map_or("null".to_string(), |l| {
+            format!("\"{}\"", l.as_str().to_lowercase())
+        });
+        let to = match self.log.1 {
+            LOG_RSOCK_LOG => "\"rsock_log\"",
+            LOG_STATS_DIR => "\"stats_dir\"",
+            _ => "null",
+        };
+        format!("{{\"level\":{level},\"to\":{to}}}")
     }
 }
 

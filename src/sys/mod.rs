@@ -1,7 +1,9 @@
 //! All FFI of the core: real libc entry points and raw syscalls that no hook can intercept.
 
 pub mod dl;
+mod errno;
 pub mod raw;
 pub mod real;
 pub mod sockaddr;
 pub mod unix;
+pub use errno::errno_name;

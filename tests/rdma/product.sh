@@ -112,7 +112,7 @@ cell_run_no_rdma() {
     soft expect_stats "$CELL_DIR/cli" cli -D SIZE="$SIZE" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' \
         'fallback.rule==1' 'tx.tcp==SIZE'
     soft expect_stats "$CELL_DIR/srv" srv -D SIZE="$SIZE" 'conns.tcp==1' 'fallback.peer_tcp==1' 'rx.tcp==SIZE'
-    grep -q 'over kernel TCP (rule)' cli.log || fail "cli.log has no 'over kernel TCP (rule)' line (--log-level debug)"
+    grep -q 'over kernel TCP (rule: RSOCK_RDMA=0)' cli.log || fail "cli.log has no 'over kernel TCP (rule: RSOCK_RDMA=0)' line (--log-level debug)"
     qps_released
 }
 

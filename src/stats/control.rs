@@ -1,0 +1,174 @@
+//! Changing a running process's log level from outside: `rsock log PID LEVEL`.
+//!
+//! The request is a word in the process's stats region ([`LogControl`]), which only its
+//! user (and root) can write. The shim looks at it at its slow points — a new socket,
+//! connection, listener or close, and the engine helper's tick — one relaxed load when
+//! nothing is asked, and answers in [`LogControl::level`]. A process started without
+//! `RSOCK_LOG` then logs to `<stats dir>/<pid>.log`. Rejected: a signal (the program may use
+//! any of them, and a handler could not take the logger's locks); a file the shim stats on
+//! every call (a syscall on the data path).
+
+use super::{Header, LogControl, MAGIC, REGION};
+use log::LevelFilter;
+use std::sync::atomic::Ordering::*;
+
+/// [`LogControl::target`]: not logging.
+pub const LOG_NOWHERE: u32 = 0;
+/// [`LogControl::target`]: logging to `RSOCK_LOG`.
+pub const LOG_RSOCK_LOG: u32 = 1;
+/// [`LogControl::target`]: logging to `<stats dir>/<pid>.log`, asked for by `rsock log`.
+pub const LOG_STATS_DIR: u32 = 2;
+
+/// The word for `level`: its index + 1.
+pub fn encode(level: LevelFilter) -> u32 {
+    level as u32 + 1
+}
+
+/// The level of a word; `None` for 0 or a value out of range.
+pub fn decode(word: u32) -> Option<LevelFilter> {
+    LevelFilter::iter().nth(word.checked_sub(1)? as usize)
+}
+
+/// The file a process logs to when `rsock log` turned its log on.
+pub fn log_file(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
+    dir.join(format!("{pid}.log"))
+}
+
+/// Fills a new region's answer: the level and target in force now.
+pub(super) fn init(log: &LogControl) {
+    let target = if crate::logger::installed().is_some() {
+        crate::logger::target()
+    } else {
+        LOG_NOWHERE
+    };
+    let level = if target == LOG_NOWHERE {
+        LevelFilter::Off
+    } else {
+        log::max_level()
+    };
+    log.target.store(target, Relaxed);
+    log.level.store(encode(level), Relaxed);
+}
+
+/// Applies a pending log level request, if there is one. Never makes the region.
+#[inline]
+pub fn poll() {
+    let p = REGION.load(Acquire);
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: once published the mapping lives until exit.
+    let h: &Header = unsafe { &*p };
+    let want = h.log.request.load(Relaxed);
+    if want != 0 && want != h.log.level.load(Relaxed) {
+        apply(h, want);
+    }
+}
+
+#[cold]
+fn apply(h: &Header, want: u32) {
+    let Some(level) = decode(want) else {
+        h.log.request.store(0, Relaxed); // garbage: not ours to guess at
+        return;
+    };
+    if level != LevelFilter::Off && crate::logger::installed().is_none() {
+        let cfg = crate::config::Config::get();
+        crate::logger::init_at(&log_file(&cfg.stats_dir, h.pid), LOG_STATS_DIR, level);
+    }
+    let target = if crate::logger::installed().is_some() {
+        crate::logger::target()
+    } else {
+        LOG_NOWHERE
+    };
+    let before = decode(h.log.level.load(Relaxed)).unwrap_or(LevelFilter::Off);
+    // Said at the higher of the two levels, so the change shows in the log either way.
+    log::set_max_level(level.max(before));
+    log::warn!("rsock log: level {before} -> {level} (asked by rsock log)");
+    log::set_max_level(level);
+    h.log.target.store(target, Relaxed);
+    h.log.level.store(want, Release);
+}
+
+/// What `rsock log` reads and writes: another process's [`LogControl`], mapped from its
+/// stats file.
+pub struct Remote {
+    map: *mut Header,
+    len: usize,
+}
+
+impl Remote {
+    /// Maps `<dir>/<pid>.stats` read-write. Fails with the open's error (EACCES: another
+    /// user's process), or EINVAL if the file is not a region of this layout for `pid`.
+    pub fn open(dir: &std::path::Path, pid: u32) -> std::io::Result<Remote> {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join(format!("{pid}.stats")))?;
+        let len = std::mem::size_of::<Header>();
+        if f.metadata()?.len() < len as u64 {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: mapping the header of a file we opened read-write, shared.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let r = Remote {
+            map: map.cast(),
+            len,
+        };
+        // SAFETY: mapped above, at least a header long.
+        let h = unsafe { &*r.map };
+        if h.magic != MAGIC || h.pid != pid {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(r)
+    }
+
+    fn log(&self) -> &LogControl {
+        // SAFETY: mapped for self's life.
+        unsafe { &(*self.map).log }
+    }
+
+    /// Asks the process for `level`.
+    pub fn request(&self, level: LevelFilter) {
+        self.log().request.store(encode(level), Release);
+    }
+
+    /// The level in force and where the log goes ([`LOG_NOWHERE`], ...).
+    pub fn current(&self) -> (Option<LevelFilter>, u32) {
+        let l = self.log();
+        (decode(l.level.load(Acquire)), l.target.load(Relaxed))
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(self.map.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_level_has_a_word() {
+        for l in LevelFilter::iter() {
+            assert_eq!(decode(encode(l)), Some(l));
+        }
+        assert_eq!(decode(0), None);
+        assert_eq!(decode(7), None);
+    }
+}
