@@ -5,6 +5,7 @@
 //! clock is passed in, so the logic is testable without sleeping. Bounded: when full, expired
 //! entries are dropped first, then the one closest to expiry.
 
+use crate::stats::Detail;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -13,10 +14,11 @@ use std::time::{Duration, Instant};
 /// Most destinations remembered at once.
 pub const CAPACITY: usize = 4096;
 
-/// Destinations that failed RDMA, with the time each stops being skipped.
+/// Destinations that failed RDMA, with the time each stops being skipped and what failed
+/// (shown with the connections it sends to TCP).
 #[derive(Debug, Default)]
 pub struct NegCache {
-    until: Mutex<HashMap<SocketAddr, Instant>>,
+    until: Mutex<HashMap<SocketAddr, (Instant, Detail)>>,
 }
 
 impl NegCache {
@@ -27,34 +29,40 @@ impl NegCache {
 
     /// Whether `dest` failed RDMA less than its time-to-live ago.
     pub fn contains(&self, dest: &SocketAddr, now: Instant) -> bool {
+        self.failure(dest, now).is_some()
+    }
+
+    /// How `dest` failed RDMA, if it did less than its time-to-live ago.
+    pub fn failure(&self, dest: &SocketAddr, now: Instant) -> Option<Detail> {
         let dest = &crate::addr::v4_of(*dest);
         let mut map = self.until.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(dest) {
-            Some(&t) if t > now => true,
+            Some(&(t, why)) if t > now => Some(why),
             Some(_) => {
                 map.remove(dest);
-                false
+                None
             }
-            None => false,
+            None => None,
         }
     }
 
-    /// Remembers that `dest` failed RDMA at `now`, for `ttl` (zero: not remembered).
-    pub fn insert(&self, dest: SocketAddr, now: Instant, ttl: Duration) {
+    /// Remembers that `dest` failed RDMA at `now` as `why` says, for `ttl` (zero: not
+    /// remembered).
+    pub fn insert(&self, dest: SocketAddr, now: Instant, ttl: Duration, why: Detail) {
         if ttl.is_zero() {
             return;
         }
         let dest = crate::addr::v4_of(dest);
         let mut map = self.until.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= CAPACITY && !map.contains_key(&dest) {
-            map.retain(|_, t| *t > now);
+            map.retain(|_, (t, _)| *t > now);
             if map.len() >= CAPACITY {
-                if let Some(oldest) = map.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k) {
+                if let Some(oldest) = map.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| *k) {
                     map.remove(&oldest);
                 }
             }
         }
-        map.insert(dest, now + ttl);
+        map.insert(dest, (now + ttl, why));
     }
 
     /// Forgets `dest` (after it served RDMA again).
@@ -91,7 +99,7 @@ mod tests {
         let t0 = Instant::now();
         let ttl = Duration::from_millis(100);
         assert!(!c.contains(&a("10.0.0.1:80"), t0));
-        c.insert(a("10.0.0.1:80"), t0, ttl);
+        c.insert(a("10.0.0.1:80"), t0, ttl, Detail::None);
         assert!(c.contains(&a("10.0.0.1:80"), t0 + Duration::from_millis(99)));
         assert!(!c.contains(&a("10.0.0.1:81"), t0), "keyed by port too");
         assert!(!c.contains(&a("10.0.0.1:80"), t0 + ttl));
@@ -99,12 +107,28 @@ mod tests {
     }
 
     #[test]
+    fn says_how_the_destination_failed() {
+        let c = NegCache::new();
+        let t0 = Instant::now();
+        let why = Detail::Failed {
+            errno: libc::ECONNREFUSED,
+            event: None,
+        };
+        c.insert(a("10.0.0.1:80"), t0, Duration::from_secs(1), why);
+        assert_eq!(c.failure(&a("10.0.0.1:80"), t0), Some(why));
+        assert_eq!(
+            c.failure(&a("10.0.0.1:80"), t0 + Duration::from_secs(1)),
+            None
+        );
+    }
+
+    #[test]
     fn zero_ttl_disables_and_remove_forgets() {
         let c = NegCache::new();
         let t0 = Instant::now();
-        c.insert(a("10.0.0.1:80"), t0, Duration::ZERO);
+        c.insert(a("10.0.0.1:80"), t0, Duration::ZERO, Detail::None);
         assert!(!c.contains(&a("10.0.0.1:80"), t0));
-        c.insert(a("10.0.0.1:80"), t0, Duration::from_secs(1));
+        c.insert(a("10.0.0.1:80"), t0, Duration::from_secs(1), Detail::None);
         c.remove(&a("10.0.0.1:80"));
         assert!(!c.contains(&a("10.0.0.1:80"), t0));
     }
@@ -113,7 +137,12 @@ mod tests {
     fn mapped_and_ipv4_are_one_destination() {
         let c = NegCache::new();
         let t0 = Instant::now();
-        c.insert(a("[::ffff:10.0.0.1]:80"), t0, Duration::from_secs(1));
+        c.insert(
+            a("[::ffff:10.0.0.1]:80"),
+            t0,
+            Duration::from_secs(1),
+            Detail::None,
+        );
         assert!(c.contains(&a("10.0.0.1:80"), t0));
         assert!(c.contains(&a("[::ffff:10.0.0.1]:80"), t0));
         assert!(
@@ -134,6 +163,7 @@ mod tests {
                 SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 1)),
                 t0,
                 ttl,
+                Detail::None,
             );
         }
         assert_eq!(c.len(), CAPACITY);
@@ -142,6 +172,7 @@ mod tests {
             a("10.9.9.9:1"),
             t0 + Duration::from_millis(5),
             Duration::from_secs(1),
+            Detail::None,
         );
         assert_eq!(c.len(), CAPACITY);
         assert!(c.contains(&a("10.9.9.9:1"), t0 + Duration::from_millis(5)));
@@ -150,6 +181,7 @@ mod tests {
             a("10.9.9.10:1"),
             t0 + Duration::from_millis(5),
             Duration::from_secs(9),
+            Detail::None,
         );
         assert_eq!(c.len(), CAPACITY);
         assert!(!c.contains(

@@ -155,8 +155,8 @@ fn connect_rdma(
     }
     let engine = engine::for_new().ok_or_else(no_engine_reason)?;
     let now = Instant::now();
-    if engine.negcache.contains(&dest, now) {
-        return Err(Fallback::NegativeCache.into());
+    if let Some(first) = engine.negcache.failure(&dest, now) {
+        return Err(Cause::new(Fallback::NegativeCache, first));
     }
     // SAFETY: duplicating the program's socket; the copy keeps its options.
     let opts_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
@@ -168,7 +168,9 @@ fn connect_rdma(
         Err(why) => {
             crate::sys::raw::close(opts_fd);
             if why.reason != Some(Fallback::Resources) {
-                engine.negcache.insert(dest, now, engine.neg_ttl());
+                engine
+                    .negcache
+                    .insert(dest, now, engine.neg_ttl(), why.detail);
             }
             return Err(why);
         }
