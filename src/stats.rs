@@ -178,8 +178,9 @@ pub struct LogControl {
     pub level: AtomicU32,
     /// Where the log goes: [`control::LOG_NOWHERE`], `LOG_RSOCK_LOG` or `LOG_STATS_DIR`.
     pub target: AtomicU32,
-    /// Padding to keep the header a multiple of 8.
-    pub _pad: u32,
+    /// With `LOG_STATS_DIR`: the pid in the log file's name (a forked child logs on into
+    /// its parent's file).
+    pub file_pid: AtomicU32,
 }
 
 /// What a [`ConnSlot`] holds.

@@ -10,7 +10,10 @@
 
 use super::{Header, LogControl, MAGIC, REGION};
 use log::LevelFilter;
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+/// The pid in the name of the log file `rsock log` made this process open (0: none).
+static FILE_PID: AtomicU32 = AtomicU32::new(0);
 
 /// [`LogControl::target`]: not logging.
 pub const LOG_NOWHERE: u32 = 0;
@@ -47,6 +50,7 @@ pub(super) fn init(log: &LogControl) {
         log::max_level()
     };
     log.target.store(target, Relaxed);
+    log.file_pid.store(FILE_PID.load(Relaxed), Relaxed);
     log.level.store(encode(level), Relaxed);
 }
 
@@ -74,6 +78,9 @@ fn apply(h: &Header, want: u32) {
     if level != LevelFilter::Off && crate::logger::installed().is_none() {
         let cfg = crate::config::Config::get();
         crate::logger::init_at(&log_file(&cfg.stats_dir, h.pid), LOG_STATS_DIR, level);
+        if crate::logger::target() == LOG_STATS_DIR {
+            FILE_PID.store(h.pid, Relaxed);
+        }
     }
     let target = if crate::logger::installed().is_some() {
         crate::logger::target()
@@ -86,6 +93,7 @@ fn apply(h: &Header, want: u32) {
     log::warn!("rsock log: level {before} -> {level} (asked by rsock log)");
     log::set_max_level(level);
     h.log.target.store(target, Relaxed);
+    h.log.file_pid.store(FILE_PID.load(Relaxed), Relaxed);
     h.log.level.store(want, Release);
 }
 
@@ -145,10 +153,15 @@ impl Remote {
         self.log().request.store(encode(level), Release);
     }
 
-    /// The level in force and where the log goes ([`LOG_NOWHERE`], ...).
-    pub fn current(&self) -> (Option<LevelFilter>, u32) {
+    /// The level in force, where the log goes ([`LOG_NOWHERE`], ...) and, for
+    /// [`LOG_STATS_DIR`], the pid in the file's name.
+    pub fn current(&self) -> (Option<LevelFilter>, u32, u32) {
         let l = self.log();
-        (decode(l.level.load(Acquire)), l.target.load(Relaxed))
+        (
+            decode(l.level.load(Acquire)),
+            l.target.load(Relaxed),
+            l.file_pid.load(Relaxed),
+        )
     }
 }
 

@@ -43,9 +43,9 @@ pub struct Snapshot {
     pub connects_refused: u64,
     /// Connects that failed otherwise.
     pub connects_failed: u64,
-    /// The log level in force (`None`: not known yet) and where the log goes (see
-    /// [`super::control`]).
-    pub log: (Option<log::LevelFilter>, u32),
+    /// The log level in force (`None`: not known yet), where the log goes and the pid in
+    /// its file's name (see [`super::control`]).
+    pub log: (Option<log::LevelFilter>, u32, u32),
     /// Live connections with a slot.
     pub sockets: Vec<ConnSnapshot>,
     /// Live listeners with a slot.
@@ -126,6 +126,7 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         log: (
             super::control::decode(h.log.level.load(Relaxed)),
             h.log.target.load(Relaxed),
+            h.log.file_pid.load(Relaxed),
         ),
         sockets: Vec::new(),
         listeners: Vec::new(),
@@ -354,13 +355,11 @@ impl Snapshot {
     pub fn log_text(&self) -> String {
         use super::control::{LOG_RSOCK_LOG, LOG_STATS_DIR};
         match self.log {
-            (None, _) => "unknown".into(),
-            (Some(log::LevelFilter::Off), _) | (_, 0) => "off".into(),
-            (Some(l), LOG_RSOCK_LOG) => format!("{} to RSOCK_LOG", l.as_str().to_lowercase()),
-            (Some(l), LOG_STATS_DIR) => {
-                format!("{} to {}.log", l.as_str().to_lowercase(), self.pid)
-            }
-            (Some(l), _) => l.as_str().to_lowercase(),
+            (None, ..) => "unknown".into(),
+            (Some(log::LevelFilter::Off), ..) | (_, 0, _) => "off".into(),
+            (Some(l), LOG_RSOCK_LOG, _) => format!("{} to RSOCK_LOG", l.as_str().to_lowercase()),
+            (Some(l), LOG_STATS_DIR, pid) => format!("{} to {pid}.log", l.as_str().to_lowercase()),
+            (Some(l), ..) => l.as_str().to_lowercase(),
         }
     }
 

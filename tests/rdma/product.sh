@@ -219,9 +219,58 @@ cell_check() {
     qps_released
 }
 
+# ---- what put each connection on its path, and a log level raised in a running process ----------
+
+# A client under rsock holds a connection to a plain server on the RDMA address: RDMA is
+# rejected (no rdma_cm listener) and `rsock stat` says so with the rdma_cm event. A server
+# under rsock started without a log gets one from `rsock log`, and logs the next accept there.
+cell_stat_causes() {
+    bg plain $T $NC -l "$A" "$PORT"
+    wait_listen "$PORT" 60 plain || fail "plain server did not listen"
+    mkfifo hold.fifo
+    sleep 300 > hold.fifo &
+    local holder=$!
+    rs cli; bg_in cli $T hold.fifo "${RS[@]}" -- $NC "$A" "$PORT"
+    wait_cond 60 "\"$T_BIN\" stat --dir \"$CELL_DIR/cli\" --json | grep -q '\"path\":\"tcp\"'" ||
+        fail "no tcp connection in the client's stats: $("$T_BIN" stat --dir "$CELL_DIR/cli" --json)"
+    "$T_BIN" stat --dir "$CELL_DIR/cli" > cli.stat
+    "$T_BIN" stat --dir "$CELL_DIR/cli" --json > cli.json
+    sed 's/^/#   /' cli.stat | grep ' fd ' | head -n 3
+    grep -qE '"reason":"rejected","detail":"rdma_cm REJECTED \(no RDMA listener[^"]*\), ECONNREFUSED"' cli.json ||
+        fail "the connection's cause is not rdma_cm REJECTED: $(cat cli.json)"
+    grep -qE "^    fd [0-9]+ +tcp +$A:[0-9]+ -> $A:$PORT .*rejected: rdma_cm REJECTED" cli.stat ||
+        fail "rsock stat does not show the cause: $(cat cli.stat)"
+    kill "$holder" 2>/dev/null
+    expect_status cli 0
+    expect_status plain 0
+
+    # No --log: the server logs nowhere until asked.
+    local dir=$CELL_DIR/srv
+    bg srv $T env RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
+        "$T_BIN" run -- $NC -l "$A" "$PORT2"
+    wait_listen "$PORT2" 60 srv || fail "server did not listen"
+    wait_rdma_listen "$PORT2" 60 || fail "no rdma_cm listener"
+    local pid
+    pid=$(pgrep -f "^$NC -l $A $PORT2\$" | head -n1)
+    [ -n "$pid" ] || fail "no server process"
+    "$T_BIN" log --dir "$dir" "$pid" > before.out 2>&1 || fail "rsock log PID: status $?: $(cat before.out)"
+    grep -q "log off" before.out || fail "a server without RSOCK_LOG does not say its log is off: $(cat before.out)"
+    "$T_BIN" log --dir "$dir" "$pid" debug > log.out 2>&1 || fail "rsock log PID debug: status $?: $(cat log.out)"
+    echo "# $(cat log.out)"
+    grep -q "debug to $dir/$pid.log" log.out || fail "rsock log did not say where the log goes: $(cat log.out)"
+    rs cli2; bg_in cli2 $T "$DATA" "${RS[@]}" -- $NC -N "$A" "$PORT2"
+    expect_status cli2 0
+    expect_status srv 0
+    soft expect_same_file "$DATA" srv.out
+    soft expect_stats "$dir" srv 'conns.rdma==1'
+    grep -q 'rsock log: level OFF -> DEBUG' "$dir/$pid.log" || fail "no level change line in $dir/$pid.log: $(head -c 400 "$dir/$pid.log")"
+    grep -qE 'DEBUG .*(accept|RDMA)' "$dir/$pid.log" || fail "no debug line about the accept in $dir/$pid.log: $(head -c 600 "$dir/$pid.log")"
+    qps_released
+}
+
 # ---- run -----------------------------------------------------------------------------------------
 
-CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check)
+CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes)
 selected() {
     local p
     [ -z "$PATTERN" ] && return 0

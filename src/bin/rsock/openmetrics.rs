@@ -167,7 +167,7 @@ mod tests {
             listens: 1,
             connects_refused: 3,
             connects_failed: 0,
-            log: (None, 0),
+            log: (None, 0, 0),
             sockets: Vec::new(),
             listeners: Vec::new(),
         }
