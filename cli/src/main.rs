@@ -7,21 +7,12 @@
 //! - `rsock rules [FILE]` checks a rules file the way the shim reads it.
 //! - `rsock check [HOST[:PORT]]` checks the device, memlock, and a peer over RDMA.
 
-// A binary's root looks for modules beside it (src/bin/), where cargo would take them for
-// binaries of their own: they live in src/bin/rsock/.
-#[path = "rsock/check.rs"]
 mod check;
-#[path = "rsock/explain.rs"]
 mod explain;
-#[path = "rsock/openmetrics.rs"]
 mod openmetrics;
-#[path = "rsock/out.rs"]
 mod out;
-#[path = "rsock/run.rs"]
 mod run;
-#[path = "rsock/stat.rs"]
 mod stat;
-#[path = "rsock/watch.rs"]
 mod watch;
 
 use out::outln;
