@@ -5,20 +5,13 @@
 //! HOST:PORT as any program would, and the shim's own counters say which path it took and
 //! why — the same reason `rsock stat` would show for a real program.
 
+use crate::args::CheckArgs;
 use crate::out::outln;
 use rsock_core::stats::read::Snapshot;
 use rsock_core::stats::{Fallback, Path};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
-
-pub const USAGE: &str = "usage: rsock check [HOST[:PORT]]
-Checks that this host can use RDMA: the shim, the RDMA devices and their ports, and the
-memlock limit. With HOST, also whether rdma_cm resolves HOST's address and route; with
-PORT, connects there the way a program under rsock would and says which path the
-connection took and why (over RDMA only if a server running under rsock listens there).
-HOST is the address (or name) of the peer's RDMA interface.
-Exit status: 0 if nothing failed (warnings allowed); 1 if a check failed; 2 for a usage error.";
 
 #[derive(Clone, Copy, PartialEq)]
 enum Verdict {
@@ -47,24 +40,8 @@ impl Report {
     }
 }
 
-pub fn main(args: &[String]) -> ExitCode {
-    let mut target: Option<&str> = None;
-    for a in args {
-        match a.as_str() {
-            "-h" | "--help" => {
-                outln!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            "__probe" => return probe(&args[1..]),
-            s if s.starts_with('-') => return usage(&format!("unknown option {s:?}")),
-            s if target.is_none() => target = Some(s),
-            s => return usage(&format!("unexpected argument {s:?}")),
-        }
-    }
-    let peer = match target.map(parse_target).transpose() {
-        Ok(p) => p,
-        Err(e) => return usage(&e),
-    };
+pub fn main(args: CheckArgs) -> ExitCode {
+    let peer = args.target;
     let mut r = Report { failed: false };
     let shim = check_shim(&mut r);
     check_devices(&mut r);
@@ -84,27 +61,21 @@ pub fn main(args: &[String]) -> ExitCode {
     }
 }
 
-fn usage(msg: &str) -> ExitCode {
-    eprintln!("rsock check: {msg}\n{USAGE}");
-    ExitCode::from(2)
-}
-
-/// "HOST", "HOST:PORT", "[V6]:PORT" or a bare IPv6 address.
-fn parse_target(s: &str) -> Result<(String, Option<u16>), String> {
+/// "HOST", "HOST:PORT", "[V6]:PORT" or a bare IPv6 address. (clap's value parser: its
+/// error is said after "invalid value 'S' for '[HOST[:PORT]]': ".)
+pub fn parse_target(s: &str) -> Result<(String, Option<u16>), String> {
     let port = |p: &str| {
         p.parse::<u16>()
             .ok()
             .filter(|&n| n > 0)
-            .ok_or_else(|| format!("{s:?}: PORT must be 1-65535"))
+            .ok_or_else(|| "PORT must be 1-65535".to_string())
     };
     if let Some(rest) = s.strip_prefix('[') {
-        let (host, tail) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("{s:?}: no closing ]"))?;
+        let (host, tail) = rest.split_once(']').ok_or("no closing ]")?;
         return match tail.strip_prefix(':') {
             Some(p) => Ok((host.to_string(), Some(port(p)?))),
             None if tail.is_empty() => Ok((host.to_string(), None)),
-            None => Err(format!("{s:?}: expected [HOST]:PORT")),
+            None => Err("expected [HOST]:PORT".into()),
         };
     }
     match s.rsplit_once(':') {
@@ -314,7 +285,9 @@ fn run_probe(
     let me = std::env::current_exe().map_err(|e| format!("cannot find rsock itself: {e}"))?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let status = Command::new(&me)
-        .args(["run", "--", &me.to_string_lossy(), "check", "__probe"])
+        .args(["run", "--"])
+        .arg(&me)
+        .args(["check", "__probe"])
         .arg(addr.to_string())
         .env("RSOCK_LIB", shim)
         .env("RSOCK_STATS_DIR", dir)
@@ -414,11 +387,9 @@ fn judge(s: &Snapshot) -> (Verdict, String, &'static str) {
     (v, found, todo)
 }
 
-/// The probe itself, run under the shim: one connect to ADDR, closed at once.
-fn probe(args: &[String]) -> ExitCode {
-    let Some(addr) = args.first().and_then(|a| a.parse::<SocketAddr>().ok()) else {
-        return usage("__probe needs ADDR:PORT");
-    };
+/// The probe itself (`rsock check __probe ADDR`, hidden), run under the shim: one connect to
+/// ADDR, closed at once.
+pub fn probe(addr: SocketAddr) -> ExitCode {
     // take_error (SO_ERROR) settles the connect for the shim's counters, as a program's
     // first read or write would.
     if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {

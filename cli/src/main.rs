@@ -6,96 +6,100 @@
 //!   per-process stats regions (see `rsock_core::stats`); `--watch` refreshes it live.
 //! - `rsock rules [FILE]` checks a rules file the way the shim reads it.
 //! - `rsock check [HOST[:PORT]]` checks the device, memlock, and a peer over RDMA.
+//! - `rsock completions SHELL` prints a shell completion script.
+//!
+//! The command line is defined once, with clap, in `args.rs`: parsing, `--help`, the man
+//! pages and the completions all come from there (`man.rs`).
 
+mod args;
 mod check;
 mod explain;
+mod man;
 mod openmetrics;
 mod out;
 mod run;
 mod stat;
 mod watch;
 
+use args::{Cli, Command};
+use clap::FromArgMatches as _;
 use out::outln;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage:
-  rsock run [OPTIONS] [--] PROGRAM [ARGS...]   run PROGRAM with librsock.so preloaded
-  rsock stat [OPTIONS] [PID...]                 counters of processes running with the shim
-  rsock rules [FILE]                            check a rules file (default: RSOCK_CONFIG or /etc/rsock.conf)
-  rsock rules --explain ADDR:PORT [--prog NAME] [--server] [FILE]
-                                                how the shim decides for one connection
-  rsock check [HOST[:PORT]]                     can this host use RDMA; does a server answer over it
-  rsock help [COMMAND]                          a command's usage (also rsock COMMAND --help)
-  rsock --version";
-
-const RULES_USAGE: &str = "usage: rsock rules [FILE]
-       rsock rules --explain ADDR:PORT [--prog NAME] [--server] [FILE]
-Prints each rule of FILE as the shim understands it, and every line it would ignore.
-FILE: RSOCK_CONFIG if set, else /etc/rsock.conf.
---explain: how the shim decides for a connect to ADDR:PORT (--server: a listener on it),
-step by step: RSOCK_EXCLUDE, the first rule that matches (--prog: for program NAME;
-without it rules with prog= do not match), RSOCK_RDMA — with this environment's RSOCK_*.
-Exit status: 0 if every line is a rule; 1 if a line would be ignored or FILE cannot be read;
-2 for a usage error.";
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rest = args.get(1..).unwrap_or(&[]);
-    match args.first().map(String::as_str) {
-        Some("run") => run::main(rest),
-        Some("stat") => stat::main(rest),
-        Some("rules") => rules(rest),
-        Some("check") => check::main(rest),
-        Some("help" | "-h" | "--help") => help(rest),
-        Some("-V" | "--version") => {
-            outln!("rsock {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
+    let argv = args::join_watch_interval(std::env::args_os().collect());
+    let matches = match args::parser().try_get_matches_from(argv) {
+        Ok(m) => m,
+        Err(e) => return clap_exit(&e),
+    };
+    // The hidden commands first: `Cli` does not know them.
+    match matches.subcommand() {
+        Some(("__man", m)) => return man::write_pages(m.get_one::<PathBuf>("dir").unwrap()),
+        Some(("check", m)) => {
+            if let Some(p) = m.subcommand_matches("__probe") {
+                return check::probe(*p.get_one("addr").unwrap());
+            }
         }
-        Some(a) if a.starts_with('-') => usage_error(&format!("unknown option {a:?}")),
-        Some(a) => usage_error(&format!("unknown command {a:?}")),
-        None => usage_error("no command given"),
+        _ => {}
+    }
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => return clap_exit(&e),
+    };
+    match cli.command {
+        Command::Run(a) => run::main(a),
+        Command::Stat(a) => stat::main(a),
+        Command::Rules(a) => rules(a),
+        Command::Check(a) => check::main(a),
+        Command::Completions(a) => man::completions(a.shell),
     }
 }
 
-fn usage_error(msg: &str) -> ExitCode {
-    eprintln!("rsock: {msg}\n{USAGE}");
-    ExitCode::from(2)
-}
-
-/// `rsock help [COMMAND]`: the usage of COMMAND, or of rsock.
-fn help(topic: &[String]) -> ExitCode {
-    let text = match topic.first().map(String::as_str) {
-        None | Some("help" | "-h" | "--help") => USAGE,
-        Some("run") => run::USAGE,
-        Some("stat") => stat::USAGE,
-        Some("rules") => RULES_USAGE,
-        Some("check") => check::USAGE,
-        Some(c) => return usage_error(&format!("unknown command {c:?}")),
-    };
-    outln!("{text}");
+/// What clap's error says, where it belongs: help and version on stdout (quietly ending if
+/// stdout is a closed pipe, as everything rsock prints there), errors on stderr with their
+/// status (2 for a usage error).
+fn clap_exit(e: &clap::Error) -> ExitCode {
+    if e.use_stderr() {
+        let _ = e.print();
+        return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+    }
+    out::print(format_args!("{}", e.render()));
     ExitCode::SUCCESS
 }
 
-fn rules_usage(msg: &str) -> ExitCode {
-    eprintln!("rsock rules: {msg}\n{RULES_USAGE}");
-    ExitCode::from(2)
+/// A usage error of `rsock COMMAND` found after parsing, said as clap says its own (the
+/// message, COMMAND's usage, a pointer to --help), status 2.
+pub fn usage_error(command: &str, msg: impl std::fmt::Display) -> ExitCode {
+    let mut cmd = args::parser();
+    cmd.build();
+    let e = match cmd.find_subcommand_mut(command) {
+        Some(sub) => sub.error(clap::error::ErrorKind::ValueValidation, msg),
+        None => cmd.error(clap::error::ErrorKind::ValueValidation, msg),
+    };
+    clap_exit(&e)
 }
 
 /// `rsock rules [FILE]`: prints each rule as the shim understands it, and every line it
-/// would ignore; exit status 1 if there is one.
-fn rules(args: &[String]) -> ExitCode {
+/// would ignore; exit status 1 if there is one. With `--explain`, the decision for one
+/// connection (explain.rs).
+fn rules(a: args::RulesArgs) -> ExitCode {
     use rsock_core::config::Config;
-    if args
-        .iter()
-        .any(|a| a == "--explain" || a.starts_with("--explain="))
-    {
-        return match explain_question(args) {
-            Ok(q) => explain::explain(&q),
-            Err(e) => rules_usage(&e),
-        };
+    if let Some(addr) = a.explain {
+        return explain::explain(&explain::Question {
+            addr,
+            prog: a.prog,
+            role: if a.server {
+                rsock_core::rules::Role::Server
+            } else {
+                rsock_core::rules::Role::Client
+            },
+            file: a.file,
+        });
     }
-    let path = match args {
-        [] => {
+    let path = match a.file {
+        Some(f) => f,
+        None => {
             match &Config::get().rules_path {
                 Some(p) => p.clone(),
                 None => {
@@ -104,13 +108,6 @@ fn rules(args: &[String]) -> ExitCode {
                 }
             }
         }
-        [h] if h == "-h" || h == "--help" => {
-            outln!("{RULES_USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        [f] if !f.starts_with('-') => std::path::PathBuf::from(f),
-        [o] => return rules_usage(&format!("unknown option {o:?}")),
-        _ => return rules_usage("one FILE at most"),
     };
     let mut c = Config {
         rules_path: Some(path.clone()),
@@ -135,45 +132,4 @@ fn rules(args: &[String]) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
-}
-
-/// The arguments of `rsock rules --explain`.
-fn explain_question(args: &[String]) -> Result<explain::Question, String> {
-    let mut addr = None;
-    let mut prog = None;
-    let mut role = rsock_core::rules::Role::Client;
-    let mut file = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (opt, inline) = match a.split_once('=') {
-            Some((o, v)) if o.starts_with("--") => (o, Some(v.to_string())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = |name: &str| {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match opt {
-            "--explain" => {
-                let v = value("--explain")?;
-                addr = Some(v.parse::<std::net::SocketAddr>().map_err(|_| {
-                    format!("--explain {v:?}: expected ADDR:PORT (IPv6: [ADDR]:PORT)")
-                })?);
-            }
-            "--prog" => prog = Some(value("--prog")?),
-            "--server" => role = rsock_core::rules::Role::Server,
-            "-h" | "--help" => return Err("--help takes no other arguments".into()),
-            o if o.starts_with('-') => return Err(format!("unknown option {o:?}")),
-            f if file.is_none() => file = Some(std::path::PathBuf::from(f)),
-            _ => return Err("one FILE at most".into()),
-        }
-    }
-    Ok(explain::Question {
-        addr: addr.ok_or("--explain needs ADDR:PORT")?,
-        prog,
-        role,
-        file,
-    })
 }

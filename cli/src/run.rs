@@ -2,7 +2,7 @@
 //! into `RSOCK_*` variables. It execs (no child process), so the program's exit status and
 //! signals are the caller's to see, unchanged.
 
-use crate::out::outln;
+use crate::args::RunArgs;
 use rsock_core::config::{Config, USING_DEFAULT};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -11,35 +11,17 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub const USAGE: &str = "usage: rsock run [OPTIONS] [--] PROGRAM [ARGS...]
-Runs PROGRAM with librsock.so preloaded (prepended to any LD_PRELOAD already set).
-  --log FILE         the shim's log file (RSOCK_LOG)
-  --log-level LEVEL  off, error, warn, info, debug or trace (RSOCK_LOG_LEVEL)
-  --exclude SPEC     destinations never tried over RDMA, e.g. 10.0.0.0/8,port=22 (RSOCK_EXCLUDE)
-  --config FILE      rules file (RSOCK_CONFIG); its bad lines are listed here too
-  --spin-us N        microseconds a blocking call polls before sleeping (RSOCK_SPIN_US)
-  --no-rdma          track connections but never try RDMA (RSOCK_RDMA=0)
-The shim is RSOCK_LIB if set; else the first librsock.so found next to this rsock binary,
-in ../lib/rsock/ from its directory, or in the library directory set at build time.
-Exit status: PROGRAM's own; 2 for a usage error; 126 when rsock refuses (no shim, a
-setuid/setgid/capability program, a bad --config file) or cannot execute PROGRAM; 127 when
-PROGRAM is not found.";
-
 const REFUSED: u8 = 126;
 const NOT_FOUND: u8 = 127;
+/// A usage error (said with the usage, as clap's own).
+const USAGE: u8 = 2;
 
-pub fn main(args: &[String]) -> ExitCode {
+pub fn main(args: RunArgs) -> ExitCode {
     match prepare(args) {
         Ok(cmd) => exec(cmd),
-        Err((0, _)) => {
-            outln!("{USAGE}");
-            ExitCode::SUCCESS
-        }
+        Err((USAGE, msg)) => crate::usage_error("run", msg),
         Err((code, msg)) => {
             eprintln!("rsock run: {msg}");
-            if code == 2 {
-                eprintln!("{USAGE}");
-            }
             ExitCode::from(code)
         }
     }
@@ -48,58 +30,38 @@ pub fn main(args: &[String]) -> ExitCode {
 /// What will be executed.
 struct Launch {
     program: PathBuf,
-    arg0: String,
-    args: Vec<String>,
+    arg0: OsString,
+    args: Vec<OsString>,
     env: Vec<(String, OsString)>,
 }
 
-fn prepare(args: &[String]) -> Result<Launch, (u8, String)> {
-    let usage = |m: String| (2, m);
+/// The options as `RSOCK_*` variables (their values were checked while parsing: see
+/// args.rs), PROGRAM found, the shim found.
+fn prepare(args: RunArgs) -> Result<Launch, (u8, String)> {
     let mut env: Vec<(String, OsString)> = Vec::new();
-    let mut it = args.iter();
-    let mut program = None;
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = |name: &str| match inline.clone().or_else(|| it.next().cloned()) {
-            Some(v) => Ok(v),
-            None => Err(usage(format!("{name} needs a value"))),
-        };
-        match flag {
-            "--" => {
-                program = it.next();
-                break;
-            }
-            "-h" | "--help" => return Err((0, String::new())),
-            "--log" => {
-                let log = log_file(&value(flag)?).map_err(usage)?;
-                env.push(("RSOCK_LOG".into(), log.into_os_string()))
-            }
-            "--log-level" => env.push(("RSOCK_LOG_LEVEL".into(), value(flag)?.into())),
-            "--exclude" => env.push(("RSOCK_EXCLUDE".into(), value(flag)?.into())),
-            "--config" => env.push((
-                "RSOCK_CONFIG".into(),
-                absolute(&value(flag)?).into_os_string(),
-            )),
-            "--spin-us" => env.push(("RSOCK_SPIN_US".into(), value(flag)?.into())),
-            "--no-rdma" if inline.is_none() => env.push(("RSOCK_RDMA".into(), "0".into())),
-            "--no-rdma" => return Err(usage(format!("{flag} takes no value"))),
-            f if f.starts_with('-') => return Err(usage(format!("unknown option {a:?}"))),
-            _ => {
-                program = Some(a);
-                break;
-            }
+    let mut set = |name: &str, v: Option<OsString>| {
+        if let Some(v) = v {
+            env.push((name.into(), v));
         }
-    }
-    let Some(program) = program else {
-        return Err(usage("no PROGRAM given".into()));
+    };
+    set("RSOCK_LOG", args.log.map(PathBuf::into_os_string));
+    set("RSOCK_LOG_LEVEL", args.log_level.map(OsString::from));
+    set("RSOCK_EXCLUDE", args.exclude.map(OsString::from));
+    set("RSOCK_CONFIG", args.config.map(PathBuf::into_os_string));
+    set("RSOCK_SPIN_US", args.spin_us.map(OsString::from));
+    set("RSOCK_RDMA", args.no_rdma.then(|| "0".into()));
+    let mut command = args.command.into_iter();
+    let Some(program) = command.next() else {
+        return Err((USAGE, "no PROGRAM given".into()));
     };
     check_settings(&env)?;
     let shim = find_shim()?;
-    let path =
-        resolve(program).ok_or_else(|| (NOT_FOUND, format!("{program}: command not found")))?;
+    let path = resolve(&program).ok_or_else(|| {
+        (
+            NOT_FOUND,
+            format!("{}: command not found", program.to_string_lossy()),
+        )
+    })?;
     if let Some(why) = secure_exec(&path) {
         return Err((
             REFUSED,
@@ -116,8 +78,8 @@ fn prepare(args: &[String]) -> Result<Launch, (u8, String)> {
     ));
     Ok(Launch {
         program: path,
-        arg0: program.clone(),
-        args: it.cloned().collect(),
+        arg0: program,
+        args: command.collect(),
         env,
     })
 }
@@ -139,7 +101,7 @@ fn check_settings(env: &[(String, OsString)]) -> Result<(), (u8, String)> {
         } else {
             " (from the environment)"
         };
-        return Err((2, format!("{bad}{from}")));
+        return Err((USAGE, format!("{bad}{from}")));
     }
     for w in &warnings {
         eprintln!("rsock run: warning: {w}");
@@ -159,14 +121,15 @@ fn check_settings(env: &[(String, OsString)]) -> Result<(), (u8, String)> {
 
 /// `--log FILE`, made absolute. The shim appends to it (creating it) and logs nothing if it
 /// cannot, so check now that it could, creating nothing. `-` is refused: the log is a file,
-/// and the shim stays off the program's stdout and stderr.
-fn log_file(v: &str) -> Result<PathBuf, String> {
+/// and the shim stays off the program's stdout and stderr. (clap's value parser: its error
+/// is said after "invalid value 'FILE' for '--log <FILE>': ".)
+pub fn log_file(v: &str) -> Result<PathBuf, String> {
     if v == "-" {
-        return Err("--log -: the shim's log is a file; give its path".into());
+        return Err("the shim's log is a file; give its path".into());
     }
     let p = absolute(v);
     let (target, what) = match std::fs::metadata(&p) {
-        Ok(m) if m.is_dir() => return Err(format!("--log {v}: is a directory")),
+        Ok(m) if m.is_dir() => return Err("is a directory".into()),
         Ok(_) => (p.clone(), libc::W_OK),
         Err(_) => (
             p.parent().unwrap_or(Path::new("/")).to_path_buf(),
@@ -174,20 +137,22 @@ fn log_file(v: &str) -> Result<PathBuf, String> {
         ),
     };
     let c = std::ffi::CString::new(target.as_os_str().as_bytes())
-        .map_err(|_| format!("--log {v}: a path with a NUL byte"))?;
+        .map_err(|_| "a path with a NUL byte".to_string())?;
     // SAFETY: c is NUL-terminated; access only reads it.
     if unsafe { libc::access(c.as_ptr(), what) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(format!(
-            "--log {v}: cannot write to {}: {e}",
-            target.display()
-        ));
+        return Err(format!("cannot write to {}: {e}", target.display()));
     }
     Ok(p)
 }
 
-fn absolute(p: &str) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| PathBuf::from(p))
+fn absolute(p: impl AsRef<Path>) -> PathBuf {
+    std::path::absolute(&p).unwrap_or_else(|_| p.as_ref().to_path_buf())
+}
+
+/// `--config FILE`, made absolute (the program may change its directory).
+pub fn absolute_path(v: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(absolute(v))
 }
 
 /// The library directory fixed when rsock was built (`RSOCK_LIBDIR=/usr/lib/rsock cargo
@@ -205,7 +170,7 @@ fn shim_candidates(
     build_libdir: Option<&str>,
 ) -> Vec<(PathBuf, &'static str)> {
     if let Some(p) = rsock_lib.filter(|p| !p.is_empty()) {
-        return vec![(absolute(&p.to_string_lossy()), "RSOCK_LIB")];
+        return vec![(absolute(p), "RSOCK_LIB")];
     }
     let mut c: Vec<(PathBuf, &'static str)> = Vec::new();
     if let Some(dir) = exe.and_then(Path::parent) {
@@ -268,13 +233,13 @@ pub(crate) fn find_shim() -> Result<PathBuf, (u8, String)> {
 
 /// `program` as execvp would find it: a path if it has a slash, else the first executable
 /// file of that name in PATH.
-fn resolve(program: &str) -> Option<PathBuf> {
+fn resolve(program: &OsStr) -> Option<PathBuf> {
     let executable = |p: &Path| {
         let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok();
         // SAFETY: c is NUL-terminated; access only reads it.
         p.is_file() && c.is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
     };
-    if program.contains('/') {
+    if program.as_bytes().contains(&b'/') {
         let p = PathBuf::from(program);
         return p.exists().then_some(p);
     }
@@ -385,9 +350,22 @@ mod tests {
         );
     }
 
+    /// `rsock run ARGS...` parsed as main() parses it; a parse error is a usage error.
+    fn parse_and_prepare(args: &[&str]) -> Result<Launch, (u8, String)> {
+        use clap::FromArgMatches as _;
+        let argv = ["rsock", "run"].iter().chain(args);
+        let m = crate::args::parser()
+            .try_get_matches_from(argv)
+            .map_err(|e| (USAGE, e.to_string()))?;
+        match crate::args::Cli::from_arg_matches(&m).unwrap().command {
+            crate::args::Command::Run(a) => prepare(a),
+            _ => unreachable!(),
+        }
+    }
+
     #[test]
     fn options_become_rsock_variables() {
-        let args: Vec<String> = [
+        let args = [
             "--log-level",
             "debug",
             "--spin-us=5",
@@ -397,12 +375,10 @@ mod tests {
             "--",
             "true",
             "-x",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+            "--log-level",
+        ];
         std::env::set_var("RSOCK_LIB", "/bin/sh"); // any file: only its existence is checked
-        let l = prepare(&args).unwrap();
+        let l = parse_and_prepare(&args).unwrap();
         let get = |k: &str| {
             l.env
                 .iter()
@@ -415,20 +391,23 @@ mod tests {
         assert_eq!(get("RSOCK_EXCLUDE").as_deref(), Some("port=22"));
         assert!(get("LD_PRELOAD").unwrap().starts_with("/bin/sh"));
         assert_eq!(
-            (l.arg0.as_str(), l.args.clone()),
-            ("true", vec!["-x".to_string()])
+            (l.arg0.as_os_str(), l.args.clone()),
+            (
+                OsStr::new("true"),
+                vec![OsString::from("-x"), "--log-level".into()]
+            )
         );
+        // Without --, everything after PROGRAM is PROGRAM's too, options of rsock's names
+        // included.
+        let l = parse_and_prepare(&["--no-rdma", "true", "--no-rdma", "--log", "-", "--"]).unwrap();
+        assert_eq!(l.args, ["--no-rdma", "--log", "-", "--"]);
 
-        let bad = |v: &[&str]| {
-            prepare(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .err()
-                .unwrap()
-        };
-        assert_eq!(bad(&["--spin-us", "lots", "true"]).0, 2);
-        assert_eq!(bad(&["--log-level", "loud", "true"]).0, 2);
-        assert_eq!(bad(&["--frobnicate", "true"]).0, 2);
-        assert_eq!(bad(&["--log"]).0, 2);
-        assert_eq!(bad(&[]).0, 2);
+        let bad = |v: &[&str]| parse_and_prepare(v).err().unwrap();
+        assert_eq!(bad(&["--spin-us", "lots", "true"]).0, USAGE);
+        assert_eq!(bad(&["--log-level", "loud", "true"]).0, USAGE);
+        assert_eq!(bad(&["--frobnicate", "true"]).0, USAGE);
+        assert_eq!(bad(&["--log"]).0, USAGE);
+        assert_eq!(bad(&[]).0, USAGE);
         assert_eq!(bad(&["no-such-program-rsock-test"]).0, NOT_FOUND);
         assert_eq!(
             bad(&["--config", "/nonexistent/rsock.conf", "true"]).0,

@@ -4,6 +4,7 @@
 //! processes; another user's are refused by the kernel, and we say so plainly instead of
 //! listing nothing.
 
+use crate::args::StatArgs;
 use crate::out::outln;
 use crate::watch;
 use rsock_core::config::Config;
@@ -13,24 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-pub const USAGE: &str =
-    "usage: rsock stat [--dir DIR] [--all] [--json | --openmetrics] [--gc] [--watch [SECS]] [--count N] [PID...]
-  --dir DIR      stats directory (default: RSOCK_STATS_DIR or /dev/shm/rsock-<uid>)
-  --all          include processes that have exited (their files were kept with RSOCK_STATS_KEEP=1)
-  --json         one JSON object per process, one per line; with --watch, one per refresh:
-                 {\"time\":..., \"processes\":[...], \"problems\":[...]}
-  --openmetrics  the counters in the OpenMetrics text format (labels pid and comm; ends
-                 with # EOF), e.g. for node_exporter's textfile collector
-  --gc           first remove the files of processes that have exited, one line per file
-                 (\"removed FILE: pid N PROGRAM (why)\"; on stderr with --json)
-  --watch [SECS] refresh every SECS seconds (default 1; 0.1-3600, e.g. 2, 0.5, 90s — an
-                 integer above 60 needs the s): rates per process and per connection,
-                 in place on a terminal, one block per refresh otherwise
-  --count N      with --watch: stop after N refreshes
-  PID...         only these processes (another user's are looked up in their directory)
-An option's value may also follow an =, as in --count=3.";
-
-/// Parsed command line.
+/// What to show (`rsock stat`'s options, the directory resolved).
 pub struct Opts {
     pub dir: PathBuf,
     pub dir_given: bool,
@@ -38,24 +22,29 @@ pub struct Opts {
     pub json: bool,
     pub openmetrics: bool,
     pub gc: bool,
-    pub help: bool,
     pub watch: Option<f64>,
     pub count: Option<u64>,
     pub pids: Vec<u32>,
 }
 
-pub fn main(args: &[String]) -> ExitCode {
-    let o = match parse(args) {
-        Ok(o) => o,
-        Err(msg) => {
-            eprintln!("rsock stat: {msg}\n{USAGE}");
-            return ExitCode::from(2);
+impl From<StatArgs> for Opts {
+    fn from(a: StatArgs) -> Opts {
+        Opts {
+            dir_given: a.dir.is_some(),
+            dir: a.dir.unwrap_or_else(|| Config::get().stats_dir.clone()),
+            all: a.all,
+            json: a.json,
+            openmetrics: a.openmetrics,
+            gc: a.gc,
+            watch: a.watch,
+            count: a.count,
+            pids: a.pids,
         }
-    };
-    if o.help {
-        outln!("{USAGE}");
-        return ExitCode::SUCCESS;
     }
+}
+
+pub fn main(args: StatArgs) -> ExitCode {
+    let o = Opts::from(args);
     if o.gc {
         for line in gc(&o.dir) {
             if o.json || o.openmetrics {
@@ -100,88 +89,6 @@ pub fn main(args: &[String]) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
-}
-
-fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts {
-        dir: Config::get().stats_dir.clone(),
-        dir_given: false,
-        all: false,
-        json: false,
-        openmetrics: false,
-        gc: false,
-        help: false,
-        watch: None,
-        count: None,
-        pids: Vec::new(),
-    };
-    let mut it = args.iter().peekable();
-    while let Some(a) = it.next() {
-        // `--opt=VALUE` is `--opt VALUE`.
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v)),
-            _ => (a.as_str(), None),
-        };
-        let no_value = |set: &mut bool| {
-            *set = true;
-            match inline {
-                Some(_) => Err(format!("{flag} takes no value")),
-                None => Ok(()),
-            }
-        };
-        let invalid = |v: &str, expected: &str| {
-            format!("invalid value {v:?} for {flag}: expected {expected}")
-        };
-        match flag {
-            "-h" | "--help" => no_value(&mut o.help)?,
-            "--all" => no_value(&mut o.all)?,
-            "--json" => no_value(&mut o.json)?,
-            "--openmetrics" => no_value(&mut o.openmetrics)?,
-            "--gc" => no_value(&mut o.gc)?,
-            "--dir" => {
-                let v = inline.or_else(|| it.next().map(String::as_str));
-                o.dir = PathBuf::from(v.ok_or("--dir needs a value")?);
-                o.dir_given = true;
-            }
-            "--count" => {
-                let v = inline.or_else(|| it.next().map(String::as_str));
-                let v = v.ok_or("--count needs a value")?;
-                let n = v.parse::<u64>().ok().filter(|&n| n > 0);
-                o.count = Some(n.ok_or_else(|| invalid(v, "a positive integer"))?);
-            }
-            "--watch" => {
-                // An optional interval: `--watch=SECS`, or the next word if it reads as one and
-                // not as a PID — a fraction ("0.5"), an "s" suffix ("10s"), or an integer up to
-                // 60; one that reads as an interval but is out of range is an error.
-                let looks_like_interval = |n: &&String| {
-                    n.contains('.') || n.ends_with('s') || n.parse::<u32>().is_ok_and(|v| v <= 60)
-                };
-                let v = inline.or_else(|| it.next_if(looks_like_interval).map(String::as_str));
-                o.watch = Some(match v {
-                    None => 1.0,
-                    Some(v) => interval(v).ok_or_else(|| invalid(v, "seconds from 0.1 to 3600"))?,
-                });
-            }
-            f if f.starts_with('-') => return Err(format!("unknown option {a:?}")),
-            p => match p.parse::<u32>() {
-                Ok(pid) if pid > 0 => o.pids.push(pid),
-                _ => return Err(format!("{p:?} is not a PID (a positive integer)")),
-            },
-        }
-    }
-    if o.count.is_some() && o.watch.is_none() && !o.help {
-        return Err("--count goes with --watch".into());
-    }
-    if o.openmetrics && (o.json || o.watch.is_some()) && !o.help {
-        return Err("--openmetrics goes with neither --json nor --watch".into());
-    }
-    Ok(o)
-}
-
-/// Seconds, `N`, `N.N` or with an `s` suffix, from 0.1 to 3600.
-fn interval(s: &str) -> Option<f64> {
-    let s = s.strip_suffix('s').unwrap_or(s);
-    s.parse::<f64>().ok().filter(|v| (0.1..=3600.0).contains(v))
 }
 
 /// The processes to show, and what kept others from being shown (permission, unknown PID).
@@ -481,8 +388,19 @@ pub fn show_addr(a: Option<std::net::SocketAddr>) -> String {
 mod tests {
     use super::*;
 
-    fn args(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
+    /// `rsock stat ARGS...` parsed as main() parses it.
+    fn parse(v: &[&str]) -> Result<Opts, clap::Error> {
+        use clap::FromArgMatches as _;
+        let argv = ["rsock", "stat"]
+            .iter()
+            .chain(v)
+            .map(std::ffi::OsString::from);
+        let m = crate::args::parser()
+            .try_get_matches_from(crate::args::join_watch_interval(argv.collect()))?;
+        match crate::args::Cli::from_arg_matches(&m)?.command {
+            crate::args::Command::Stat(a) => Ok(a.into()),
+            _ => unreachable!(),
+        }
     }
 
     #[test]
@@ -501,28 +419,25 @@ mod tests {
 
     #[test]
     fn watch_takes_an_optional_interval() {
-        assert_eq!(parse(&args(&["--watch"])).unwrap().watch, Some(1.0));
-        assert_eq!(parse(&args(&["--watch", "0.5"])).unwrap().watch, Some(0.5));
-        let o = parse(&args(&["--watch", "2", "12345"])).unwrap();
+        assert_eq!(parse(&["--watch"]).unwrap().watch, Some(1.0));
+        assert_eq!(parse(&["--watch", "0.5"]).unwrap().watch, Some(0.5));
+        let o = parse(&["--watch", "2", "12345"]).unwrap();
         assert_eq!((o.watch, o.pids.clone()), (Some(2.0), vec![12345]));
-        let o = parse(&args(&["--watch", "1234"])).unwrap();
+        let o = parse(&["--watch", "1234"]).unwrap();
         assert_eq!(
             (o.watch, o.pids.clone()),
             (Some(1.0), vec![1234]),
             "an integer above 60 is a PID"
         );
+        assert_eq!(parse(&["--watch", "120s"]).unwrap().watch, Some(120.0));
         assert_eq!(
-            parse(&args(&["--watch", "120s"])).unwrap().watch,
-            Some(120.0)
-        );
-        assert_eq!(
-            parse(&args(&["--watch=3", "--count", "2"])).unwrap().count,
+            parse(&["--watch=3", "--count", "2"]).unwrap().count,
             Some(2)
         );
-        assert!(parse(&args(&["--count", "2"])).is_err());
-        assert!(parse(&args(&["--watch=0"])).is_err());
-        assert!(parse(&args(&["--watch", "0"])).is_err(), "0 is not a PID");
-        let o = parse(&args(&["--watch", "--count=3", "--dir=/d"])).unwrap();
+        assert!(parse(&["--count", "2"]).is_err());
+        assert!(parse(&["--watch=0"]).is_err());
+        assert!(parse(&["--watch", "0"]).is_err(), "0 is not a PID");
+        let o = parse(&["--watch", "--count=3", "--dir=/d"]).unwrap();
         assert_eq!((o.count, o.dir), (Some(3), PathBuf::from("/d")));
     }
 }

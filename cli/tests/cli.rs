@@ -198,6 +198,9 @@ fn a_closed_stdout_ends_quietly() {
         &["stat", "--all", "--dir", dir],
         &["rules", rules],
         &["--version"],
+        &["--help"],
+        &["run", "-h"],
+        &["completions", "bash"],
         &[
             "stat", "--json", "--watch", "0.1", "--count", "2", "--dir", dir,
         ],
@@ -224,16 +227,26 @@ fn version() {
 
 #[test]
 fn every_command_has_help() {
-    for cmd in ["run", "stat", "rules"] {
+    for cmd in ["run", "stat", "rules", "check", "completions"] {
         for args in [[cmd, "--help"], [cmd, "-h"], ["help", cmd]] {
             let o = rsock(&args);
             assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
             assert!(
-                stdout(&o).starts_with(&format!("usage: rsock {cmd} ")),
+                stdout(&o).starts_with(&format!("Usage: rsock {cmd} ")),
+                "{args:?}: {}",
+                stdout(&o)
+            );
+            assert!(
+                stdout(&o).contains("Exit status: "),
                 "{args:?}: {}",
                 stdout(&o)
             );
         }
+        // -h is the summary, --help all of it.
+        assert!(
+            stdout(&rsock(&[cmd, "-h"])).len() < stdout(&rsock(&[cmd, "--help"])).len(),
+            "{cmd}"
+        );
     }
     for args in [&["help"][..], &["--help"], &["-h"]] {
         let o = rsock(args);
@@ -247,10 +260,187 @@ fn every_command_has_help() {
 }
 
 #[test]
+fn no_command_is_a_usage_error() {
+    let o = rsock(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+    assert!(
+        stderr(&o).contains("rsock stat [OPTIONS]"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn program_arguments_pass_untouched() {
+    // With or without --, everything after PROGRAM is PROGRAM's: rsock's own option names,
+    // -h, --version and a second -- included.
+    let script = r#"printf '%s|' "$@""#;
+    for args in [
+        &["run", "--no-rdma", "sh", "-c", script][..],
+        &["run", "--no-rdma", "--", "sh", "-c", script],
+    ] {
+        let mut v = args.to_vec();
+        v.extend(["x", "--log", "y", "-h", "--version", "--", "--no-rdma=1"]);
+        let o = rsock(&v);
+        assert_eq!(o.status.code(), Some(0), "{v:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "--log|y|-h|--version|--|--no-rdma=1|", "{v:?}");
+    }
+}
+
+/// The man pages `rsock __man DIR` writes (what `make install` installs).
+fn man_pages(name: &str) -> PathBuf {
+    let dir = temp_dir(name);
+    let o = rsock(&["__man", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    dir
+}
+
+/// Every public command: the hidden ones are `rsock __man` and `rsock check __probe`.
+const COMMANDS: [&str; 5] = ["run", "stat", "rules", "check", "completions"];
+
+#[test]
+fn man_pages_come_from_the_definitions() {
+    let dir = man_pages("man");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = COMMANDS.iter().map(|c| format!("rsock-{c}.1")).collect();
+    want.push("rsock.1".into());
+    want.sort();
+    assert_eq!(names, want);
+    let main = std::fs::read_to_string(dir.join("rsock.1")).unwrap();
+    for section in [
+        "NAME",
+        "SYNOPSIS",
+        "DESCRIPTION",
+        "COMMANDS",
+        "OPTIONS",
+        "\"EXIT STATUS\"",
+        "ENVIRONMENT",
+        "FILES",
+        "NOTES",
+        "EXAMPLES",
+        "SEE ALSO",
+    ] {
+        assert!(
+            main.contains(&format!("\n.SH {section}\n")),
+            "{section}: {main}"
+        );
+    }
+    // Rendered: each command's page has every option its --help has, and rsock(1) names
+    // every command's page. (Where man-db is installed: scripts/setup.sh installs it.)
+    let Ok(probe) = Command::new("man").arg("--version").output() else {
+        eprintln!("not rendered: no man");
+        return std::fs::remove_dir_all(dir).unwrap();
+    };
+    assert!(probe.status.success());
+    let render = |page: &str| {
+        let o = Command::new("man")
+            .args(["--warnings", "-l"])
+            .arg(dir.join(page))
+            .env("MANWIDTH", "200")
+            .env("LC_ALL", "C.UTF-8")
+            .output()
+            .unwrap();
+        assert_eq!(stderr(&o), "", "{page}: warnings");
+        assert!(o.status.success(), "{page}");
+        stdout(&o)
+    };
+    assert!(render("rsock.1").contains("rsock run"));
+    for c in COMMANDS {
+        let see = format!("\n.BR rsock\\-{c} (1)");
+        assert!(main.contains(&see), "{see} in {main}");
+        let page = render(&format!("rsock-{c}.1"));
+        let help = stdout(&rsock(&[c, "--help"]));
+        let options = help
+            .split_whitespace()
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+            .map(|w| w.split(['=', '[']).next().unwrap());
+        for o in options {
+            assert!(
+                page.contains(o),
+                "{o} of `rsock {c} --help` not in rsock-{c}(1): {page}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let o = rsock(&["completions", shell]);
+        assert_eq!(o.status.code(), Some(0), "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        for word in COMMANDS.iter().chain(&["log-level", "watch", "explain"]) {
+            assert!(script.contains(word), "{shell}: {word} in {script}");
+        }
+    }
+    let o = Command::new("bash")
+        .args([
+            "-c",
+            "source <(\"$0\" completions bash) && complete -p rsock",
+        ])
+        .arg(RSOCK)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&o).contains("-F _rsock rsock"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert_usage_error(
+        &rsock(&["completions", "tcsh"]),
+        "invalid value 'tcsh' for '<SHELL>'",
+        "",
+    );
+}
+
+#[test]
+fn hidden_commands_stay_hidden() {
+    let dir = man_pages("hidden");
+    let mut shown = vec![
+        stdout(&rsock(&["--help"])),
+        stdout(&rsock(&["help"])),
+        stdout(&rsock(&["check", "--help"])),
+        stderr(&rsock(&["frob"])),
+    ];
+    for shell in ["bash", "zsh", "fish"] {
+        shown.push(stdout(&rsock(&["completions", shell])));
+    }
+    for page in std::fs::read_dir(&dir).unwrap() {
+        shown.push(std::fs::read_to_string(page.unwrap().path()).unwrap());
+    }
+    for text in shown {
+        assert!(
+            !text.contains("__man") && !text.contains("__probe"),
+            "{text}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+    // ... and work: the probe connects (here to a port nobody listens on) and exits 0.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = rsock(&["check", "__probe", &format!("127.0.0.1:{port}")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // `rsock check help` checks a host named help (check has no help subcommand).
+    let o = rsock(&["check", "help"]);
+    assert!(stdout(&o).contains("ok    shim"), "{}", stdout(&o));
+}
+
+#[test]
 fn unknown_commands_are_named() {
     for args in [&["frob"][..], &["help", "frob"]] {
         let o = rsock(args);
-        assert_usage_error(&o, "unknown command \"frob\"", &format!("{args:?}"));
+        assert_usage_error(&o, "unrecognized subcommand 'frob'", &format!("{args:?}"));
         assert_eq!(stdout(&o), "");
     }
 }
@@ -282,7 +472,7 @@ fn options_take_their_value_either_way() {
         );
     }
     let o = rsock(&["stat", "--all=yes"]);
-    assert_usage_error(&o, "--all takes no value", "");
+    assert_usage_error(&o, "unexpected value 'yes' for '--all'", "");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -291,18 +481,30 @@ fn out_of_range_values_name_their_option() {
     for (args, said) in [
         (
             &["stat", "--watch", "0"][..],
-            "invalid value \"0\" for --watch",
+            "invalid value '0' for '--watch[=<SECS>]': expected seconds from 0.1 to 3600",
         ),
-        (&["stat", "--watch=0"], "invalid value \"0\" for --watch"),
+        (&["stat", "--watch=0"], "invalid value '0' for '--watch"),
         (
             &["stat", "--watch", "5000s"],
-            "invalid value \"5000s\" for --watch",
+            "invalid value '5000s' for '--watch",
         ),
         (
             &["stat", "--watch", "--count", "0"],
-            "invalid value \"0\" for --count",
+            "invalid value '0' for '--count <N>'",
         ),
-        (&["stat", "0"], "\"0\" is not a PID"),
+        (&["stat", "0"], "invalid value '0' for '[PID]...': not a PID"),
+        (
+            &["run", "--spin-us", "999999", "true"],
+            "invalid value '999999' for '--spin-us <N>': RSOCK_SPIN_US=\"999999\": expected an integer from 0 to 100000",
+        ),
+        (
+            &["run", "--exclude=10.0.0.0/99", "true"],
+            "invalid value '10.0.0.0/99' for '--exclude <SPEC>': RSOCK_EXCLUDE=",
+        ),
+        (
+            &["check", "10.0.0.1:0"],
+            "invalid value '10.0.0.1:0' for '[HOST[:PORT]]': PORT must be 1-65535",
+        ),
     ] {
         let o = rsock(args);
         assert_usage_error(&o, said, &format!("{args:?}"));
@@ -364,7 +566,7 @@ fn log_file_must_be_writable() {
     let o = rsock(&["run", "--log", "/nonexistent/dir/x.log", "--", "true"]);
     assert_usage_error(
         &o,
-        "--log /nonexistent/dir/x.log: cannot write to /nonexistent/dir",
+        "invalid value '/nonexistent/dir/x.log' for '--log <FILE>': cannot write to /nonexistent/dir",
         "",
     );
     let dir = temp_dir("log-dash");
@@ -374,7 +576,7 @@ fn log_file_must_be_writable() {
         .env("RSOCK_LIB", harmless_lib())
         .output()
         .unwrap();
-    assert_usage_error(&o, "--log -: ", "");
+    assert_usage_error(&o, "invalid value '-' for '--log <FILE>': ", "");
     assert!(!dir.join("-").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -780,7 +982,17 @@ fn g_openmetrics_export() {
     }
     held.finish();
     let o = stat_in(&dir, &["--openmetrics", "--json"]);
-    assert_usage_error(&o, "--openmetrics goes with neither --json nor --watch", "");
+    assert_usage_error(
+        &o,
+        "the argument '--openmetrics' cannot be used with '--json'",
+        "",
+    );
+    let o = stat_in(&dir, &["--openmetrics", "--watch"]);
+    assert_usage_error(
+        &o,
+        "the argument '--openmetrics' cannot be used with '--watch",
+        "",
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -921,7 +1133,7 @@ fn check_rejects_a_bad_target() {
     );
     let o = rsock(&["help", "check"]);
     assert!(
-        stdout(&o).starts_with("usage: rsock check [HOST[:PORT]]"),
+        stdout(&o).starts_with("Usage: rsock check [HOST[:PORT]]"),
         "{}",
         stdout(&o)
     );
@@ -998,6 +1210,15 @@ fn rules_explain_gives_each_step_of_the_decision() {
         "expected ADDR:PORT",
         "no port",
     );
-    assert_usage_error(&explain(&[], &[]), "--explain needs a value", "no address");
+    assert_usage_error(
+        &explain(&[], &[]),
+        "a value is required for '--explain <ADDR:PORT>'",
+        "no address",
+    );
+    assert_usage_error(
+        &rsock(&["rules", "--prog", "nginx"]),
+        "--explain <ADDR:PORT>",
+        "--prog without --explain",
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
