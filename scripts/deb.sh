@@ -29,9 +29,10 @@ mkdir -p "$root"
 
 make --no-print-directory install DESTDIR="$root" PREFIX=/usr >&2
 
-# Debian's layout: stripped binaries, a compressed man page, the copyright file.
+# Debian's layout: stripped binaries, compressed man pages (rsock.1 and one per command, as
+# make install has the rsock just built write them), the copyright file.
 strip --strip-unneeded --remove-section=.comment "$root/usr/bin/rsock" "$root/usr/lib/rsock/librsock.so"
-gzip -9n "$root/usr/share/man/man1/rsock.1"
+gzip -9n "$root"/usr/share/man/man1/*.1
 doc=$root/usr/share/doc/rsock
 install -d "$doc"
 {

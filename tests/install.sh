@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install test (host only, root not needed): `make install` into a temporary DESTDIR with
-# PREFIX=/usr, the installed `rsock run` finding and loading the installed shim with no
-# RSOCK_LIB, the shim's SONAME, and the Debian package of scripts/deb.sh: its file list,
-# conffile and dependencies, installed into a throwaway root with
-# `dpkg --root --force-not-root`, and the rsock in there running a program with its shim.
+# PREFIX=/usr (its man pages rendering without warnings and its bash, zsh and fish
+# completions, all written by the rsock just built), the installed `rsock run` finding and
+# loading the installed shim with no RSOCK_LIB, the shim's SONAME, `make uninstall`, and the
+# Debian package of scripts/deb.sh: its file list, conffile and dependencies, installed into
+# a throwaway root with `dpkg --root --force-not-root`, and the rsock in there running a
+# program with its shim.
 #
 # usage: tests/install.sh [CELL_PATTERN]
 #   T_KEEP=1   keep the work dir (it is always kept when a cell fails)
@@ -22,6 +24,10 @@ t_init
 PATTERN=${1:-}
 DEST=$T_WORK/dest          # make install DESTDIR
 BYTES=300000               # what the client sends
+# The man pages (rsock.1 and one per command) and completions make install writes.
+MANPAGES=(rsock rsock-run rsock-stat rsock-rules rsock-check rsock-completions)
+COMPLETIONS=(usr/share/bash-completion/completions/rsock usr/share/zsh/vendor-completions/_rsock
+    usr/share/fish/vendor_completions.d/rsock.fish)
 
 # A listener that takes one connection, reads it to the end and writes the byte count to
 # FILE; it runs without the shim.
@@ -83,8 +89,8 @@ run_installed() {
 cell_make_install() {
     (cd "$T_ROOT" && make --no-print-directory install DESTDIR="$DEST" PREFIX=/usr) > make.out 2>&1 ||
         fail "make install failed: $(tail -c 400 make.out)"
-    local f want=(usr/bin/rsock usr/lib/rsock/librsock.so usr/share/man/man1/rsock.1
-        usr/share/bash-completion/completions/rsock etc/rsock.conf)
+    local f p want=(usr/bin/rsock usr/lib/rsock/librsock.so etc/rsock.conf "${COMPLETIONS[@]}")
+    for p in "${MANPAGES[@]}"; do want+=("usr/share/man/man1/$p.1"); done
     for f in "${want[@]}"; do [ -f "$DEST/$f" ] || fail "make install did not install /$f"; done
     local got
     got=$(cd "$DEST" && find . -type f | sed 's|^\./||' | sort | paste -sd' ')
@@ -104,12 +110,34 @@ cell_make_install() {
     (cd "$T_ROOT" && make --no-print-directory install DESTDIR="$DEST" PREFIX=/usr) > make2.out 2>&1 ||
         fail "second make install failed"
     [ "$(cat "$DEST/etc/rsock.conf")" = "tcp port=1" ] || fail "make install replaced an existing /etc/rsock.conf"
-    # The man page renders without warnings; the completion file defines the completion.
+    # Every man page is found by name in the installed tree and renders without warnings;
+    # rsock(1) has the main page's prose, rsock-run(1) run's options.
     local w
-    w=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$DEST/usr/share/man/man1/rsock.1" 2>&1 >man.txt)
-    [ -z "$w" ] && grep -q 'rsock run' man.txt || fail "man page: ${w:-nothing rendered}"
-    bash -c ". '$DEST/usr/share/bash-completion/completions/rsock' && complete -p rsock" > compl.out 2>&1 ||
+    for p in "${MANPAGES[@]}"; do
+        w=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -M "$DEST/usr/share/man" "$p" 2>&1 >"$p.txt")
+        [ -z "$w" ] && [ -s "$p.txt" ] || fail "man page $p: ${w:-nothing rendered}"
+        [ "$(stat -c %a "$DEST/usr/share/man/man1/$p.1")" = 644 ] || fail "$p.1 is not mode 644"
+    done
+    for w in 'rsock run' ENVIRONMENT 'EXIT STATUS' EXAMPLES 'rsock-stat(1)'; do
+        grep -qF "$w" rsock.txt || fail "rsock(1) has no $w: $(head -c 600 rsock.txt)"
+    done
+    grep -q -- '--log-level' rsock-run.txt || fail "rsock-run(1) has no --log-level"
+    # The completions: bash's defines the completion; zsh's and fish's are for rsock (and
+    # parse, where the shell is installed).
+    bash -c ". '$DEST/${COMPLETIONS[0]}' && complete -p rsock" > compl.out 2>&1 ||
         fail "bash completion: $(cat compl.out)"
+    head -n1 "$DEST/${COMPLETIONS[1]}" | grep -qx '#compdef rsock' ||
+        fail "zsh completion: $(head -n1 "$DEST/${COMPLETIONS[1]}")"
+    grep -q '^complete -c rsock ' "$DEST/${COMPLETIONS[2]}" || fail "fish completion: no complete -c rsock"
+    if command -v zsh >/dev/null; then
+        zsh -n "$DEST/${COMPLETIONS[1]}" 2> zsh.err || fail "zsh -n: $(cat zsh.err)"
+    fi
+    if command -v fish >/dev/null; then
+        fish -n "$DEST/${COMPLETIONS[2]}" 2> fish.err || fail "fish -n: $(cat fish.err)"
+    fi
+    for f in "${COMPLETIONS[@]}"; do
+        [ "$(stat -c %a "$DEST/$f")" = 644 ] || fail "/$f is not mode 644"
+    done
 }
 
 # The installed rsock finds the installed shim (../lib/rsock) with no RSOCK_LIB, and it is
@@ -128,6 +156,20 @@ cell_installed_run() {
     done
 }
 
+# make uninstall removes everything make install put there but the changed /etc/rsock.conf
+# (cell_make_install left an admin's one); a second make install puts it all back.
+cell_make_uninstall() {
+    [ -x "$DEST/usr/bin/rsock" ] || fail "needs make_install first"
+    (cd "$T_ROOT" && make --no-print-directory uninstall DESTDIR="$DEST" PREFIX=/usr) > uninstall.out 2>&1 ||
+        fail "make uninstall failed: $(tail -c 400 uninstall.out)"
+    local got
+    got=$(cd "$DEST" && find . -type f | sed 's|^\./||' | sort | paste -sd' ')
+    [ "$got" = etc/rsock.conf ] || fail "left after make uninstall: $got"
+    (cd "$T_ROOT" && make --no-print-directory install DESTDIR="$DEST" PREFIX=/usr) > make3.out 2>&1 ||
+        fail "make install after uninstall failed: $(tail -c 400 make3.out)"
+    [ -f "$DEST/usr/share/man/man1/rsock-run.1" ] || fail "no rsock-run.1 after installing again"
+}
+
 # ---- the Debian package ------------------------------------------------------------------
 
 cell_deb() {
@@ -136,10 +178,13 @@ cell_deb() {
     deb=$T_ROOT/$deb
     [ -f "$deb" ] || fail "no package at $deb"
     dpkg-deb -c "$deb" | awk '{print $6}' | grep -v '/$' | sort > files.txt
-    local want
-    want=$(printf '%s\n' ./etc/rsock.conf ./usr/bin/rsock ./usr/lib/rsock/librsock.so \
-        ./usr/share/bash-completion/completions/rsock ./usr/share/doc/rsock/copyright \
-        ./usr/share/man/man1/rsock.1.gz | sort)
+    local want p
+    want=$( {
+        printf '%s\n' ./etc/rsock.conf ./usr/bin/rsock ./usr/lib/rsock/librsock.so \
+            ./usr/share/doc/rsock/copyright
+        printf './%s\n' "${COMPLETIONS[@]}"
+        for p in "${MANPAGES[@]}"; do echo "./usr/share/man/man1/$p.1.gz"; done
+    } | sort)
     [ "$(cat files.txt)" = "$want" ] || fail "package files: $(paste -sd' ' files.txt)"
     dpkg-deb -c "$deb" | awk '{print $2}' | sort -u | grep -qvx 'root/root' &&
         fail "files not owned by root/root: $(dpkg-deb -c "$deb" | awk '{print $2}' | sort -u | paste -sd' ')"
@@ -154,6 +199,11 @@ cell_deb() {
     # Stripped for the package: the SONAME must survive.
     dpkg-deb -x "$deb" x
     readelf -d x/usr/lib/rsock/librsock.so | grep -q 'SONAME.*\[librsock\.so\]' || fail "packaged shim has no SONAME"
+    local w
+    for p in "${MANPAGES[@]}"; do
+        w=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "x/usr/share/man/man1/$p.1.gz" 2>&1 >/dev/null)
+        [ -z "$w" ] || fail "packaged $p.1.gz: $w"
+    done
 
     # Installed into a throwaway root (no maintainer scripts, so no chroot: works unprivileged).
     local root=$CELL_DIR/root
@@ -175,7 +225,7 @@ cell_deb() {
 
 # ---- run ----------------------------------------------------------------------------------
 
-CELLS=(make_install installed_run deb)
+CELLS=(make_install installed_run make_uninstall deb)
 for c in "${CELLS[@]}"; do
     [ -z "$PATTERN" ] || [[ $c == *$PATTERN* ]] || continue
     t_cell "$c" "cell_$c"

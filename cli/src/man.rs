@@ -28,20 +28,27 @@ pub fn completions(shell: Shell) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `rsock __man DIR`: the pages into DIR (created if need be), each path on stdout.
+/// `rsock __man DIR`: the pages into DIR (created if need be), mode 0644 whatever the umask
+/// (`make install` runs it as root), each path on stdout.
 pub fn write_pages(dir: &Path) -> ExitCode {
-    let written = std::fs::create_dir_all(dir).and_then(|()| {
-        pages()
-            .into_iter()
-            .map(|(name, text)| {
-                let path = dir.join(name);
-                std::fs::File::create(&path)
-                    .and_then(|mut f| f.write_all(text.as_bytes()))
-                    .map(|()| path)
-                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
-            })
-            .collect::<std::io::Result<Vec<_>>>()
-    });
+    use std::os::unix::fs::PermissionsExt as _;
+    let written = std::fs::create_dir_all(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))
+        .and_then(|()| {
+            pages()
+                .into_iter()
+                .map(|(name, text)| {
+                    let path = dir.join(name);
+                    std::fs::File::create(&path)
+                        .and_then(|mut f| {
+                            f.write_all(text.as_bytes())?;
+                            f.set_permissions(std::fs::Permissions::from_mode(0o644))
+                        })
+                        .map_err(|e| format!("{}: {e}", path.display()))
+                        .map(|()| path)
+                })
+                .collect::<Result<Vec<_>, String>>()
+        });
     match written {
         Ok(paths) => {
             for p in paths {
