@@ -17,13 +17,14 @@ use std::process::ExitCode;
 
 /// `rsock completions SHELL`.
 pub fn completions(shell: Shell) -> ExitCode {
-    let shell = match shell {
-        Shell::Bash => clap_complete::Shell::Bash,
-        Shell::Zsh => clap_complete::Shell::Zsh,
-        Shell::Fish => clap_complete::Shell::Fish,
-    };
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "rsock", &mut script);
+    use clap_complete::shells::{Bash, Fish, Zsh};
+    let (mut cmd, mut script) = (Cli::command(), Vec::new());
+    // Each generator by name, not clap_complete::Shell: only these three are linked in.
+    match shell {
+        Shell::Bash => clap_complete::generate(Bash, &mut cmd, "rsock", &mut script),
+        Shell::Zsh => clap_complete::generate(Zsh, &mut cmd, "rsock", &mut script),
+        Shell::Fish => clap_complete::generate(Fish, &mut cmd, "rsock", &mut script),
+    }
     crate::out::print(format_args!("{}", String::from_utf8_lossy(&script)));
     ExitCode::SUCCESS
 }
