@@ -17,12 +17,12 @@ use std::path::PathBuf;
 /// The help of every command: its usage first, then what it does, its arguments, and notes.
 const TEMPLATE: &str = "{usage-heading} {usage}\n\n{about-with-newline}\n{all-args}{after-help}";
 
-pub const RUN_USAGE: &str = "rsock run [OPTIONS] [--] PROGRAM [ARGS...]";
-pub const STAT_USAGE: &str = "rsock stat [OPTIONS] [PID...]";
-pub const RULES_USAGE: &str = "rsock rules [FILE]
+const RUN_USAGE: &str = "rsock run [OPTIONS] [--] PROGRAM [ARGS...]";
+const STAT_USAGE: &str = "rsock stat [OPTIONS] [PID...]";
+const RULES_USAGE: &str = "rsock rules [FILE]
        rsock rules --explain ADDR:PORT [--prog NAME] [--server] [FILE]";
-pub const CHECK_USAGE: &str = "rsock check [HOST[:PORT]]";
-pub const COMPLETIONS_USAGE: &str = "rsock completions SHELL";
+const CHECK_USAGE: &str = "rsock check [HOST[:PORT]]";
+const COMPLETIONS_USAGE: &str = "rsock completions SHELL";
 
 /// Every command's usage, one per line (rsock's own usage).
 fn usage() -> String {
