@@ -25,7 +25,7 @@ PATTERN=${1:-}
 DEST=$T_WORK/dest          # make install DESTDIR
 BYTES=300000               # what the client sends
 # The man pages (rsock.1 and one per command) and completions make install writes.
-MANPAGES=(rsock rsock-run rsock-stat rsock-rules rsock-check rsock-completions)
+MANPAGES=(rsock rsock-run rsock-stat rsock-rules rsock-check rsock-log rsock-completions)
 COMPLETIONS=(usr/share/bash-completion/completions/rsock usr/share/zsh/vendor-completions/_rsock
     usr/share/fish/vendor_completions.d/rsock.fish)
 

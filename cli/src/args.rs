@@ -22,6 +22,7 @@ const STAT_USAGE: &str = "rsock stat [OPTIONS] [PID...]";
 const RULES_USAGE: &str = "rsock rules [FILE]
        rsock rules --explain ADDR:PORT [--prog NAME] [--server] [FILE]";
 const CHECK_USAGE: &str = "rsock check [HOST[:PORT]]";
+const LOG_USAGE: &str = "rsock log [--dir DIR] PID [LEVEL]";
 const COMPLETIONS_USAGE: &str = "rsock completions SHELL";
 
 /// Every command's usage, one per line (rsock's own usage).
@@ -31,6 +32,7 @@ fn usage() -> String {
         STAT_USAGE,
         RULES_USAGE,
         CHECK_USAGE,
+        LOG_USAGE,
         COMPLETIONS_USAGE,
         "rsock help [COMMAND]",
         "rsock --version",
@@ -57,6 +59,10 @@ pub fn exit_status(command: &str) -> Option<&'static str> {
         }
         "check" => {
             "0 if nothing failed (warnings allowed); 1 if a check failed; 2 for a usage error."
+        }
+        "log" => {
+            "0 if the process answered (with LEVEL: it logs at LEVEL now); 1 if it cannot be \
+             found or read, or has not answered within 3 seconds; 2 for a usage error."
         }
         "completions" => "0; 2 for a usage error.",
         _ => return None,
@@ -92,7 +98,7 @@ librsock.so is an LD_PRELOAD shim: a program started with it has its TCP connect
 by RDMA (rdma_cm RC connections) where an RDMA device and a peer running rsock allow it, and
 by kernel TCP everywhere else, without the program noticing. rsock starts programs with the
 shim (run), shows the shim's counters (stat), checks rules files (rules) and whether this
-host can use RDMA (check).
+host can use RDMA (check), and changes a running process's log level (log).
 
 Every command takes -h (a summary) and --help (all of it), as does rsock help COMMAND. An
 option's value may follow it (--log FILE) or an = (--log=FILE).",
@@ -112,6 +118,7 @@ pub enum Command {
     Stat(StatArgs),
     Rules(RulesArgs),
     Check(CheckArgs),
+    Log(LogArgs),
     Completions(CompletionsArgs),
 }
 
@@ -375,6 +382,44 @@ pub struct CheckArgs {
         help = "The peer: HOST, HOST:PORT, [IPV6]:PORT"
     )]
     pub target: Option<(String, Option<u16>)>,
+}
+
+/// `rsock log`.
+#[derive(Args, Debug)]
+#[command(
+    about = "Show or change the log level of a process running with the shim",
+    long_about = "\
+Shows the shim's log level in process PID and where its log goes; with LEVEL, changes it
+while the process runs, and waits (up to 3 seconds) for the process to answer. The shim
+takes the change at the process's next socket call, or within a second when it has an RDMA
+engine. A process started without a log (no RSOCK_LOG) then logs to DIR/PID.log.
+
+The request goes through the process's stats file, which only its user and root can
+write.",
+    override_usage = LOG_USAGE,
+    help_template = TEMPLATE,
+    after_help = after_help("log"),
+    args_override_self = true
+)]
+pub struct LogArgs {
+    #[arg(
+        long,
+        value_name = "DIR",
+        value_hint = ValueHint::DirPath,
+        help = "Stats directory (default: RSOCK_STATS_DIR or /dev/shm/rsock-<uid of PID>)"
+    )]
+    pub dir: Option<PathBuf>,
+
+    #[arg(value_name = "PID", value_parser = pid, help = "The process")]
+    pub pid: u32,
+
+    #[arg(
+        value_name = "LEVEL",
+        value_parser = ShimSetting::new("RSOCK_LOG_LEVEL", &["off", "error", "warn", "info", "debug", "trace"]),
+        hide_possible_values = true,
+        help = "The new level: off, error, warn, info, debug or trace"
+    )]
+    pub level: Option<String>,
 }
 
 /// `rsock completions`.

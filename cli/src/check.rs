@@ -262,8 +262,8 @@ fn check_peer(r: &mut Report, shim: Option<&std::path::Path>, addr: SocketAddr) 
     let snap = run_probe(shim, &dir, addr);
     let _ = std::fs::remove_dir_all(&dir);
     match snap {
-        Ok(s) => {
-            let (v, found, todo) = judge(&s);
+        Ok((s, detail)) => {
+            let (v, found, todo) = judge(&s, &detail);
             r.line(v, what, &format!("{addr}: {found}"), todo);
         }
         Err(e) => r.line(
@@ -276,12 +276,12 @@ fn check_peer(r: &mut Report, shim: Option<&std::path::Path>, addr: SocketAddr) 
 }
 
 /// Runs `rsock run -- rsock check __probe ADDR` with a private stats directory and returns
-/// the probe's snapshot.
+/// the probe's snapshot, and what its connection's cause was (the probe prints it).
 fn run_probe(
     shim: &std::path::Path,
     dir: &std::path::Path,
     addr: SocketAddr,
-) -> Result<Snapshot, String> {
+) -> Result<(Snapshot, String), String> {
     let me = std::env::current_exe().map_err(|e| format!("cannot find rsock itself: {e}"))?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let status = Command::new(&me)
@@ -293,21 +293,29 @@ fn run_probe(
         .env("RSOCK_STATS_DIR", dir)
         .env("RSOCK_STATS_KEEP", "1")
         .stdin(Stdio::null())
-        .status()
+        .stderr(Stdio::inherit())
+        .output()
         .map_err(|e| format!("cannot run {}: {e}", me.display()))?;
-    if !status.success() {
-        return Err(format!("it exited with {status}"));
+    if !status.status.success() {
+        return Err(format!("it exited with {}", status.status));
     }
+    let detail = String::from_utf8_lossy(&status.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(PROBE_DETAIL).map(str::to_string))
+        .unwrap_or_default();
     let procs = rsock_core::stats::read::read_dir(dir).map_err(|e| e.to_string())?;
-    procs
+    let (_, snap) = procs
         .into_iter()
-        .map(|(_, s)| s)
         .next()
-        .ok_or_else(|| "the shim recorded nothing (was it loaded?)".to_string())
+        .ok_or_else(|| "the shim recorded nothing (was it loaded?)".to_string())?;
+    Ok((snap, detail))
 }
 
+/// How the probe tells `rsock check` its connection's cause, on its standard output.
+const PROBE_DETAIL: &str = "detail: ";
+
 /// The verdict on a probe's snapshot: the path its one connection took and why.
-fn judge(s: &Snapshot) -> (Verdict, String, &'static str) {
+fn judge(s: &Snapshot, detail: &str) -> (Verdict, String, &'static str) {
     if s.conns[Path::Rdma as usize] > 0 {
         return (
             Verdict::Ok,
@@ -343,7 +351,11 @@ fn judge(s: &Snapshot) -> (Verdict, String, &'static str) {
             )
         };
     };
-    let said = format!("{how}; RDMA: {}", reason.name());
+    let said = if detail.is_empty() {
+        format!("{how}; RDMA: {}", reason.name())
+    } else {
+        format!("{how}; RDMA: {}: {detail}", reason.name())
+    };
     let (v, todo) = match reason {
         Fallback::Rejected => (
             Verdict::Warn,
@@ -394,6 +406,20 @@ pub fn probe(addr: SocketAddr) -> ExitCode {
     // first read or write would.
     if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
         let _ = s.take_error();
+        // Its slot goes at close: read the cause while connected.
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&s);
+        let file = rsock_core::config::Config::get()
+            .stats_dir
+            .join(format!("{}.stats", std::process::id()));
+        let snap = std::fs::read(file)
+            .ok()
+            .and_then(|b| rsock_core::stats::read::parse(&b));
+        if let Some(c) = snap.and_then(|s| s.sockets.into_iter().find(|c| c.fd == fd)) {
+            let d = c.detail.to_string();
+            if !d.is_empty() {
+                outln!("{PROBE_DETAIL}{d}");
+            }
+        }
     }
     ExitCode::SUCCESS
 }

@@ -57,9 +57,9 @@ pub fn explain(q: &Question) -> ExitCode {
         step += 1;
     };
     let decision = c.decide(q.role, local, remote);
-    if c.excludes(&q.addr) {
+    if let Some(n) = decision.exclude {
         say(format!(
-            "RSOCK_EXCLUDE ({}) names {}: passthrough, no rule is read",
+            "RSOCK_EXCLUDE ({}) names {} (entry {n}): passthrough, no rule is read",
             std::env::var("RSOCK_EXCLUDE")
                 .unwrap_or_else(|_| format!("default {}", rsock_core::config::DEFAULT_EXCLUDE)),
             q.addr
@@ -84,7 +84,7 @@ pub fn explain(q: &Question) -> ExitCode {
                 )),
             },
         }
-        if !c.rdma && hit.map_or(Action::Rdma, |r| r.action) == Action::Rdma {
+        if decision.rdma_off {
             say("RSOCK_RDMA=0: what would try RDMA takes kernel TCP".into());
         }
     }
@@ -94,6 +94,10 @@ pub fn explain(q: &Question) -> ExitCode {
         Action::Passthrough => "passthrough: kernel TCP, not tried",
     };
     outln!("decision: {what}");
+    let cause = decision.cause();
+    if cause != rsock_core::stats::Cause::NONE {
+        outln!("  rsock stat shows it with: {cause}");
+    }
     if decision.action == Action::Rdma {
         outln!(
             "  buffers: ring {} KiB, send buffer {} KiB at full size",

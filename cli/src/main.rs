@@ -6,6 +6,7 @@
 //!   per-process stats regions (see `rsock_core::stats`); `--watch` refreshes it live.
 //! - `rsock rules [FILE]` checks a rules file the way the shim reads it.
 //! - `rsock check [HOST[:PORT]]` checks the device, memlock, and a peer over RDMA.
+//! - `rsock log PID [LEVEL]` shows or changes a running process's log level.
 //! - `rsock completions SHELL` prints a shell completion script.
 //!
 //! The command line is defined once, with clap, in `args.rs`: parsing, `--help`, the man
@@ -14,6 +15,7 @@
 mod args;
 mod check;
 mod explain;
+mod log;
 mod man;
 mod openmetrics;
 mod out;
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => stat::main(a),
         Command::Rules(a) => rules(a),
         Command::Check(a) => check::main(a),
+        Command::Log(a) => log::main(a),
         Command::Completions(a) => man::completions(a.shell),
     }
 }

@@ -9,7 +9,7 @@ use crate::out::outln;
 use crate::watch;
 use rsock_core::config::Config;
 use rsock_core::stats::read::{self, read_dir_reporting, DirContents, ListenerSnapshot, Snapshot};
-use rsock_core::stats::{Fallback, Path};
+use rsock_core::stats::{Cause, Detail, Fallback, Path};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -318,6 +318,12 @@ pub fn print_human(s: &Snapshot) {
     if let Some(f) = failed_connects(s) {
         outln!("  {f}");
     }
+    if s.log
+        .0
+        .is_some_and(|l| l != rsock_core::config::LevelFilter::Off)
+    {
+        outln!("  log: {}", s.log_text());
+    }
     for l in &s.listeners {
         outln!("  {}", listener_line(l));
     }
@@ -336,17 +342,15 @@ pub fn print_human(s: &Snapshot) {
         );
     }
     for c in &s.sockets {
-        let why = c
-            .reason
-            .map_or(String::new(), |r| format!(" ({})", r.name()));
         outln!(
-            "  fd {:<5} {:<5}{why} {} -> {} tx {} rx {}",
+            "  fd {:<5} {:<5} {} -> {} tx {} rx {}{}",
             c.fd,
             c.path.name(),
             show_addr(c.local),
             show_addr(c.peer),
             c.tx,
-            c.rx
+            c.rx,
+            cause_text(c.reason, c.detail)
         );
     }
 }
@@ -361,11 +365,23 @@ pub fn failed_connects(s: &Snapshot) -> Option<String> {
     })
 }
 
-/// "fd 3     listening on 127.0.0.1:5000  tcp only (excluded)", or "... rdma+tcp".
+/// "  (rejected: rdma_cm REJECTED (...), ECONNREFUSED)": what put a connection on its path,
+/// or "" when nothing did (RDMA by default).
+pub fn cause_text(reason: Option<Fallback>, detail: Detail) -> String {
+    let c = Cause { reason, detail };
+    if c == Cause::NONE {
+        String::new()
+    } else {
+        format!("  ({c})")
+    }
+}
+
+/// "fd 3     listening on 127.0.0.1:5000  tcp only (excluded: RSOCK_EXCLUDE entry 1)", or
+/// "... rdma+tcp".
 pub fn listener_line(l: &ListenerSnapshot) -> String {
     let how = match l.tcp_only {
-        None => "rdma+tcp".to_string(),
-        Some(r) => format!("tcp only ({})", r.name()),
+        None => format!("rdma+tcp{}", cause_text(None, l.detail)),
+        Some(r) => format!("tcp only ({})", Cause::new(r, l.detail)),
     };
     format!("fd {:<5} listening on {}  {how}", l.fd, show_addr(l.local))
 }

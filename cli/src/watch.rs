@@ -8,7 +8,9 @@
 //! is one line: a JSON object with the time and every process's counters (no rates: a reader
 //! takes differences itself).
 
-use crate::stat::{collect, failed_connects, listener_line, reasons, show_addr, state, Opts};
+use crate::stat::{
+    cause_text, collect, failed_connects, listener_line, reasons, show_addr, state, Opts,
+};
 use rsock_core::stats::read::{json_escape, Snapshot};
 use rsock_core::stats::{Path, PATHS};
 use std::collections::HashMap;
@@ -136,12 +138,9 @@ fn frame(
         for c in &s.sockets {
             let key = (s.pid, c.fd, c.local, c.peer);
             let before = prev.conns.get(&key);
-            let why = c
-                .reason
-                .map_or(String::new(), |r| format!(" ({})", r.name()));
             let _ = writeln!(
                 t,
-                "    fd {:<5} {}{why}  {} -> {}  tx {} rx {}  (total {} / {})",
+                "    fd {:<5} {}  {} -> {}  tx {} rx {}  (total {} / {}){}",
                 c.fd,
                 c.path.name(),
                 show_addr(c.local),
@@ -149,7 +148,8 @@ fn frame(
                 rate(before.map(|b| b.0), c.tx, dt),
                 rate(before.map(|b| b.1), c.rx, dt),
                 bytes(c.tx),
-                bytes(c.rx)
+                bytes(c.rx),
+                cause_text(c.reason, c.detail)
             );
             conns_now.insert(key, (c.tx, c.rx));
         }

@@ -38,6 +38,10 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+fn status(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
 /// `o` is a usage error (status 2) whose message contains `said`; `what` names the case.
 fn assert_usage_error(o: &Output, said: &str, what: &str) {
     assert_eq!(o.status.code(), Some(2), "{what}: {}", stderr(o));
@@ -297,7 +301,7 @@ fn man_pages(name: &str) -> PathBuf {
 }
 
 /// Every public command: the hidden ones are `rsock __man` and `rsock check __probe`.
-const COMMANDS: [&str; 5] = ["run", "stat", "rules", "check", "completions"];
+const COMMANDS: [&str; 6] = ["run", "stat", "rules", "check", "log", "completions"];
 
 #[test]
 fn man_pages_come_from_the_definitions() {
@@ -819,7 +823,9 @@ fn e_excluded_is_its_own_reason() {
         stdout(&o)
     );
     assert_eq!(
-        stdout(&o).matches(" (excluded) 127.0.0.1:").count(),
+        stdout(&o)
+            .matches("  (excluded: RSOCK_EXCLUDE entry 1)\n")
+            .count(),
         2,
         "{}",
         stdout(&o)
@@ -851,7 +857,8 @@ fn f_a_listener_shows_from_its_first_socket() {
     let out = stdout(&o);
     assert!(out.starts_with(&format!("pid {pid} python3\n")), "{out}");
     assert!(
-        out.contains("listening on 127.0.0.1:") && out.contains("  tcp only (excluded)\n"),
+        out.contains("listening on 127.0.0.1:")
+            && out.contains("  tcp only (excluded: RSOCK_EXCLUDE entry 1)\n"),
         "{out}"
     );
     let o = stat_in(&dir, &["--json"]);
@@ -896,7 +903,7 @@ fn f_a_server_under_rsock_run_shows_while_it_waits() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let want = format!("listening on 127.0.0.1:{port}  tcp only (excluded)");
+    let want = format!("listening on 127.0.0.1:{port}  tcp only (excluded: RSOCK_EXCLUDE entry 1)");
     // nc needs a moment to start: look until it shows (or give up after a generous while).
     let mut out = String::new();
     for _ in 0..200 {
@@ -1221,4 +1228,92 @@ fn rules_explain_gives_each_step_of_the_decision() {
         "--prog without --explain",
     );
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A socket made and closed every 20 ms: the shim looks for log requests at each.
+const PY_CHURN: &str = "import threading, time
+socket.socket().close()
+def churn():
+    while True:
+        socket.socket().close(); time.sleep(0.02)
+threading.Thread(target=churn, daemon=True).start()";
+
+#[test]
+fn i_log_level_changes_in_a_running_process() {
+    let dir = temp_dir("log-live");
+    let held = Held::start(&dir, PY_CHURN, &[("RSOCK_LOG", "")]);
+    let pid = held.pid().to_string();
+    let log = |args: &[&str]| {
+        let mut v = vec!["log", "--dir", dir.to_str().unwrap()];
+        v.extend_from_slice(args);
+        rsock(&v)
+    };
+    let o = log(&[&pid]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!("pid {pid} python3: log off\n"),
+        "no RSOCK_LOG: off"
+    );
+    let o = log(&[&pid, "debug"]);
+    let file = dir.join(format!("{pid}.log"));
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!("pid {pid} python3: log debug to {}\n", file.display())
+    );
+    let o = stat_in(&dir, &["--json"]);
+    assert!(
+        stdout(&o).contains("\"log\":{\"level\":\"debug\",\"to\":\"stats_dir\"}"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stdout(&stat_in(&dir, &[])).contains(&format!("  log: debug to {pid}.log\n")),
+        "rsock stat shows where the log goes"
+    );
+    let o = log(&[&pid, "off"]);
+    assert_eq!(stdout(&o), format!("pid {pid} python3: log off\n"));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("rsock log: level OFF -> DEBUG"), "{text}");
+    assert!(text.contains("rsock log: level DEBUG -> OFF"), "{text}");
+    held.finish();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn i_log_says_what_is_wrong() {
+    let dir = temp_dir("log-errors");
+    // An idle process never reaches the shim again: the request is not taken, and rsock
+    // says so after its wait.
+    let held = Held::start(&dir, "socket.socket()", &[]);
+    let pid = held.pid().to_string();
+    let d = dir.to_str().unwrap();
+    let o = rsock(&["log", "--dir", d, &pid, "trace"]);
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("asked for log level trace, not taken yet"),
+        "{}",
+        stderr(&o)
+    );
+    let o = rsock(&["log", "--dir", d, &pid, "chatty"]);
+    assert_eq!(status(&o), 2);
+    assert!(
+        stderr(&o).contains("invalid value 'chatty'"),
+        "{}",
+        stderr(&o)
+    );
+    held.finish();
+    let me = std::process::id().to_string();
+    let o = rsock(&["log", "--dir", d, &me]);
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains(&format!("no {d}/{me}.stats")),
+        "{}",
+        stderr(&o)
+    );
+    let o = rsock(&["log", "4194304"]);
+    assert_eq!(status(&o), 1);
+    assert!(stderr(&o).contains("no such process"), "{}", stderr(&o));
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -213,7 +213,7 @@ cell_check() {
     wait_listen "$plain" 60 plain || fail "plain server did not listen"
     env RSOCK_CONNECT_TIMEOUT_MS=$CTO "$T_BIN" check "$A:$plain" > plain.out 2>&1 ||
         fail "rsock check against a plain server: status $? (warnings only expected): $(cat plain.out)"
-    grep -qE "^warn +server +$A:$plain: connected over kernel TCP; RDMA: rejected" plain.out ||
+    grep -qE "^warn +server +$A:$plain: connected over kernel TCP; RDMA: rejected: rdma_cm REJECTED" plain.out ||
         fail "plain server not reported as rejected: $(cat plain.out)"
     expect_status plain 0
     qps_released
@@ -238,7 +238,7 @@ cell_stat_causes() {
     sed 's/^/#   /' cli.stat | grep ' fd ' | head -n 3
     grep -qE '"reason":"rejected","detail":"rdma_cm REJECTED \(no RDMA listener[^"]*\), ECONNREFUSED"' cli.json ||
         fail "the connection's cause is not rdma_cm REJECTED: $(cat cli.json)"
-    grep -qE "^    fd [0-9]+ +tcp +$A:[0-9]+ -> $A:$PORT .*rejected: rdma_cm REJECTED" cli.stat ||
+    grep -qE "^  fd [0-9]+ +tcp +$A:[0-9]+ -> $A:$PORT .*rejected: rdma_cm REJECTED" cli.stat ||
         fail "rsock stat does not show the cause: $(cat cli.stat)"
     kill "$holder" 2>/dev/null
     expect_status cli 0
