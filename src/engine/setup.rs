@@ -73,12 +73,10 @@ pub(super) fn cause_of(e: &rdma::Error) -> Cause {
 
 /// The cause of a connect answered by `ev` with `reason`.
 fn cause_of_event(reason: Fallback, ev: &rdma::CmEvent) -> Cause {
-    let errno = if ev.status < 0 { -ev.status } else { 0 };
-    let event = Some(CmCode {
-        kind: ev.raw_kind(),
-        status: ev.status,
-    });
-    Cause::new(reason, Detail::Failed { errno, event })
+    Cause {
+        reason: Some(reason),
+        ..cause_of(&ev.to_error("rdma_connect"))
+    }
 }
 
 /// The connection's own PD, its registered ring and send buffer, and the protocol config
