@@ -264,7 +264,9 @@ is reported in the log and replaced by its default; it never stops the program.
 0: pure passthrough, no socket tracked (default 1).
 .TP
 .B RSOCK_LOG
-file the shim appends its log to (default: no log).
+file the shim appends its log to (default: no log, until
+.B rsock log
+asks for one).
 .TP
 .B RSOCK_LOG_LEVEL
 .BR off ", " error ", " warn ", " info " (default), " debug ", " trace .
@@ -324,7 +326,11 @@ The installed file has examples only, commented out.
 the shim.
 .TP
 .BI /dev/shm/rsock\- UID /
-the stats files of a user's processes (directory mode 0700, files 0600).
+the stats files of a user's processes (directory mode 0700, files 0600), and
+.IB PID .log
+for a process whose log
+.B rsock log
+turned on.
 .SH NOTES
 RDMA registers (pins) memory: a process needs a locked-memory limit
 .RB ( "ulimit \-l" ,
@@ -343,6 +349,7 @@ rsock run \-\- iperf3 \-s
 rsock run \-\-config rules.conf \-\-log /tmp/rsock.log \-\-log\-level debug \-\- nc \-l 10.0.0.1 5000
 rsock run \-\-no\-rdma \-\- ./client
 rsock stat \-\-watch 0.5
+rsock log 1234 debug
 rsock rules /etc/rsock.conf
 rsock check 10.0.0.2:5000
 rsock completions bash > ~/.local/share/bash-completion/completions/rsock
