@@ -87,8 +87,9 @@ Description: run unmodified TCP programs over RDMA
  librsock.so is an LD_PRELOAD shim that carries the TCP connections of unmodified
  programs over RDMA (rdma_cm RC connections, RDMA WRITE into registered rings) and falls
  back to kernel TCP wherever RDMA cannot serve. The rsock command runs programs with it
- (rsock run), shows its per-process counters (rsock stat) and checks rules files
- (rsock rules).
+ (rsock run), shows its per-process counters and why each connection took its path
+ (rsock stat), changes a running process's log level (rsock log), checks rules files
+ (rsock rules) and whether this host and a peer can use RDMA (rsock check).
 CONTROL
 echo /etc/rsock.conf > "$root/DEBIAN/conffiles"
 chmod 644 "$root/DEBIAN/control" "$root/DEBIAN/conffiles"
