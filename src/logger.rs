@@ -62,12 +62,24 @@ impl FileLogger {
         if fd >= 0 && self.still_ours(fd) {
             return fd;
         }
+        // The file `rsock log` turned on is in the stats directory (checked to be ours when
+        // the region was made): never through a link, readable only by us, like the region.
+        let private = self.target == crate::stats::control::LOG_STATS_DIR;
+        let (flags, mode) = if private {
+            (libc::O_NOFOLLOW, 0o600)
+        } else {
+            (0, 0o644)
+        };
         let new = raw::hide(raw::open(
             &self.path,
-            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT,
-            0o644,
+            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | flags,
+            mode,
         ));
         if new < 0 {
+            return -1;
+        }
+        if private && !crate::sys::private::is_own_file(new) {
+            raw::close(new);
             return -1;
         }
         if let Some((dev, ino)) = stat(new) {

@@ -295,24 +295,22 @@ fn create() -> Option<&'static Header> {
 
 fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
     let pid = raw::getpid();
-    let mut dir = cfg.stats_dir.as_os_str().as_bytes().to_vec();
-    dir.push(0);
-    // SAFETY: NUL-terminated path. EEXIST is fine.
-    unsafe { libc::mkdir(dir.as_ptr().cast(), 0o700) };
-    dir.pop();
-    let mut path = dir;
-    path.extend_from_slice(format!("/{pid}.stats\0").as_bytes());
-    let fd = raw::open(&path, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, 0o600);
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let dir_name = std::ffi::CString::new(cfg.stats_dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let dir = crate::sys::private::private_dir(&dir_name)?;
+    let name = std::ffi::CString::new(format!("{pid}.stats")).unwrap_or_default();
+    let file = crate::sys::private::open_private(&dir, &name, libc::O_RDWR, 0o600)?;
+    let fd = file.as_raw_fd();
+    let mut path = dir_name.into_bytes();
+    path.push(b'/');
+    path.extend_from_slice(name.as_bytes());
+    path.push(0);
     let len = region_len(cfg.stats_slots);
-    // SAFETY: fd is ours; mapping a freshly sized file shared read-write.
+    // SAFETY: fd is ours; a file of another process with our pid (kept by RSOCK_STATS_KEEP)
+    // is emptied first, then sized and mapped shared read-write.
     let mem = unsafe {
-        if libc::ftruncate(fd, len as libc::off_t) != 0 {
-            let e = std::io::Error::last_os_error();
-            raw::close(fd);
-            return Err(e);
+        if libc::ftruncate(fd, 0) != 0 || libc::ftruncate(fd, len as libc::off_t) != 0 {
+            return Err(std::io::Error::last_os_error()); // `file` closes it
         }
         libc::mmap(
             ptr::null_mut(),
@@ -323,7 +321,7 @@ fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
             0,
         )
     };
-    raw::close(fd);
+    drop(file);
     if mem == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }

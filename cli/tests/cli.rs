@@ -1317,3 +1317,31 @@ fn i_log_says_what_is_wrong() {
     assert!(stderr(&o).contains("no such process"), "{}", stderr(&o));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn j_a_stats_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("open-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let log = std::env::temp_dir().join(format!("rsock-cli-open-dir-{}.log", std::process::id()));
+    let held = Held::start(&dir, PY_PAIR, &[("RSOCK_LOG", log.to_str().unwrap())]);
+    let o = stat_in(&dir, &[]);
+    assert_eq!(
+        stdout(&o),
+        format!("no rsock processes in {}\n", dir.display())
+    );
+    held.finish();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("stats disabled") && text.contains("not sticky"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no file was made there"
+    );
+    std::fs::remove_file(log).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -2,6 +2,7 @@
 
 pub mod dl;
 mod errno;
+pub mod private;
 pub mod raw;
 pub mod real;
 pub mod sockaddr;
