@@ -106,15 +106,21 @@ pub struct Remote {
 
 impl Remote {
     /// Maps `<dir>/<pid>.stats` read-write. Fails with the open's error (EACCES: another
-    /// user's process), or EINVAL if the file is not a region of this layout for `pid`.
+    /// user's process), or EINVAL if the file is not a region of this layout for `pid`, or
+    /// a link, or not owned by the process's user (run as root, rsock must not write into
+    /// a file another user pointed it at).
     pub fn open(dir: &std::path::Path, pid: u32) -> std::io::Result<Remote> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         use std::os::unix::io::AsRawFd;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(dir.join(format!("{pid}.stats")))?;
         let len = std::mem::size_of::<Header>();
-        if f.metadata()?.len() < len as u64 {
+        let meta = f.metadata()?;
+        let owner = std::fs::metadata(format!("/proc/{pid}"))?.uid();
+        if meta.len() < len as u64 || meta.uid() != owner || meta.nlink() != 1 {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
         // SAFETY: mapping the header of a file we opened read-write, shared.
