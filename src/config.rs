@@ -205,12 +205,12 @@ impl Default for Config {
             stats_slots: 1024,
             connect_timeout_ms: 500,
             neg_cache_ms: 30_000,
-            ring_size: 256 * 1024,
-            send_buf: 256 * 1024,
+            ring_size: crate::proto::DEFAULT_RING_SIZE,
+            send_buf: crate::proto::DEFAULT_SEND_BUF_SIZE,
             buf_start: 16 * 1024,
             max_pinned_mb: None,
-            recv_credits: 64,
-            max_inline: 128,
+            recv_credits: crate::proto::DEFAULT_RECV_CREDITS,
+            max_inline: crate::proto::DEFAULT_MAX_INLINE,
             spin_us: 400,
             exclude: DEFAULT_EXCLUDE
                 .split(',')

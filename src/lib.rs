@@ -8,7 +8,10 @@
 //! - [`socket`] and [`api`]: the socket state machine and the libc-shaped entry points that
 //!   `preload/` forwards to.
 //! - [`proto`]: the sans-IO stream protocol (ring + credits + wire format), no I/O at all.
-//! - [`transport`]: drivers of the protocol (in-memory for tests; RDMA later).
+//! - [`engine`]: the RDMA path: connection setup, streams driving [`proto`] over RC queue
+//!   pairs, the helper thread, fork take-over and relay; [`rdma`] is its verbs/rdma_cm
+//!   layer, loaded with `dlopen`.
+//! - [`transport`]: an in-memory driver of the protocol, for tests.
 
 pub mod proto;
 pub mod rdma;

@@ -3,9 +3,9 @@
 //! States (each change goes through [`Socket::set_state`], which traces `A => B`):
 //!
 //! ```text
-//!   Created --connect--> Connecting --> Tcp (kernel TCP, fallback reason recorded)
-//!      |                     \--------> Rdma (not built yet)
-//!      \--listen--> Listening --accept--> (new socket, Tcp)
+//!   Created --connect--> Connecting --> Tcp (kernel TCP, its cause recorded)
+//!      |                     \--------> Rdma (a stream of the engine; see `api::connect`)
+//!      \--listen--> Listening --accept--> (new socket, Tcp or Rdma)
 //!   any --last fd closed--> Closed
 //! ```
 //!

@@ -159,9 +159,7 @@ pub(super) fn memory(
         ring_size,
         recv_credits: c.recv_credits,
         send_buf_size: send_size,
-        // Half the ring's worth of writes in flight is plenty (bursts merge); a smaller queue
-        // leaves room in the device's shared CQ for more connections.
-        send_queue_depth: 64,
+        send_queue_depth: proto::DEFAULT_SEND_QUEUE_DEPTH,
         max_inline: c.max_inline,
         ring_grow_to: full.ring,
         send_grow_to: full.send,

@@ -30,14 +30,27 @@ pub struct Config {
     pub send_grow_to: u32,
 }
 
+/// A connection's defaults, the one place they are set: the shim's settings
+/// (`crate::config::Config`), its connection setup and the QP caps start from these.
+pub const DEFAULT_RING_SIZE: u32 = 256 * 1024;
+/// Receive credits (`RSOCK_RECV_CREDITS`): receive WRs posted, so writes in flight.
+pub const DEFAULT_RECV_CREDITS: u32 = 64;
+/// Send buffer bytes (`RSOCK_SEND_BUF`).
+pub const DEFAULT_SEND_BUF_SIZE: u32 = 256 * 1024;
+/// Send queue depth: half the ring's worth of writes in flight is plenty (bursts merge),
+/// and a smaller queue leaves room in the device's shared CQ for more connections.
+pub const DEFAULT_SEND_QUEUE_DEPTH: u32 = 64;
+/// Largest inline write (`RSOCK_MAX_INLINE`).
+pub const DEFAULT_MAX_INLINE: u32 = 128;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
-            ring_size: 256 * 1024,
-            recv_credits: 128,
-            send_buf_size: 256 * 1024,
-            send_queue_depth: 128,
-            max_inline: 64,
+            ring_size: DEFAULT_RING_SIZE,
+            recv_credits: DEFAULT_RECV_CREDITS,
+            send_buf_size: DEFAULT_SEND_BUF_SIZE,
+            send_queue_depth: DEFAULT_SEND_QUEUE_DEPTH,
+            max_inline: DEFAULT_MAX_INLINE,
             ring_grow_to: 0,
             send_grow_to: 0,
         }

@@ -22,7 +22,10 @@ pub mod wire;
 
 use core::fmt;
 
-pub use config::{Config, ConfigError, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH};
+pub use config::{
+    Config, ConfigError, DEFAULT_MAX_INLINE, DEFAULT_RECV_CREDITS, DEFAULT_RING_SIZE,
+    DEFAULT_SEND_BUF_SIZE, DEFAULT_SEND_QUEUE_DEPTH, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH,
+};
 pub use conn::{
     Conn, Counters, Event, Failure, Handover, MigrateError, Readiness, RingCopy, State, Stats,
     Want, WrId, Write,

@@ -59,11 +59,14 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
+        use crate::proto::{DEFAULT_MAX_INLINE, DEFAULT_RECV_CREDITS, DEFAULT_SEND_QUEUE_DEPTH};
+        // What a stream asks for (`engine::setup::qp_caps`): one send WR more than the
+        // protocol's queue depth, for a keepalive probe.
         QpCaps {
-            max_send_wr: 128,
-            max_recv_wr: 128,
+            max_send_wr: DEFAULT_SEND_QUEUE_DEPTH + 1,
+            max_recv_wr: DEFAULT_RECV_CREDITS,
             max_send_sge: 2,
-            max_inline_data: 512,
+            max_inline_data: DEFAULT_MAX_INLINE,
         }
     }
 }
