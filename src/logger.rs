@@ -50,6 +50,11 @@ pub fn installed() -> Option<&'static [u8]> {
     LOGGER.get().map(|l| &l.path[..l.path.len() - 1])
 }
 
+/// Whether the installed logger can write its file now (opening it if need be).
+pub fn writable() -> bool {
+    LOGGER.get().is_some_and(|l| l.fd() >= 0)
+}
+
 /// Why the installed logger logs where it does (0 if none is installed).
 pub fn target() -> u32 {
     LOGGER.get().map_or(0, |l| l.target)

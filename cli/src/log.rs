@@ -4,8 +4,7 @@
 use crate::args::LogArgs;
 use crate::out::outln;
 use rsock_core::config::{Config, LevelFilter};
-use rsock_core::stats::control::{self, Remote, LOG_RSOCK_LOG, LOG_STATS_DIR};
-use std::os::unix::fs::MetadataExt;
+use rsock_core::stats::control::{self, Remote, LOG_RSOCK_LOG, LOG_STATS_DIR, LOG_UNWRITABLE};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -46,6 +45,12 @@ pub fn main(a: LogArgs) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    if remote.current().1 == LOG_UNWRITABLE {
+        return fail(format!(
+            "pid {pid} {comm}: log {}",
+            describe(&remote, &dir, pid)
+        ));
+    }
     outln!("pid {pid} {comm}: log {}", describe(&remote, &dir, pid));
     ExitCode::SUCCESS
 }
@@ -55,18 +60,21 @@ fn fail(msg: String) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// The stats directory of `pid`: this environment's for one of our own processes, else its
-/// user's default one (as root, to change another user's process).
+/// The stats directory of `pid`: this environment's if the process has a file there, else
+/// the default one of a user it runs as, or root's (where a server's worker made its file
+/// before it dropped root).
 fn default_dir(pid: u32) -> PathBuf {
     let own = Config::get().stats_dir.clone();
-    // SAFETY: cannot fail.
-    let me = unsafe { libc::geteuid() };
-    match std::fs::metadata(format!("/proc/{pid}")) {
-        Ok(m) if m.uid() != me && !own.join(format!("{pid}.stats")).exists() => {
-            PathBuf::from(format!("/dev/shm/rsock-{}", m.uid()))
-        }
-        _ => own,
-    }
+    let file = format!("{pid}.stats");
+    let uids = control::process_uids(pid).unwrap_or_default();
+    std::iter::once(own.clone())
+        .chain(
+            uids.iter()
+                .chain(&[0])
+                .map(|u| PathBuf::from(format!("/dev/shm/rsock-{u}"))),
+        )
+        .find(|d| d.join(&file).exists())
+        .unwrap_or(own)
 }
 
 fn open_error(dir: &Path, pid: u32, e: &std::io::Error) -> String {
@@ -105,6 +113,11 @@ fn describe(remote: &Remote, dir: &Path, pid: u32) -> String {
             None => format!("{level} to RSOCK_LOG"),
         },
         LOG_STATS_DIR => format!("{level} to {}", control::log_file(dir, file_pid).display()),
+        LOG_UNWRITABLE => format!(
+            "{level}, but the process cannot open its log file, so it logs nothing (did it \
+             drop the privileges it made its stats file with? start it with RSOCK_LOG set to \
+             a file it can write)"
+        ),
         _ => "off".into(),
     }
 }

@@ -21,6 +21,9 @@ pub const LOG_NOWHERE: u32 = 0;
 pub const LOG_RSOCK_LOG: u32 = 1;
 /// [`LogControl::target`]: logging to `<stats dir>/<pid>.log`, asked for by `rsock log`.
 pub const LOG_STATS_DIR: u32 = 2;
+/// [`LogControl::target`]: a log file is set but the process cannot open it (it dropped the
+/// privileges it made its stats file with, or the file's directory is gone).
+pub const LOG_UNWRITABLE: u32 = 3;
 
 /// The word for `level`: its index + 1.
 pub fn encode(level: LevelFilter) -> u32 {
@@ -82,10 +85,10 @@ fn apply(h: &Header, want: u32) {
             FILE_PID.store(h.pid, Relaxed);
         }
     }
-    let target = if crate::logger::installed().is_some() {
-        crate::logger::target()
-    } else {
-        LOG_NOWHERE
+    let target = match crate::logger::installed() {
+        None => LOG_NOWHERE,
+        Some(_) if level != LevelFilter::Off && !crate::logger::writable() => LOG_UNWRITABLE,
+        Some(_) => crate::logger::target(),
     };
     let before = decode(h.log.level.load(Relaxed)).unwrap_or(LevelFilter::Off);
     // Said at the higher of the two levels, so the change shows in the log either way.
@@ -119,8 +122,9 @@ impl Remote {
             .open(dir.join(format!("{pid}.stats")))?;
         let len = std::mem::size_of::<Header>();
         let meta = f.metadata()?;
-        let owner = std::fs::metadata(format!("/proc/{pid}"))?.uid();
-        if meta.len() < len as u64 || meta.uid() != owner || meta.nlink() != 1 {
+        // Made by the process under one of its uids, or by root before it dropped them.
+        let owner_ok = meta.uid() == 0 || process_uids(pid)?.contains(&meta.uid());
+        if meta.len() < len as u64 || !owner_ok || meta.nlink() != 1 {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
         // SAFETY: mapping the header of a file we opened read-write, shared.
@@ -169,6 +173,21 @@ impl Remote {
             l.file_pid.load(Relaxed),
         )
     }
+}
+
+/// The real, effective, saved and filesystem uids of `pid` (`/proc/PID/status`, readable by
+/// anyone; `/proc/PID` itself is root's for a process that changed credentials).
+pub fn process_uids(pid: u32) -> std::io::Result<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .map(|ids| {
+            ids.split_whitespace()
+                .filter_map(|u| u.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 impl Drop for Remote {

@@ -268,9 +268,35 @@ cell_stat_causes() {
     qps_released
 }
 
+# A process that made its stats file as root and then became nobody (as a server's worker
+# does) can still be asked for a log level: the file is root's and the process's; but it
+# cannot open a log in root's directory, and `rsock log` says so instead of claiming a log.
+cell_log_after_setuid() {
+    local dir=$CELL_DIR/st
+    bg drop $T env RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 "$T_BIN" run -- python3 -c '
+import os, socket, time
+socket.socket().close()          # the stats file, made as root
+os.setgid(65534); os.setuid(65534)
+for _ in range(3000):            # a socket every 20 ms: the shim looks at each
+    socket.socket().close(); time.sleep(0.02)'
+    wait_until 30 test -n "$(ls "$dir" 2>/dev/null)" || fail "no stats file"
+    local pid
+    pid=$(basename "$(ls "$dir"/*.stats | head -n1)" .stats)
+    wait_cond 30 "grep -q '^Uid:.65534' /proc/$pid/status" || fail "pid $pid did not become nobody"
+    local rc=0
+    "$T_BIN" log --dir "$dir" "$pid" debug > log.out 2>&1 || rc=$?
+    echo "# exit $rc: $(cat log.out)"
+    [ "$rc" -eq 1 ] || fail "rsock log exited $rc, want 1: $(cat log.out)"
+    grep -q "cannot open its log file" log.out || fail "rsock log does not say the log cannot be opened: $(cat log.out)"
+    "$T_BIN" stat --dir "$dir" --json | grep -q '"log":{"level":"debug","to":"unwritable"}' ||
+        fail "stat does not show the unwritable log: $("$T_BIN" stat --dir "$dir" --json)"
+    [ ! -e "$dir/$pid.log" ] || fail "a log file appeared although the process is nobody"
+    bg_stop drop
+}
+
 # ---- run -----------------------------------------------------------------------------------------
 
-CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes)
+CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes log_after_setuid)
 selected() {
     local p
     [ -z "$PATTERN" ] && return 0
