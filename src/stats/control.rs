@@ -94,7 +94,12 @@ fn apply(h: &Header, want: u32) {
     // Said at the higher of the two levels, so the change shows in the log either way.
     log::set_max_level(level.max(before));
     log::warn!("rsock log: level {before} -> {level} (asked by rsock log)");
-    log::set_max_level(level);
+    // A log it cannot open stays off: each record would try to open it again.
+    log::set_max_level(if target == LOG_UNWRITABLE {
+        LevelFilter::Off
+    } else {
+        level
+    });
     h.log.target.store(target, Relaxed);
     h.log.file_pid.store(FILE_PID.load(Relaxed), Relaxed);
     h.log.level.store(want, Release);
