@@ -61,10 +61,22 @@ struct Opts {
     drop_to: Option<u32>,
 }
 
-/// fork(2); Err on failure.
+/// `--raw-clone`: fork with the raw `clone` system call through `syscall(2)`, as vsftpd does
+/// (glibc runs no fork handlers for it).
+static RAW_CLONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// fork(2), or a raw clone; Err on failure.
 fn fork() -> io::Result<libc::pid_t> {
-    // SAFETY: plain fork; the child only runs this program's own code afterwards.
-    let p = unsafe { libc::fork() };
+    // SAFETY: plain fork (or clone without CLONE_VM and without a new stack: the same); the
+    // child only runs this program's own code afterwards.
+    let p = unsafe {
+        if RAW_CLONE.load(std::sync::atomic::Ordering::Relaxed) {
+            let flags = libc::SIGCHLD as libc::c_long;
+            libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) as libc::pid_t
+        } else {
+            libc::fork()
+        }
+    };
     if p < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -305,7 +317,7 @@ fn drop_root(uid: u32) -> io::Result<()> {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: fork_echo ADDR:PORT [--mode fork|shared|nofork] [--wait-data MS] [--daemon|--daemon-first] \
-         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID]"
+         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID] [--raw-clone]"
     );
     ExitCode::from(2)
 }
@@ -331,6 +343,7 @@ fn main() -> ExitCode {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--daemon" => o.daemon = 1,
+            "--raw-clone" => RAW_CLONE.store(true, std::sync::atomic::Ordering::Relaxed),
             "--daemon-first" => o.daemon = 2,
             _ => {
                 let Some(v) = it.next() else { return usage() };

@@ -11,6 +11,9 @@ use std::sync::{Once, OnceLock};
 
 static INIT: Once = Once::new();
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The fork handlers are registered: a fork made without glibc's `fork` (a raw `clone`
+/// through `syscall(2)`) must run them by hand.
+static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
 
 /// Whether the shim takes part (RSOCK_ENABLE); initialises everything on first call.
 /// Call only inside the reentrancy guard.
@@ -56,6 +59,7 @@ fn start() {
     crate::sys::raw::refresh_pid(); // cached before any vfork child could fill it
                                     // SAFETY: registering plain extern "C" fns; they run around every fork().
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
+    FORK_HANDLERS.store(true, Ordering::Release);
     ENABLED.store(cfg.enable, Ordering::Release);
 }
 
@@ -76,6 +80,21 @@ fn another_copy_first() -> Option<(String, String)> {
     }
     let name = |o: dl::Object| o.path.unwrap_or_else(|| format!("{:#x}", o.base));
     Some((name(first), name(me)))
+}
+
+/// Runs the fork handlers around `fork`, a raw fork (`clone` without `CLONE_VM`, made with
+/// `syscall(2)` as vsftpd does: glibc runs no `pthread_atfork` handler for it), if they are
+/// registered: the child then knows it is one, instead of taking itself for its parent.
+pub fn around_raw_fork(fork: impl FnOnce() -> libc::c_long) -> libc::c_long {
+    if !FORK_HANDLERS.load(Ordering::Acquire) {
+        return fork();
+    }
+    before_fork();
+    let r = fork();
+    if r == 0 {
+        after_fork_child();
+    }
+    r
 }
 
 /// In the parent, before a fork: the child may poll the streams it inherits, so their

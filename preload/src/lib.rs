@@ -7,7 +7,9 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use libc::{c_int, c_uint, c_ulong, c_void, fd_set, iovec, msghdr, nfds_t, off64_t, off_t, pid_t};
+use libc::{
+    c_int, c_long, c_uint, c_ulong, c_void, fd_set, iovec, msghdr, nfds_t, off64_t, off_t, pid_t,
+};
 use libc::{
     epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
 };

@@ -812,6 +812,43 @@ pub unsafe fn fork() -> pid_t {
     real::fork()
 }
 
+/// `syscall(2)`: passed to the kernel as it is, except a fork made with it — `clone` or
+/// `clone3` without `CLONE_VM`/`CLONE_THREAD` and without a new stack, or `fork` — which gets
+/// the fork handlers glibc's `fork` would have run (see `init::around_raw_fork`). The shim's
+/// own `syscall` calls come here too: nothing on this path locks, allocates or resolves.
+pub unsafe fn syscall(
+    n: libc::c_long,
+    a1: libc::c_long,
+    a2: libc::c_long,
+    a3: libc::c_long,
+    a4: libc::c_long,
+    a5: libc::c_long,
+    a6: libc::c_long,
+) -> libc::c_long {
+    let args = [a1, a2, a3, a4, a5, a6];
+    if raw_fork(n, a1, a2) {
+        init::around_raw_fork(|| raw::syscall6(n, args))
+    } else {
+        raw::syscall6(n, args)
+    }
+}
+
+/// Whether `syscall(n, a1, a2, ...)` makes a new process that does not share the caller's
+/// memory and goes on on the caller's stack (a fork).
+unsafe fn raw_fork(n: libc::c_long, a1: libc::c_long, a2: libc::c_long) -> bool {
+    let no_share = |flags: u64| flags & (libc::CLONE_VM | libc::CLONE_THREAD) as u64 == 0;
+    match n {
+        libc::SYS_fork => true,
+        libc::SYS_clone => no_share(a1 as u64) && a2 == 0,
+        libc::SYS_clone3 => {
+            // struct clone_args: flags at 0, stack at 40; the size (a2) covers both.
+            let args = a1 as *const u64;
+            !args.is_null() && a2 >= 48 && no_share(*args) && *args.add(5) == 0
+        }
+        _ => false,
+    }
+}
+
 // ---- readiness -----------------------------------------------------------------------------
 // The fd a program holds is always a real kernel fd whose readiness the shim drives, so
 // these forward. While the process has RDMA streams, a wait first handles completions: a

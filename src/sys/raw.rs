@@ -65,6 +65,36 @@ pub fn eventfd_take(fd: c_int) -> u64 {
     }
 }
 
+/// A system call with six arguments straight to the kernel, returning as glibc's
+/// `syscall(3)` does: -1 with errno set for an error. Used by the `syscall` hook, so that the
+/// shim's own `syscall` calls, which the loader binds to that hook too, never need `dlsym`.
+///
+/// # Safety
+/// As the system call `n` with these arguments.
+pub unsafe fn syscall6(n: c_long, a: [c_long; 6]) -> c_long {
+    let ret: c_long;
+    // SAFETY: the x86_64 Linux system call convention; the kernel clobbers rcx and r11.
+    std::arch::asm!(
+        "syscall",
+        inlateout("rax") n => ret,
+        in("rdi") a[0],
+        in("rsi") a[1],
+        in("rdx") a[2],
+        in("r10") a[3],
+        in("r8") a[4],
+        in("r9") a[5],
+        lateout("rcx") _,
+        lateout("r11") _,
+        options(nostack),
+    );
+    if (-4095..0).contains(&ret) {
+        set_errno(-ret as c_int);
+        -1
+    } else {
+        ret
+    }
+}
+
 /// `close(2)` straight to the kernel. Errno is preserved.
 pub fn close(fd: c_int) {
     let saved = errno();
