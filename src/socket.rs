@@ -380,6 +380,13 @@ impl Socket {
         stats::close_conn(SlotHandle(self.slot.swap(h.0, AcqRel)));
     }
 
+    /// A listening socket that lost its RDMA side (a credential change): on kernel TCP only
+    /// from now on, for what it accepts and for `rsock stat`.
+    pub fn lost_rdma(&self, why: Cause) {
+        self.set_tcp_only(why);
+        stats::set_tcp_only(SlotHandle(self.slot.load(Acquire)), why);
+    }
+
     /// Why this listener is on kernel TCP only, if it is.
     pub fn tcp_only(&self) -> Option<Cause> {
         let w = self.tcp_only.load(Relaxed);

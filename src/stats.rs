@@ -537,6 +537,18 @@ pub fn set_fd(h: SlotHandle, fd: i32) {
     }
 }
 
+/// A listener now on kernel TCP only (`cause` says why): its slot says so from now on.
+pub fn set_tcp_only(h: SlotHandle, cause: Cause) {
+    if let Some(s) = h.slot() {
+        let (detail, event) = cause.detail.encode();
+        s.reason
+            .store(cause.reason.map_or(u32::MAX, |r| r as u32), Relaxed);
+        s.detail.store(detail, Relaxed);
+        s.event.store(event, Relaxed);
+        s.path.store(Path::Tcp as u32, Relaxed);
+    }
+}
+
 /// Releases a connection's or listener's slot.
 pub fn close_conn(h: SlotHandle) {
     control::poll();

@@ -305,6 +305,10 @@ pub(super) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner, why: &st
 pub(super) fn to_kernel_only(s: &Socket, l: &Arc<Listener>, engine: &crate::engine::Engine) {
     to_kernel_listener(s, l, false);
     l.close(engine);
+    s.lost_rdma(Cause::new(
+        crate::stats::Fallback::RdmaUnavailable,
+        crate::stats::Detail::CredentialsChanged,
+    ));
     log::info!(
         "listener {}: kernel TCP only from now on (credential change)",
         l.token

@@ -545,12 +545,13 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     let listener = fdtable::get(fd);
     let blocking = listener.as_ref().is_some_and(|s| s.blocking_accept());
     // A listener's own reason goes to what it accepts only where it decides for every
-    // connection (the address is excluded or ruled out): one that lost the RDMA half for
-    // another reason (SO_REUSEPORT: a sibling listens on RDMA for the port) still accepts
+    // connection (the address is excluded or ruled out, or a credential change took its
+    // rdma_cm side away): one that lost the RDMA half for another reason (SO_REUSEPORT: a sibling listens on RDMA for the port) still accepts
     // only peers that came over TCP.
-    let tcp_only = listener
-        .and_then(|s| s.tcp_only())
-        .filter(|w| matches!(w.reason, Some(Fallback::Excluded | Fallback::Rule)));
+    let tcp_only = listener.and_then(|s| s.tcp_only()).filter(|w| {
+        matches!(w.reason, Some(Fallback::Excluded | Fallback::Rule))
+            || w.detail == crate::stats::Detail::CredentialsChanged
+    });
     loop {
         let nfd = if flags == 0 {
             real::accept(fd, addr, len)

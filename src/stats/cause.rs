@@ -44,6 +44,8 @@ pub enum Detail {
     RdmaOff(Option<u32>),
     /// This entry of `RSOCK_EXCLUDE` (counted from 1) names the address.
     Exclude(u32),
+    /// The process changed its credentials (`setuid` and friends) after its engine started.
+    CredentialsChanged,
 }
 
 impl Cause {
@@ -81,6 +83,7 @@ const TAG_FAILED: u32 = 1;
 const TAG_RULE: u32 = 2;
 const TAG_RDMA_OFF: u32 = 3;
 const TAG_EXCLUDE: u32 = 4;
+const TAG_CREDENTIALS: u32 = 5;
 
 impl Detail {
     /// The two slot words: (`detail`, `event`).
@@ -98,6 +101,7 @@ impl Detail {
             Detail::Rule(line) => (tagged(TAG_RULE, line), 0),
             Detail::RdmaOff(line) => (tagged(TAG_RDMA_OFF, line.unwrap_or(0)), 0),
             Detail::Exclude(n) => (tagged(TAG_EXCLUDE, n), 0),
+            Detail::CredentialsChanged => (tagged(TAG_CREDENTIALS, 0), 0),
         }
     }
 
@@ -115,6 +119,7 @@ impl Detail {
             TAG_RULE => Detail::Rule(v),
             TAG_RDMA_OFF => Detail::RdmaOff((v != 0).then_some(v)),
             TAG_EXCLUDE => Detail::Exclude(v),
+            TAG_CREDENTIALS => Detail::CredentialsChanged,
             _ => Detail::None,
         }
     }
@@ -178,6 +183,7 @@ impl fmt::Display for Detail {
             Detail::RdmaOff(None) => f.write_str("RSOCK_RDMA=0"),
             Detail::RdmaOff(Some(line)) => write!(f, "RSOCK_RDMA=0 (rules file line {line})"),
             Detail::Exclude(n) => write!(f, "RSOCK_EXCLUDE entry {n}"),
+            Detail::CredentialsChanged => f.write_str("the process changed its credentials"),
         }
     }
 }
@@ -223,6 +229,7 @@ mod tests {
             Detail::RdmaOff(None),
             Detail::RdmaOff(Some(7)),
             Detail::Exclude(3),
+            Detail::CredentialsChanged,
         ] {
             let (a, b) = d.encode();
             assert_eq!(Detail::decode(a, b), d, "{d:?} as {a:#x} {b:#x}");

@@ -279,7 +279,7 @@ socket.socket().close()          # the stats file, made as root
 os.setgid(65534); os.setuid(65534)
 for _ in range(3000):            # a socket every 20 ms: the shim looks at each
     socket.socket().close(); time.sleep(0.02)'
-    wait_until 30 test -n "$(ls "$dir" 2>/dev/null)" || fail "no stats file"
+    wait_cond 30 "ls '$dir'/*.stats > /dev/null 2>&1" || fail "no stats file in $dir"
     local pid
     pid=$(basename "$(ls "$dir"/*.stats | head -n1)" .stats)
     wait_cond 30 "grep -q '^Uid:.65534' /proc/$pid/status" || fail "pid $pid did not become nobody"
@@ -294,9 +294,43 @@ for _ in range(3000):            # a socket every 20 ms: the shim looks at each
     bg_stop drop
 }
 
+# A server that listens as root and then becomes nobody in the same process (lighttpd,
+# tinyproxy) loses its rdma_cm side: `rsock stat` says so for the listener and for what it
+# accepts, and the rsock client's connection goes over kernel TCP, its bytes intact.
+cell_listener_after_setuid() {
+    rs srv; bg srv $T "${RS[@]}" -- python3 -c '
+import os, socket, sys
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((sys.argv[1], int(sys.argv[2]))); l.listen()
+open(sys.argv[3], "w").write(str(os.getpid()))
+os.setgid(65534); os.setuid(65534)
+c, _ = l.accept()
+data = b""
+while True:
+    b = c.recv(65536)
+    if not b: break
+    data += b
+c.sendall(data); c.shutdown(socket.SHUT_WR)
+import time; time.sleep(300)' "$A" "$PORT" "$CELL_DIR/srv.pid"
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    wait_cond 60 "grep -q '^Uid:.65534' /proc/$(cat srv.pid)/status" || fail "the server did not become nobody"
+    rs cli; bg_in cli $T "$DATA" "${RS[@]}" -- $NC -N "$A" "$PORT"
+    expect_status cli 0
+    soft expect_same_file "$DATA" cli.out
+    "$T_BIN" stat --dir "$CELL_DIR/srv" > srv.stat
+    sed 's/^/#   /' srv.stat | grep -E 'listening|fd '
+    grep -qE "listening on $A:$PORT  tcp only \(rdma_unavailable: the process changed its credentials\)" srv.stat ||
+        fail "the listener does not say it lost RDMA: $(cat srv.stat)"
+    grep -qE "^  fd [0-9]+ +tcp .*\(rdma_unavailable: the process changed its credentials\)" srv.stat ||
+        fail "the accepted connection does not say why it is on TCP: $(cat srv.stat)"
+    bg_stop srv
+    qps_released
+}
+
 # ---- run -----------------------------------------------------------------------------------------
 
-CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes log_after_setuid)
+CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes log_after_setuid listener_after_setuid)
 selected() {
     local p
     [ -z "$PATTERN" ] && return 0
