@@ -219,6 +219,17 @@ pub struct ConnSlot {
     pub rx: AtomicU64,
 }
 
+impl ConnSlot {
+    /// Records `cause`: its reason and both words of its detail.
+    fn set_cause(&self, cause: Cause) {
+        let (detail, event) = cause.detail.encode();
+        self.reason
+            .store(cause.reason.map_or(u32::MAX, |r| r as u32), Relaxed);
+        self.detail.store(detail, Relaxed);
+        self.event.store(event, Relaxed);
+    }
+}
+
 /// Byte length of a region with `nslots` slots.
 pub fn region_len(nslots: u32) -> usize {
     std::mem::size_of::<Header>() + nslots as usize * std::mem::size_of::<ConnSlot>()
@@ -504,11 +515,7 @@ fn claim(
             s.kind.store(kind, Relaxed);
             s.fd.store(fd, Relaxed);
             s.path.store(path as u32, Relaxed);
-            s.reason
-                .store(cause.reason.map_or(u32::MAX, |r| r as u32), Relaxed);
-            let (detail, event) = cause.detail.encode();
-            s.detail.store(detail, Relaxed);
-            s.event.store(event, Relaxed);
+            s.set_cause(cause);
             s.tx.store(0, Relaxed);
             s.rx.store(0, Relaxed);
             // SAFETY: we own the slot while seq is odd; readers retry on odd seq.
@@ -540,11 +547,7 @@ pub fn set_fd(h: SlotHandle, fd: i32) {
 /// A listener now on kernel TCP only (`cause` says why): its slot says so from now on.
 pub fn set_tcp_only(h: SlotHandle, cause: Cause) {
     if let Some(s) = h.slot() {
-        let (detail, event) = cause.detail.encode();
-        s.reason
-            .store(cause.reason.map_or(u32::MAX, |r| r as u32), Relaxed);
-        s.detail.store(detail, Relaxed);
-        s.event.store(event, Relaxed);
+        s.set_cause(cause);
         s.path.store(Path::Tcp as u32, Relaxed);
     }
 }
