@@ -59,3 +59,19 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     api::exit_now(status)
 }
+
+/// `syscall(2)`, variadic in C: the six words it may take, as the x86_64 SysV convention
+/// passes them. Never forwarded to libc's (the kernel is called directly), so it has no
+/// real function to resolve.
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
+    api::syscall(n, a1, a2, a3, a4, a5, a6)
+}

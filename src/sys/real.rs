@@ -9,9 +9,7 @@
 //! Calling through a pointer is one relaxed load plus an indirect call: this is the whole
 //! cost the shim adds to an fd it does not own, besides the fd-table load.
 
-use libc::{
-    c_int, c_long, c_uint, c_ulong, c_void, fd_set, iovec, msghdr, nfds_t, off64_t, off_t, pid_t,
-};
+use libc::{c_int, c_uint, c_ulong, c_void, fd_set, iovec, msghdr, nfds_t, off64_t, off_t, pid_t};
 use libc::{
     epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
@@ -116,7 +114,6 @@ macro_rules! with_hooked_functions {
             fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
             fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
             fn close(fd: c_int) -> c_int;
-            fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long;
             fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
             fn dup(fd: c_int) -> c_int;
             fn dup2(old: c_int, new: c_int) -> c_int;
