@@ -27,11 +27,6 @@ impl NegCache {
         NegCache::default()
     }
 
-    /// Whether `dest` failed RDMA less than its time-to-live ago.
-    pub fn contains(&self, dest: &SocketAddr, now: Instant) -> bool {
-        self.failure(dest, now).is_some()
-    }
-
     /// How `dest` failed RDMA, if it did less than its time-to-live ago.
     pub fn failure(&self, dest: &SocketAddr, now: Instant) -> Option<Detail> {
         let dest = &crate::addr::v4_of(*dest);
@@ -88,6 +83,12 @@ impl NegCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl NegCache {
+        fn contains(&self, dest: &SocketAddr, now: Instant) -> bool {
+            self.failure(dest, now).is_some()
+        }
+    }
 
     fn a(s: &str) -> SocketAddr {
         s.parse().unwrap()
