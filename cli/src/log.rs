@@ -4,7 +4,7 @@
 use crate::args::LogArgs;
 use crate::out::outln;
 use rsock_core::config::{Config, LevelFilter};
-use rsock_core::stats::control::{self, Remote, LOG_RSOCK_LOG, LOG_STATS_DIR, LOG_UNWRITABLE};
+use rsock_core::stats::control::{self, Remote, LOG_UNWRITABLE};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -99,26 +99,20 @@ fn open_error(dir: &Path, pid: u32, e: &std::io::Error) -> String {
     }
 }
 
-/// "info to /var/log/x.log", "debug to DIR/PID.log", "off".
+/// "info to /var/log/x.log", "debug to DIR/PID.log", "off", and what to do when the
+/// process cannot open its log.
 fn describe(remote: &Remote, dir: &Path, pid: u32) -> String {
     let (level, target, file_pid) = remote.current();
-    let level = match level {
-        None => return "level not known yet".into(),
-        Some(LevelFilter::Off) => return "off".into(),
-        Some(l) => l.as_str().to_lowercase(),
-    };
-    match target {
-        LOG_RSOCK_LOG => match rsock_log_of(pid) {
-            Some(path) => format!("{level} to {path}"),
-            None => format!("{level} to RSOCK_LOG"),
-        },
-        LOG_STATS_DIR => format!("{level} to {}", control::log_file(dir, file_pid).display()),
-        LOG_UNWRITABLE => format!(
-            "{level}, but the process cannot open its log file, so it logs nothing (did it \
-             drop the privileges it made its stats file with? start it with RSOCK_LOG set to \
-             a file it can write)"
-        ),
-        _ => "off".into(),
+    let rsock_log = rsock_log_of(pid).unwrap_or_else(|| "RSOCK_LOG".into());
+    let stats_file = control::log_file(dir, file_pid);
+    let said = control::describe(level, target, &rsock_log, &stats_file.to_string_lossy());
+    if target == LOG_UNWRITABLE {
+        format!(
+            "{said} (did it drop the privileges it made its stats file with? start it with \
+             RSOCK_LOG set to a file it can write)"
+        )
+    } else {
+        said
     }
 }
 

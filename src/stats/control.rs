@@ -35,6 +35,29 @@ pub fn decode(word: u32) -> Option<LevelFilter> {
     LevelFilter::iter().nth(word.checked_sub(1)? as usize)
 }
 
+/// How a process logs, in words: "off", "debug to FILE", ... `rsock_log` names the file of
+/// `RSOCK_LOG`, `stats_file` the one `rsock log` turned on (`LOG_STATS_DIR`).
+pub fn describe(
+    level: Option<LevelFilter>,
+    target: u32,
+    rsock_log: &str,
+    stats_file: &str,
+) -> String {
+    let level = match level {
+        None => return "level not known yet".into(),
+        Some(LevelFilter::Off) => return "off".into(),
+        Some(l) => l.as_str().to_lowercase(),
+    };
+    match target {
+        LOG_RSOCK_LOG => format!("{level} to {rsock_log}"),
+        LOG_STATS_DIR => format!("{level} to {stats_file}"),
+        LOG_UNWRITABLE => {
+            format!("{level}, but the process cannot open its log file, so it logs nothing")
+        }
+        _ => "off".into(),
+    }
+}
+
 /// The file a process logs to when `rsock log` turned its log on.
 pub fn log_file(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
     dir.join(format!("{pid}.log"))

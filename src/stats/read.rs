@@ -353,20 +353,8 @@ impl Snapshot {
 impl Snapshot {
     /// Where the process logs, as `rsock stat` says it: "off", "info to RSOCK_LOG", ...
     pub fn log_text(&self) -> String {
-        use super::control::{LOG_RSOCK_LOG, LOG_STATS_DIR, LOG_UNWRITABLE};
-        match self.log {
-            (None, ..) => "unknown".into(),
-            (Some(log::LevelFilter::Off), ..) | (_, 0, _) => "off".into(),
-            (Some(l), LOG_RSOCK_LOG, _) => format!("{} to RSOCK_LOG", l.as_str().to_lowercase()),
-            (Some(l), LOG_STATS_DIR, pid) => format!("{} to {pid}.log", l.as_str().to_lowercase()),
-            (Some(l), LOG_UNWRITABLE, _) => {
-                format!(
-                    "{}, but its log file cannot be opened",
-                    l.as_str().to_lowercase()
-                )
-            }
-            (Some(l), ..) => l.as_str().to_lowercase(),
-        }
+        let (level, target, file_pid) = self.log;
+        super::control::describe(level, target, "RSOCK_LOG", &format!("{file_pid}.log"))
     }
 
     fn log_json(&self) -> String {
