@@ -25,17 +25,10 @@ while (($#)); do
   esac
   shift
 done
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-case $OUT in "$ROOT"/*) ;; *) echo "--out must be inside $ROOT (the guests see only the project)" >&2; exit 2 ;; esac
+. bench/rdma/host-lib.sh
 log() { printf 'pair-bench: %s\n' "$*" >&2; }
-if ((BUILD)); then
-  cargo build --release --workspace --lib --bins --examples >&2 || { log "build failed"; exit 1; }
-fi
-# The guests use a copy: a rebuild in the tree during the run cannot swap the binaries.
-rm -rf "$OUT/bin" && mkdir -p "$OUT/bin"
-for f in librsock.so rsock examples/pingpong; do
-  cp "target/release/$f" "$OUT/bin/" || { log "missing target/release/$f"; exit 2; }
-done
+OUT=$(bench_out "$OUT") || exit 2
+bench_bins "$OUT" "$BUILD" || exit $?
 tests/rdma-vm/setup.sh >&2 || { log "test bed setup failed"; exit 97; }
 # The real servers and their load tools (the guests run the host's installed programs).
 need=()

@@ -25,16 +25,10 @@ while (($#)); do
   esac
   shift
 done
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-case $OUT in "$ROOT"/*) ;; *) echo "--out must be inside $ROOT (the guest sees only the project)" >&2; exit 2 ;; esac
+. bench/rdma/host-lib.sh
 log() { printf 'profile: %s\n' "$*" >&2; }
-if ((BUILD)); then
-  cargo build --release --workspace --lib --bins --examples >&2 || { log "build failed"; exit 1; }
-fi
-rm -rf "$OUT/bin" && mkdir -p "$OUT/bin"
-for f in librsock.so rsock examples/pingpong; do
-  cp "target/release/$f" "$OUT/bin/" || { log "missing target/release/$f"; exit 2; }
-done
+OUT=$(bench_out "$OUT") || exit 2
+bench_bins "$OUT" "$BUILD" || exit $?
 vm_env=(-e BENCH_BIN="$OUT/bin")
 if [[ -n $BASE ]]; then
   sha=$(git rev-parse --verify "$BASE^{commit}") || { log "unknown revision $BASE"; exit 2; }
