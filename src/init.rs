@@ -15,11 +15,45 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 /// through `syscall(2)`) must run them by hand.
 static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
 
-/// Whether the shim takes part (RSOCK_ENABLE); initialises everything on first call.
-/// Call only inside the reentrancy guard.
+/// The process installed a seccomp filter ([`seal`]).
+static SEALED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the shim takes part (RSOCK_ENABLE, and not [`sealed`]); initialises everything
+/// on first call. Call only inside the reentrancy guard.
 pub fn enabled() -> bool {
+    if sealed() {
+        return false; // start-up reads files: the filter may forbid that
+    }
     INIT.call_once(start);
     ENABLED.load(Ordering::Acquire)
+}
+
+/// Whether the process has installed a seccomp filter.
+#[inline]
+pub fn sealed() -> bool {
+    SEALED.load(Ordering::Relaxed)
+}
+
+/// The program is about to install a seccomp filter (`how`). A filter allows the calls the
+/// program makes, not the shim's: vsftpd's kills the process on any other, and the shim's
+/// (opening a stats or log file, an rdma_cm device, a relay socket, `gettid` for a log line)
+/// are not in it. So from here the shim stands aside: sockets made from now on are not
+/// tracked, received fds are not looked at, no stats region is made, no log line is written.
+/// What it tracks already stays as it is (a relayed fd needs nothing from it; an RDMA stream
+/// this process owns needs its helper thread, which a filter without `TSYNC` does not cover).
+pub fn seal(how: &str) {
+    if SEALED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if INIT.is_completed() {
+        let _g = crate::guard::enter();
+        log::info!(
+            "{how}: a seccomp filter is being installed: from now on new sockets are the \
+             kernel's, with no stats and no log (docs/LIMITATIONS.md)"
+        );
+    }
+    crate::stats::seal();
+    log::set_max_level(log::LevelFilter::Off);
 }
 
 fn start() {

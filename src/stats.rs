@@ -376,6 +376,9 @@ fn process_start_sec() -> u64 {
 }
 
 extern "C" fn remove_file_at_exit() {
+    if crate::init::sealed() {
+        return; // the filter may forbid it; `rsock stat` skips a dead process's file
+    }
     let h = REGION.load(Acquire);
     let f = FILE.load(Acquire);
     // SAFETY: h is our live mapping. A forked child exiting must not remove its parent's file.
@@ -386,6 +389,11 @@ extern "C" fn remove_file_at_exit() {
     unsafe { libc::unlink(f) };
 }
 
+/// No region is made from now on (`init::seal`): making one opens and maps a file.
+pub fn seal() {
+    let _ = CREATE.compare_exchange(0, 2, AcqRel, Acquire);
+}
+
 /// Forgets the parent's region in a forked child (see the module doc). A child that
 /// inherited tracked sockets gets its own region at once, while it still has its parent's
 /// credentials: servers drop root right after fork (nginx's and Apache's workers, rsyncd,
@@ -394,8 +402,8 @@ pub fn after_fork_child() {
     REGION.store(ptr::null_mut(), Release); // the old mapping stays; it is small and harmless
     FILE.store(ptr::null_mut(), Release);
     EPOCH.fetch_add(1, AcqRel);
-    CREATE.store(0, Release);
-    if Config::get().stats && crate::fdtable::high_water() > 0 {
+    CREATE.store(if crate::init::sealed() { 2 } else { 0 }, Release);
+    if CREATE.load(Acquire) == 0 && Config::get().stats && crate::fdtable::high_water() > 0 {
         create();
     }
 }

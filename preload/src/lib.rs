@@ -75,3 +75,16 @@ pub unsafe extern "C" fn syscall(
 ) -> c_long {
     api::syscall(n, a1, a2, a3, a4, a5, a6)
 }
+
+/// `prctl(2)`, variadic in C: the four words after the option. Passed to the kernel
+/// directly, like [`syscall`]; the shim watches for a seccomp filter being installed.
+#[no_mangle]
+pub unsafe extern "C" fn prctl(
+    option: c_int,
+    a2: c_ulong,
+    a3: c_ulong,
+    a4: c_ulong,
+    a5: c_ulong,
+) -> c_int {
+    api::prctl(option, a2, a3, a4, a5)
+}

@@ -136,6 +136,17 @@ pub(super) fn stream(s: &Socket) -> Option<Arc<Stream>> {
     }
 }
 
+/// `dup2` put `s` on stdio: a stream another process owns is relayed now rather than at
+/// first use. A server that hands a connection to a child on stdio (inetd style; vsftpd's
+/// session process) may take away the means to set a relay up before it reads: vsftpd sets
+/// `RLIMIT_NOFILE` to 0 and installs a seccomp filter, after which the request to the owner
+/// fails and the connection would hang.
+pub(super) fn onto_stdio(s: &Socket) {
+    if matches!(s.attachment(), Some(Attachment::Stream(st)) if !st.owner().is_me()) {
+        let _ = here(s);
+    }
+}
+
 /// Makes the inherited stream `st` this process's own (take-over), or else a relayed socket.
 fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     let _g = crate::guard::enter();
@@ -549,12 +560,12 @@ fn attach_rdma(nfd: c_int, r: &Reply, ends: ipc::Ends, nonblock: bool) {
 /// `msg` is the message `recvmsg` just filled.
 #[cold]
 pub(super) unsafe fn received_rights(msg: *const libc::msghdr) {
-    if !crate::config::Config::get().enable {
-        return;
-    }
     let Some(_g) = crate::guard::enter() else {
         return;
     };
+    if !super::init::enabled() {
+        return;
+    }
     let mut h = libc::CMSG_FIRSTHDR(msg);
     while !h.is_null() {
         if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {

@@ -200,7 +200,7 @@ fn connect_rdma(
 }
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    let Some(s) = fdtable::get(fd) else {
+    let Some(s) = fdtable::get(fd).filter(|_| !init::sealed()) else {
         return real::connect(fd, addr, len);
     };
     let Some(_g) = guard::enter() else {
@@ -315,7 +315,7 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
 }
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
-    let Some(s) = fdtable::get(fd) else {
+    let Some(s) = fdtable::get(fd).filter(|_| !init::sealed()) else {
         return real::listen(fd, backlog);
     };
     if let Some(Attachment::Listener(l)) = s.attachment() {
@@ -660,7 +660,12 @@ pub unsafe fn fclose(stream: *mut libc::FILE) -> c_int {
 /// dup2/dup3 onto `new`: the kernel closed whatever `new` was, so forget it too.
 fn duped_onto(old: c_int, new: c_int) {
     match fdtable::get(old) {
-        Some(s) => share(&s, new),
+        Some(s) => {
+            share(&s, new);
+            if (0..=2).contains(&new) && !raw::in_vfork_child() && !guard::active() {
+                keep_errno(|| inherit::onto_stdio(&s));
+            }
+        }
         None => forget(new),
     }
 }
@@ -827,11 +832,48 @@ pub unsafe fn syscall(
     a6: libc::c_long,
 ) -> libc::c_long {
     let args = [a1, a2, a3, a4, a5, a6];
+    if installs_seccomp(n, a1) {
+        init::seal("syscall(seccomp)");
+    }
     if raw_fork(n, a1, a2) {
         init::around_raw_fork(|| raw::syscall6(n, args))
     } else {
         raw::syscall6(n, args)
     }
+}
+
+/// Whether `syscall(n, a1, ...)` installs a seccomp filter (or strict mode).
+fn installs_seccomp(n: libc::c_long, a1: libc::c_long) -> bool {
+    let mode = a1 as libc::c_uint;
+    match n {
+        libc::SYS_seccomp => {
+            mode == libc::SECCOMP_SET_MODE_FILTER || mode == libc::SECCOMP_SET_MODE_STRICT
+        }
+        libc::SYS_prctl => a1 == libc::PR_SET_SECCOMP as libc::c_long,
+        _ => false,
+    }
+}
+
+/// `prctl(2)`: passed to the kernel, after [`init::seal`] when it installs a seccomp filter.
+pub unsafe fn prctl(
+    option: c_int,
+    a2: libc::c_ulong,
+    a3: libc::c_ulong,
+    a4: libc::c_ulong,
+    a5: libc::c_ulong,
+) -> c_int {
+    if option == libc::PR_SET_SECCOMP {
+        init::seal("prctl(PR_SET_SECCOMP)");
+    }
+    let args = [
+        option as libc::c_long,
+        a2 as _,
+        a3 as _,
+        a4 as _,
+        a5 as _,
+        0,
+    ];
+    raw::syscall6(libc::SYS_prctl, args) as c_int
 }
 
 /// Whether `syscall(n, a1, a2, ...)` makes a new process that does not share the caller's

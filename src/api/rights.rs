@@ -22,10 +22,13 @@ use libc::{c_int, msghdr, ssize_t};
 /// `msg` is the program's message for `sendmsg`.
 #[cold]
 pub(super) unsafe fn sending(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
-    if !crate::config::Config::get().enable || msg.is_null() || (*msg).msg_control.is_null() {
+    if msg.is_null() || (*msg).msg_control.is_null() {
         return None;
     }
     let _g = crate::guard::enter()?;
+    if !crate::init::enabled() {
+        return None;
+    }
     let control =
         std::slice::from_raw_parts((*msg).msg_control.cast::<u8>(), (*msg).msg_controllen);
     let mut copy = control.to_vec();

@@ -454,6 +454,32 @@ cell_two_copies() {
 
 # ---- run ----------------------------------------------------------------------------------
 
+# A program that installs a seccomp filter, as vsftpd's session processes do, then uses TCP
+# (examples/sandboxed.rs): the filter kills it on open, openat, unlink and unlinkat, which the
+# program makes none of, so the shim must stand aside from then on (no rules file, stats
+# region, log file or stats-file removal). Filter before any socket, or after one connection
+# (counted; nothing after it is), installed by prctl or by syscall(SYS_seccomp).
+cell_seccomp_filter() {
+    local i=0 a
+    for a in "" "--socket-first" "--via syscall" "--socket-first --via syscall"; do
+        i=$((i + 1))
+        mkdir -p "$CELL_DIR/s$i"
+        # shellcheck disable=SC2086 # $a is zero or more words
+        bg p$i $T shimmed "$CELL_DIR/s$i" RSOCK_LOG="$CELL_DIR/p$i.log" "$EX/sandboxed" $a
+        expect_status p$i 0
+    done
+    for i in 1 3; do
+        expect_no_stats "$CELL_DIR/s$i" "p$i (filter first)"
+        [ ! -e "$CELL_DIR/p$i.log" ] || fail "p$i: the shim started under the filter"
+    done
+    for i in 2 4; do
+        expect_stats "$CELL_DIR/s$i" p$i 'nproc==1' 'conns.tcp==2' 'conns.rdma==0' \
+            'fallback.excluded==2' 'tx.tcp==rx.tcp' 'tx.tcp==2*1048576'
+        grep -q "a seccomp filter is being installed" "$CELL_DIR/p$i.log" ||
+            fail "p$i: the log does not say the shim stood aside"
+    done
+}
+
 CELLS=(
     nc_client_to_server nc_server_to_client nc_bidirectional
     iperf3 iperf3_reverse iperf3_parallel4
@@ -466,6 +492,7 @@ CELLS=(
     refused_connect
     enable_0 stats_removed_at_exit malformed_config
     two_copies
+    seccomp_filter
 )
 t0=$SECONDS
 for c in "${CELLS[@]}"; do
