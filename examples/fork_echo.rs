@@ -7,6 +7,7 @@
 //! fork_echo ADDR:PORT [--mode fork|shared|nofork] [--wait-data MS]
 //!           [--daemon | --daemon-first] [--pidfile F] [--log F]
 //!           [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID]
+//!           [--raw-clone] [--stdin-locked]
 //! ```
 //!
 //! - `fork` (default): the parent closes its copy of the connection right after fork.
@@ -23,6 +24,9 @@
 //!   in the child (default 60 s).
 //! - `--drop-to UID`: the child drops root before its first read, as rsyncd, sshd's
 //!   privilege separation and inetd services do: `setgroups([])`, `setgid(UID)`, `setuid(UID)`.
+//! - `--stdin-locked`: as vsftpd's session process, the child moves the connection to fd 0
+//!   (`dup2`, then closes the original), sets `RLIMIT_NOFILE` to 0 (no new fd at all) and
+//!   serves it on fd 0.
 //!
 //! The event log (`--log`, one line per event, O_APPEND) has `listen pid=P`, `accept pid=P
 //! conn=I peer=..`, `fork pid=P child=C conn=I readable_before_fork=0|1`, `serve pid=C
@@ -64,6 +68,30 @@ struct Opts {
 /// `--raw-clone`: fork with the raw `clone` system call through `syscall(2)`, as vsftpd does
 /// (glibc runs no fork handlers for it).
 static RAW_CLONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `--stdin-locked` (see the module doc).
+static STDIN_LOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The connection moved to fd 0 of a process that may open no more fds (`--stdin-locked`).
+fn onto_locked_stdin(o: &Opts, conn: TcpStream) -> io::Result<TcpStream> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    fork_proto::keep_log_open(o.log.as_deref());
+    let fd = conn.into_raw_fd();
+    let none = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: fd is the connection's, given up above; fd 0 is replaced by it.
+    unsafe {
+        if libc::dup2(fd, 0) != 0 || libc::close(fd) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &none) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(TcpStream::from_raw_fd(0))
+    }
+}
 
 /// fork(2), or a raw clone; Err on failure.
 fn fork() -> io::Result<libc::pid_t> {
@@ -259,6 +287,18 @@ fn run(o: &Opts) -> io::Result<u8> {
                         std::process::exit(1);
                     }
                 }
+                let conn = if STDIN_LOCKED.load(std::sync::atomic::Ordering::Relaxed) {
+                    match onto_locked_stdin(o, conn) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let line = format!("error pid={} conn={i} stdin-locked: {e}", pid());
+                            log_line(o.log.as_deref(), &line);
+                            std::process::exit(1);
+                        }
+                    }
+                } else {
+                    conn
+                };
                 let ok = child_serve(o, conn, i);
                 std::process::exit(if ok { 0 } else { 1 });
             }
@@ -317,7 +357,7 @@ fn drop_root(uid: u32) -> io::Result<()> {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: fork_echo ADDR:PORT [--mode fork|shared|nofork] [--wait-data MS] [--daemon|--daemon-first] \
-         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID] [--raw-clone]"
+         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID] [--raw-clone] [--stdin-locked]"
     );
     ExitCode::from(2)
 }
@@ -344,6 +384,7 @@ fn main() -> ExitCode {
         match a.as_str() {
             "--daemon" => o.daemon = 1,
             "--raw-clone" => RAW_CLONE.store(true, std::sync::atomic::Ordering::Relaxed),
+            "--stdin-locked" => STDIN_LOCKED.store(true, std::sync::atomic::Ordering::Relaxed),
             "--daemon-first" => o.daemon = 2,
             _ => {
                 let Some(v) = it.next() else { return usage() };

@@ -298,12 +298,34 @@ pub fn serve(mut conn: TcpStream, timeout: Option<Duration>) -> io::Result<Serve
 /// processes never interleave). Errors are ignored: the log is evidence, not control.
 pub fn log_line(path: Option<&str>, line: &str) {
     let Some(path) = path else { return };
+    if let Some(mut f) = KEPT_LOG.get() {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
+        return;
+    }
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
     {
         let _ = f.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+/// The event log, opened once by a process about to lose the right to open files.
+static KEPT_LOG: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+
+/// Keeps the event log at `path` open for [`log_line`] from now on.
+#[allow(dead_code)] // not every example that shares this module needs it
+pub fn keep_log_open(path: Option<&str>) {
+    let f = path.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+    });
+    if let Some(f) = f {
+        let _ = KEPT_LOG.set(f);
     }
 }
 

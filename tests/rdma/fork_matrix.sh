@@ -59,7 +59,7 @@ declare -A EXPECT_QP_OWNER=(
     [prefork_blocking]=child [prefork_epoll]=child [prefork_relay]=parent [fork_echo_relay]=parent
     [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
     [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
-    [fork_echo_setuid]=child [fork_echo_raw_clone]=child
+    [fork_echo_setuid]=child [fork_echo_raw_clone]=child [fork_echo_stdin_locked]=parent
     [python_forking]=child
     [python_client_control]=parent [subprocess_during_transfer]=parent  # no fork on the server side
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
@@ -328,6 +328,13 @@ cell_fork_echo_setuid() {
 # The server forks with the raw clone system call (syscall(SYS_clone, SIGCHLD)), as vsftpd
 # does: glibc runs no fork handler, the shim's syscall hook does.
 cell_fork_echo_raw_clone() { fork_echo_cell 3 --file "$DATA" --parallel 3 -- --raw-clone; expect_up_sha cli; }
+# vsftpd's session process: a raw clone, the connection dup2'd onto fd 0 and the original
+# closed, then RLIMIT_NOFILE 0 before the first read. The stream is relayed at the dup2 (a
+# take-over or a relay asked for later would need fds): the parent keeps the QP.
+cell_fork_echo_stdin_locked() {
+    fork_echo_cell 3 --file "$DATA" --parallel 3 -- --raw-clone --stdin-locked
+    expect_up_sha cli
+}
 cell_fork_echo_daemon() { fork_echo_cell 2 --file "$DATA" -- --daemon --idle-exit 120; expect_up_sha cli; }
 cell_fork_echo_daemon_first() { fork_echo_cell 2 --file "$DATA" -- --daemon-first --idle-exit 120; expect_up_sha cli; }
 
@@ -710,6 +717,7 @@ CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
+    fork_echo_stdin_locked
     python_forking python_client_control subprocess_during_transfer
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
     ncat_sh_exec ncat_sh_exec_plain
