@@ -42,7 +42,9 @@ pub fn sealed() -> bool {
 /// What it tracks already stays as it is (a relayed fd needs nothing from it; an RDMA stream
 /// this process owns needs its helper thread, which a filter without `TSYNC` does not cover).
 pub fn seal(how: &str) {
-    if SEALED.swap(true, Ordering::AcqRel) {
+    // A vfork child shares its parent's memory: sealing there would seal the parent, which
+    // installs no filter. The child is about to exec (a filter it installs goes with it).
+    if crate::sys::raw::in_vfork_child() || SEALED.swap(true, Ordering::AcqRel) {
         return;
     }
     if INIT.is_completed() {
