@@ -1,17 +1,16 @@
 //! The engine's helper thread: sleeps in `epoll_wait` on the rdma_cm channel, the devices'
 //! completion channels and the listeners' fds, and does what no application thread is there
 //! to do — ring doorbells for sleeping readers and writers, accept connections for
-//! listeners, handle disconnects, and tear down closed streams.
+//! listeners, handle disconnects, and tear down closed streams. Here too: its epoll set (what
+//! it watches, under which tag) and the eventfd that wakes it.
 //!
 //! The thread holds the reentrancy guard for its whole life: everything it calls, and
 //! everything librdmacm/libibverbs call on its behalf, goes straight to libc.
 
 use super::stream::{TIMED, WATCHED};
-use super::{
-    lock, Engine, TAG_ASYNC, TAG_CM, TAG_DEV, TAG_HOLD, TAG_IPC, TAG_IPC_CONN, TAG_LISTEN_RDMA,
-    TAG_LISTEN_TCP, TAG_MASK, TAG_WAKE,
-};
-use crate::rdma::EventKind;
+use super::{lock, Engine, Listener};
+use crate::rdma::{self, EventKind};
+use libc::c_int;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,7 +101,7 @@ fn drain_eventfd(fd: i32) {
     };
 }
 
-fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<super::Listener>)) {
+fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<Listener>)) {
     let l = lock(&engine.listeners).get(&token).cloned();
     if let Some(l) = l {
         f(&l);
@@ -168,5 +167,96 @@ fn reap(engine: &Engine) {
             lock(&engine.closing).retain(|x| !Arc::ptr_eq(x, &s));
             log::debug!("rdma stream {} -> {} closed and freed", s.local, s.peer);
         }
+    }
+}
+
+// Epoll tags of the helper thread: kind in the top byte, index or token below.
+pub(super) const TAG_WAKE: u64 = 0;
+pub(super) const TAG_CM: u64 = 1 << 56;
+pub(super) const TAG_DEV: u64 = 2 << 56;
+pub(super) const TAG_LISTEN_RDMA: u64 = 3 << 56;
+pub(super) const TAG_LISTEN_TCP: u64 = 4 << 56;
+pub(super) const TAG_IPC: u64 = 5 << 56;
+pub(super) const TAG_HOLD: u64 = 6 << 56;
+pub(super) const TAG_ASYNC: u64 = 7 << 56;
+pub(super) const TAG_IPC_CONN: u64 = 8 << 56;
+pub(super) const TAG_MASK: u64 = 0xff << 56;
+
+impl Engine {
+    pub(super) fn watch(&self, fd: c_int, tag: u64) -> Result<(), rdma::Error> {
+        self.epoll_ctl(libc::EPOLL_CTL_ADD, fd, libc::EPOLLIN as u32, tag)
+    }
+
+    /// Watches `fd` for one readiness report; [`rearm_oneshot`](Self::rearm_oneshot) asks
+    /// for the next (a kernel listener must not wake the helper while the queue is full).
+    pub(super) fn watch_oneshot(&self, fd: c_int, tag: u64) -> Result<(), rdma::Error> {
+        self.epoll_ctl(
+            libc::EPOLL_CTL_ADD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+            tag,
+        )
+    }
+
+    pub(super) fn rearm_oneshot(&self, fd: c_int, tag: u64) {
+        if let Err(e) = self.epoll_ctl(
+            libc::EPOLL_CTL_MOD,
+            fd,
+            (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+            tag,
+        ) {
+            log::warn!("re-arming a listener: {e}");
+        }
+    }
+
+    pub(super) fn epoll_ctl(
+        &self,
+        op: c_int,
+        fd: c_int,
+        events: u32,
+        tag: u64,
+    ) -> Result<(), rdma::Error> {
+        let mut ev = libc::epoll_event { events, u64: tag };
+        // SAFETY: valid epoll fd and event.
+        if unsafe { crate::sys::real::epoll_ctl(self.epfd, op, fd, &mut ev) } != 0 {
+            return Err(rdma::Error::last_os("epoll_ctl"));
+        }
+        Ok(())
+    }
+
+    pub(super) fn unwatch(&self, fd: c_int) {
+        // SAFETY: valid epoll fd; a missing fd just fails.
+        unsafe {
+            crate::sys::real::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
+        };
+    }
+
+    /// Starts the helper thread (once).
+    pub fn ensure_helper(&'static self) {
+        self.helper.call_once(|| {
+            let r = std::thread::Builder::new()
+                .name("rsock-engine".into())
+                .spawn(move || run(self));
+            if let Err(e) = r {
+                log::error!("cannot start the engine thread: {e}; blocking calls will poll");
+            }
+        });
+    }
+
+    /// Helper: answers the deferred connect requests that accept queues have room for now.
+    pub(super) fn admit_deferred(&'static self) {
+        if self.deferred.load(Relaxed) == 0 {
+            return;
+        }
+        let all: Vec<Arc<Listener>> = lock(&self.listeners).values().cloned().collect();
+        for l in all {
+            l.admit_deferred(self);
+        }
+    }
+
+    /// Wakes the helper thread (to look at the closing list, drain for `_exit`, or answer
+    /// deferred connect requests).
+    pub(super) fn wake(&self) {
+        crate::sys::raw::eventfd_add(self.wake_fd);
     }
 }

@@ -1,0 +1,161 @@
+//! At process exit (`exit`, return from `main`, `_exit`): listeners other processes share are
+//! handed on, and every stream delivers what it holds, FIN included, bounded by the linger
+//! time — on the exiting thread, or for `_exit` on the helper thread.
+
+use super::singleton::ENGINE;
+use super::{active, get, listener, lock, Engine, Listener, Stream};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// At process exit (`exit`, return from `main`, `_exit`): give every stream a graceful close
+/// and wait — bounded by the linger time — until the bytes it holds and its FIN have reached
+/// the peer. The kernel keeps delivering a TCP socket's queued bytes after its process is
+/// gone; ours live in this process's memory, so the process waits for them instead.
+pub fn drain_at_exit() {
+    if !has_exit_work() || crate::sys::raw::in_vfork_child() {
+        return; // a vfork child's exit must not touch its parent's streams
+    }
+    let Some(e) = get() else { return };
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    }; // inside the shim (a signal handler?)
+    e.hand_listeners_on(false);
+    drain_streams(e, false);
+}
+
+/// Whether this process has streams to drain or listeners to hand on at exit (no lock).
+fn has_exit_work() -> bool {
+    active() || listener::OWNED.load(Relaxed) != 0
+}
+
+/// `_exit`'s drain, async-signal-safe (`_exit` may be called from a signal handler): this
+/// thread only sets a flag, rings the helper thread, which drains as [`drain_at_exit`]
+/// does, and waits for its answer, bounded by the linger time. No lock, no allocation.
+pub fn drain_at_exit_from_any_context() {
+    if !has_exit_work() || crate::sys::raw::in_vfork_child() {
+        return;
+    }
+    // SAFETY: engines are leaked, never freed: a non-null pointer stays valid.
+    let Some(e) = (unsafe { ENGINE.load(Acquire).as_ref() }) else {
+        return;
+    };
+    // Not ours (a fork child's copy), no helper (so no stream), or this thread is inside the
+    // shim — the helper could wait for a lock it holds: nothing to drain that can be drained.
+    if e.pid != crate::sys::raw::pid() || !e.helper.is_completed() || crate::guard::active() {
+        return;
+    }
+    e.exit_asked.store(true, Release);
+    e.wake();
+    let mut p = libc::pollfd {
+        fd: e.exit_done_fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = (e.linger().as_millis() + 200) as libc::c_int;
+    // SAFETY: one pollfd on our eventfd; poll(2) is async-signal-safe.
+    unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, ms) };
+}
+
+/// How long an exiting owner waits for the first, or next, of its queued connections to be
+/// accepted through it.
+const HAND_ON_IDLE: Duration = Duration::from_secs(2);
+
+impl Engine {
+    /// At exit: listeners other processes use stop taking connections in, and the ones
+    /// already queued wait — bounded by the linger time — to be accepted through this
+    /// process (a kernel listener's queue outlives the process that made it; ours lives in
+    /// its memory). `on_helper`: the helper thread waits, so it answers requests itself.
+    fn hand_listeners_on(&'static self, on_helper: bool) {
+        let shared: Vec<Arc<Listener>> = lock(&self.listeners)
+            .values()
+            .filter(|l| l.shared())
+            .cloned()
+            .collect();
+        if shared.is_empty() {
+            return;
+        }
+        shared.iter().for_each(|l| l.stop_feeding(self));
+        let queued = || shared.iter().map(|l| l.queued()).sum::<usize>();
+        let start = std::time::Instant::now();
+        let (mut left, mut moved_at) = (queued(), start);
+        // Up to the linger time, and only while the queue is being taken (the others may be
+        // exiting too: a server shutting down).
+        while left > 0 && start.elapsed() < self.linger() && moved_at.elapsed() < HAND_ON_IDLE {
+            if on_helper {
+                self.serve_requests();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            let now = queued();
+            if now < left {
+                moved_at = std::time::Instant::now();
+            }
+            left = now;
+        }
+        log::info!(
+            "exit: {} listener(s) handed on to the processes that share them ({left} connection(s) left unaccepted)",
+            shared.len()
+        );
+    }
+
+    /// Helper: `_exit` may have asked for the exit drain; answers once it is done.
+    pub(super) fn exit_drain_if_asked(&'static self) {
+        if self.exit_asked.swap(false, AcqRel) {
+            self.hand_listeners_on(true);
+            drain_streams(self, true);
+            crate::sys::raw::eventfd_add(self.exit_done_fd);
+        }
+    }
+}
+
+/// Delivers what every stream of `e` holds, FIN included, bounded by the linger time (call
+/// inside the reentrancy guard). `on_helper`: the helper thread drains, so it answers other
+/// processes' requests here itself.
+fn drain_streams(e: &'static Engine, on_helper: bool) {
+    let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
+    let deadline = std::time::Instant::now() + e.linger();
+    // A stream the program let go of while another process holds its A (passed with
+    // SCM_RIGHTS, or a fork child's that it has yet to use) is that process's to use: it
+    // gets the linger to take the stream over before this engine, and the QP, are gone.
+    // One the program still held at exit is not waited for (a child that inherited it and
+    // never uses it would hold the exit up for nothing).
+    let passed = |s: &Arc<Stream>| {
+        s.app_gone.load(Acquire) && s.bell().peer_holds() && !s.released.load(Acquire)
+    };
+    while streams.iter().any(passed) && std::time::Instant::now() < deadline {
+        if on_helper {
+            e.serve_requests();
+        }
+        e.progress_devices(false);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Relayed streams first take in what their holders already wrote (a fork child that has
+    // just exited may have left its last bytes in the relay), as far as the linger allows.
+    while streams.iter().any(|s| s.relay_pending()) && std::time::Instant::now() < deadline {
+        e.progress_devices(false);
+        streams.iter().for_each(|s| s.on_hold_event());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    for s in &streams {
+        s.close_for_exit();
+    }
+    loop {
+        e.progress_devices(false);
+        let left = streams.iter().filter(|s| !s.flushed()).count();
+        if left == 0 {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            log::warn!(
+                "exit: {left} RDMA stream(s) still had unacknowledged bytes after {:?}",
+                e.linger()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+pub(super) extern "C" fn drain_at_exit_c() {
+    drain_at_exit();
+}

@@ -1,0 +1,182 @@
+//! Who holds an RDMA socket: the program's fds and calls in this process, copies of its A in
+//! other processes, relay ends. When the last one lets go: the close (graceful, or a reset
+//! for `SO_LINGER` 0) and the stream's retirement to the helper, which tears it down.
+
+use super::helper::TAG_HOLD;
+use super::{get, lock, Engine, Stream};
+use libc::c_int;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+/// This process's last fd of an RDMA socket is closed. The owner lets the connection finish
+/// in the background (or resets it, for `SO_LINGER` with a zero timeout) once no other
+/// process holds it either, or stops a listener; any other process only drops its own copy
+/// of the doorbell (what the owner watches to learn that the last holder is gone).
+pub fn detach(a: crate::socket::Attachment) {
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    };
+    // `get` only for the owner: another process has nothing of its own to close.
+    match a {
+        crate::socket::Attachment::Stream(s) => {
+            // Only the owner's own threads make calls on it (a fork child's copy of the
+            // counter may show a parent thread's call, which never ends there).
+            if !(s.owner().is_me() && s.defer_close()) {
+                stream_fd_closed(&s);
+            }
+        }
+        crate::socket::Attachment::Listener(l) => match l.owner.is_me().then(get).flatten() {
+            // Like a kernel listener, it lives while any process holds it (prefork masters
+            // often close theirs after forking the workers).
+            Some(engine) => {
+                l.release_app();
+                if l.bell().peer_holds() {
+                    engine.watch_hold(l.bell().shim_fd(), l.token);
+                } else {
+                    l.close(engine);
+                }
+            }
+            None => {
+                // This process's copies: A, and the kernel listener it would take over.
+                l.bell().release_app();
+                crate::sys::raw::close(l.tcp_fd);
+            }
+        },
+        // The program's fd was the only copy here: closing it lets the owner see the last
+        // holder go.
+        crate::socket::Attachment::Relayed(_) | crate::socket::Attachment::Passed(_) => {}
+    }
+}
+
+/// The program's last fd of `s` is closed and no call of it is in progress (call inside
+/// the reentrancy guard).
+pub(super) fn stream_fd_closed(s: &Arc<Stream>) {
+    match s.owner().is_me().then(get).flatten() {
+        Some(engine) => {
+            s.release_app();
+            s.app_gone.store(true, Release);
+            engine.settle_holders(s);
+        }
+        // A copy inherited from the owner: its locks are never taken here (a parent
+        // thread may have held one at the fork), and nothing else uses its doorbell. A
+        // stream this process handed over keeps its options fd until now.
+        None => {
+            s.bell().release_app();
+            if s.moved_away.swap(false, AcqRel) {
+                crate::sys::raw::close(s.opts_fd);
+            }
+        }
+    }
+}
+
+/// A program call on a stream, from start to end (see [`Stream::defer_close`]); create and
+/// drop it inside the reentrancy guard.
+pub struct Call<'a>(&'a Arc<Stream>);
+
+impl<'a> Call<'a> {
+    /// The call starts.
+    pub fn begin(s: &'a Arc<Stream>) -> Call<'a> {
+        s.call_begins();
+        Call(s)
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if self.0.call_ends() {
+            stream_fd_closed(self.0);
+        }
+    }
+}
+
+/// Whether the program set `SO_LINGER` on with a zero timeout (close means reset).
+fn linger_zero(opts_fd: c_int) -> bool {
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: valid out-buffer of len bytes.
+    let r = unsafe {
+        crate::sys::real::getsockopt(
+            opts_fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
+impl Engine {
+    /// A stream whose program fds are all closed: the helper finishes and frees it.
+    pub fn retire(&'static self, s: Arc<Stream>) {
+        lock(&self.closing).push(s);
+        self.ensure_helper();
+        self.wake();
+    }
+
+    /// The owner's program has no fd of `s` any more: finish it if no other process holds it
+    /// either, else watch for the last holder to go (helper: `on_hold_event`).
+    pub(super) fn settle_holders(&'static self, s: &Arc<Stream>) {
+        if !s.held() {
+            self.close_unheld(s);
+        } else if !s.hold_watched.swap(true, AcqRel) {
+            lock(&self.held_elsewhere).push(s.clone());
+            self.watch_hold(s.bell().shim_fd(), s.token);
+            self.ensure_helper();
+        }
+    }
+
+    /// Watches `fd` (a doorbell's or relay's B) for changes that matter to `token`'s stream.
+    pub(super) fn watch_hold(&self, fd: c_int, token: u64) {
+        let ev = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+        if let Err(e) = self.epoll_ctl(libc::EPOLL_CTL_ADD, fd, ev, TAG_HOLD | token) {
+            log::warn!("watching a holder of stream {token}: {e}");
+        }
+    }
+
+    /// Nobody holds `s` any more: the graceful (or lingering-zero) close, once.
+    pub(super) fn close_unheld(&'static self, s: &Arc<Stream>) {
+        if s.released.swap(true, AcqRel) {
+            return;
+        }
+        self.unwatch(s.bell().shim_fd());
+        for fd in s.relay_fds() {
+            self.unwatch(fd);
+        }
+        s.app_closed(linger_zero(s.opts_fd));
+        self.retire(s.clone());
+    }
+
+    /// Helper: something changed on a holder of stream `token`.
+    pub(super) fn on_hold_event(&'static self, token: u64) {
+        let l = lock(&self.listeners).get(&token).cloned();
+        if let Some(l) = l {
+            if !l.bell().peer_holds() {
+                self.unwatch(l.bell().shim_fd());
+                l.close(self); // the last process holding it let go
+            }
+            return;
+        }
+        let Some(s) = lock(&self.streams_by_token).get(&token).cloned() else {
+            return;
+        };
+        s.on_hold_event();
+        if s.app_gone.load(Acquire) && !s.held() {
+            self.close_unheld(&s);
+        }
+    }
+
+    /// Helper: closes the streams held elsewhere whose last holder has gone.
+    pub(super) fn recheck_holders(&'static self) {
+        let list: Vec<Arc<Stream>> = lock(&self.held_elsewhere).clone();
+        for s in list {
+            if s.released.load(Acquire) || !s.held() {
+                self.close_unheld(&s);
+                lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, &s));
+            }
+        }
+    }
+}
