@@ -297,7 +297,7 @@ victim_raw() {
 # at 2^62 (the owner's helper, which also takes new connections in, stalls: no refusal
 # within 5 s, victims slower than VICTIM_S s), or that refuses without a bound. Checked
 # 2026-11-25 against librsock.so built without the owner's beyond-a-ring check
-# (engine/takeover.rs, answer_export) and the taker's granted_end window check
+# (engine/takeover/owner.rs, answer_export) and the taker's granted_end window check
 # (proto/conn/migrate.rs, from_handover): FAIL — the 4 granted_end resumes were ACCEPTED
 # (ESTABLISHED), the 4 sent_end ones each held the owner 1 s (refused after 1.0-3.0 s), a
 # victim connection took 4139 ms, and 4 QPs of accepted attackers stayed.
@@ -375,7 +375,7 @@ oversized_resume_cell() {
 # resumes on the thread that serves everyone else (victims slower than VICTIM_S s), or that
 # lets one MIGRATE disturb other connections (a victim's echo differs or fails). Checked
 # 2026-11-25 against librsock.so built so that a MIGRATE never leads to a resume
-# (engine/takeover.rs, schedule_resume returning at once): FAIL — 0 of 16 connections
+# (engine/takeover/mover.rs, schedule_resume returning at once): FAIL — 0 of 16 connections
 # ended, no failed resume in the log, 16 RC QPs left. (A resume to a dead port is rejected
 # at once, so the movers' concurrency and deadline are not what this cell proves.)
 cell_isolation_migrate_storm() {

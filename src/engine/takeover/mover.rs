@@ -1,0 +1,209 @@
+//! The mover threads: what waits on a remote peer runs there, never on the helper — the
+//! staying peer's resume towards the process that took its peer's end over, and the old
+//! owner's reclaim of a stream (the hand-over back).
+
+use super::HANDOVER_TIMEOUT;
+use crate::engine::ipc::{self, Reply};
+use crate::engine::{lock, Engine, Stream};
+use crate::proto::{Hello, HelloKind};
+use crate::rdma::{self, ConnParam, EventKind};
+use crate::sys::raw;
+use libc::c_int;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// At most this many resumes run at once (each on a long-lived mover thread).
+const MAX_MOVERS: usize = 4;
+
+impl Engine {
+    /// Any thread, stream lock held: the peer of stream `token` moves to `port`. The resume
+    /// may block, so it runs on a mover thread (long-lived: the QPs it makes stay attributed
+    /// to a live thread in `rdma resource show`); up to [`MAX_MOVERS`] run at once, so one
+    /// slow or hostile peer does not hold up the others.
+    pub(in crate::engine) fn schedule_resume(&'static self, token: u64, port: u16) {
+        self.to_mover(MoverJob::Resume { token, port });
+    }
+
+    /// Helper: [`Request::Reclaim`](ipc::Request::Reclaim) is answered by a mover thread (the hand-over back waits
+    /// for the remote peer's resume; the helper never waits on a peer). `None`: queued, with
+    /// copies of the caller's connection and proof.
+    pub(in crate::engine) fn defer_reclaim(
+        &'static self,
+        token: u64,
+        taker: ipc::Owner,
+        call: ipc::Call,
+    ) -> Option<(Reply, Option<c_int>)> {
+        if lock(&self.moved).get(token, call.proof) != Some(taker) {
+            return Some((Reply::Failed(libc::ENOENT), None));
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on fds the ipc server holds for this call.
+        let (conn, proof) = unsafe {
+            (
+                raw::hide(crate::sys::real::fcntl(call.conn, libc::F_DUPFD_CLOEXEC, 0)),
+                raw::hide(crate::sys::real::fcntl(
+                    call.proof,
+                    libc::F_DUPFD_CLOEXEC,
+                    0,
+                )),
+            )
+        };
+        if conn < 0 || proof < 0 {
+            raw::close(conn);
+            raw::close(proof);
+            return Some((Reply::Failed(libc::EMFILE), None));
+        }
+        let call = ipc::Call { conn, proof };
+        self.to_mover(MoverJob::Reclaim { token, taker, call });
+        None
+    }
+
+    /// Queues `job` for a mover thread, starting one if none is idle (up to [`MAX_MOVERS`]).
+    fn to_mover(&'static self, job: MoverJob) {
+        let spawn = {
+            let mut q = lock(&self.resumes);
+            q.queue.push_back(job);
+            let spawn = q.idle == 0 && q.threads < MAX_MOVERS;
+            if spawn {
+                q.threads += 1;
+            }
+            spawn
+        };
+        if spawn {
+            let r = std::thread::Builder::new()
+                .name("rsock-mover".into())
+                .spawn(move || self.run_mover());
+            if let Err(e) = r {
+                log::error!("no thread for resumes ({e})");
+                lock(&self.resumes).threads -= 1;
+            }
+        }
+        self.resume_cv.notify_one();
+    }
+
+    /// A mover thread: resumes streams whose peer moved, and takes streams back, one at a
+    /// time.
+    fn run_mover(&'static self) {
+        let Some(_g) = crate::guard::enter() else {
+            return;
+        };
+        loop {
+            let job = {
+                let mut q = lock(&self.resumes);
+                q.idle += 1;
+                while q.queue.is_empty() {
+                    q = self.resume_cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+                q.idle -= 1;
+                match q.queue.pop_front() {
+                    Some(next) => next,
+                    None => continue,
+                }
+            };
+            match job {
+                MoverJob::Resume { token, port } => {
+                    let s = lock(&self.streams_by_token).get(&token).cloned();
+                    if let Some(s) = s {
+                        resume(self, s, port);
+                    }
+                }
+                MoverJob::Reclaim { token, taker, call } => {
+                    let (r, fd) = self.answer_reclaim(token, taker, call.proof);
+                    ipc::reply(call.conn, &r, fd);
+                    raw::close(call.proof);
+                }
+            }
+        }
+    }
+}
+
+/// What a mover thread does.
+enum MoverJob {
+    /// Our peer moved to `port`: resume stream `token` there.
+    Resume { token: u64, port: u16 },
+    /// [`Request::Reclaim`](ipc::Request::Reclaim), answered on `call`.
+    Reclaim {
+        token: u64,
+        taker: ipc::Owner,
+        call: ipc::Call,
+    },
+}
+
+/// Jobs waiting for a mover thread, and the threads there are.
+#[derive(Default)]
+pub struct Resumes {
+    queue: std::collections::VecDeque<MoverJob>,
+    threads: usize,
+    idle: usize,
+}
+
+/// Staying peer, mover thread: waits for the old QP to go quiet, connects a new QP to the
+/// taker with the resume hello, and swaps it in. A failure resets the stream.
+fn resume(engine: &'static Engine, s: Arc<Stream>, port: u16) {
+    let started = Instant::now();
+    match resume_steps(engine, &s, port) {
+        Ok(()) => log::info!(
+            "rdma stream {} -> {}: resumed with the peer's new process in {} us",
+            s.local,
+            s.peer,
+            started.elapsed().as_micros()
+        ),
+        Err(why) => s.on_fatal(&format!("resume after the peer moved: {why}")),
+    }
+}
+
+fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(), String> {
+    let deadline = Instant::now() + HANDOVER_TIMEOUT;
+    while !s.quiesced() {
+        if Instant::now() > deadline {
+            return Err("the old queue pair did not drain".into());
+        }
+        if engine.progress(&s.dev) == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    let (pd, caps, hello) = s.resume_parts().ok_or("no queue pair")?;
+    let dest = SocketAddr::new(s.peer.ip(), port);
+    let src = SocketAddr::new(s.local.ip(), 0);
+    let left = deadline.saturating_duration_since(Instant::now());
+    let (id, dev) =
+        rdma::resolve(Some(src), dest, s.token, left).map_err(|e| format!("resolve: {e}"))?;
+    if !Arc::ptr_eq(&dev, &s.dev.dev) {
+        return Err("the taker is on another device".into());
+    }
+    let rc = rdma::Conn::new(id, &pd, caps).map_err(|(e, _)| format!("queue pair: {e}"))?;
+    let _held = engine.hold_qp(rc.qp_num());
+    connect_resume(engine, s, rc, &hello, deadline)
+}
+
+/// The resume's connect on the new QP `rc`, and the swap once the taker accepted.
+fn connect_resume(
+    engine: &'static Engine,
+    s: &Arc<Stream>,
+    mut rc: rdma::Conn,
+    hello: &Hello,
+    deadline: Instant,
+) -> Result<(), String> {
+    rc.post_recvs(0, hello.recv_credits)
+        .map_err(|e| format!("receives: {e}"))?;
+    let bytes = hello.to_bytes();
+    let param = ConnParam {
+        private_data: &bytes[..hello.encoded_len()],
+        ..ConnParam::default()
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ev = rdma::connect_event(&mut rc, &param, left).map_err(|e| format!("connect: {e}"))?;
+    if ev.kind != EventKind::Established {
+        return Err(format!("connect: {}", ev.name()));
+    }
+    let accept = Hello::parse_kind(ev.private_data(), HelloKind::Accept)
+        .map_err(|e| format!("accept hello: {e}"))?;
+    drop(ev);
+    rc.id_mut()
+        .migrate(&engine.ch)
+        .map_err(|e| format!("migrate id: {e}"))?;
+    let (old, old_qp) = s.finish_resume(rc, &accept)?;
+    engine.route_qp(s, Some(old_qp));
+    drop(old); // the old QP and id (its flushes are no one's now)
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! The old owner's side of a hand-over: it answers the taker's requests on its helper thread
+//! ([`Request::Take`], [`Request::Export`]), hands a prefork worker a stream it accepted,
+//! takes a stream back before its taker changes credentials ([`Request::Reclaim`]), and
+//! remembers where the streams it handed over went.
+
+use super::{take_over, Inherited, HANDOVER_TIMEOUT};
+use crate::engine::ipc::{self, Reply, Request};
+use crate::engine::setup::{self, BufSizes};
+use crate::engine::{lock, Engine, Stream};
+use crate::sys::{raw, unix};
+use libc::c_int;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How many handed-over streams an engine remembers (to send requests on), and how long.
+const MOVED_KEPT: usize = 4096;
+const MOVED_FOR: Duration = Duration::from_secs(600);
+
+/// Streams handed over to another process: requests for them are sent on, to whoever still
+/// holds their A (the same proof as for a stream that is here).
+#[derive(Default)]
+pub struct Moved {
+    by_token: std::collections::HashMap<u64, Gone>,
+}
+
+/// Where a stream went, the identity of its A, and when.
+struct Gone {
+    to: ipc::Owner,
+    identity: Option<unix::Identity>,
+    at: Instant,
+}
+
+impl Moved {
+    fn insert(&mut self, token: u64, to: ipc::Owner, identity: Option<unix::Identity>) {
+        let at = Instant::now();
+        self.by_token
+            .retain(|_, g| at.duration_since(g.at) < MOVED_FOR);
+        if self.by_token.len() >= MOVED_KEPT {
+            let oldest = self.by_token.iter().min_by_key(|e| e.1.at).map(|e| *e.0);
+            if let Some(t) = oldest {
+                self.by_token.remove(&t);
+            }
+        }
+        self.by_token.insert(token, Gone { to, identity, at });
+    }
+
+    pub(super) fn forget(&mut self, token: u64) {
+        self.by_token.remove(&token);
+    }
+
+    pub(super) fn get(&self, token: u64, proof: c_int) -> Option<ipc::Owner> {
+        let g = self.by_token.get(&token)?;
+        (g.identity.is_some() && unix::file_identity(proof) == g.identity).then_some(g.to)
+    }
+}
+
+impl Engine {
+    /// Old owner, helper thread: [`Request::Take`] — MIGRATE to the peer, B to the caller.
+    pub(in crate::engine) fn answer_take(
+        &'static self,
+        s: &Arc<Stream>,
+        port: u16,
+        taker: ipc::Owner,
+    ) -> (Reply, Option<c_int>) {
+        if s.released.load(std::sync::atomic::Ordering::Acquire) {
+            return (Reply::Failed(libc::ECONNRESET), None);
+        }
+        if let Err(e) = s.start_move(port) {
+            return (Reply::Failed(e), None);
+        }
+        let deadline = Instant::now() + 2 * HANDOVER_TIMEOUT;
+        lock(&self.leaving).push((s.token, deadline));
+        // SAFETY: F_DUPFD_CLOEXEC on our own B; the reply carries the copy.
+        let b = raw::hide(unsafe {
+            crate::sys::real::fcntl(s.bell().shim_fd(), libc::F_DUPFD_CLOEXEC, 0)
+        });
+        log::debug!(
+            "rdma stream {} -> {}: moving to pid {} (port {port})",
+            s.local,
+            s.peer,
+            taker.pid
+        );
+        // The sizes as the move froze them (buffers grow; the taker's copy may be older).
+        let (ring, send) = s.sizes();
+        let r = Reply::Doorbell {
+            conn_id: s.conn_id,
+            sizes: BufSizes { ring, send }.packed(),
+            ends: s.ends(),
+        };
+        match b {
+            b if b >= 0 => (r, Some(b)),
+            _ => (Reply::Failed(libc::EMFILE), None),
+        }
+    }
+
+    /// Old owner, helper thread: [`Request::Export`] — once the peer's bytes up to the
+    /// resume point are in, the state in a memfd; the stream is the caller's from then on.
+    pub(in crate::engine) fn answer_export(
+        &'static self,
+        s: &Arc<Stream>,
+        resume_at: u64,
+        taker: ipc::Owner,
+    ) -> (Reply, Option<c_int>) {
+        // The peer cannot have written more than a ring beyond what we received.
+        let (ring, _) = s.sizes();
+        if resume_at > s.received_end().saturating_add(u64::from(ring)) {
+            log::warn!(
+                "rdma stream {} -> {}: the peer resumes at {resume_at}, beyond anything it could send",
+                s.local,
+                s.peer
+            );
+            return (Reply::Failed(libc::EPROTO), None);
+        }
+        // Not all in yet: the taker asks again (for up to EXPORT_WAIT). This thread never
+        // waits on a peer, which may name a point it never wrote.
+        if s.received_end() < resume_at {
+            self.progress(&s.dev);
+            if s.received_end() < resume_at {
+                return (Reply::Failed(libc::EAGAIN), None);
+            }
+        }
+        let Some(state) = s.export(taker) else {
+            return (Reply::Failed(libc::ECONNRESET), None);
+        };
+        // The stream is the taker's: this engine forgets it (requests are sent on), keeps
+        // nothing of its doorbell, and frees its QP and memory once drained.
+        lock(&self.streams_by_token).remove(&s.token);
+        lock(&self.moved).insert(s.token, taker, s.bell().identity());
+        lock(&self.leaving).retain(|&(t, _)| t != s.token);
+        lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, s));
+        self.unwatch(s.bell().shim_fd());
+        for fd in s.relay_fds() {
+            self.unwatch(fd);
+        }
+        raw::close(s.bell().take_shim());
+        s.released.store(true, std::sync::atomic::Ordering::Release);
+        self.retire(s.clone());
+        match unix::memfd_with(&state) {
+            Ok(fd) => (Reply::State, Some(fd)),
+            Err(e) => {
+                log::error!("hand-over state not passed: {e}");
+                (Reply::Failed(libc::ENOMEM), None)
+            }
+        }
+    }
+
+    /// Owner, helper thread: a prefork worker accepts an RDMA stream from the queue of a
+    /// listener this process owns: it gets the doorbell's A and the stream's facts, and takes
+    /// the stream over (or asks for a relay of it if it cannot).
+    pub(in crate::engine) fn hand_to_worker(
+        &'static self,
+        s: &Arc<Stream>,
+    ) -> (Reply, Option<c_int>) {
+        // SAFETY: F_DUPFD_CLOEXEC on our own copy of A.
+        let a = raw::hide(unsafe {
+            crate::sys::real::fcntl(s.bell().app_fd(), libc::F_DUPFD_CLOEXEC, 0)
+        });
+        s.release_app();
+        // Held while `a` travels and in the worker; the last holder's close ends it.
+        self.settle_holders(s);
+        if a < 0 {
+            return (Reply::Failed(libc::EMFILE), None);
+        }
+        let (ring, send) = s.sizes();
+        let r = Reply::Stream {
+            token: s.token,
+            owner: self.owner,
+            sizes: BufSizes { ring, send }.packed(),
+            ends: s.ends(),
+        };
+        (r, Some(a))
+    }
+
+    /// Old owner, mover thread: [`Request::Reclaim`] — the process this one handed stream
+    /// `token` to (`taker`, holding its A as `proof`) is about to change its credentials,
+    /// after which the kernel refuses its writes to the verbs and rdma_cm files: this process
+    /// takes the stream back (the same hand-over, the other way) and relays it to the taker.
+    pub(in crate::engine) fn answer_reclaim(
+        &'static self,
+        token: u64,
+        taker: ipc::Owner,
+        proof: c_int,
+    ) -> (Reply, Option<c_int>) {
+        if lock(&self.moved).get(token, proof) != Some(taker) {
+            return (Reply::Failed(libc::ENOENT), None);
+        }
+        let mut at = taker;
+        let facts = match ipc::call(&mut at, &Request::Describe { token }, proof) {
+            Ok((Reply::Described { sizes, ends, .. }, _)) if at == taker => {
+                (BufSizes::unpack(sizes), ends)
+            }
+            other => {
+                log::warn!(
+                    "reclaim of stream {token:x} from pid {}: {other:?}",
+                    taker.pid
+                );
+                return (Reply::Failed(libc::ESRCH), None);
+            }
+        };
+        let (sizes, ends) = facts;
+        let opts_fd = setup::opts_socket(&ends.peer);
+        let mut st = Inherited {
+            token,
+            owner: taker,
+            local: ends.local,
+            peer: ends.peer,
+            ring_size: sizes.ring,
+            send_size: sizes.send,
+            opts_fd,
+        };
+        let taken = take_over(&mut st, proof);
+        raw::close(opts_fd); // the stream has its own copy
+        match taken {
+            Ok(s) => {
+                // No program here holds it: only the relay does.
+                s.app_gone.store(true, std::sync::atomic::Ordering::Release);
+                self.relay_only(&s)
+            }
+            Err(e) => {
+                log::warn!("reclaim of stream {token:x} from pid {}: {e:?}", taker.pid);
+                (Reply::Failed(libc::EAGAIN), None)
+            }
+        }
+    }
+
+    /// Helper: a stream whose taker never asked for the state (it failed after MIGRATE went
+    /// out) can send nothing any more: it is reset, rather than left waiting for ever.
+    pub(in crate::engine) fn expire_moves(&self) {
+        let now = Instant::now();
+        let expired: Vec<u64> = {
+            let mut l = lock(&self.leaving);
+            let gone = l.iter().filter(|e| e.1 <= now).map(|e| e.0).collect();
+            l.retain(|e| e.1 > now);
+            gone
+        };
+        for token in expired {
+            let s = lock(&self.streams_by_token).get(&token).cloned();
+            if let Some(s) = s {
+                s.on_fatal("the process taking it over never finished");
+            }
+        }
+    }
+
+    /// The answer for a stream this engine no longer has: where it went, if it was handed
+    /// over and the caller holds it; else ENOENT.
+    pub(in crate::engine) fn not_here(&self, token: u64, proof: c_int) -> (Reply, Option<c_int>) {
+        match lock(&self.moved).get(token, proof) {
+            Some(to) => (Reply::Moved(to), None),
+            None => (Reply::Failed(libc::ENOENT), None),
+        }
+    }
+}
