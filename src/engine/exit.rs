@@ -47,14 +47,9 @@ pub fn drain_at_exit_from_any_context() {
     }
     e.exit_asked.store(true, Release);
     e.wake();
-    let mut p = libc::pollfd {
-        fd: e.exit_done_fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
     let ms = (e.linger().as_millis() + 200) as libc::c_int;
-    // SAFETY: one pollfd on our eventfd; poll(2) is async-signal-safe.
-    unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, ms) };
+    // The raw system call: async-signal-safe.
+    crate::sys::poll::poll_one_raw(e.exit_done_fd, libc::POLLIN, ms);
 }
 
 /// How long an exiting owner waits for the first, or next, of its queued connections to be

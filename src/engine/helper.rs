@@ -40,7 +40,7 @@ pub(super) fn run(engine: &'static Engine) {
             let tag = ev.u64;
             match tag & TAG_MASK {
                 TAG_WAKE => {
-                    drain_eventfd(engine.wake_fd);
+                    crate::sys::raw::eventfd_take(engine.wake_fd);
                     engine.exit_drain_if_asked();
                     engine.admit_deferred();
                     // A device may have just been listened to again (`Dev::demand_up`):
@@ -87,19 +87,6 @@ pub(super) fn run(engine: &'static Engine) {
 
 /// How often keepalive and user timeouts are looked at (their resolution).
 const TICK_MS: i32 = 250;
-
-fn drain_eventfd(fd: i32) {
-    let mut v = 0u64;
-    // SAFETY: 8-byte read from our nonblocking eventfd.
-    unsafe {
-        libc::syscall(
-            libc::SYS_read,
-            fd as libc::c_long,
-            &mut v as *mut u64,
-            8usize,
-        )
-    };
-}
 
 fn with_listener(engine: &Engine, token: u64, f: impl FnOnce(&Arc<Listener>)) {
     let l = lock(&engine.listeners).get(&token).cloned();

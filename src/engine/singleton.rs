@@ -144,20 +144,7 @@ fn pinned_limit(mb: Option<u32>) -> usize {
     match mb {
         Some(0) => usize::MAX,
         Some(mb) => (mb as usize) << 20,
-        None => {
-            // SAFETY: sysconf has no preconditions.
-            let (pages, size) = unsafe {
-                (
-                    libc::sysconf(libc::_SC_PHYS_PAGES),
-                    libc::sysconf(libc::_SC_PAGESIZE),
-                )
-            };
-            if pages > 0 && size > 0 {
-                (pages as usize).saturating_mul(size as usize) / 4
-            } else {
-                usize::MAX
-            }
-        }
+        None => crate::sys::process::physical_memory().map_or(usize::MAX, |bytes| bytes / 4),
     }
 }
 
@@ -170,8 +157,8 @@ impl Engine {
         let (epfd, wake_fd, exit_done_fd) = unsafe {
             (
                 crate::sys::raw::hide(crate::sys::real::epoll_create1(libc::EPOLL_CLOEXEC)),
-                crate::sys::raw::hide(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)),
-                crate::sys::raw::hide(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)),
+                crate::sys::raw::hide(crate::sys::raw::eventfd()),
+                crate::sys::raw::hide(crate::sys::raw::eventfd()),
             )
         };
         if epfd < 0 || wake_fd < 0 || exit_done_fd < 0 {
@@ -228,8 +215,7 @@ impl Engine {
         if let Some(server) = &e.ipc {
             e.watch(server.fd(), TAG_IPC)?;
         }
-        // SAFETY: registering a plain extern "C" fn.
-        unsafe { libc::atexit(drain_at_exit_c) };
+        crate::sys::process::at_exit(drain_at_exit_c);
         Ok(e)
     }
 

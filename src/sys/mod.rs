@@ -2,7 +2,9 @@
 
 pub mod dl;
 mod errno;
+pub mod poll;
 pub mod private;
+pub mod process;
 pub mod raw;
 pub mod real;
 pub mod sockaddr;
