@@ -122,12 +122,12 @@ impl Engine {
         Duration::from_secs(10)
     }
 
-    /// The negative cache's time-to-live.
     /// `RSOCK_SPIN_US`.
     pub(super) fn spin_max(&self) -> Duration {
         Duration::from_micros(u64::from(self.cfg.spin_us))
     }
 
+    /// The negative cache's time-to-live.
     pub fn neg_ttl(&self) -> Duration {
         Duration::from_millis(self.cfg.neg_cache_ms as u64)
     }
