@@ -256,7 +256,7 @@ impl Engine {
     /// — the event this thread took was the one report of an arm they count on (one arm,
     /// one event, for every waiter on the device's CQ). Without this a second thread
     /// blocked on another stream slept through its completions (an epoll wait, forever).
-    pub(super) fn rearm_if_listened(&self, d: &Dev) {
+    fn rearm_if_listened(&self, d: &Dev) {
         if d.demand.load(SeqCst) > 0 || d.sleepers.load(SeqCst) > 0 {
             self.sleep_armed(d);
         }

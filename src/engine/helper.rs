@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub(super) fn run(engine: &'static Engine) {
+fn run(engine: &'static Engine) {
     let Some(_guard) = crate::guard::enter() else {
         return;
     };
@@ -231,7 +231,7 @@ impl Engine {
     }
 
     /// Helper: answers the deferred connect requests that accept queues have room for now.
-    pub(super) fn admit_deferred(&'static self) {
+    fn admit_deferred(&'static self) {
         if self.deferred.load(Relaxed) == 0 {
             return;
         }

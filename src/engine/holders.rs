@@ -50,7 +50,7 @@ pub fn detach(a: crate::socket::Attachment) {
 
 /// The program's last fd of `s` is closed and no call of it is in progress (call inside
 /// the reentrancy guard).
-pub(super) fn stream_fd_closed(s: &Arc<Stream>) {
+fn stream_fd_closed(s: &Arc<Stream>) {
     match s.owner().is_me().then(get).flatten() {
         Some(engine) => {
             s.release_app();

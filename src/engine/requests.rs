@@ -43,7 +43,7 @@ impl Engine {
     /// One request, from a process that sent `proof` as its fd of the socket asked about.
     /// Whoever does not hold that socket learns nothing (ENOENT, as for a token never
     /// issued), whatever its uid.
-    pub(super) fn answer(
+    fn answer(
         &'static self,
         req: &ipc::Request,
         call: ipc::Call,
@@ -182,7 +182,7 @@ impl Engine {
     }
 
     /// Starts a relay of `s` and the reply that hands its A over.
-    pub(super) fn relay(&'static self, s: &Arc<Stream>) -> (ipc::Reply, Option<c_int>) {
+    fn relay(&'static self, s: &Arc<Stream>) -> (ipc::Reply, Option<c_int>) {
         match s.start_relay() {
             Ok((a, b)) => {
                 self.watch_hold(b, s.token);
