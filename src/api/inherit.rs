@@ -14,13 +14,14 @@
 //! - before `exec`, every RDMA socket that survives it is turned into a kernel socket (a
 //!   relay end, or the kernel listener), which the new image needs no shim to use.
 
-use super::{fd_flags, swap_file, track, track_accepted};
+use super::{swap_file, track, track_accepted};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::relay::Relayed;
 use crate::engine::{Inherited, Listener, Stream, TakeError};
 use crate::fdtable;
 use crate::socket::{Attachment, Socket, State};
 use crate::stats::{Cause, Path};
+use crate::sys::fcntl::{dup_hidden, fd_flags, set_nonblock};
 use crate::sys::raw::{self, set_errno};
 use crate::sys::{real, sockaddr as saddr, unix};
 use libc::{c_int, sockaddr, socklen_t};
@@ -354,27 +355,6 @@ fn drain_tokens(fd: c_int) {
     while unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) }
         == buf.len() as isize
     {}
-}
-
-/// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
-fn dup_hidden(fd: c_int) -> c_int {
-    // SAFETY: F_DUPFD_CLOEXEC on an fd this process holds.
-    raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })
-}
-
-fn set_nonblock(fd: c_int, on: bool) {
-    // SAFETY: fcntl on an fd this process holds.
-    unsafe {
-        let fl = real::fcntl(fd, libc::F_GETFL, 0);
-        if fl >= 0 {
-            let want = if on {
-                fl | libc::O_NONBLOCK
-            } else {
-                fl & !libc::O_NONBLOCK
-            };
-            real::fcntl(fd, libc::F_SETFL, want as usize);
-        }
-    }
 }
 
 /// `accept4` on a listener another process owns: the owner hands over the next connection

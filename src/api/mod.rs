@@ -33,6 +33,7 @@ use crate::init;
 use crate::rules::{Action, Role};
 use crate::socket::{Attachment, Pending, State};
 use crate::stats::{Cause, Fallback, Path};
+use crate::sys::fcntl::fd_flags;
 use crate::sys::raw::{self, errno, set_errno};
 use crate::sys::real;
 use crate::sys::sockaddr as saddr;
@@ -122,21 +123,6 @@ fn no_engine_reason() -> Cause {
     } else {
         Fallback::NoDevice
     })
-}
-
-/// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
-pub(super) fn fd_flags(fd: c_int) -> (bool, bool) {
-    // SAFETY: plain fcntl queries.
-    let (fl, fdfl) = unsafe {
-        (
-            real::fcntl(fd, libc::F_GETFL, 0),
-            real::fcntl(fd, libc::F_GETFD, 0),
-        )
-    };
-    (
-        fl >= 0 && fl & libc::O_NONBLOCK != 0,
-        fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0,
-    )
 }
 
 /// Tries RDMA for a connect to `dest`; on success the program's `fd` is the stream's doorbell.

@@ -2,6 +2,7 @@
 
 pub mod dl;
 mod errno;
+pub mod fcntl;
 pub mod poll;
 pub mod private;
 pub mod process;

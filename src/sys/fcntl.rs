@@ -1,0 +1,42 @@
+//! `fcntl` on an fd through the real libc function: its file flags (`O_NONBLOCK`,
+//! `FD_CLOEXEC`), and private copies of it for the shim's own use.
+
+use crate::sys::{raw, real};
+use libc::c_int;
+
+/// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
+pub fn fd_flags(fd: c_int) -> (bool, bool) {
+    // SAFETY: plain fcntl queries.
+    let (fl, fdfl) = unsafe {
+        (
+            real::fcntl(fd, libc::F_GETFL, 0),
+            real::fcntl(fd, libc::F_GETFD, 0),
+        )
+    };
+    (
+        fl >= 0 && fl & libc::O_NONBLOCK != 0,
+        fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0,
+    )
+}
+
+/// Sets (`on`) or clears `O_NONBLOCK` on `fd`'s file.
+pub fn set_nonblock(fd: c_int, on: bool) {
+    // SAFETY: fcntl on an fd this process holds.
+    unsafe {
+        let fl = real::fcntl(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let want = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            real::fcntl(fd, libc::F_SETFL, want as usize);
+        }
+    }
+}
+
+/// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
+pub fn dup_hidden(fd: c_int) -> c_int {
+    // SAFETY: F_DUPFD_CLOEXEC on an fd this process holds.
+    raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })
+}
