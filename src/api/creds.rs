@@ -14,9 +14,10 @@
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
-use super::{guard, keep_errno};
+use super::owned::keep_errno;
 use crate::engine;
 use crate::fdtable;
+use crate::guard;
 use crate::socket::Attachment;
 use crate::sys::real;
 use libc::{c_int, gid_t, size_t, uid_t};

@@ -14,7 +14,8 @@
 //! - before `exec`, every RDMA socket that survives it is turned into a kernel socket (a
 //!   relay end, or the kernel listener), which the new image needs no shim to use.
 
-use super::{swap_file, track, track_accepted};
+use super::owned::{local_addr, share, swap_file, track};
+use super::track_accepted;
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::relay::Relayed;
 use crate::engine::{Inherited, Listener, Stream, TakeError};
@@ -61,7 +62,7 @@ fn use_passed(s: &Socket, p: &ipc::Passed) -> Attachment {
             track_foreign_listener(first, owner, token, sizes, local, tcp_fd);
             for &fd in &fds[1..] {
                 if let Some(n) = fdtable::get(first) {
-                    super::share(&n, fd);
+                    share(&n, fd);
                 }
             }
             return fdtable::get(first)
@@ -90,7 +91,7 @@ fn use_passed(s: &Socket, p: &ipc::Passed) -> Attachment {
     // any, now refer to the same file and follow it.
     for &fd in &fds[1..] {
         if let Some(n) = fdtable::get(first) {
-            super::share(&n, fd);
+            share(&n, fd);
         }
     }
     fdtable::get(first)
@@ -415,7 +416,7 @@ pub(super) unsafe fn accept(
                 // holder): serve RDMA again, as the new owner.
                 raw::close(l.tcp_fd);
                 let backlog = l.backlog();
-                let bound = super::local_addr(fd);
+                let bound = local_addr(fd);
                 match super::rdma_listen(fd, backlog) {
                     Ok((engine, local, rl)) => {
                         super::start_dual(s, fd, engine, local, rl, backlog);
@@ -697,7 +698,7 @@ pub(super) fn adopt_listener(fd: c_int) -> bool {
         return true;
     }
     let backlog = libc::SOMAXCONN;
-    let bound = super::local_addr(fd);
+    let bound = local_addr(fd);
     match super::rdma_listen(fd, backlog) {
         Ok((engine, local, rl)) => {
             log::info!("fd {fd}: an inherited listener on {local}: adopted");

@@ -18,6 +18,7 @@ mod creds;
 mod inherit;
 mod io;
 mod opts;
+mod owned;
 mod rights;
 
 pub use creds::*;
@@ -39,16 +40,9 @@ use crate::sys::real;
 use crate::sys::sockaddr as saddr;
 use libc::{c_int, c_uint, fd_set, nfds_t, pid_t};
 use libc::{epoll_event, pollfd, sigset_t, size_t, sockaddr, socklen_t, timespec, timeval};
+use owned::{keep_errno, local_addr, share, swap_file, track};
 use std::net::SocketAddr;
 use std::time::Instant;
-
-/// Runs `f` without letting it change errno.
-fn keep_errno<T>(f: impl FnOnce() -> T) -> T {
-    let e = errno();
-    let r = f();
-    set_errno(e);
-    r
-}
 
 // ---- creation and connection -------------------------------------------------------------
 
@@ -57,13 +51,6 @@ fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
     (domain == libc::AF_INET || domain == libc::AF_INET6)
         && base == libc::SOCK_STREAM
         && (protocol == 0 || protocol == libc::IPPROTO_TCP)
-}
-
-/// Starts owning `fd`, a fresh TCP socket. An fd beyond the table passes through untracked.
-pub(super) fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) {
-    if (fd as u32 as usize) < fdtable::MAX_FDS {
-        fdtable::insert(fd, SockRef::new_socket(init));
-    }
 }
 
 #[inline]
@@ -85,19 +72,6 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
 #[inline]
 pub unsafe fn socketpair(domain: c_int, ty: c_int, protocol: c_int, sv: *mut c_int) -> c_int {
     real::socketpair(domain, ty, protocol, sv)
-}
-
-/// Raw bytes of the socket's own address (for stats), or empty.
-fn local_addr(fd: c_int) -> Vec<u8> {
-    let mut a = [0u8; 28];
-    let mut len = a.len() as socklen_t;
-    // SAFETY: a is a valid buffer of len bytes.
-    let ok = unsafe { real::getsockname(fd, a.as_mut_ptr().cast(), &mut len) } == 0;
-    if ok {
-        a[..(len as usize).min(28)].to_vec()
-    } else {
-        Vec::new()
-    }
 }
 
 unsafe fn addr_bytes<'a>(addr: *const sockaddr, len: socklen_t) -> &'a [u8] {
@@ -571,17 +545,6 @@ fn take(fd: c_int) -> Option<SockRef> {
         return None;
     }
     fdtable::remove(fd)
-}
-
-/// Makes `new` refer to the socket behind `old` (after a successful dup of an owned fd).
-fn share(old_sock: &SockRef, new: c_int) {
-    if raw::in_vfork_child() {
-        return; // see `forget`
-    }
-    if let Some(replaced) = fdtable::insert(new, old_sock.clone()) {
-        replaced.fd_closed();
-    }
-    old_sock.moved_to(new);
 }
 
 #[inline]
@@ -1116,29 +1079,6 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
             if op != libc::EPOLL_CTL_DEL {
                 s.mark_watched();
             }
-        }
-    }
-    r
-}
-
-/// Replaces the file behind the program's `fd` with a doorbell's A (`install`), carrying
-/// the program's epoll registrations of `fd` over: epoll keys them by file, so they are taken
-/// off the old file first and put back, with the same events and data, on the new one.
-pub(super) fn swap_file(
-    s: &crate::socket::Socket,
-    fd: c_int,
-    install: impl FnOnce() -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    let regs = s.epoll_regs();
-    for (epfd, _) in &regs {
-        // SAFETY: removing fd from an epoll set the program put it in.
-        unsafe { real::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
-    }
-    let r = install();
-    for (epfd, mut ev) in regs {
-        // SAFETY: re-adding with the program's own event mask and data.
-        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
-            log::warn!("fd {fd}: could not carry its registration in epoll fd {epfd} over");
         }
     }
     r

@@ -8,10 +8,12 @@
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
-use super::{fdtable, real, share};
+use super::owned::share;
 use crate::engine::Stream;
+use crate::fdtable;
 use crate::socket::Attachment;
 use crate::sys::raw::set_errno;
+use crate::sys::real;
 use crate::sys::sockaddr as saddr;
 use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
 
