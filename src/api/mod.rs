@@ -15,17 +15,21 @@
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
 mod creds;
+mod fds;
 mod inherit;
 mod io;
 mod opts;
 mod owned;
+mod process;
 mod rights;
 mod wait;
 
 pub use creds::*;
+pub use fds::{close, close_range, dup, dup2, dup3, fclose};
 pub use inherit::passed_at_exec;
 pub use io::*;
 pub use opts::*;
+pub use process::{execv, execve, execvp, execvpe, exit_now, fexecve, fork, prctl, syscall};
 pub use wait::{
     __poll_chk, epoll_create, epoll_create1, epoll_ctl, epoll_pwait, epoll_pwait2, epoll_wait,
     poll, ppoll, pselect, select,
@@ -33,19 +37,19 @@ pub use wait::{
 
 use crate::config::Config;
 use crate::engine::{self, Accepted, Listener};
-use crate::fdtable::{self, SockRef};
+use crate::fdtable;
 use crate::guard;
 use crate::init;
 use crate::rules::{Action, Role};
 use crate::socket::{Attachment, Pending, State};
 use crate::stats::{Cause, Fallback, Path};
 use crate::sys::fcntl::fd_flags;
-use crate::sys::raw::{self, errno, set_errno};
+use crate::sys::raw::{errno, set_errno};
 use crate::sys::real;
 use crate::sys::sockaddr as saddr;
-use libc::{c_int, c_uint, pid_t};
+use libc::c_int;
 use libc::{sockaddr, socklen_t};
-use owned::{keep_errno, local_addr, share, swap_file, track};
+use owned::{keep_errno, local_addr, swap_file, track};
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -530,318 +534,5 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
             continue;
         }
         return nfd;
-    }
-}
-
-// ---- fd lifetime ---------------------------------------------------------------------------
-
-/// Forgets `fd` if owned; the connection ends with its last fd.
-#[inline]
-fn forget(fd: c_int) {
-    if let Some(s) = take(fd) {
-        s.fd_closed();
-    }
-}
-
-/// Takes `fd` out of the table (its socket's close is the caller's to run).
-fn take(fd: c_int) -> Option<SockRef> {
-    // A vfork child shares its parent's memory: the table is the parent's, not its own.
-    if !fdtable::owns(fd) || raw::in_vfork_child() {
-        return None;
-    }
-    fdtable::remove(fd)
-}
-
-#[inline]
-pub unsafe fn close(fd: c_int) -> c_int {
-    closing(fd, || real::close(fd))
-}
-
-/// Runs `close`, the real call that closes `fd`. The fd leaves the table first: once
-/// closed, the number may be reused by another thread at once. The socket's own close
-/// comes after the real one, so that when the engine asks whether any fd still holds the
-/// doorbell, the program's is already gone: a listener then releases its port before close
-/// returns (iperf3 -s re-listens at once).
-fn closing(fd: c_int, close: impl FnOnce() -> c_int) -> c_int {
-    let s = take(fd);
-    let r = close();
-    if let Some(s) = s {
-        keep_errno(|| s.fd_closed());
-    }
-    r
-}
-
-#[inline]
-pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    let r = real::close_range(first, last, flags);
-    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        let end = (last as usize).saturating_add(1).min(fdtable::high_water());
-        if end <= first as usize || raw::in_vfork_child() {
-            return r; // nothing owned in range; or a vfork child (see `forget`)
-        }
-        for fd in (first as usize)..end {
-            forget(fd as c_int);
-        }
-    }
-    r
-}
-
-#[inline]
-pub unsafe fn dup(fd: c_int) -> c_int {
-    let Some(s) = fdtable::get(fd) else {
-        return real::dup(fd);
-    };
-    let new = real::dup(fd);
-    if new >= 0 {
-        share(&s, new);
-    }
-    new
-}
-
-/// A `FILE` made with `fdopen` on a socket closes its fd inside libc, where no hook sees it:
-/// forget the fd first (the number may be reused at once).
-#[inline]
-pub unsafe fn fclose(stream: *mut libc::FILE) -> c_int {
-    if !stream.is_null() {
-        let fd = libc::fileno(stream);
-        if fd >= 0 && fdtable::owns(fd) {
-            return closing(fd, || real::fclose(stream));
-        }
-    }
-    real::fclose(stream)
-}
-
-/// dup2/dup3 onto `new`: the kernel closed whatever `new` was, so forget it too.
-fn duped_onto(old: c_int, new: c_int) {
-    match fdtable::get(old) {
-        Some(s) => {
-            share(&s, new);
-            if (0..=2).contains(&new) && !raw::in_vfork_child() && !guard::active() {
-                keep_errno(|| inherit::onto_stdio(&s));
-            }
-        }
-        None => forget(new),
-    }
-}
-
-#[inline]
-pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
-    let r = real::dup2(old, new);
-    if r >= 0 && old != new {
-        duped_onto(old, new);
-    }
-    r
-}
-
-#[inline]
-pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    let r = real::dup3(old, new, flags);
-    if r >= 0 {
-        duped_onto(old, new);
-    }
-    r
-}
-
-/// `_exit`/`_Exit`: bytes the shim still holds for RDMA streams are delivered first (see
-/// [`engine::drain_at_exit`]; `exit` does the same through `atexit`), then the process ends.
-pub unsafe fn exit_now(status: c_int) -> ! {
-    engine::drain_at_exit_from_any_context();
-    libc::syscall(libc::SYS_exit_group, status as libc::c_long);
-    libc::abort() // not reached
-}
-
-/// `execve` and the other exec calls a program makes: RDMA sockets that survive the exec are
-/// first turned into kernel sockets the new image can use without the shim, or named to it
-/// (`inherit::passed_at_exec`) in its environment.
-pub unsafe fn execve(
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-) -> c_int {
-    with_exec_env(envp, |e| real::execve(path, argv, e))
-}
-
-pub unsafe fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    with_exec_env(environ_ptr(), |e| real::execve(path, argv, e))
-}
-
-pub unsafe fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    with_exec_env(environ_ptr(), |e| real::execvpe(file, argv, e))
-}
-
-pub unsafe fn execvpe(
-    file: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-) -> c_int {
-    with_exec_env(envp, |e| real::execvpe(file, argv, e))
-}
-
-pub unsafe fn fexecve(
-    fd: c_int,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-) -> c_int {
-    with_exec_env(envp, |e| real::fexecve(fd, argv, e))
-}
-
-fn environ_ptr() -> *const *const libc::c_char {
-    extern "C" {
-        static environ: *const *const libc::c_char;
-    }
-    // SAFETY: reading the C library's environment pointer.
-    unsafe { environ }
-}
-
-/// Prepares the sockets for the exec ([`inherit::before_exec`]) and calls `exec` with
-/// `envp`, plus `RSOCK_PASSED_FDS=...` when sockets are passed on (replacing any it had).
-/// Those need the shim in the new image: a program that cleans its children's environment
-/// (Postfix's master) gets `LD_PRELOAD` and this process's `RSOCK_*` settings put back.
-/// A vfork child, or a process that never owned a socket, execs with `envp` as it is.
-unsafe fn with_exec_env(
-    envp: *const *const libc::c_char,
-    exec: impl FnOnce(*const *const libc::c_char) -> c_int,
-) -> c_int {
-    if fdtable::high_water() == 0 {
-        return exec(envp);
-    }
-    let passed = match guard::enter() {
-        Some(_g) => keep_errno(inherit::before_exec),
-        None => Vec::new(),
-    };
-    if passed.is_empty() || envp.is_null() {
-        return exec(envp);
-    }
-    let list: Vec<String> = passed.iter().map(|fd| fd.to_string()).collect();
-    let mut added = vec![format!("{}={}\0", inherit::PASSED_FDS, list.join(","))];
-    let prefix = format!("{}=", inherit::PASSED_FDS);
-    let mut env: Vec<*const libc::c_char> = Vec::new();
-    let mut names: Vec<Vec<u8>> = Vec::new();
-    let mut preload = None;
-    let mut p = envp;
-    while !(*p).is_null() {
-        let var = std::ffi::CStr::from_ptr(*p).to_bytes();
-        let name = var.split(|&b| b == b'=').next().unwrap_or(var);
-        if name == b"LD_PRELOAD" {
-            preload = Some(var[name.len()..].strip_prefix(b"=").unwrap_or(b"").to_vec());
-        } else if !var.starts_with(prefix.as_bytes()) {
-            env.push(*p);
-        }
-        names.push(name.to_vec());
-        p = p.add(1);
-    }
-    added.push(with_shim(preload));
-    for (k, v) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if k.starts_with("RSOCK_")
-            && k != inherit::PASSED_FDS
-            && !names.contains(&k.as_bytes().to_vec())
-        {
-            added.push(format!("{k}={}\0", v.to_string_lossy()));
-        }
-    }
-    env.extend(added.iter().map(|v| v.as_ptr().cast()));
-    env.push(std::ptr::null());
-    exec(env.as_ptr()) // on failure `added` and `env` are dropped here
-}
-
-/// `LD_PRELOAD=...` for an exec'd image, NUL-terminated: `had` (the value the program gave
-/// it, if any) with this library added unless it is there already.
-fn with_shim(had: Option<Vec<u8>>) -> String {
-    let had = had.map(|v| String::from_utf8_lossy(&v).into_owned());
-    let me = own_path();
-    match (had, me) {
-        (Some(h), Some(me)) if !h.split([':', ' ']).any(|x| x == me) && !h.is_empty() => {
-            format!("LD_PRELOAD={me}:{h}\0")
-        }
-        (Some(h), _) if !h.is_empty() => format!("LD_PRELOAD={h}\0"),
-        (_, Some(me)) => format!("LD_PRELOAD={me}\0"),
-        _ => "LD_PRELOAD=\0".to_string(),
-    }
-}
-
-/// The path this library was loaded from.
-pub(super) fn own_path() -> Option<String> {
-    crate::sys::dl::this_object()?.path
-}
-
-/// The child's state is reset by the `pthread_atfork` handler registered at start-up, which
-/// also covers forks made inside libraries; this hook only has to forward.
-#[inline]
-pub unsafe fn fork() -> pid_t {
-    real::fork()
-}
-
-/// `syscall(2)`: passed to the kernel as it is, except a fork made with it — `clone` or
-/// `clone3` without `CLONE_VM`/`CLONE_THREAD` and without a new stack, or `fork` — which gets
-/// the fork handlers glibc's `fork` would have run (see `init::around_raw_fork`). The shim's
-/// own `syscall` calls come here too: nothing on this path locks, allocates or resolves.
-pub unsafe fn syscall(
-    n: libc::c_long,
-    a1: libc::c_long,
-    a2: libc::c_long,
-    a3: libc::c_long,
-    a4: libc::c_long,
-    a5: libc::c_long,
-    a6: libc::c_long,
-) -> libc::c_long {
-    let args = [a1, a2, a3, a4, a5, a6];
-    if installs_seccomp(n, a1) {
-        init::seal("syscall(seccomp)");
-    }
-    if raw_fork(n, a1, a2) {
-        init::around_raw_fork(|| raw::syscall6(n, args))
-    } else {
-        raw::syscall6(n, args)
-    }
-}
-
-/// Whether `syscall(n, a1, ...)` installs a seccomp filter (or strict mode).
-fn installs_seccomp(n: libc::c_long, a1: libc::c_long) -> bool {
-    let mode = a1 as libc::c_uint;
-    match n {
-        libc::SYS_seccomp => {
-            mode == libc::SECCOMP_SET_MODE_FILTER || mode == libc::SECCOMP_SET_MODE_STRICT
-        }
-        libc::SYS_prctl => a1 == libc::PR_SET_SECCOMP as libc::c_long,
-        _ => false,
-    }
-}
-
-/// `prctl(2)`: passed to the kernel, after [`init::seal`] when it installs a seccomp filter.
-pub unsafe fn prctl(
-    option: c_int,
-    a2: libc::c_ulong,
-    a3: libc::c_ulong,
-    a4: libc::c_ulong,
-    a5: libc::c_ulong,
-) -> c_int {
-    if option == libc::PR_SET_SECCOMP {
-        init::seal("prctl(PR_SET_SECCOMP)");
-    }
-    let args = [
-        option as libc::c_long,
-        a2 as _,
-        a3 as _,
-        a4 as _,
-        a5 as _,
-        0,
-    ];
-    raw::syscall6(libc::SYS_prctl, args) as c_int
-}
-
-/// Whether `syscall(n, a1, a2, ...)` makes a new process that does not share the caller's
-/// memory and goes on on the caller's stack (a fork).
-unsafe fn raw_fork(n: libc::c_long, a1: libc::c_long, a2: libc::c_long) -> bool {
-    let no_share = |flags: u64| flags & (libc::CLONE_VM | libc::CLONE_THREAD) as u64 == 0;
-    match n {
-        libc::SYS_fork => true,
-        libc::SYS_clone => no_share(a1 as u64) && a2 == 0,
-        libc::SYS_clone3 => {
-            // struct clone_args: flags at 0, stack at 40; the size (a2) covers both.
-            let args = a1 as *const u64;
-            !args.is_null() && a2 >= 48 && no_share(*args) && *args.add(5) == 0
-        }
-        _ => false,
     }
 }

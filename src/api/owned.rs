@@ -26,7 +26,7 @@ pub(super) fn track(fd: c_int, init: impl FnOnce(&crate::socket::Socket)) {
 /// Makes `new` refer to the socket behind `old` (after a successful dup of an owned fd).
 pub(super) fn share(old_sock: &SockRef, new: c_int) {
     if raw::in_vfork_child() {
-        return; // see `forget`
+        return; // see `fds::forget`
     }
     if let Some(replaced) = fdtable::insert(new, old_sock.clone()) {
         replaced.fd_closed();

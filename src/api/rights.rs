@@ -100,7 +100,7 @@ fn receiver_has_shim(fd: c_int) -> bool {
     if peer.pid <= 0 || peer.pid == raw::pid() {
         return true;
     }
-    let Some(me) = super::own_path() else {
+    let Some(me) = super::process::own_path() else {
         return true;
     };
     let path = format!("/proc/{}/maps\0", peer.pid);
