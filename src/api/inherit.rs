@@ -14,8 +14,8 @@
 //! - before `exec`, every RDMA socket that survives it is turned into a kernel socket (a
 //!   relay end, or the kernel listener), which the new image needs no shim to use.
 
+use super::listen::{rdma_listen, start_dual, track_accepted};
 use super::owned::{local_addr, share, swap_file, track};
-use super::track_accepted;
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::relay::Relayed;
 use crate::engine::{Inherited, Listener, Stream, TakeError};
@@ -112,7 +112,7 @@ pub fn passed_at_exec() {
     let Some(_g) = crate::guard::enter() else {
         return;
     };
-    if !super::init::enabled() {
+    if !crate::init::enabled() {
         return;
     }
     let list = list.to_string_lossy().into_owned();
@@ -417,9 +417,9 @@ pub(super) unsafe fn accept(
                 raw::close(l.tcp_fd);
                 let backlog = l.backlog();
                 let bound = local_addr(fd);
-                match super::rdma_listen(fd, backlog) {
+                match rdma_listen(fd, backlog) {
                     Ok((engine, local, rl)) => {
-                        super::start_dual(s, fd, engine, local, rl, backlog);
+                        start_dual(s, fd, engine, local, rl, backlog);
                         // The kernel listener's file is nonblocking for the old owner's
                         // helper; the new doorbell blocks as the program's listener did.
                         if let Some(Attachment::Listener(nl)) = s.attachment() {
@@ -430,7 +430,7 @@ pub(super) unsafe fn accept(
                     Err(why) => s.set_tcp_only(why),
                 }
                 s.listening(fd, &bound);
-                return super::accept4(fd, addr, len, flags); // as a listener of this process now
+                return super::listen::accept4(fd, addr, len, flags); // as a listener of this process now
             }
             Err(e) => {
                 // The owner is there but did not serve this call (a timeout, a refusal): the
@@ -544,7 +544,7 @@ pub(super) unsafe fn received_rights(msg: *const libc::msghdr) {
     let Some(_g) = crate::guard::enter() else {
         return;
     };
-    if !super::init::enabled() {
+    if !crate::init::enabled() {
         return;
     }
     let mut h = libc::CMSG_FIRSTHDR(msg);
@@ -677,7 +677,7 @@ fn take_accepted(mut facts: Inherited, nfd: c_int, nonblock: bool) -> Option<Att
 /// without asking again). False, at the cost of a getsockopt, for any other fd.
 #[cold]
 pub(super) fn adopt_listener(fd: c_int) -> bool {
-    if fd < 0 || !super::init::enabled() {
+    if fd < 0 || !crate::init::enabled() {
         return false;
     }
     let Some(_g) = crate::guard::enter() else {
@@ -699,10 +699,10 @@ pub(super) fn adopt_listener(fd: c_int) -> bool {
     }
     let backlog = libc::SOMAXCONN;
     let bound = local_addr(fd);
-    match super::rdma_listen(fd, backlog) {
+    match rdma_listen(fd, backlog) {
         Ok((engine, local, rl)) => {
             log::info!("fd {fd}: an inherited listener on {local}: adopted");
-            super::start_dual(&s, fd, engine, local, rl, backlog);
+            start_dual(&s, fd, engine, local, rl, backlog);
         }
         Err(why) => s.set_tcp_only(why),
     }

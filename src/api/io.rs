@@ -53,7 +53,7 @@ fn owned(
         None => call(),
     };
     if r > 0 && s.state() == crate::socket::State::Connecting {
-        super::resolve_pending(&s, fd, true); // data moved: the connect succeeded
+        super::connect::resolve_pending(&s, fd, true); // data moved: the connect succeeded
     }
     count(&s, r);
     r

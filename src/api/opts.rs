@@ -145,9 +145,9 @@ unsafe fn so_error(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
         let e = crate::sys::raw::errno();
         let err = *(val as *const c_int);
         if err != 0 {
-            super::pending_failed(&s, err);
+            super::connect::pending_failed(&s, err);
         } else if connected(fd) {
-            super::resolve_pending(&s, fd, true);
+            super::connect::resolve_pending(&s, fd, true);
         }
         set_errno(e);
     }
@@ -168,7 +168,7 @@ pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -
             let r = real::getpeername(fd, addr, len);
             if r == 0 {
                 if let Some(s) = fdtable::get(fd) {
-                    super::resolve_pending(&s, fd, true);
+                    super::connect::resolve_pending(&s, fd, true);
                 }
             }
             r
