@@ -1,0 +1,30 @@
+//! Sockets this process holds but another process's engine owns: inherited across `fork`
+//! (a server's accepted connection in its child, a prefork worker's listener), or across
+//! `exec` (docs/DESIGN.md, "Processes").
+//!
+//! Nothing an owner holds — queue pairs, memory, locks — is usable or even touched here.
+//! Instead:
+//! - a stream is **taken over** on its first use: its end of the connection moves to this
+//!   process's engine (a new queue pair, the same doorbell: `engine/takeover.rs`); where that
+//!   cannot be, it is **adopted**: the owner relays it over a fresh socketpair whose end
+//!   replaces every fd of it in this process (a plain kernel socket from then on);
+//! - a listener's `accept` asks the owner for the next connection of its queue; once the
+//!   owner is gone (a daemon's parent exited), this process takes the listener over: the
+//!   kernel listener it wraps, plus an rdma_cm listener of its own when the port is free;
+//! - before `exec`, every RDMA socket that survives it is turned into a kernel socket (a
+//!   relay end, or the kernel listener), which the new image needs no shim to use.
+//!
+//! Rooms: `streams` — take-over and adoption of streams; `listeners` — listeners another
+//! process owns or the shim did not see made; `exec` — the hand-over across `exec`;
+//! `received` — fds received with `SCM_RIGHTS`.
+
+mod exec;
+mod listeners;
+mod received;
+mod streams;
+
+pub use exec::passed_at_exec;
+pub(super) use exec::{before_exec, PASSED_FDS};
+pub(super) use listeners::{accept, adopt_listener, to_kernel_only};
+pub(super) use received::received_rights;
+pub(super) use streams::{give_back, here, onto_stdio, relay_for_sending, stream};
