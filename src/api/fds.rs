@@ -8,6 +8,7 @@ use super::inherit;
 use super::owned::{keep_errno, share};
 use crate::fdtable::{self, SockRef};
 use crate::guard;
+use crate::sys::fileio;
 use crate::sys::raw;
 use crate::sys::real;
 use libc::{c_int, c_uint};
@@ -80,7 +81,7 @@ pub unsafe fn dup(fd: c_int) -> c_int {
 #[inline]
 pub unsafe fn fclose(stream: *mut libc::FILE) -> c_int {
     if !stream.is_null() {
-        let fd = libc::fileno(stream);
+        let fd = fileio::fileno(stream);
         if fd >= 0 && fdtable::owns(fd) {
             return closing(fd, || real::fclose(stream));
         }

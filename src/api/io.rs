@@ -12,6 +12,7 @@ use crate::guard;
 use crate::socket::Socket;
 use crate::sys::raw::set_errno;
 use crate::sys::real;
+use crate::sys::{fileio, process};
 use libc::{c_int, c_void, iovec, msghdr, off64_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use std::io::{IoSlice, IoSliceMut};
 
@@ -153,8 +154,7 @@ fn send_rdma(st: &Stream, bufs: Option<&[IoSlice<'_>]>, flags: c_int) -> ssize_t
         Ok(n) => n as ssize_t,
         Err(e) => {
             if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
-                // SAFETY: raising a signal in the calling thread, as the kernel would.
-                unsafe { libc::raise(libc::SIGPIPE) };
+                process::raise(libc::SIGPIPE);
             }
             fail(e)
         }
@@ -396,7 +396,7 @@ unsafe fn sendfile_rdma(st: &Stream, in_fd: c_int, off: *mut off_t, n: size_t) -
     while total < n {
         let want = chunk.len().min(n - total);
         let got = match pos {
-            Some(p) => libc::pread(in_fd, chunk.as_mut_ptr().cast(), want, p),
+            Some(p) => fileio::pread(in_fd, &mut chunk[..want], p),
             None => real::read(in_fd, chunk.as_mut_ptr().cast(), want),
         };
         if got <= 0 {
@@ -410,7 +410,7 @@ unsafe fn sendfile_rdma(st: &Stream, in_fd: c_int, off: *mut off_t, n: size_t) -
         let sent = send_rdma(st, Some(&bufs), 0);
         let sent = if sent < 0 { 0 } else { sent as usize };
         if sent < got && pos.is_none() {
-            libc::lseek(in_fd, -((got - sent) as off_t), libc::SEEK_CUR);
+            fileio::lseek(in_fd, -((got - sent) as off_t), libc::SEEK_CUR);
         }
         total += sent;
         if let Some(p) = pos.as_mut() {
@@ -501,7 +501,7 @@ unsafe fn splice_from_stream(
     let w = if off_out.is_null() {
         real::write(fd_out, chunk.as_ptr().cast(), peeked as usize)
     } else {
-        let w = libc::pwrite(fd_out, chunk.as_ptr().cast(), peeked as usize, *off_out);
+        let w = fileio::pwrite(fd_out, &chunk[..peeked as usize], *off_out);
         if w > 0 {
             *off_out += w as off64_t;
         }
@@ -531,7 +531,7 @@ unsafe fn splice_to_stream(
     let got = if off_in.is_null() {
         real::read(fd_in, chunk.as_mut_ptr().cast(), chunk.len())
     } else {
-        let g = libc::pread(fd_in, chunk.as_mut_ptr().cast(), chunk.len(), *off_in);
+        let g = fileio::pread(fd_in, &mut chunk, *off_in);
         if g > 0 {
             *off_in += g as off64_t;
         }

@@ -11,6 +11,7 @@ use crate::engine;
 use crate::fdtable;
 use crate::guard;
 use crate::init;
+use crate::sys::process;
 use crate::sys::raw;
 use crate::sys::real;
 use libc::{c_int, pid_t};
@@ -19,8 +20,7 @@ use libc::{c_int, pid_t};
 /// [`engine::drain_at_exit`]; `exit` does the same through `atexit`), then the process ends.
 pub unsafe fn exit_now(status: c_int) -> ! {
     engine::drain_at_exit_from_any_context();
-    libc::syscall(libc::SYS_exit_group, status as libc::c_long);
-    libc::abort() // not reached
+    process::exit_group(status)
 }
 
 /// `execve` and the other exec calls a program makes: RDMA sockets that survive the exec are
@@ -35,11 +35,11 @@ pub unsafe fn execve(
 }
 
 pub unsafe fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    with_exec_env(environ_ptr(), |e| real::execve(path, argv, e))
+    with_exec_env(process::environ(), |e| real::execve(path, argv, e))
 }
 
 pub unsafe fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
-    with_exec_env(environ_ptr(), |e| real::execvpe(file, argv, e))
+    with_exec_env(process::environ(), |e| real::execvpe(file, argv, e))
 }
 
 pub unsafe fn execvpe(
@@ -56,14 +56,6 @@ pub unsafe fn fexecve(
     envp: *const *const libc::c_char,
 ) -> c_int {
     with_exec_env(envp, |e| real::fexecve(fd, argv, e))
-}
-
-fn environ_ptr() -> *const *const libc::c_char {
-    extern "C" {
-        static environ: *const *const libc::c_char;
-    }
-    // SAFETY: reading the C library's environment pointer.
-    unsafe { environ }
 }
 
 /// Prepares the sockets for the exec ([`inherit::before_exec`]) and calls `exec` with

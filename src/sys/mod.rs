@@ -3,6 +3,7 @@
 pub mod dl;
 mod errno;
 pub mod fcntl;
+pub mod fileio;
 pub mod poll;
 pub mod private;
 pub mod process;

@@ -1,5 +1,8 @@
-//! What libc does or tells for the process as a whole: functions run at its exit, and the
-//! physical memory of its machine.
+//! What libc does or tells for the process as a whole: functions run at its exit, the
+//! physical memory of its machine, a signal raised in it, its end (`exit_group`), and its
+//! environment as the C library holds it.
+
+use libc::{c_char, c_int, c_long};
 
 /// Registers `f` to run at process exit (`exit`, return from `main`), as `atexit(3)`; false
 /// if it could not be registered.
@@ -22,4 +25,29 @@ pub fn physical_memory() -> Option<usize> {
     } else {
         None
     }
+}
+
+/// Raises `sig` in the calling thread (`raise(3)`).
+pub fn raise(sig: c_int) {
+    // SAFETY: raising a signal in the calling thread, as the kernel would.
+    unsafe { libc::raise(sig) };
+}
+
+/// Ends the process at once (`exit_group(2)`): no `atexit` handlers, no stdio flush.
+pub fn exit_group(status: c_int) -> ! {
+    // SAFETY: exit_group takes no pointers and does not return.
+    unsafe {
+        libc::syscall(libc::SYS_exit_group, status as c_long);
+        libc::abort() // not reached
+    }
+}
+
+/// The C library's `environ`: the process's environment, a null-terminated array of
+/// `NAME=value` strings.
+pub fn environ() -> *const *const c_char {
+    extern "C" {
+        static environ: *const *const c_char;
+    }
+    // SAFETY: reading the C library's environment pointer.
+    unsafe { environ }
 }
