@@ -14,7 +14,7 @@ use crate::init;
 use crate::rules::{Action, Role};
 use crate::socket::{Attachment, Pending, State};
 use crate::stats::{Cause, Fallback, Path};
-use crate::sys::fcntl::fd_flags;
+use crate::sys::fcntl::{dup_hidden, fd_flags};
 use crate::sys::raw::{errno, set_errno};
 use crate::sys::real;
 use crate::sys::sockaddr as saddr;
@@ -94,8 +94,8 @@ fn connect_rdma(
     if let Some(first) = engine.negcache.failure(&dest, now) {
         return Err(Cause::new(Fallback::NegativeCache, first));
     }
-    // SAFETY: duplicating the program's socket; the copy keeps its options.
-    let opts_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
+    // A private copy of the program's socket: it keeps the socket's options.
+    let opts_fd = dup_hidden(fd);
     if opts_fd < 0 {
         return Err(Cause::errno(Fallback::Resources, errno()));
     }
