@@ -40,6 +40,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
 /// comes after the real one, so that when the engine asks whether any fd still holds the
 /// doorbell, the program's is already gone: a listener then releases its port before close
 /// returns (iperf3 -s re-listens at once).
+#[inline] // into close and fclose: for an fd the shim does not own, a load and a jump
 fn closing(fd: c_int, close: impl FnOnce() -> c_int) -> c_int {
     let s = take(fd);
     let r = close();
