@@ -5,7 +5,7 @@
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
-use super::owned::{keep_errno, local_addr, swap_file, track};
+use super::ownership::{keep_errno, local_addr, swap_file, track};
 use crate::config::Config;
 use crate::engine;
 use crate::fdtable;

@@ -5,7 +5,7 @@
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
 use super::inherit;
-use super::owned::{keep_errno, share};
+use super::ownership::{keep_errno, share};
 use crate::fdtable::{self, SockRef};
 use crate::guard;
 use crate::sys::fileio;

@@ -6,7 +6,7 @@
 
 use super::connect::{buf_sizes, no_engine_reason};
 use super::inherit;
-use super::owned::{keep_errno, local_addr, swap_file, track};
+use super::ownership::{keep_errno, local_addr, swap_file, track};
 use crate::config::Config;
 use crate::engine::{self, Accepted, Listener};
 use crate::fdtable;

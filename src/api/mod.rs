@@ -21,7 +21,7 @@
 //! - `creds` — credential changes (`setuid` and its family);
 //! - `inherit` — sockets another process owns: got by fork, exec or `SCM_RIGHTS`;
 //! - `rights` — sending a stream's fd to a process without the shim;
-//! - `owned` — the bookkeeping of owned fds the rooms share.
+//! - `ownership` — the bookkeeping of owned fds the rooms share.
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
@@ -32,7 +32,7 @@ mod inherit;
 mod io;
 mod listen;
 mod opts;
-mod owned;
+mod ownership;
 mod process;
 mod rights;
 mod wait;

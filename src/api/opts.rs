@@ -8,7 +8,7 @@
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
-use super::owned::share;
+use super::ownership::share;
 use crate::engine::Stream;
 use crate::fdtable;
 use crate::socket::Attachment;

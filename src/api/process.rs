@@ -6,7 +6,7 @@
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
 use super::inherit;
-use super::owned::keep_errno;
+use super::ownership::keep_errno;
 use crate::engine;
 use crate::fdtable;
 use crate::guard;

@@ -64,7 +64,7 @@ pub(super) unsafe fn sending(fd: c_int, msg: *const msghdr, flags: c_int) -> Opt
         return None;
     }
     let r = real::sendmsg(fd, &m, flags);
-    super::owned::keep_errno(|| {
+    super::ownership::keep_errno(|| {
         ends.iter().for_each(|&e| raw::close(e));
         log::info!(
             "fd {fd}: {} rdma stream(s) sent to a process without rsock as relay ends",

@@ -5,7 +5,7 @@
 
 use super::listeners::{to_kernel_listener, track_foreign_listener};
 use super::streams::{adopt, as_stream, attach_rdma, dead_end, give_back, point_fds_at};
-use crate::api::owned::{share, track};
+use crate::api::ownership::{share, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::fdtable;
 use crate::socket::{Attachment, Socket};

@@ -6,7 +6,7 @@
 
 use super::streams::{attach_rdma, point_fds_at};
 use crate::api::listen::{rdma_listen, start_dual, track_accepted};
-use crate::api::owned::{local_addr, track};
+use crate::api::ownership::{local_addr, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::Listener;
 use crate::fdtable;

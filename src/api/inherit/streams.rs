@@ -4,7 +4,7 @@
 //! back before an exec or a credential change.
 
 use super::exec::use_passed;
-use crate::api::owned::{swap_file, track};
+use crate::api::ownership::{swap_file, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::relay::Relayed;
 use crate::engine::{Inherited, Stream, TakeError};

@@ -273,7 +273,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
         let r = real::recvmsg(fd, msg, flags);
         // Only a message that brought fds costs more than a test: they may be rsock streams.
         if r >= 0 && !msg.is_null() && (*msg).msg_controllen > 0 {
-            super::owned::keep_errno(|| super::inherit::received_rights(msg));
+            super::ownership::keep_errno(|| super::inherit::received_rights(msg));
         }
         return r;
     }

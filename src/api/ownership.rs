@@ -1,7 +1,8 @@
-//! Bookkeeping every room of `api` shares for the program's fds the shim owns: starting to
-//! own a fresh socket (`track`), giving another fd the same socket (`share`), replacing the
-//! file behind an owned fd without losing its epoll registrations (`swap_file`), the address
-//! its stats record (`local_addr`) — all of it done without changing errno (`keep_errno`).
+//! The shim's ownership of the program's fds, kept the same way by every room of `api`:
+//! starting to own a fresh socket (`track`), giving another fd the same socket (`share`),
+//! replacing the file behind an owned fd without losing its epoll registrations
+//! (`swap_file`), the address its stats record (`local_addr`) — all of it done without
+//! changing errno (`keep_errno`).
 
 use crate::fdtable::{self, SockRef};
 use crate::sys::raw::{self, errno, set_errno};
