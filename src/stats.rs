@@ -283,9 +283,8 @@ fn create() -> Option<&'static Header> {
             REGION.store(h, Release);
             if !cfg.stats_keep {
                 static ATEXIT: std::sync::Once = std::sync::Once::new();
-                // SAFETY: registering a plain extern "C" fn.
-                ATEXIT.call_once(|| unsafe {
-                    libc::atexit(remove_file_at_exit);
+                ATEXIT.call_once(|| {
+                    crate::sys::process::at_exit(remove_file_at_exit);
                 });
             }
             // SAFETY: just mapped.

@@ -48,8 +48,8 @@ pub fn drain_at_exit_from_any_context() {
     e.exit_asked.store(true, Release);
     e.wake();
     let ms = (e.linger().as_millis() + 200) as libc::c_int;
-    // The raw system call: async-signal-safe.
-    crate::sys::poll::poll_one_raw(e.exit_done_fd, libc::POLLIN, ms);
+    // The raw system call: async-signal-safe. A signal does not cut the wait short.
+    crate::sys::poll::poll_one_raw_full(e.exit_done_fd, libc::POLLIN, ms);
 }
 
 /// How long an exiting owner waits for the first, or next, of its queued connections to be

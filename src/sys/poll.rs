@@ -14,3 +14,27 @@ pub fn poll_one_raw(fd: c_int, events: c_short, ms: c_int) -> c_long {
     // SAFETY: one pollfd on the stack; poll(2) is async-signal-safe.
     unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, ms) }
 }
+
+/// [`poll_one_raw`] for the whole of `ms`: a signal that interrupts it does not end the wait
+/// early (the exit drain must not return while the helper still delivers bytes).
+pub fn poll_one_raw_full(fd: c_int, events: c_short, ms: c_int) -> c_long {
+    let start = monotonic_ms();
+    loop {
+        let left = i64::from(ms) - (monotonic_ms() - start);
+        let r = poll_one_raw(fd, events, left.max(0) as c_int);
+        if r >= 0 || left <= 0 || super::raw::errno() != libc::EINTR {
+            return r;
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` in milliseconds (`clock_gettime` is async-signal-safe).
+fn monotonic_ms() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+}
