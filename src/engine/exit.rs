@@ -3,6 +3,7 @@
 //! time — on the exiting thread, or for `_exit` on the helper thread.
 
 use super::singleton::ENGINE;
+use super::stream::Life;
 use super::{active, get, listener, lock, Engine, Listener, Stream};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -114,9 +115,7 @@ fn drain_streams(e: &'static Engine, on_helper: bool) {
     // gets the linger to take the stream over before this engine, and the QP, are gone.
     // One the program still held at exit is not waited for (a child that inherited it and
     // never uses it would hold the exit up for nothing).
-    let passed = |s: &Arc<Stream>| {
-        s.app_gone.load(Acquire) && s.bell().peer_holds() && !s.released.load(Acquire)
-    };
+    let passed = |s: &Arc<Stream>| s.life() == Life::Unheld && s.bell().peer_holds();
     while streams.iter().any(passed) && std::time::Instant::now() < deadline {
         if on_helper {
             e.serve_requests();

@@ -3,6 +3,7 @@
 //! for `SO_LINGER` 0) and the stream's retirement to the helper, which tears it down.
 
 use super::helper::TAG_HOLD;
+use super::stream::Event;
 use super::{get, lock, Engine, Stream};
 use libc::c_int;
 use std::sync::atomic::Ordering::*;
@@ -54,7 +55,7 @@ fn stream_fd_closed(s: &Arc<Stream>) {
     match s.owner().is_me().then(get).flatten() {
         Some(engine) => {
             s.release_app();
-            s.app_gone.store(true, Release);
+            s.advance(Event::LetGo);
             engine.settle_holders(s);
         }
         // A copy inherited from the owner: its locks are never taken here (a parent
@@ -62,8 +63,8 @@ fn stream_fd_closed(s: &Arc<Stream>) {
         // stream this process handed over keeps its options fd until now.
         None => {
             s.bell().release_app();
-            if s.moved_away.swap(false, AcqRel) {
-                crate::sys::raw::close(s.opts_fd);
+            if s.advance(Event::LetGoAfterMove).is_some() {
+                s.close_opts_once();
             }
         }
     }
@@ -139,8 +140,8 @@ impl Engine {
 
     /// Nobody holds `s` any more: the graceful (or lingering-zero) close, once.
     pub(super) fn close_unheld(&'static self, s: &Arc<Stream>) {
-        if s.released.swap(true, AcqRel) {
-            return;
+        if s.advance(Event::Close).is_none() {
+            return; // closing already, or handed over
         }
         self.unwatch(s.bell().shim_fd());
         for fd in s.relay_fds() {
@@ -164,7 +165,7 @@ impl Engine {
             return;
         };
         s.on_hold_event();
-        if s.app_gone.load(Acquire) && !s.held() {
+        if !s.life().program_holds() && !s.held() {
             self.close_unheld(&s);
         }
     }
@@ -173,7 +174,7 @@ impl Engine {
     pub(super) fn recheck_holders(&'static self) {
         let list: Vec<Arc<Stream>> = lock(&self.held_elsewhere).clone();
         for s in list {
-            if s.released.load(Acquire) || !s.held() {
+            if s.life().released() || !s.held() {
                 self.close_unheld(&s);
                 lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, &s));
             }

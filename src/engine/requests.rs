@@ -3,9 +3,9 @@
 //! the hand-over requests are answered in `takeover`.
 
 use super::helper::TAG_IPC_CONN;
+use super::stream::Event;
 use super::{ipc, lock, Accepted, BufSizes, Engine, Listener, Stream};
 use libc::c_int;
-use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
 impl Engine {
@@ -66,7 +66,7 @@ impl Engine {
         };
         match *req {
             ipc::Request::Describe { .. } => match stream() {
-                Some(s) if !s.released.load(Acquire) => {
+                Some(s) if !s.life().released() => {
                     let (ring, send) = s.sizes();
                     let r = ipc::Reply::Described {
                         token,
@@ -83,7 +83,7 @@ impl Engine {
                 },
             },
             ipc::Request::Relay { .. } => match stream() {
-                Some(s) if !s.released.load(Acquire) => self.relay(&s),
+                Some(s) if !s.life().released() => self.relay(&s),
                 _ => self.not_here(token, proof),
             },
             ipc::Request::Take { port, taker, .. } => match stream() {
@@ -152,7 +152,7 @@ impl Engine {
             Some(Accepted::Rdma(s)) => {
                 // Never given to this process's program: the worker takes it over (given
                 // A and the facts), or only the relay holds it.
-                s.app_gone.store(true, Release);
+                s.advance(Event::LetGo);
                 if taker.is_some() && self.cfg.takeover {
                     return self.hand_to_worker(&s);
                 }
@@ -161,7 +161,7 @@ impl Engine {
         }
     }
 
-    /// Relays `s`, which no program of this process holds (`app_gone` set), to the caller:
+    /// Relays `s`, which no program of this process holds (`Life::Unheld`), to the caller:
     /// the relay is then its only holder, whose last close ends it — which the helper
     /// rechecks (the end of stream may be read by a completion, raising no event on the
     /// relay end). No relay: it ends now.

@@ -22,6 +22,7 @@ mod doorbell;
 mod grow;
 mod handover;
 mod io;
+mod life;
 #[cfg(test)]
 mod mem;
 mod options;
@@ -45,6 +46,8 @@ use crate::proto::{self, Readiness};
 use crate::readiness::Doorbell;
 use grow::{buf_sizes, Rate};
 use libc::c_int;
+use life::Lifecycle;
+pub use life::{Event, Life};
 pub use port::{Buf, Port, QueuePair, Region};
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
@@ -98,11 +101,11 @@ pub struct Stream<P: Port = Dev> {
     /// The process this one took the stream over from, if it did: the one to give it back to
     /// before a credential change (`Request::Reclaim`).
     pub taken_from: std::sync::OnceLock<Owner>,
-    /// The owner's program holds no fd of it any more (or never did: relayed from its
-    /// accept queue). The stream lives on while another process holds one.
-    pub(super) app_gone: AtomicBool,
-    /// The engine's last-holder handling ran (see `Engine::settle_holders`).
-    pub(super) released: AtomicBool,
+    /// Where it is in its life (stream/life.rs).
+    life: Lifecycle,
+    /// The options fd is closed (by the teardown, or by the program's last close after a
+    /// move, whichever comes to it: exactly once).
+    opts_closed: AtomicBool,
     /// The helper watches the doorbell's B for the last other holder of A.
     pub(super) hold_watched: AtomicBool,
     /// Program calls in progress on it, and [`CLOSE_DEFERRED`]: see [`Stream::defer_close`].
@@ -116,8 +119,6 @@ pub struct Stream<P: Port = Dev> {
     /// Another process may poll A (its holder forked): its completions must be handled
     /// even while this process waits nowhere the shim sees, so the helper listens.
     shared: AtomicBool,
-    /// Handed over to another process; its options fd is closed with the program's last fd.
-    pub(super) moved_away: AtomicBool,
 }
 
 /// Watched streams of this process: while there are any, the helper also polls the CQs on
@@ -163,9 +164,6 @@ pub(super) struct Inner<P: Port = Dev> {
     /// showed acknowledged (unsignaled writes complete silently).
     probe_covers: u64,
     confirmed: u64,
-    /// Handed over to another process: nothing here moves the doorbell or posts any more;
-    /// the QP only drains before it is freed.
-    pub(super) moved: bool,
     /// Bytes the program read and wrote lately (buffers grow for a busy connection).
     read_rate: Rate,
     write_rate: Rate,
@@ -258,7 +256,6 @@ impl<P: Port> Stream<P> {
                 timers: liveness::Timers::new(Instant::now()),
                 probe_covers: 0,
                 confirmed: 0,
-                moved: false,
                 resume_scheduled: false,
                 read_rate: Rate::default(),
                 write_rate: Rate::default(),
@@ -280,14 +277,13 @@ impl<P: Port> Stream<P> {
             owner_pid: AtomicI32::new(owner.pid),
             owner_nonce: AtomicU64::new(owner.nonce),
             taken_from: std::sync::OnceLock::new(),
-            app_gone: AtomicBool::new(false),
+            life: Lifecycle::new(),
+            opts_closed: AtomicBool::new(false),
             calls: AtomicU32::new(0),
             timed: AtomicBool::new(false),
-            released: AtomicBool::new(false),
             hold_watched: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             shared: AtomicBool::new(false),
-            moved_away: AtomicBool::new(false),
         });
         s.load_options();
         s.with(|inner| s.pump(inner));
@@ -318,6 +314,23 @@ impl<P: Port> Stream<P> {
     /// The doorbell whose A the program holds.
     pub fn bell(&self) -> &Doorbell {
         &self.bell
+    }
+
+    /// Where the stream is in its life.
+    pub fn life(&self) -> Life {
+        self.life.get()
+    }
+
+    /// Moves the stream on by `ev` (stream/life.rs): `Some((from, to))` if it changed.
+    pub(in crate::engine) fn advance(&self, ev: Event) -> Option<(Life, Life)> {
+        self.life.apply(ev, self.token)
+    }
+
+    /// Closes the options fd, once, whoever comes to it first (see `opts_closed`).
+    pub(in crate::engine) fn close_opts_once(&self) {
+        if !self.opts_closed.swap(true, AcqRel) {
+            crate::sys::raw::close(self.opts_fd);
+        }
     }
 
     /// The process whose engine drives this stream.

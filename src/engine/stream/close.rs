@@ -118,10 +118,11 @@ impl<P: Port> Stream<P> {
             crate::sys::raw::close(e.fd);
         }
         // A moved stream's options fd still answers for the program's fds of it, if the
-        // program has any (they close it: `engine::holders::stream_fd_closed`); one the program never
-        // held (a prefork master's accept, handed to a worker) has none, and it goes now.
-        if !self.lock().moved || self.app_gone.load(Acquire) {
-            crate::sys::raw::close(self.opts_fd);
+        // program has any (its last close closes it: `engine::holders::stream_fd_closed`);
+        // one the program never held (a prefork master's accept, handed to a worker), or no
+        // longer holds, goes now.
+        if self.life() != super::Life::MovedHeld {
+            self.close_opts_once();
         }
     }
 }

@@ -18,7 +18,7 @@ impl<P: Port> Stream<P> {
         // Flushes are expected once the connection is going down, and on the old QP of a
         // peer that moved once everything on it completed (its old owner tears it down).
         let expected_flush = wc.is_flush()
-            && (inner.proto.is_finished() || inner.proto.ready_to_resume() || inner.moved);
+            && (inner.proto.is_finished() || inner.proto.ready_to_resume() || self.life().moved());
         rc.on_completion(wc);
         if wc.is_recv() {
             if !wc.is_ok() {

@@ -25,7 +25,7 @@ impl<P: Port> Stream<P> {
 
     /// Moves the doorbell to match the protocol state (edges only).
     pub(super) fn show(&self, inner: &mut Inner<P>) {
-        if inner.moved {
+        if self.life().moved() {
             return; // the doorbell is the taker's
         }
         let p = &inner.proto;

@@ -18,7 +18,7 @@ impl Stream {
     pub(in crate::engine) fn start_move(&self, port: u16) -> Result<(), c_int> {
         let mut g = self.lock();
         let inner = &mut *g;
-        let busy = inner.moved
+        let busy = self.life().moved()
             || inner.proto.is_broken()
             || inner.closed_at.is_some()
             || !inner.relays.is_empty()
@@ -55,9 +55,7 @@ impl Stream {
         for r in inner.proto.unsent_ranges() {
             out.extend_from_slice(&inner.send.as_slice()[r]);
         }
-        inner.moved = true;
-        self.moved_away
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.advance(super::Event::Move);
         inner.proto.handle_failure(proto::Failure::Reset);
         inner.closed_at = Some(Instant::now());
         self.set_owner(to);

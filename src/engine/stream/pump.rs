@@ -11,7 +11,7 @@ impl<P: Port> Stream<P> {
     /// Reposts owed receives, runs the relays, posts every write the protocol wants, and
     /// shows the new state on the doorbell. Call with `inner` locked after any change.
     pub(super) fn pump(&self, inner: &mut Inner<P>) {
-        if inner.moved {
+        if self.life().moved() {
             return;
         }
         self.sync_memory(inner);

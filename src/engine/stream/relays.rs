@@ -4,7 +4,6 @@
 use super::{Port, Stream};
 use crate::engine::relay;
 use libc::c_int;
-use std::sync::atomic::Ordering::*;
 
 impl<P: Port> Stream<P> {
     /// Starts relaying this stream to another process: returns (A, B) of a new socketpair;
@@ -31,7 +30,7 @@ impl<P: Port> Stream<P> {
     /// Whether any process still holds this stream: the owner's program, another process
     /// with an fd of the doorbell's A (inherited), or a relay end's holder.
     pub(in crate::engine) fn held(&self) -> bool {
-        if !self.app_gone.load(Acquire) || self.bell.peer_holds() {
+        if self.life().program_holds() || self.bell.peer_holds() {
             return true;
         }
         self.lock().relays.iter_mut().any(|e| !e.check_gone())

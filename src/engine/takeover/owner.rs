@@ -62,7 +62,7 @@ impl Engine {
         port: u16,
         taker: ipc::Owner,
     ) -> (Reply, Option<c_int>) {
-        if s.released.load(std::sync::atomic::Ordering::Acquire) {
+        if s.life().released() {
             return (Reply::Failed(libc::ECONNRESET), None);
         }
         if let Err(e) = s.start_move(port) {
@@ -133,7 +133,6 @@ impl Engine {
             self.unwatch(fd);
         }
         raw::close(s.bell().take_shim());
-        s.released.store(true, std::sync::atomic::Ordering::Release);
         self.retire(s.clone());
         match unix::memfd_with(&state) {
             Ok(fd) => (Reply::State, Some(fd)),
@@ -213,7 +212,7 @@ impl Engine {
         match taken {
             Ok(s) => {
                 // No program here holds it: only the relay does.
-                s.app_gone.store(true, std::sync::atomic::Ordering::Release);
+                s.advance(crate::engine::stream::Event::LetGo);
                 self.relay_only(&s)
             }
             Err(e) => {
