@@ -97,6 +97,11 @@ pub fn poll() {
 
 #[cold]
 fn apply(h: &Header, want: u32) {
+    // A vfork child shares its parent's memory: the logger it would set up is the
+    // parent's, and the answer would be the parent's to give. The parent takes it.
+    if crate::sys::raw::in_vfork_child() {
+        return;
+    }
     let Some(level) = decode(want) else {
         h.log.request.store(0, Relaxed); // garbage: not ours to guess at
         return;
