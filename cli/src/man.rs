@@ -25,9 +25,82 @@ pub fn completions(shell: Shell) -> ExitCode {
         Shell::Zsh => clap_complete::generate(Zsh, &mut cmd, "rsock", &mut script),
         Shell::Fish => clap_complete::generate(Fish, &mut cmd, "rsock", &mut script),
     }
+    if let Shell::Bash = shell {
+        script.extend_from_slice(BASH_EXTRAS.as_bytes());
+    }
     crate::out::print(format_args!("{}", String::from_utf8_lossy(&script)));
     ExitCode::SUCCESS
 }
+
+/// What clap_complete's bash script cannot know, in front of it: the PIDs `stat` and `log`
+/// take (processes with a stats region: the user's, root's, `RSOCK_STATS_DIR`'s), and after
+/// `rsock run [OPTIONS] PROGRAM`, PROGRAM's own completion (bash-completion's
+/// `_command_offset`). The options of `run` that take a value are listed here by hand; a
+/// test checks the list against the parser.
+const BASH_EXTRAS: &str = r#"
+# rsock's additions to the generated script: PIDs for `stat` and `log`, and PROGRAM's own
+# completion after `rsock run [OPTIONS] PROGRAM`.
+_rsock_pids() {
+    local f b
+    for f in ${RSOCK_STATS_DIR:+"$RSOCK_STATS_DIR"/*.stats} /dev/shm/rsock-*/*.stats; do
+        [[ -e $f ]] || continue
+        b=${f##*/}
+        echo "${b%.stats}"
+    done
+}
+
+_rsock_with_extras() {
+    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} i sub='' at=0
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        case ${COMP_WORDS[i]} in
+            -*) ;;
+            *) sub=${COMP_WORDS[i]}; at=$i; break ;;
+        esac
+    done
+    case $sub in
+        run)
+            local prog='' skip=0
+            for ((i = at + 1; i < COMP_CWORD; i++)); do
+                if ((skip)); then skip=0; continue; fi
+                case ${COMP_WORDS[i]} in
+                    --) prog=$((i + 1)); break ;;
+                    --log | --log-level | --exclude | --config | --spin-us) skip=1 ;;
+                    -*) ;;
+                    *) prog=$i; break ;;
+                esac
+            done
+            if [[ -n $prog ]] && ((COMP_CWORD > prog)) && declare -F _command_offset >/dev/null; then
+                _command_offset "$prog"
+                return
+            fi
+            if { [[ -n $prog ]] && ((COMP_CWORD == prog)); } ||
+                { [[ -z $prog ]] && ((!skip)) && [[ $cur != -* ]]; }; then
+                mapfile -t COMPREPLY < <(compgen -c -- "$cur")
+                return
+            fi
+            ;;
+        stat | log)
+            [[ $cur == -* || $prev == --dir || $prev == --watch || $prev == --count ]] && { _rsock "$@"; return; }
+            local given=0
+            for ((i = at + 1; i < COMP_CWORD; i++)); do
+                case ${COMP_WORDS[i]} in
+                    --dir) ((i++)) ;;
+                    -*) ;;
+                    *) ((given++)) ;;
+                esac
+            done
+            # `stat` takes any number of PIDs; `log` one, then a level.
+            if [[ $sub == stat ]] || ((given == 0)); then
+                mapfile -t COMPREPLY < <(compgen -W "$(_rsock_pids)" -- "$cur")
+                return
+            fi
+            ;;
+    esac
+    _rsock "$@"
+}
+
+complete -F _rsock_with_extras -o nosort -o bashdefault -o default rsock
+"#;
 
 /// `rsock __man DIR`: the pages into DIR (created if need be), mode 0644 whatever the umask
 /// (`make install` runs it as root), each path on stdout.

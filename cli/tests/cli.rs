@@ -393,7 +393,7 @@ fn completions_for_each_shell() {
         .output()
         .unwrap();
     assert!(
-        stdout(&o).contains("-F _rsock rsock"),
+        stdout(&o).contains("-F _rsock_with_extras rsock"),
         "{}{}",
         stdout(&o),
         stderr(&o)
@@ -403,6 +403,94 @@ fn completions_for_each_shell() {
         "invalid value 'tcsh' for '<SHELL>'",
         "",
     );
+}
+
+/// Runs bash with `rsock completions bash` sourced, completes `line` (the cursor at its end;
+/// a trailing space starts a new word) and returns the candidates, one per line.
+fn bash_complete(line: &str, stats_dir: &std::path::Path) -> String {
+    let script = r#"source <("$0" completions bash) || exit 1
+        read -ra COMP_WORDS <<< "$1"
+        [[ $1 == *" " ]] && COMP_WORDS+=("")
+        COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+        _rsock_with_extras rsock "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+        printf '%s\n' "${COMPREPLY[@]}""#;
+    let o = Command::new("bash")
+        .args(["-c", script])
+        .arg(RSOCK)
+        .arg(line)
+        .env("RSOCK_STATS_DIR", stats_dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{line}: {}", stderr(&o));
+    stdout(&o)
+}
+
+#[test]
+fn bash_completes_pids_and_the_program_after_run() {
+    let dir = std::env::temp_dir().join(format!("rsock-cli-compl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("424242.stats"), b"").unwrap();
+    let words = |l: &str| bash_complete(l, &dir);
+    assert!(
+        words("rsock stat ").lines().any(|w| w == "424242"),
+        "stat PID"
+    );
+    assert!(
+        words("rsock stat 4242").lines().any(|w| w == "424242"),
+        "stat PID prefix"
+    );
+    assert!(
+        words("rsock log ").lines().any(|w| w == "424242"),
+        "log PID"
+    );
+    let level = words("rsock log 424242 ");
+    assert!(
+        level.lines().any(|w| w == "debug"),
+        "log LEVEL after the PID: {level}"
+    );
+    assert!(!level.contains("424242"), "no second PID: {level}");
+    let prog = words("rsock run --log /tmp/x bas");
+    assert!(prog.lines().any(|w| w == "bash"), "PROGRAM: {prog}");
+    let opt = words("rsock run --no-");
+    assert!(
+        opt.lines().any(|w| w == "--no-rdma"),
+        "run's options: {opt}"
+    );
+    let sub = words("rsock st");
+    assert!(sub.lines().any(|w| w == "stat"), "commands: {sub}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The options of `rsock run` that take a value, which the bash additions skip over to find
+/// PROGRAM, are the parser's.
+#[test]
+fn bash_extras_know_runs_value_options() {
+    let help = stdout(&rsock(&["run", "--help"]));
+    let script = stdout(&rsock(&["completions", "bash"]));
+    let listed = script
+        .lines()
+        .find(|l| l.trim_start().starts_with("--log |"))
+        .expect("the list in BASH_EXTRAS");
+    let listed: Vec<&str> = listed
+        .split([' ', '|', ')'])
+        .filter(|w| w.starts_with("--"))
+        .collect();
+    let mut seen = 0;
+    for line in help.lines().map(str::trim_start) {
+        let Some(rest) = line.strip_prefix("--") else {
+            continue;
+        };
+        let mut it = rest.split_whitespace();
+        let name = format!("--{}", it.next().unwrap_or(""));
+        let takes_value = it.next().is_some_and(|w| w.starts_with('<'));
+        assert_eq!(
+            listed.contains(&name.as_str()),
+            takes_value,
+            "{name} in {listed:?} (help: {line})"
+        );
+        seen += usize::from(takes_value);
+    }
+    assert_eq!(seen, listed.len(), "{listed:?} against {help}");
 }
 
 #[test]
