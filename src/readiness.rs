@@ -16,7 +16,7 @@
 //! connection's lock. All calls go to the real libc functions: none may re-enter the hooks.
 
 use crate::sys::raw::{errno, set_errno};
-use crate::sys::real;
+use crate::sys::{fcntl, real};
 use libc::c_int;
 use std::io;
 
@@ -60,16 +60,10 @@ impl Doorbell {
                 libc::SO_SNDBUF,
                 (&one as *const c_int).cast(),
                 4,
-            );
-            set_flag(
-                app,
-                libc::F_GETFL,
-                libc::F_SETFL,
-                libc::O_NONBLOCK,
-                nonblock,
-            )?;
-            set_flag(app, libc::F_GETFD, libc::F_SETFD, libc::FD_CLOEXEC, true)?;
-        }
+            )
+        };
+        fcntl::change_nonblock(app, nonblock)?;
+        fcntl::change_cloexec(app, true)?;
         Ok(d)
     }
 
@@ -107,16 +101,7 @@ impl Doorbell {
 
     /// Sets or clears `O_NONBLOCK` on A's file (shared by every fd of A).
     pub fn set_file_nonblocking(&self, on: bool) -> io::Result<()> {
-        // SAFETY: fcntl on our own fd.
-        unsafe {
-            set_flag(
-                self.app_fd(),
-                libc::F_GETFL,
-                libc::F_SETFL,
-                libc::O_NONBLOCK,
-                on,
-            )
-        }
+        fcntl::change_nonblock(self.app_fd(), on)
     }
 
     /// The doorbell's own fd of A, or -1 after [`release_app`](Self::release_app).
@@ -275,19 +260,6 @@ impl Drop for Doorbell {
             crate::sys::raw::close(shim);
         }
     }
-}
-
-/// Sets or clears `flag` with the fcntl get/set pair given.
-unsafe fn set_flag(fd: c_int, get: c_int, set: c_int, flag: c_int, on: bool) -> io::Result<()> {
-    let old = real::fcntl(fd, get, 0);
-    if old < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let new = if on { old | flag } else { old & !flag };
-    if new != old && real::fcntl(fd, set, new as usize) < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! `fcntl` on an fd through the real libc function: its file flags (`O_NONBLOCK`,
-//! `FD_CLOEXEC`), and private copies of it for the shim's own use.
+//! `FD_CLOEXEC`) read, set or changed, and private copies of it for the shim's own use.
 
 use crate::sys::{raw, real};
 use libc::c_int;
+use std::io;
 
 /// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
 pub fn fd_flags(fd: c_int) -> (bool, bool) {
@@ -33,6 +34,33 @@ pub fn set_nonblock(fd: c_int, on: bool) {
             real::fcntl(fd, libc::F_SETFL, want as usize);
         }
     }
+}
+
+/// Sets or clears `O_NONBLOCK` on `fd`'s file as [`set_nonblock`] does, but writes the flags
+/// only if they change, and says why it failed.
+pub fn change_nonblock(fd: c_int, on: bool) -> io::Result<()> {
+    change_flag(fd, libc::F_GETFL, libc::F_SETFL, libc::O_NONBLOCK, on)
+}
+
+/// Sets or clears `FD_CLOEXEC` on `fd`, writing the fd flags only if they change.
+pub fn change_cloexec(fd: c_int, on: bool) -> io::Result<()> {
+    change_flag(fd, libc::F_GETFD, libc::F_SETFD, libc::FD_CLOEXEC, on)
+}
+
+/// Sets or clears `flag` with the fcntl get/set pair given.
+fn change_flag(fd: c_int, get: c_int, set: c_int, flag: c_int, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl get/set of int flags on an fd this process holds.
+    unsafe {
+        let old = real::fcntl(fd, get, 0);
+        if old < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let new = if on { old | flag } else { old & !flag };
+        if new != old && real::fcntl(fd, set, new as usize) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
