@@ -16,8 +16,8 @@ use crate::rules::{Action, Role};
 use crate::socket::{Attachment, State};
 use crate::stats::{Cause, Fallback, Path};
 use crate::sys::raw::{errno, set_errno};
-use crate::sys::real;
 use crate::sys::sockaddr as saddr;
+use crate::sys::{fcntl, real};
 use libc::{c_int, sockaddr, socklen_t};
 use std::net::SocketAddr;
 
@@ -176,14 +176,10 @@ unsafe fn accept_dual(
         Ok(Accepted::Tcp(nfd)) => {
             // The helper accepted it close-on-exec and blocking: give it the asked flags.
             if nonblock {
-                real::fcntl(
-                    nfd,
-                    libc::F_SETFL,
-                    (libc::O_RDWR | libc::O_NONBLOCK) as usize,
-                );
+                fcntl::set_only_nonblock(nfd);
             }
             if !cloexec {
-                real::fcntl(nfd, libc::F_SETFD, 0);
+                fcntl::set_cloexec(nfd, false);
             }
             if !len.is_null() && real::getpeername(nfd, addr, len) != 0 {
                 *len = 0;

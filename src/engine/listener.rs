@@ -16,7 +16,7 @@ use super::stream::Stream;
 use super::{lock, Engine};
 use crate::rdma;
 use crate::readiness::Doorbell;
-use crate::sys::real;
+use crate::sys::{fcntl, real};
 use libc::c_int;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -108,18 +108,11 @@ impl Listener {
     ) -> Result<Arc<Listener>, String> {
         let RdmaListen { rl, token, sizes } = prepared;
         let backlog = backlog.clamp(1, 4096) as usize;
-        // SAFETY: fcntl on the program's fd, which it gave us in listen().
-        let (fl, fdfl) = unsafe {
-            (
-                real::fcntl(fd, libc::F_GETFL, 0),
-                real::fcntl(fd, libc::F_GETFD, 0),
-            )
-        };
-        let bell =
-            Doorbell::new(fl >= 0 && fl & libc::O_NONBLOCK != 0).map_err(|e| e.to_string())?;
+        // The program's fd, which it gave us in listen().
+        let (nonblock, cloexec) = fcntl::fd_flags(fd);
+        let bell = Doorbell::new(nonblock).map_err(|e| e.to_string())?;
         bell.set_writable(false); // a listening socket never polls writable
-                                  // SAFETY: duplicating the listening socket; we own the copy.
-        let tcp_fd = crate::sys::raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
+        let tcp_fd = fcntl::dup_hidden(fd); // the listening socket; we own the copy
         if tcp_fd < 0 {
             return Err(format!("dup: {}", std::io::Error::last_os_error()));
         }
@@ -140,7 +133,7 @@ impl Listener {
             pending: AtomicUsize::new(0),
             deferred: Mutex::new(VecDeque::new()),
             backlog,
-            nonblocking: AtomicBool::new(fl >= 0 && fl & libc::O_NONBLOCK != 0),
+            nonblocking: AtomicBool::new(nonblock),
             served_elsewhere: AtomicBool::new(false),
         });
         // A says whose listener it is, for a process that receives it with SCM_RIGHTS.
@@ -148,22 +141,12 @@ impl Listener {
             l.bell.app_fd(),
             &super::ipc::stream_name(&engine.owner, token),
         );
-        if let Err(e) = l
-            .bell
-            .install_at(fd, fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0)
-        {
+        if let Err(e) = l.bell.install_at(fd, cloexec) {
             crate::sys::raw::close(tcp_fd);
             return Err(format!("installing the doorbell: {e}"));
         }
         // The kernel listener's file is ours alone now: nonblocking for the helper.
-        // SAFETY: fcntl on our fd.
-        unsafe {
-            real::fcntl(
-                tcp_fd,
-                libc::F_SETFL,
-                (libc::O_RDWR | libc::O_NONBLOCK) as usize,
-            )
-        };
+        fcntl::set_only_nonblock(tcp_fd);
         lock(&engine.listeners).insert(token, l.clone());
         OWNED.fetch_add(1, Relaxed);
         let watched = engine

@@ -63,6 +63,28 @@ fn change_flag(fd: c_int, get: c_int, set: c_int, flag: c_int, on: bool) -> io::
     Ok(())
 }
 
+/// Makes the status flags of `fd`'s file `O_RDWR | O_NONBLOCK` in one `F_SETFL`, without
+/// reading them first: for a file the shim made or accepted itself, whose flags it knows
+/// (`F_SETFL` leaves the access mode as it is).
+pub fn set_only_nonblock(fd: c_int) {
+    // SAFETY: fcntl on an fd this process holds.
+    unsafe {
+        real::fcntl(
+            fd,
+            libc::F_SETFL,
+            (libc::O_RDWR | libc::O_NONBLOCK) as usize,
+        )
+    };
+}
+
+/// Sets (`on`) or clears `FD_CLOEXEC` on `fd` in one `F_SETFD`, without reading the fd
+/// flags first (it is the only one).
+pub fn set_cloexec(fd: c_int, on: bool) {
+    let flags = if on { libc::FD_CLOEXEC } else { 0 };
+    // SAFETY: fcntl on an fd this process holds.
+    unsafe { real::fcntl(fd, libc::F_SETFD, flags as usize) };
+}
+
 /// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
 pub fn dup_hidden(fd: c_int) -> c_int {
     // SAFETY: F_DUPFD_CLOEXEC on an fd this process holds.

@@ -353,8 +353,7 @@ pub fn stream_pair() -> io::Result<(c_int, c_int)> {
         return Err(last());
     }
     let b = hide(sv[1]);
-    // SAFETY: fcntl on our own fd.
-    unsafe { real::fcntl(b, libc::F_SETFL, (libc::O_RDWR | libc::O_NONBLOCK) as usize) };
+    super::fcntl::set_only_nonblock(b);
     Ok((sv[0], b))
 }
 

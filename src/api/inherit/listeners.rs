@@ -12,7 +12,7 @@ use crate::engine::Listener;
 use crate::fdtable;
 use crate::socket::{Attachment, Socket, State};
 use crate::stats::Cause;
-use crate::sys::fcntl::{dup_hidden, fd_flags, set_nonblock};
+use crate::sys::fcntl::{dup_hidden, fd_flags, set_cloexec, set_nonblock};
 use crate::sys::raw::{self, set_errno};
 use crate::sys::{real, sockaddr as saddr, unix};
 use libc::{c_int, sockaddr, socklen_t};
@@ -121,7 +121,7 @@ unsafe fn install_accepted(
 ) -> c_int {
     set_nonblock(nfd, flags & libc::SOCK_NONBLOCK != 0);
     if flags & libc::SOCK_CLOEXEC == 0 {
-        real::fcntl(nfd, libc::F_SETFD, 0); // ipc delivers it close-on-exec
+        set_cloexec(nfd, false); // ipc delivers it close-on-exec
     }
     let (local, peer) = match *r {
         Reply::Tcp { local, peer } => (local, peer),
