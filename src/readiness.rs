@@ -121,13 +121,7 @@ impl Doorbell {
 
     /// A new program fd for A (lowest free number, like `accept`).
     pub fn install_new(&self, cloexec: bool) -> io::Result<c_int> {
-        let cmd = if cloexec {
-            libc::F_DUPFD_CLOEXEC
-        } else {
-            libc::F_DUPFD
-        };
-        // SAFETY: plain fcntl on our fd.
-        let fd = unsafe { real::fcntl(self.app_fd(), cmd, 0) };
+        let fd = fcntl::dup_lowest(self.app_fd(), cloexec);
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }

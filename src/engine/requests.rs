@@ -115,8 +115,8 @@ impl Engine {
     /// [`ipc::Request::Describe`] of a listener (its A was sent to another process): its
     /// facts, and a copy of its kernel listener for the day this process is gone.
     fn describe_listener(&self, l: &Listener) -> (ipc::Reply, Option<c_int>) {
-        // SAFETY: F_DUPFD_CLOEXEC on the listener's own fd; the ipc server sends and closes it.
-        let tcp = unsafe { crate::sys::real::fcntl(l.tcp_fd, libc::F_DUPFD_CLOEXEC, 0) };
+        // A copy of the listener's own fd; the ipc server sends and closes it.
+        let tcp = crate::sys::fcntl::dup_lowest(l.tcp_fd, true);
         let local = crate::sys::sockaddr::local_of(l.tcp_fd);
         match (tcp, local) {
             (t, Some(local)) if t >= 0 => {

@@ -27,6 +27,7 @@ use super::stream::{Parts, Stream};
 use crate::proto::{self, Hello, HelloKind};
 use crate::rdma::{self, ConnParam, Device};
 use crate::readiness::Doorbell;
+use crate::sys::fcntl::dup_hidden;
 use crate::sys::{raw, unix};
 use libc::c_int;
 use std::net::SocketAddr;
@@ -205,11 +206,9 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             return Err(TakeError::Lost(why));
         }
     };
-    // SAFETY: F_DUPFD_CLOEXEC on the program's fd of A.
-    let app = raw::hide(unsafe { crate::sys::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
-    // SAFETY: as above, on the inherited options socket.
-    let opts_fd =
-        raw::hide(unsafe { crate::sys::real::fcntl(st.opts_fd, libc::F_DUPFD_CLOEXEC, 0) });
+    // Copies of the program's fd of A and of the inherited options socket.
+    let app = dup_hidden(fd);
+    let opts_fd = dup_hidden(st.opts_fd);
     let parts = Parts {
         rc,
         proto: conn,

@@ -85,8 +85,19 @@ pub fn set_cloexec(fd: c_int, on: bool) {
     unsafe { real::fcntl(fd, libc::F_SETFD, flags as usize) };
 }
 
+/// A copy of `fd` at the lowest free number (`F_DUPFD`, or `F_DUPFD_CLOEXEC` for a
+/// close-on-exec one), or -1.
+pub fn dup_lowest(fd: c_int, cloexec: bool) -> c_int {
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: plain fcntl on an fd this process holds.
+    unsafe { real::fcntl(fd, cmd, 0) }
+}
+
 /// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
 pub fn dup_hidden(fd: c_int) -> c_int {
-    // SAFETY: F_DUPFD_CLOEXEC on an fd this process holds.
-    raw::hide(unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })
+    raw::hide(dup_lowest(fd, true))
 }

@@ -7,6 +7,7 @@ use crate::engine::ipc::{self, Reply};
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::{Hello, HelloKind};
 use crate::rdma::{self, ConnParam, EventKind};
+use crate::sys::fcntl::dup_hidden;
 use crate::sys::raw;
 use libc::c_int;
 use std::net::SocketAddr;
@@ -37,17 +38,8 @@ impl Engine {
         if lock(&self.moved).get(token, call.proof) != Some(taker) {
             return Some((Reply::Failed(libc::ENOENT), None));
         }
-        // SAFETY: F_DUPFD_CLOEXEC on fds the ipc server holds for this call.
-        let (conn, proof) = unsafe {
-            (
-                raw::hide(crate::sys::real::fcntl(call.conn, libc::F_DUPFD_CLOEXEC, 0)),
-                raw::hide(crate::sys::real::fcntl(
-                    call.proof,
-                    libc::F_DUPFD_CLOEXEC,
-                    0,
-                )),
-            )
-        };
+        // Copies of fds the ipc server holds for this call.
+        let (conn, proof) = (dup_hidden(call.conn), dup_hidden(call.proof));
         if conn < 0 || proof < 0 {
             raw::close(conn);
             raw::close(proof);

@@ -7,6 +7,7 @@ use super::{take_over, Inherited, HANDOVER_TIMEOUT};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::setup::{self, BufSizes};
 use crate::engine::{lock, Engine, Stream};
+use crate::sys::fcntl::dup_hidden;
 use crate::sys::{raw, unix};
 use libc::c_int;
 use std::sync::Arc;
@@ -70,10 +71,7 @@ impl Engine {
         }
         let deadline = Instant::now() + 2 * HANDOVER_TIMEOUT;
         lock(&self.leaving).push((s.token, deadline));
-        // SAFETY: F_DUPFD_CLOEXEC on our own B; the reply carries the copy.
-        let b = raw::hide(unsafe {
-            crate::sys::real::fcntl(s.bell().shim_fd(), libc::F_DUPFD_CLOEXEC, 0)
-        });
+        let b = dup_hidden(s.bell().shim_fd()); // a copy of our own B: the reply carries it
         log::debug!(
             "rdma stream {} -> {}: moving to pid {} (port {port})",
             s.local,
@@ -150,10 +148,7 @@ impl Engine {
         &'static self,
         s: &Arc<Stream>,
     ) -> (Reply, Option<c_int>) {
-        // SAFETY: F_DUPFD_CLOEXEC on our own copy of A.
-        let a = raw::hide(unsafe {
-            crate::sys::real::fcntl(s.bell().app_fd(), libc::F_DUPFD_CLOEXEC, 0)
-        });
+        let a = dup_hidden(s.bell().app_fd()); // a copy of our own copy of A
         s.release_app();
         // Held while `a` travels and in the worker; the last holder's close ends it.
         self.settle_holders(s);
