@@ -1,4 +1,5 @@
-//! fd helpers by raw syscall, so they never pass through the shim's own hooks.
+//! The RDMA channels' fds made nonblocking and waited on by raw syscall (`sys::fcntl`,
+//! `sys::poll`), so they never pass through the shim's own hooks.
 
 use std::ffi::c_int;
 use std::time::{Duration, Instant};
@@ -7,26 +8,7 @@ use super::error::{Error, Result};
 
 /// Sets `O_NONBLOCK` (and `FD_CLOEXEC`) on `fd`
 pub fn set_nonblocking(fd: c_int) -> Result<()> {
-    // SAFETY: fcntl on an fd we own; F_GETFL/F_SETFL/F_SETFD take an int argument.
-    unsafe {
-        let fl = libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL, 0);
-        if fl < 0 {
-            return Err(Error::last_os("fcntl(F_GETFL)"));
-        }
-        if libc::syscall(
-            libc::SYS_fcntl,
-            fd,
-            libc::F_SETFL,
-            fl | libc::O_NONBLOCK as libc::c_long,
-        ) < 0
-        {
-            return Err(Error::last_os("fcntl(F_SETFL)"));
-        }
-        if libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
-            return Err(Error::last_os("fcntl(F_SETFD)"));
-        }
-    }
-    Ok(())
+    crate::sys::fcntl::set_nonblock_cloexec_raw(fd).map_err(Error::last_os)
 }
 
 /// Waits until `fd` is readable. `None` waits forever. Returns `Ok(false)` on timeout;
@@ -34,34 +16,8 @@ pub fn set_nonblocking(fd: c_int) -> Result<()> {
 pub fn wait_readable(fd: c_int, timeout: Option<Duration>) -> Result<bool> {
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
-        let mut ts_store;
-        let ts: *const libc::timespec = match deadline {
-            None => std::ptr::null(),
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                ts_store = libc::timespec {
-                    tv_sec: left.as_secs() as libc::time_t,
-                    tv_nsec: left.subsec_nanos() as libc::c_long,
-                };
-                &mut ts_store
-            }
-        };
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; ts is null or a valid timespec; no signal mask.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_ppoll,
-                &mut pfd as *mut libc::pollfd,
-                1,
-                ts,
-                std::ptr::null::<u8>(),
-                0,
-            )
-        };
+        let left = remaining(deadline);
+        let n = crate::sys::poll::ppoll_one_raw(fd, libc::POLLIN, left);
         if n > 0 {
             return Ok(true);
         }

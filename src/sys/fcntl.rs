@@ -1,5 +1,6 @@
 //! `fcntl` on an fd through the real libc function: its file flags (`O_NONBLOCK`,
-//! `FD_CLOEXEC`) read, set or changed, and private copies of it for the shim's own use.
+//! `FD_CLOEXEC`) read, set or changed, and private copies of it for the shim's own use; and
+//! the flags of the RDMA libraries' fds set by the system call itself.
 
 use crate::sys::{raw, real};
 use libc::c_int;
@@ -83,6 +84,34 @@ pub fn set_cloexec(fd: c_int, on: bool) {
     let flags = if on { libc::FD_CLOEXEC } else { 0 };
     // SAFETY: fcntl on an fd this process holds.
     unsafe { real::fcntl(fd, libc::F_SETFD, flags as usize) };
+}
+
+/// Sets `O_NONBLOCK` and `FD_CLOEXEC` on an fd a library opened for the shim (an rdma_cm
+/// event channel's, a completion channel's) by the system call itself
+/// (`syscall(SYS_fcntl)`), never a libc `fcntl`: `F_GETFL`, `F_SETFL` with `O_NONBLOCK`
+/// added, `F_SETFD` to `FD_CLOEXEC`. On failure, the call that failed
+/// (`"fcntl(F_GETFL)"`, ...), with errno set.
+pub fn set_nonblock_cloexec_raw(fd: c_int) -> Result<(), &'static str> {
+    // SAFETY: fcntl on an fd we own; F_GETFL/F_SETFL/F_SETFD take an int argument.
+    unsafe {
+        let fl = libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL, 0);
+        if fl < 0 {
+            return Err("fcntl(F_GETFL)");
+        }
+        if libc::syscall(
+            libc::SYS_fcntl,
+            fd,
+            libc::F_SETFL,
+            fl | libc::O_NONBLOCK as libc::c_long,
+        ) < 0
+        {
+            return Err("fcntl(F_SETFL)");
+        }
+        if libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
+            return Err("fcntl(F_SETFD)");
+        }
+    }
+    Ok(())
 }
 
 /// A copy of `fd` at the lowest free number (`F_DUPFD`, or `F_DUPFD_CLOEXEC` for a

@@ -1,7 +1,9 @@
-//! `poll(2)` straight to the kernel, for waits that must stay async-signal-safe: no `dlsym`
-//! to find the real `poll`, no lock, no allocation.
+//! `poll(2)` and `ppoll(2)` straight to the kernel, for waits that must stay
+//! async-signal-safe (no `dlsym` to find the real `poll`, no lock, no allocation) and the
+//! RDMA channels' waits.
 
 use libc::{c_int, c_long, c_short};
+use std::time::Duration;
 
 /// Waits up to `ms` for `fd` to report any of `events`, by the raw system call; returns what
 /// the call returned (the number of fds ready, 0 on time-out, -1 with errno set on error).
@@ -13,6 +15,39 @@ pub fn poll_one_raw(fd: c_int, events: c_short, ms: c_int) -> c_long {
     };
     // SAFETY: one pollfd on the stack; poll(2) is async-signal-safe.
     unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, ms) }
+}
+
+/// Waits up to `left` (`None`: without limit) for `fd` to report any of `events`, by the raw
+/// `ppoll` system call with no signal mask; returns what the call returned (as
+/// [`poll_one_raw`]).
+pub fn ppoll_one_raw(fd: c_int, events: c_short, left: Option<Duration>) -> c_long {
+    let mut ts_store;
+    let ts: *const libc::timespec = match left {
+        None => std::ptr::null(),
+        Some(left) => {
+            ts_store = libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            };
+            &mut ts_store
+        }
+    };
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; ts is null or a valid timespec; no signal mask.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            &mut pfd as *mut libc::pollfd,
+            1,
+            ts,
+            std::ptr::null::<u8>(),
+            0,
+        )
+    }
 }
 
 /// [`poll_one_raw`] for the whole of `ms`: a signal that interrupts it does not end the wait
