@@ -11,7 +11,7 @@
 use super::inherit;
 use crate::fdtable;
 use crate::socket::Attachment;
-use crate::sys::{raw, real, unix};
+use crate::sys::{cmsg, raw, real, unix};
 use libc::{c_int, msghdr, ssize_t};
 
 /// `sendmsg` on a unix socket whose message carries fds (`msg_controllen > 0`): `None` when
@@ -36,7 +36,7 @@ pub(super) unsafe fn sending(fd: c_int, msg: *const msghdr, flags: c_int) -> Opt
     m.msg_control = copy.as_mut_ptr().cast();
     let mut ends = Vec::new();
     let mut checked = None;
-    for slot in fds_in(&m) {
+    for slot in cmsg::rights_slots(&m) {
         let sent = std::ptr::read_unaligned(slot);
         if sent < 0 || !fdtable::owns(sent) {
             continue;
@@ -72,21 +72,6 @@ pub(super) unsafe fn sending(fd: c_int, msg: *const msghdr, flags: c_int) -> Opt
         );
     });
     Some(r)
-}
-
-/// The fd slots of the `SCM_RIGHTS` messages in `m`'s control buffer.
-unsafe fn fds_in(m: &msghdr) -> Vec<*mut c_int> {
-    let mut out = Vec::new();
-    let mut h = libc::CMSG_FIRSTHDR(m);
-    while !h.is_null() {
-        if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
-            let data = libc::CMSG_DATA(h).cast::<c_int>();
-            let count = ((*h).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
-            out.extend((0..count).map(|i| data.add(i)));
-        }
-        h = libc::CMSG_NXTHDR(m, h);
-    }
-    out
 }
 
 /// Whether the process at the other end of unix socket `fd` has this library loaded. A

@@ -1,5 +1,6 @@
 //! All FFI of the core: real libc entry points and raw syscalls that no hook can intercept.
 
+pub mod cmsg;
 pub mod dl;
 mod errno;
 pub mod fcntl;

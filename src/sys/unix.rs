@@ -238,20 +238,8 @@ fn recv_msg(fd: c_int, buf: &mut [u8], flags: c_int) -> io::Result<Got> {
     if n < 0 {
         return Err(last());
     }
-    let mut fds = Vec::new();
-    // SAFETY: walking the control data the kernel wrote into our buffer; each SCM_RIGHTS
-    // carries (cmsg_len - CMSG_LEN(0)) / 4 ints.
-    unsafe {
-        let mut h = libc::CMSG_FIRSTHDR(&msg);
-        while !h.is_null() {
-            if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(h).cast::<c_int>();
-                let count = ((*h).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
-                fds.extend((0..count).map(|i| std::ptr::read_unaligned(data.add(i))));
-            }
-            h = libc::CMSG_NXTHDR(&msg, h);
-        }
-    }
+    // SAFETY: the control data the kernel wrote into our buffer.
+    let fds: Vec<c_int> = unsafe { super::cmsg::rights(&msg) }.collect();
     // One message carries at most one fd: more is as bad as a truncated one.
     let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || fds.len() > 1;
     let got = match (truncated, fds.as_slice()) {

@@ -6,7 +6,7 @@ use super::streams::{as_stream, attach_rdma};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::fdtable;
 use crate::sys::fcntl::fd_flags;
-use crate::sys::{raw, unix};
+use crate::sys::{cmsg, raw, unix};
 use libc::c_int;
 
 /// After `recvmsg` on an fd the shim does not own: the fds the message brought
@@ -25,17 +25,7 @@ pub(in crate::api) unsafe fn received_rights(msg: *const libc::msghdr) {
     if !crate::init::enabled() {
         return;
     }
-    let mut h = libc::CMSG_FIRSTHDR(msg);
-    while !h.is_null() {
-        if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
-            let data = libc::CMSG_DATA(h).cast::<c_int>();
-            let count = ((*h).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
-            for i in 0..count {
-                received(std::ptr::read_unaligned(data.add(i)));
-            }
-        }
-        h = libc::CMSG_NXTHDR(msg, h);
-    }
+    cmsg::rights(msg).for_each(received);
 }
 
 fn received(fd: c_int) {
