@@ -24,6 +24,7 @@ use rdma_sys::{
 };
 
 use super::error::{Error, Reason};
+use crate::sys::dl;
 
 /// Shared object names tried, in order (the versioned SONAME first: the unversioned
 /// name exists only where the -dev package is installed).
@@ -48,9 +49,11 @@ macro_rules! fn_table {
                     $( $name: {
                         let handle = fn_table!(@handle $lib, rdmacm, ibverbs);
                         let name = concat!(stringify!($name), "\0");
-                        // SAFETY: `handle` is a live dlopen handle and `name` is
-                        // NUL-terminated.
-                        let p = unsafe { libc::dlsym(handle, name.as_ptr().cast()) };
+                        // SAFETY: `handle` is a live dlopen handle; `name` is an identifier
+                        // and one NUL.
+                        let p = unsafe {
+                            dl::symbol(handle, CStr::from_bytes_with_nul_unchecked(name.as_bytes()))
+                        };
                         if p.is_null() {
                             return Err(Error::new("dlsym", libc::ENOSYS, Reason::NoRdma));
                         }
@@ -196,14 +199,8 @@ pub fn is_loaded() -> bool {
 
 fn dlopen_any(names: &[&CStr], ns: Option<libc::Lmid_t>) -> *mut c_void {
     for name in names {
-        // SAFETY: `name` is NUL-terminated. RTLD_LOCAL keeps the libraries' symbols out of
-        // the global scope, so they can never interpose on the host program's symbols.
-        let h = unsafe {
-            match ns {
-                None => libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL),
-                Some(ns) => libc::dlmopen(ns, name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL),
-            }
-        };
+        // RTLD_LOCAL: the libraries' symbols never interpose on the host program's.
+        let h = dl::open_local(name, ns);
         if !h.is_null() {
             return h;
         }
@@ -217,18 +214,12 @@ fn load(fresh: bool) -> Result<Lib, Error> {
     // libibverbs first: librdmacm depends on it and would pull it in anyway.
     let ibverbs = dlopen_any(&IBVERBS_NAMES, fresh.then_some(libc::LM_ID_NEWLM));
     let mut ns: libc::Lmid_t = 0;
-    // SAFETY: a live handle and an out-pointer of the type RTLD_DI_LMID writes.
-    if fresh
-        && !ibverbs.is_null()
-        && unsafe {
-            libc::dlinfo(
-                ibverbs,
-                libc::RTLD_DI_LMID,
-                (&mut ns as *mut libc::Lmid_t).cast(),
-            )
-        } != 0
-    {
-        return Err(Error::new("dlinfo", libc::ENOENT, Reason::NoRdma));
+    if fresh && !ibverbs.is_null() {
+        // SAFETY: a live handle.
+        match unsafe { dl::namespace_of(ibverbs) } {
+            Some(n) => ns = n,
+            None => return Err(Error::new("dlinfo", libc::ENOENT, Reason::NoRdma)),
+        }
     }
     if ibverbs.is_null() {
         return Err(Error::new(
@@ -239,14 +230,13 @@ fn load(fresh: bool) -> Result<Lib, Error> {
     }
     let rdmacm = dlopen_any(&RDMACM_NAMES, fresh.then_some(ns));
     if fresh {
-        // SAFETY: NUL-terminated names; libc is already loaded in that namespace.
-        let f = unsafe {
-            let c = libc::dlmopen(ns, c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-            if c.is_null() {
-                std::ptr::null_mut()
-            } else {
-                libc::dlsym(c, c"__errno_location".as_ptr())
-            }
+        // libc is already loaded in that namespace.
+        let c = dl::open_local(c"libc.so.6", Some(ns));
+        let f = if c.is_null() {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: a live handle.
+            unsafe { dl::symbol(c, c"__errno_location") }
         };
         if f.is_null() {
             return Err(Error::new(

@@ -1,5 +1,6 @@
-//! What the dynamic loader knows about this image: where it was loaded from, and which
-//! loaded object defines a symbol first (the one the program's calls are bound to).
+//! The dynamic loader: what it knows about this image (where it was loaded from, which
+//! loaded object defines a symbol first: the one the program's calls are bound to), and the
+//! libraries the shim loads itself (librdmacm and libibverbs, `rdma/ffi.rs`).
 
 use libc::c_void;
 use std::ffi::CStr;
@@ -45,12 +46,52 @@ pub fn this_object() -> Option<Object> {
 /// The object that defines `name` first in the process's global lookup order — the one whose
 /// definition the program's references are bound to — or `None` if none does.
 pub fn first_definer(name: &CStr) -> Option<Object> {
-    // SAFETY: `name` is NUL-terminated; RTLD_DEFAULT searches the global scope.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    // SAFETY: RTLD_DEFAULT searches the global scope.
+    let p = unsafe { symbol(libc::RTLD_DEFAULT, name) };
     if p.is_null() {
         return None;
     }
     object_at(p)
+}
+
+/// Loads the shared object `name` with `RTLD_NOW | RTLD_LOCAL` — its symbols stay out of the
+/// global scope, so they never interpose on the program's — into the program's namespace
+/// (`dlopen`), or into the link-map namespace `ns` (`dlmopen`; `LM_ID_NEWLM` makes a new
+/// one). Its handle, or null if it could not be loaded.
+pub fn open_local(name: &CStr, ns: Option<libc::Lmid_t>) -> *mut c_void {
+    // SAFETY: `name` is NUL-terminated.
+    unsafe {
+        match ns {
+            None => libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL),
+            Some(ns) => libc::dlmopen(ns, name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL),
+        }
+    }
+}
+
+/// The link-map namespace a loaded object is in (`dlinfo(RTLD_DI_LMID)`), or `None`.
+///
+/// # Safety
+/// `handle` is a live handle from [`open_local`].
+pub unsafe fn namespace_of(handle: *mut c_void) -> Option<libc::Lmid_t> {
+    let mut ns: libc::Lmid_t = 0;
+    // SAFETY: a live handle (the contract) and an out-pointer of the type RTLD_DI_LMID writes.
+    let r = unsafe {
+        libc::dlinfo(
+            handle,
+            libc::RTLD_DI_LMID,
+            (&mut ns as *mut libc::Lmid_t).cast(),
+        )
+    };
+    (r == 0).then_some(ns)
+}
+
+/// The address of the symbol `name` in the loaded object `handle` and the objects it loaded
+/// (`dlsym`; `RTLD_DEFAULT` and `RTLD_NEXT` as there), or null if none defines it.
+///
+/// # Safety
+/// `handle` is a live handle from [`open_local`], `RTLD_DEFAULT` or `RTLD_NEXT`.
+pub unsafe fn symbol(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    libc::dlsym(handle, name.as_ptr())
 }
 
 #[cfg(test)]
