@@ -316,26 +316,13 @@ fn map_new(cfg: &Config) -> std::io::Result<(*mut Header, Vec<u8>)> {
     path.extend_from_slice(name.as_bytes());
     path.push(0);
     let len = region_len(cfg.stats_slots);
-    // SAFETY: fd is ours; a file of another process with our pid (kept by RSOCK_STATS_KEEP)
-    // is emptied first, then sized and mapped shared read-write.
-    let mem = unsafe {
-        if libc::ftruncate(fd, 0) != 0 || libc::ftruncate(fd, len as libc::off_t) != 0 {
-            return Err(std::io::Error::last_os_error()); // `file` closes it
-        }
-        libc::mmap(
-            ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
+    // A file of another process with our pid (kept by RSOCK_STATS_KEEP) is emptied first,
+    // then sized and mapped shared read-write; on an error, dropping `file` closes it.
+    file.set_len(0)?;
+    file.set_len(len as libc::off_t)?;
+    let mem = crate::sys::mem::map_shared(fd, len);
     drop(file);
-    if mem == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let h = mem.cast::<Header>();
+    let h = mem?.cast::<Header>();
     let start_ticks = std::fs::read("/proc/self/stat")
         .ok()
         .and_then(|b| start_ticks_of(&b))
@@ -385,7 +372,8 @@ extern "C" fn remove_file_at_exit() {
         return;
     }
     // SAFETY: f is the NUL-terminated name stored at creation.
-    unsafe { libc::unlink(f) };
+    let name = unsafe { std::ffi::CStr::from_ptr(f) };
+    crate::sys::private::remove(name);
 }
 
 /// No region is made from now on (`init::seal`): making one opens and maps a file.

@@ -160,20 +160,8 @@ impl Remote {
         if meta.len() < len as u64 || !owner_ok || meta.nlink() != 1 {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // SAFETY: mapping the header of a file we opened read-write, shared.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        // The header of a file we opened read-write, shared.
+        let map = crate::sys::mem::map_shared(f.as_raw_fd(), len)?;
         let r = Remote {
             map: map.cast(),
             len,
@@ -225,8 +213,8 @@ pub fn process_uids(pid: u32) -> std::io::Result<Vec<u32>> {
 
 impl Drop for Remote {
     fn drop(&mut self) {
-        // SAFETY: our mapping.
-        unsafe { libc::munmap(self.map.cast(), self.len) };
+        // SAFETY: our mapping, unused from now on.
+        unsafe { crate::sys::mem::unmap(self.map.cast(), self.len) };
     }
 }
 

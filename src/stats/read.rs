@@ -228,10 +228,7 @@ pub fn decode_addr(a: &[u8; 28]) -> Option<SocketAddr> {
 }
 
 fn pid_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks existence.
-    pid != 0
-        && (unsafe { libc::kill(pid as i32, 0) } == 0
-            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    pid != 0 && crate::sys::process::exists(pid as i32)
 }
 
 /// Reads every region file in `dir`, sorted by pid. Files that cannot be read are skipped.

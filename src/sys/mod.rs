@@ -5,6 +5,7 @@ pub mod dl;
 mod errno;
 pub mod fcntl;
 pub mod fileio;
+pub mod mem;
 pub mod poll;
 pub mod private;
 pub mod process;

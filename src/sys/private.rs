@@ -19,6 +19,15 @@ impl Fd {
     pub fn as_raw_fd(&self) -> libc::c_int {
         self.0
     }
+
+    /// Makes the file `len` bytes long (`ftruncate(2)`): cut, or extended with zeros.
+    pub fn set_len(&self, len: libc::off_t) -> io::Result<()> {
+        // SAFETY: no pointers; the fd is ours.
+        if unsafe { libc::ftruncate(self.0, len) } != 0 {
+            return Err(last());
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Fd {
@@ -122,6 +131,12 @@ pub fn open_private(
         }
     }
     Err(refused("a file of another user, or a link, is in the way"))
+}
+
+/// Removes the name `path` (`unlink(2)`), if it can.
+pub fn remove(path: &CStr) {
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::unlink(path.as_ptr()) };
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! What libc does or tells for the process as a whole: functions run at its exit, the
-//! physical memory of its machine, a signal raised in it, its end (`exit_group`), and its
-//! environment as the C library holds it.
+//! physical memory of its machine, a signal raised in it, its end (`exit_group`), its
+//! environment as the C library holds it, and whether another process exists.
 
 use libc::{c_char, c_int, c_long};
 
@@ -40,6 +40,14 @@ pub fn exit_group(status: c_int) -> ! {
         libc::syscall(libc::SYS_exit_group, status as c_long);
         libc::abort() // not reached
     }
+}
+
+/// Whether the process `pid` exists: `kill(pid, 0)` succeeds, or fails with `EPERM` (a
+/// process of another user). Not for pid 0 or -1 (a group, every process).
+pub fn exists(pid: c_int) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// The C library's `environ`: the process's environment, a null-terminated array of

@@ -1,0 +1,33 @@
+//! Shared mappings of a file: the stats region, mapped by its process and by `rsock` reading
+//! or steering it.
+
+use libc::{c_int, c_void};
+use std::io;
+
+/// Maps the first `len` bytes of the file `fd`, shared, readable and writable (the mapping
+/// outlives `fd`).
+pub fn map_shared(fd: c_int, len: usize) -> io::Result<*mut c_void> {
+    // SAFETY: a new mapping where the kernel chooses: nothing of ours is replaced.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p)
+}
+
+/// Removes a mapping made by [`map_shared`].
+///
+/// # Safety
+/// `p` and `len` are a mapping from [`map_shared`], which nothing uses any more.
+pub unsafe fn unmap(p: *mut c_void, len: usize) {
+    libc::munmap(p, len);
+}
