@@ -193,8 +193,7 @@ impl Config {
 
 impl Default for Config {
     fn default() -> Self {
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = crate::sys::process::real_uid();
         Config {
             enable: true,
             log_path: None,
@@ -432,19 +431,9 @@ fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> 
 /// The basename of argv[0], as glibc keeps it (no file read; `/proc/self/comm` would cut
 /// it at 15 bytes).
 fn program_name() -> String {
-    extern "C" {
-        static program_invocation_short_name: *const libc::c_char;
-    }
-    // SAFETY: glibc sets this before any constructor runs; it points to a NUL-terminated
-    // string in argv[0] (or "" when there is none).
-    let p = unsafe { program_invocation_short_name };
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: non-null, NUL-terminated (see above).
-    unsafe { std::ffi::CStr::from_ptr(p) }
-        .to_string_lossy()
-        .into_owned()
+    crate::sys::process::short_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// The page size registered buffers are made of.

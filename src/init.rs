@@ -93,8 +93,7 @@ fn start() {
         cfg.stats_dir.display()
     );
     crate::sys::raw::refresh_pid(); // cached before any vfork child could fill it
-                                    // SAFETY: registering plain extern "C" fns; they run around every fork().
-    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
+    crate::sys::process::at_fork(before_fork, after_fork_child); // they run around every fork()
     FORK_HANDLERS.store(true, Ordering::Release);
     ENABLED.store(cfg.enable, Ordering::Release);
 }

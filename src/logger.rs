@@ -115,12 +115,9 @@ impl FileLogger {
 
 fn stat(fd: i32) -> Option<(u64, u64)> {
     let saved = raw::errno();
-    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: st is a valid out-pointer.
-    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    let id = crate::sys::unix::file_identity(fd);
     raw::set_errno(saved);
-    ok.then_some((st.st_dev, st.st_ino))
+    id
 }
 
 /// A fixed buffer that silently truncates: formatting never allocates or fails.
