@@ -7,7 +7,7 @@
 use crate::config;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::Once;
 
 static INIT: Once = Once::new();
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -147,18 +147,4 @@ extern "C" fn after_fork_child() {
     crate::fdtable::after_fork_child();
     crate::stats::after_fork_child(); // after the fd table: it asks whether sockets came along
     crate::engine::after_fork_child();
-}
-
-/// Whether this host has a usable RDMA device: one listed in sysfs and the rdma_cm device
-/// node to reach it (a container or namespace may see the first without the second). Read
-/// once, without loading libibverbs.
-pub fn rdma_device_present() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| {
-        let listed =
-            std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
-        let present = listed && std::path::Path::new("/dev/infiniband/rdma_cm").exists();
-        log::info!("RDMA device present: {present}");
-        present
-    })
 }

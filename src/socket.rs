@@ -221,8 +221,12 @@ impl Socket {
             self.set_state(State::Closed);
             stats::close_conn(SlotHandle(self.slot.swap(0, AcqRel)));
             let a = self.attached.lock().take();
-            if let Some(a) = a {
-                crate::engine::detach(a);
+            match a {
+                Some(Attachment::Stream(s)) => crate::engine::stream_detached(s),
+                Some(Attachment::Listener(l)) => crate::engine::listener_detached(l),
+                // The program's fd was the only copy here: closing it lets the owner see
+                // the last holder go.
+                Some(Attachment::Relayed(_) | Attachment::Passed(_)) | None => {}
             }
         }
     }

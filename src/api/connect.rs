@@ -68,7 +68,7 @@ pub(super) fn buf_sizes(d: &crate::rules::Decision) -> engine::BufSizes {
 
 /// Why a connection goes to kernel TCP when no engine could be had.
 pub(super) fn no_engine_reason() -> Cause {
-    Cause::from(if init::rdma_device_present() {
+    Cause::from(if crate::rdma::device_present() {
         Fallback::RdmaUnavailable
     } else {
         Fallback::NoDevice

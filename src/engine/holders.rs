@@ -4,48 +4,48 @@
 
 use super::helper::TAG_HOLD;
 use super::stream::Event;
-use super::{get, lock, Engine, Stream};
+use super::{get, lock, Engine, Listener, Stream};
 use libc::c_int;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
-/// This process's last fd of an RDMA socket is closed. The owner lets the connection finish
+/// This process's last fd of an RDMA stream is closed. The owner lets the connection finish
 /// in the background (or resets it, for `SO_LINGER` with a zero timeout) once no other
-/// process holds it either, or stops a listener; any other process only drops its own copy
-/// of the doorbell (what the owner watches to learn that the last holder is gone).
-pub fn detach(a: crate::socket::Attachment) {
+/// process holds it either; any other process only drops its own copy of the doorbell (what
+/// the owner watches to learn that the last holder is gone).
+pub fn stream_detached(s: Arc<Stream>) {
+    let Some(_g) = crate::guard::enter() else {
+        return;
+    };
+    // Only the owner's own threads make calls on it (a fork child's copy of the counter may
+    // show a parent thread's call, which never ends there).
+    if !(s.owner().is_me() && s.defer_close()) {
+        stream_fd_closed(&s);
+    }
+}
+
+/// This process's last fd of a dual listener is closed. Like a kernel listener, it lives
+/// while any process holds it (prefork masters often close theirs after forking the
+/// workers); another process only drops its copies.
+pub fn listener_detached(l: Arc<Listener>) {
     let Some(_g) = crate::guard::enter() else {
         return;
     };
     // `get` only for the owner: another process has nothing of its own to close.
-    match a {
-        crate::socket::Attachment::Stream(s) => {
-            // Only the owner's own threads make calls on it (a fork child's copy of the
-            // counter may show a parent thread's call, which never ends there).
-            if !(s.owner().is_me() && s.defer_close()) {
-                stream_fd_closed(&s);
+    match l.owner.is_me().then(get).flatten() {
+        Some(engine) => {
+            l.release_app();
+            if l.bell().peer_holds() {
+                engine.watch_hold(l.bell().shim_fd(), l.token);
+            } else {
+                l.close(engine);
             }
         }
-        crate::socket::Attachment::Listener(l) => match l.owner.is_me().then(get).flatten() {
-            // Like a kernel listener, it lives while any process holds it (prefork masters
-            // often close theirs after forking the workers).
-            Some(engine) => {
-                l.release_app();
-                if l.bell().peer_holds() {
-                    engine.watch_hold(l.bell().shim_fd(), l.token);
-                } else {
-                    l.close(engine);
-                }
-            }
-            None => {
-                // This process's copies: A, and the kernel listener it would take over.
-                l.bell().release_app();
-                crate::sys::raw::close(l.tcp_fd);
-            }
-        },
-        // The program's fd was the only copy here: closing it lets the owner see the last
-        // holder go.
-        crate::socket::Attachment::Relayed(_) | crate::socket::Attachment::Passed(_) => {}
+        None => {
+            // This process's copies: A, and the kernel listener it would take over.
+            l.bell().release_app();
+            crate::sys::raw::close(l.tcp_fd);
+        }
     }
 }
 

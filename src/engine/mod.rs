@@ -46,7 +46,7 @@ use std::time::Duration;
 
 pub use device::Dev;
 pub use exit::{drain_at_exit, drain_at_exit_from_any_context};
-pub use holders::{detach, Call};
+pub use holders::{listener_detached, stream_detached, Call};
 pub use listener::{Accepted, Listener, RdmaListen};
 pub use registry::active;
 pub use setup::{opts_socket, BufSizes};

@@ -76,7 +76,7 @@ fn make_engine(me: i32) -> Option<&'static Engine> {
     }
     let existing = get_unlocked(me);
     let made = existing.or_else(|| {
-        if !crate::init::rdma_device_present() {
+        if !crate::rdma::device_present() {
             NO_ENGINE.store(me, Release);
             return None;
         }

@@ -45,6 +45,20 @@ pub use error::{Error, Reason, Result};
 pub use mr::{Access, Mr, RegBuf, RemoteBuf, Sge};
 pub use pd::Pd;
 
+/// Whether this host has a usable RDMA device: one listed in sysfs and the rdma_cm device
+/// node to reach it (a container or namespace may see the first without the second). Read
+/// once, without loading libibverbs.
+pub fn device_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        let listed =
+            std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+        let present = listed && std::path::Path::new("/dev/infiniband/rdma_cm").exists();
+        log::info!("RDMA device present: {present}");
+        present
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
