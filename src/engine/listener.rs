@@ -211,8 +211,12 @@ impl Listener {
         lock(&self.queue).items.len() + self.pending.load(Relaxed) < self.backlog
     }
 
-    pub(super) fn pending_add(&self) {
-        self.pending.fetch_add(1, Relaxed);
+    /// Accepts `inc` as a stream that joins this listener's queue once established.
+    fn accept_request(&self, engine: &'static Engine, inc: rdma::Incoming) {
+        super::setup::accept_request(engine, self.sizes, inc, |s| {
+            s.pending_for.store(self.token, Relaxed);
+            self.pending.fetch_add(1, Relaxed);
+        });
     }
 
     fn push(&self, a: Accepted) {
@@ -265,7 +269,7 @@ impl Listener {
                 return;
             };
             engine.deferred.fetch_sub(1, Relaxed);
-            super::setup::accept_request(engine, self, inc);
+            self.accept_request(engine, inc);
         }
         let waiting = lock(&self.deferred).len();
         if waiting > 0 {
@@ -407,28 +411,34 @@ fn discard(a: Accepted) {
     }
 }
 
-/// An accepted stream's ESTABLISHED event: queue it for `accept()`.
-pub(super) fn established(_engine: &Engine, s: &Arc<Stream>) {
-    let l = s
-        .pending_for
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    if let Some(l) = l {
-        l.pending.fetch_sub(1, Relaxed);
-        l.push(Accepted::Rdma(s.clone()));
+/// The listener an accepted stream not yet established waits for, taken: `None` if it was
+/// not pending, `Some(None)` if its listener has closed since.
+fn pending_listener(engine: &Engine, s: &Stream) -> Option<Option<Arc<Listener>>> {
+    match s.pending_for.swap(0, Relaxed) {
+        0 => None,
+        token => Some(lock(&engine.listeners).get(&token).cloned()),
+    }
+}
+
+/// An accepted stream's ESTABLISHED event: queue it for `accept()` (or, its listener closed
+/// in the meantime, discard it as the closed queue would).
+pub(super) fn established(engine: &Engine, s: &Arc<Stream>) {
+    match pending_listener(engine, s) {
+        Some(Some(l)) => {
+            l.pending.fetch_sub(1, Relaxed);
+            l.push(Accepted::Rdma(s.clone()));
+        }
+        Some(None) => discard(Accepted::Rdma(s.clone())),
+        None => {}
     }
 }
 
 /// An accepted stream failed before ESTABLISHED: forget it.
 pub(super) fn abandon_pending(engine: &'static Engine, s: &Arc<Stream>) {
-    let l = s
-        .pending_for
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    if let Some(l) = l {
-        l.pending.fetch_sub(1, Relaxed);
+    if let Some(l) = pending_listener(engine, s) {
+        if let Some(l) = l {
+            l.pending.fetch_sub(1, Relaxed);
+        }
         s.app_closed(true);
         engine.retire(s.clone());
     }

@@ -8,7 +8,7 @@
 //! with our Reject message (or none, for a foreign magic) and the program falls back to TCP.
 
 use super::stream::{Parts, Stream};
-use super::{Engine, Listener};
+use super::Engine;
 use crate::proto::{self, Hello, HelloError, HelloKind, Reject, RejectReason};
 use crate::rdma::{
     self, Access, CmEvent, ConnParam, Device, EventKind, Pd, QpCaps, Reason, RegBuf,
@@ -367,9 +367,15 @@ pub(super) fn refuse_request(inc: rdma::Incoming, why: &str) {
     let _ = id.reject(&Reject::new(RejectReason::NoResources).to_bytes());
 }
 
-/// A connect request on `l` that the accept queue has room for (helper thread): accept it
-/// as a pending stream, or reject it.
-pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rdma::Incoming) {
+/// A connect request on a listener whose accept queue has room for it: accept it as a
+/// pending stream with buffers of `sizes`, which `pending` hands to the listener before the
+/// stream is registered (its ESTABLISHED event may come at once), or reject it.
+pub(super) fn accept_request(
+    engine: &'static Engine,
+    sizes: BufSizes,
+    inc: rdma::Incoming,
+    pending: impl FnOnce(&Arc<Stream>),
+) {
     let mut steps = Steps::start();
     let rdma::Incoming {
         mut id,
@@ -397,8 +403,8 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     let no_room = Reject::new(RejectReason::NoResources).to_bytes();
     let refuse = |e: &rdma::Error| log::warn!("refusing rdma connection from {from:?}: {e}");
     let (d, mut m) = match engine.dev(&device).and_then(|d| {
-        let start = l.sizes.start(engine.cfg.buf_start);
-        Ok((d, memory(engine, &device, start, l.sizes)?))
+        let start = sizes.start(engine.cfg.buf_start);
+        Ok((d, memory(engine, &device, start, sizes)?))
     }) {
         Ok(x) => x,
         Err(e) => {
@@ -481,8 +487,7 @@ pub(super) fn accept_request(engine: &'static Engine, l: &Arc<Listener>, inc: rd
     };
     match Stream::new(parts, d, engine.spin_max(), engine.owner) {
         Ok(s) => {
-            *s.pending_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(l.clone());
-            l.pending_add();
+            pending(&s);
             engine.register(&s);
             steps.mark("stream");
             let (ring, send) = s.sizes();

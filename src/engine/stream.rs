@@ -87,7 +87,7 @@ pub struct Stream<P: Port = Dev> {
     /// An unconnected kernel TCP socket that holds the program's socket options.
     pub opts_fd: c_int,
     /// For an accepted stream not yet established: the listener to queue it on.
-    pub(super) pending_for: Mutex<Option<Arc<super::listener::Listener>>>,
+    pub(super) pending_for: AtomicU64,
     /// `RSOCK_SPIN_US`: the longest a blocked call polls before sleeping ...
     spin: Duration,
     /// ... and how long it polls now (adapted to how soon waits end).
@@ -270,7 +270,7 @@ impl<P: Port> Stream<P> {
             peer: p.peer,
             nonblocking: AtomicBool::new(false),
             opts_fd: p.opts_fd,
-            pending_for: Mutex::new(None),
+            pending_for: AtomicU64::new(0),
             spin,
             budget: Budget::new(spin),
             timeouts_us: [AtomicU64::new(0), AtomicU64::new(0)],
