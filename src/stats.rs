@@ -362,7 +362,7 @@ fn process_start_sec() -> u64 {
 }
 
 extern "C" fn remove_file_at_exit() {
-    if crate::init::sealed() {
+    if sealed() {
         return; // the filter may forbid it; `rsock stat` skips a dead process's file
     }
     let h = REGION.load(Acquire);
@@ -376,9 +376,20 @@ extern "C" fn remove_file_at_exit() {
     crate::sys::private::remove(name);
 }
 
-/// No region is made from now on (`init::seal`): making one opens and maps a file.
+/// The process installed a seccomp filter (`init::seal`): the shim makes no file call of its
+/// own from then on.
+static SEALED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// No region is made from now on, nor a log file for `rsock log`, nor the region's file
+/// removed at exit (`init::seal`): each is a file call the program's filter may forbid.
 pub fn seal() {
+    SEALED.store(true, Release);
     let _ = CREATE.compare_exchange(0, 2, AcqRel, Acquire);
+}
+
+/// Whether [`seal`] was called.
+pub(crate) fn sealed() -> bool {
+    SEALED.load(Relaxed)
 }
 
 /// Forgets the parent's region in a forked child (see the module doc). A child that
@@ -389,7 +400,7 @@ pub fn after_fork_child() {
     REGION.store(ptr::null_mut(), Release); // the old mapping stays; it is small and harmless
     FILE.store(ptr::null_mut(), Release);
     EPOCH.fetch_add(1, AcqRel);
-    CREATE.store(if crate::init::sealed() { 2 } else { 0 }, Release);
+    CREATE.store(if sealed() { 2 } else { 0 }, Release);
     if CREATE.load(Acquire) == 0 && Config::get().stats && crate::fdtable::high_water() > 0 {
         create();
     }

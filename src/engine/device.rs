@@ -2,7 +2,7 @@
 //! streams, arming it, the program threads sleeping on its completion channel, whether the
 //! helper listens for its completion events (the streams' demand), and its asynchronous events.
 
-use super::helper::{TAG_ASYNC, TAG_DEV};
+use super::tags::{TAG_ASYNC, TAG_DEV};
 use super::{lock, Engine, Stream};
 use crate::rdma::{self, Device, Wc};
 use libc::c_int;

@@ -2,12 +2,13 @@
 //! completion channels and the listeners' fds, and does what no application thread is there
 //! to do — ring doorbells for sleeping readers and writers, accept connections for
 //! listeners, handle disconnects, and tear down closed streams. Here too: its epoll set (what
-//! it watches, under which tag) and the eventfd that wakes it.
+//! it watches, under which tag of `tags.rs`) and the eventfd that wakes it.
 //!
 //! The thread holds the reentrancy guard for its whole life: everything it calls, and
 //! everything librdmacm/libibverbs call on its behalf, goes straight to libc.
 
 use super::stream::{TIMED, WATCHED};
+use super::tags::*;
 use super::{lock, Engine, Listener};
 use crate::rdma::{self, EventKind};
 use libc::c_int;
@@ -156,18 +157,6 @@ fn reap(engine: &Engine) {
         }
     }
 }
-
-// Epoll tags of the helper thread: kind in the top byte, index or token below.
-pub(super) const TAG_WAKE: u64 = 0;
-pub(super) const TAG_CM: u64 = 1 << 56;
-pub(super) const TAG_DEV: u64 = 2 << 56;
-pub(super) const TAG_LISTEN_RDMA: u64 = 3 << 56;
-pub(super) const TAG_LISTEN_TCP: u64 = 4 << 56;
-pub(super) const TAG_IPC: u64 = 5 << 56;
-pub(super) const TAG_HOLD: u64 = 6 << 56;
-pub(super) const TAG_ASYNC: u64 = 7 << 56;
-pub(super) const TAG_IPC_CONN: u64 = 8 << 56;
-pub(super) const TAG_MASK: u64 = 0xff << 56;
 
 impl Engine {
     pub(super) fn watch(&self, fd: c_int, tag: u64) -> Result<(), rdma::Error> {

@@ -2,8 +2,8 @@
 //! other processes, relay ends. When the last one lets go: the close (graceful, or a reset
 //! for `SO_LINGER` 0) and the stream's retirement to the helper, which tears it down.
 
-use super::helper::TAG_HOLD;
 use super::stream::Event;
+use super::tags::TAG_HOLD;
 use super::{get, lock, Engine, Listener, Stream};
 use libc::c_int;
 use std::sync::atomic::Ordering::*;

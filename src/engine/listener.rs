@@ -11,8 +11,8 @@
 //! client's retries get in later. Refusing them instead would send a burst of clients larger
 //! than the backlog to kernel TCP for their lifetime.
 
-use super::helper::{TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
 use super::stream::Stream;
+use super::tags::{TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
 use super::{lock, Engine};
 use crate::rdma;
 use crate::readiness::Doorbell;

@@ -31,6 +31,7 @@ mod setup;
 mod singleton;
 mod spin;
 pub mod stream;
+mod tags;
 mod takeover;
 pub mod waits;
 

@@ -2,7 +2,7 @@
 //! completions kept for a QP not routed yet) and by token, fresh tokens, and the count of
 //! RDMA streams alive in this process.
 
-use super::helper::TAG_MASK;
+use super::tags::TAG_MASK;
 use super::{lock, Engine, Stream};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::*};

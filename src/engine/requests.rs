@@ -2,8 +2,8 @@
 //! thread): what a socket is, a relay of a stream, a connection accepted through a listener;
 //! the hand-over requests are answered in `takeover`.
 
-use super::helper::TAG_IPC_CONN;
 use super::stream::Event;
+use super::tags::TAG_IPC_CONN;
 use super::{ipc, lock, Accepted, BufSizes, Engine, Listener, Stream};
 use libc::c_int;
 use std::sync::Arc;

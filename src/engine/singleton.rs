@@ -2,8 +2,8 @@
 //! engine a fork child finds in its memory (never touched there), and what a fork does to it.
 
 use super::exit::drain_at_exit_c;
-use super::helper::{TAG_CM, TAG_IPC, TAG_WAKE};
 use super::registry::{QpMap, ACTIVE_STREAMS};
+use super::tags::{TAG_CM, TAG_IPC, TAG_WAKE};
 use super::{active, ipc, lock, spin, stream, takeover, Engine, Stream};
 use crate::config::Config;
 use crate::negcache::NegCache;

@@ -84,7 +84,7 @@ pub(super) fn init(log: &LogControl) {
 #[inline]
 pub fn poll() {
     let p = REGION.load(Acquire);
-    if p.is_null() || crate::init::sealed() {
+    if p.is_null() || super::sealed() {
         return;
     }
     // SAFETY: once published the mapping lives until exit.
