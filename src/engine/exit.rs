@@ -2,9 +2,8 @@
 //! handed on, and every stream delivers what it holds, FIN included, bounded by the linger
 //! time — on the exiting thread, or for `_exit` on the helper thread.
 
-use super::singleton::ENGINE;
 use super::stream::Life;
-use super::{active, get, listener, lock, Engine, Listener, Stream};
+use super::{active, existing, get, listener, lock, Engine, Listener, Stream};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,13 +36,14 @@ pub fn drain_at_exit_from_any_context() {
     if !has_exit_work() || crate::sys::raw::in_vfork_child() {
         return;
     }
-    // SAFETY: engines are leaked, never freed: a non-null pointer stays valid.
-    let Some(e) = (unsafe { ENGINE.load(Acquire).as_ref() }) else {
+    // This process's own (a fork child's copy is its parent's); `existing` is two atomic
+    // loads, nothing that could block or allocate.
+    let Some(e) = existing() else {
         return;
     };
-    // Not ours (a fork child's copy), no helper (so no stream), or this thread is inside the
-    // shim — the helper could wait for a lock it holds: nothing to drain that can be drained.
-    if e.pid != crate::sys::raw::pid() || !e.helper.is_completed() || crate::guard::active() {
+    // No helper (so no stream), or this thread is inside the shim — the helper could wait
+    // for a lock it holds: nothing to drain that can be drained.
+    if !e.helper.is_completed() || crate::guard::active() {
         return;
     }
     e.exit_asked.store(true, Release);
