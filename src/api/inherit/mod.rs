@@ -27,4 +27,26 @@ pub use exec::passed_at_exec;
 pub(super) use exec::{before_exec, PASSED_FDS};
 pub(super) use listeners::{accept, adopt_listener, to_kernel_only};
 pub(super) use received::received_rights;
-pub(super) use streams::{give_back, here, onto_stdio, relay_for_sending, stream};
+pub(super) use streams::{give_back, onto_stdio, relay_for_sending};
+
+use crate::engine::Stream;
+use crate::socket::{Attachment, Socket};
+use std::sync::Arc;
+
+/// What carries `s` for this process: its attachment, with a stream owned by another
+/// process adopted first (so the answer is never another process's stream).
+pub(in crate::api) fn here(s: &Socket) -> Option<Attachment> {
+    match s.attachment()? {
+        Attachment::Stream(st) if !st.owner().is_me() => Some(streams::take_or_adopt(s, &st)),
+        Attachment::Passed(p) => Some(exec::use_passed(s, &p)),
+        a => Some(a),
+    }
+}
+
+/// The stream carrying `s` in this process, if it is one of this process's own.
+pub(in crate::api) fn stream(s: &Socket) -> Option<Arc<Stream>> {
+    match here(s)? {
+        Attachment::Stream(st) => Some(st),
+        _ => None,
+    }
+}

@@ -3,7 +3,6 @@
 //! over a fresh socketpair); and the way back — a stream this process took over is given
 //! back before an exec or a credential change.
 
-use super::exec::use_passed;
 use crate::api::ownership::{swap_file, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::relay::Relayed;
@@ -17,37 +16,21 @@ use crate::sys::{real, sockaddr as saddr, unix};
 use libc::c_int;
 use std::sync::Arc;
 
-/// What carries `s` for this process: its attachment, with a stream owned by another
-/// process adopted first (so the answer is never another process's stream).
-pub(in crate::api) fn here(s: &Socket) -> Option<Attachment> {
-    match s.attachment()? {
-        Attachment::Stream(st) if !st.owner().is_me() => Some(take_or_adopt(s, &st)),
-        Attachment::Passed(p) => Some(use_passed(s, &p)),
-        a => Some(a),
-    }
-}
-
-/// The stream carrying `s` in this process, if it is one of this process's own.
-pub(in crate::api) fn stream(s: &Socket) -> Option<Arc<Stream>> {
-    match here(s)? {
-        Attachment::Stream(st) => Some(st),
-        _ => None,
-    }
-}
-
 /// `dup2` put `s` on stdio: a stream another process owns is relayed now rather than at
 /// first use. A server that hands a connection to a child on stdio (inetd style; vsftpd's
 /// session process) may take away the means to set a relay up before it reads: vsftpd sets
 /// `RLIMIT_NOFILE` to 0 and installs a seccomp filter, after which the request to the owner
 /// fails and the connection would hang.
 pub(in crate::api) fn onto_stdio(s: &Socket) {
-    if matches!(s.attachment(), Some(Attachment::Stream(st)) if !st.owner().is_me()) {
-        let _ = here(s);
+    if let Some(Attachment::Stream(st)) = s.attachment() {
+        if !st.owner().is_me() {
+            let _ = take_or_adopt(s, &st);
+        }
     }
 }
 
 /// Makes the inherited stream `st` this process's own (take-over), or else a relayed socket.
-fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
+pub(super) fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     let _g = crate::guard::enter();
     let fds = fdtable::fds_of(s);
     let Some(&first) = fds.first() else {
