@@ -44,8 +44,16 @@ pub(super) unsafe fn sending(fd: c_int, msg: *const msghdr, flags: c_int) -> Opt
         let Some(s) = fdtable::get(sent) else {
             continue;
         };
-        if !matches!(s.attachment(), Some(Attachment::Stream(_))) {
-            continue;
+        match s.attachment() {
+            Some(Attachment::Stream(_)) => {}
+            Some(Attachment::Listener(l)) => {
+                // A shim there asks for its description; this process's exit waits for it.
+                if *checked.get_or_insert_with(|| receiver_has_shim(fd)) {
+                    l.sent_away();
+                }
+                continue;
+            }
+            _ => continue,
         }
         if *checked.get_or_insert_with(|| receiver_has_shim(fd)) {
             return None; // it takes the stream over itself

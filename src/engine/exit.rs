@@ -72,8 +72,17 @@ impl Engine {
             return;
         }
         shared.iter().for_each(|l| l.stop_feeding(self));
-        let queued = || shared.iter().map(|l| l.queued()).sum::<usize>();
         let start = std::time::Instant::now();
+        // A listener the program sent away just before exiting (a reload: the new process
+        // gets it with SCM_RIGHTS) is the receiver's only once it has asked for its copy of
+        // the kernel listener, which dies with this process.
+        while shared.iter().any(|l| l.awaits_description()) && start.elapsed() < HAND_ON_IDLE {
+            if on_helper {
+                self.serve_requests();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let queued = || shared.iter().map(|l| l.queued()).sum::<usize>();
         let (mut left, mut moved_at) = (queued(), start);
         // Up to the linger time, and only while the queue is being taken (the others may be
         // exiting too: a server shutting down).

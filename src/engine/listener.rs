@@ -68,6 +68,10 @@ pub struct Listener {
     nonblocking: AtomicBool,
     /// Another process has accepted through it (`ipc` Accept).
     served_elsewhere: AtomicBool,
+    /// Messages that carried it to another process (`SCM_RIGHTS`), and the descriptions it
+    /// gave (each receiver asks once, and gets its copy of the kernel listener then).
+    sent: AtomicUsize,
+    described: AtomicUsize,
 }
 
 /// How many listeners this process owns and has not closed (for the exit hand-off, read
@@ -135,6 +139,8 @@ impl Listener {
             backlog,
             nonblocking: AtomicBool::new(nonblock),
             served_elsewhere: AtomicBool::new(false),
+            sent: AtomicUsize::new(0),
+            described: AtomicUsize::new(0),
         });
         // A says whose listener it is, for a process that receives it with SCM_RIGHTS.
         let _ = crate::sys::unix::bind_abstract(
@@ -189,6 +195,8 @@ impl Listener {
             backlog: libc::SOMAXCONN as usize,
             nonblocking: AtomicBool::new(false),
             served_elsewhere: AtomicBool::new(false),
+            sent: AtomicUsize::new(0),
+            described: AtomicUsize::new(0),
         })
     }
 
@@ -342,6 +350,22 @@ impl Listener {
     /// Another process accepted through it: noted for [`shared`](Self::shared).
     pub(super) fn served_elsewhere(&self) {
         self.served_elsewhere.store(true, Relaxed);
+    }
+
+    /// The program sent it to another process (`SCM_RIGHTS`).
+    pub fn sent_away(&self) {
+        self.sent.fetch_add(1, Relaxed);
+    }
+
+    /// A receiver got its description (and its copy of the kernel listener).
+    pub(super) fn described(&self) {
+        self.described.fetch_add(1, Relaxed);
+    }
+
+    /// Sent to a process that has not asked for its description yet: without it, that
+    /// process cannot take the listener over once this one is gone.
+    pub(super) fn awaits_description(&self) -> bool {
+        self.described.load(Relaxed) < self.sent.load(Relaxed) && self.bell.peer_holds()
     }
 
     /// Whether other processes use it: they accepted through it, or they hold it while this

@@ -120,6 +120,7 @@ impl Engine {
         let local = crate::sys::sockaddr::local_of(l.tcp_fd);
         match (tcp, local) {
             (t, Some(local)) if t >= 0 => {
+                l.described();
                 let r = ipc::Reply::Listening {
                     token: l.token,
                     owner: self.owner,
