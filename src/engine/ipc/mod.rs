@@ -131,20 +131,51 @@ pub fn call(
     Err(CallError::Failed(libc::ELOOP))
 }
 
+/// Times a request is sent again when the owner closed the connection before reading it.
+const UNSENT_RETRIES: u32 = 20;
+
 fn ask_once(
     owner: &Owner,
     req: &Request,
     proof: c_int,
 ) -> Result<(Reply, Option<c_int>), CallError> {
-    let fd = unix::connect_abstract(&owner.name(), CALL_TIMEOUT).map_err(|e| {
-        match e.raw_os_error() {
-            Some(libc::ECONNREFUSED | libc::ENOENT) => CallError::Gone,
-            other => CallError::Failed(other.unwrap_or(libc::EIO)),
+    let mut pause = Duration::from_millis(1);
+    let mut retries = 0;
+    loop {
+        let fd = unix::connect_abstract(&owner.name(), CALL_TIMEOUT).map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::ECONNREFUSED | libc::ENOENT) => CallError::Gone,
+                other => CallError::Failed(other.unwrap_or(libc::EIO)),
+            }
+        })?;
+        let result = exchange(fd, owner, req, proof);
+        raw::close(fd);
+        match result {
+            // The owner accepted before the request was in and, its callers' quota full (a
+            // flood of silent connections, maybe by this uid: `Server::on_listener`),
+            // closed the connection unread: nothing was done, so asking again is safe.
+            Err(Exchange::Unsent(_)) if retries < UNSENT_RETRIES => {
+                retries += 1;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(Exchange::Unsent(e)) => return Err(CallError::Failed(e)),
+            Err(Exchange::Call(e)) => return Err(e),
+            Ok(r) => return Ok(r),
         }
-    })?;
-    let result = exchange(fd, owner, req, proof);
-    raw::close(fd);
-    result
+    }
+}
+
+/// How an exchange failed: the request never reached the owner, or the call failed.
+enum Exchange {
+    Unsent(c_int),
+    Call(CallError),
+}
+
+impl From<CallError> for Exchange {
+    fn from(e: CallError) -> Exchange {
+        Exchange::Call(e)
+    }
 }
 
 fn exchange(
@@ -152,14 +183,17 @@ fn exchange(
     owner: &Owner,
     req: &Request,
     proof: c_int,
-) -> Result<(Reply, Option<c_int>), CallError> {
+) -> Result<(Reply, Option<c_int>), Exchange> {
     // Whoever listens on the name must be the owner's process: once the owner is gone, any
     // local user may bind its (visible) name.
     if unix::peer_cred(fd).map(|c| c.pid) != Some(owner.pid) {
-        return Err(CallError::Gone);
+        return Err(CallError::Gone.into());
     }
     let os = |e: std::io::Error| CallError::Failed(e.raw_os_error().unwrap_or(libc::EIO));
-    unix::send(fd, &req.encode(), Some(proof)).map_err(os)?;
+    unix::send(fd, &req.encode(), Some(proof)).map_err(|e| match e.raw_os_error() {
+        Some(e @ (libc::EPIPE | libc::ECONNRESET)) => Exchange::Unsent(e),
+        _ => Exchange::Call(os(e)),
+    })?;
     let mut buf = [0u8; msg::REPLY_LEN];
     let got = unix::recv_one(fd, &mut buf).map_err(|e| match e.raw_os_error() {
         Some(libc::EAGAIN) => CallError::Failed(libc::ETIMEDOUT),
@@ -173,7 +207,7 @@ fn exchange(
                 raw::close(fd);
             }
             log::warn!("ipc: pid {} answered out of protocol: {r:?}", owner.pid);
-            Err(CallError::Failed(libc::EPROTO))
+            Err(CallError::Failed(libc::EPROTO).into())
         }
     }
 }
