@@ -2,7 +2,6 @@
 //! handed on, and every stream delivers what it holds, FIN included, bounded by the linger
 //! time — on the exiting thread, or for `_exit` on the helper thread.
 
-use super::stream::Life;
 use super::{active, existing, get, listener, lock, Engine, Listener, Stream};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -124,7 +123,7 @@ fn drain_streams(e: &'static Engine, on_helper: bool) {
     // gets the linger to take the stream over before this engine, and the QP, are gone.
     // One the program still held at exit is not waited for (a child that inherited it and
     // never uses it would hold the exit up for nothing).
-    let passed = |s: &Arc<Stream>| s.life() == Life::Unheld && s.bell().peer_holds();
+    let passed = |s: &Arc<Stream>| s.life().held_elsewhere() && s.bell().peer_holds();
     while streams.iter().any(passed) && std::time::Instant::now() < deadline {
         if on_helper {
             e.serve_requests();

@@ -23,10 +23,11 @@ fn run(engine: &'static Engine) {
     // SAFETY: epoll_event is plain data.
     let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
     let mut next_tick = Instant::now();
+    let mut draining = false;
     loop {
         let timed = TIMED.load(Relaxed) > 0;
         let watched = WATCHED.load(Relaxed) > 0;
-        let timeout = if !lock(&engine.closing).is_empty() {
+        let timeout = if draining {
             50
         } else if timed || watched || engine.callers_waiting() {
             TICK_MS
@@ -69,10 +70,8 @@ fn run(engine: &'static Engine) {
             // program thread that is polling.
             engine.progress_devices(false);
         }
-        engine.recheck_holders();
-        engine.expire_moves();
+        draining = engine.tend_streams();
         engine.expire_callers();
-        reap(engine);
         if timed && Instant::now() >= next_tick {
             // Probe completions are looked at here, whether or not the helper listens to
             // the devices' completion events.
@@ -137,23 +136,6 @@ fn cm_events(engine: &'static Engine) {
                 super::listener::abandon_pending(engine, &s);
             }
             _ => log::trace!("cm event {} on {}", ev.name(), s.peer),
-        }
-    }
-}
-
-/// Advances every closed stream's teardown; frees the finished ones.
-fn reap(engine: &Engine) {
-    let list: Vec<Arc<super::Stream>> = lock(&engine.closing).clone();
-    if list.is_empty() {
-        return;
-    }
-    engine.progress_devices(true);
-    for s in list {
-        if s.reap_step(engine.linger()) {
-            engine.unregister(&s);
-            s.destroy();
-            lock(&engine.closing).retain(|x| !Arc::ptr_eq(x, &s));
-            log::debug!("rdma stream {} -> {} closed and freed", s.local, s.peer);
         }
     }
 }
@@ -230,7 +212,7 @@ impl Engine {
         }
     }
 
-    /// Wakes the helper thread (to look at the closing list, drain for `_exit`, or answer
+    /// Wakes the helper thread (to tend the streams, drain for `_exit`, or answer
     /// deferred connect requests).
     pub(super) fn wake(&self) {
         crate::sys::raw::eventfd_add(self.wake_fd);

@@ -1,6 +1,6 @@
 //! Who holds an RDMA socket: the program's fds and calls in this process, copies of its A in
 //! other processes, relay ends. When the last one lets go: the close (graceful, or a reset
-//! for `SO_LINGER` 0) and the stream's retirement to the helper, which tears it down.
+//! for `SO_LINGER` 0); the helper then tears the stream down (`tend.rs`).
 
 use super::stream::Event;
 use super::tags::TAG_HOLD;
@@ -63,7 +63,7 @@ fn stream_fd_closed(s: &Arc<Stream>) {
         // stream this process handed over keeps its options fd until now.
         None => {
             s.bell().release_app();
-            if s.advance(Event::LetGoAfterMove).is_some() {
+            if s.life().moved() && s.advance(Event::LetGo).is_some() {
                 s.close_opts_once();
             }
         }
@@ -111,22 +111,16 @@ fn linger_zero(opts_fd: c_int) -> bool {
 }
 
 impl Engine {
-    /// A stream whose program fds are all closed: the helper finishes and frees it.
-    pub fn retire(&'static self, s: Arc<Stream>) {
-        lock(&self.closing).push(s);
-        self.ensure_helper();
-        self.wake();
-    }
-
     /// The owner's program has no fd of `s` any more: finish it if no other process holds it
-    /// either, else watch for the last holder to go (helper: `on_hold_event`).
+    /// either, else watch for the last holder to go (helper: `on_hold_event`, and its pass
+    /// over the streams it tends: the last holder's bytes may be taken in by a completion,
+    /// raising no event).
     pub(super) fn settle_holders(&'static self, s: &Arc<Stream>) {
         if !s.held() {
             self.close_unheld(s);
         } else if !s.hold_watched.swap(true, AcqRel) {
-            lock(&self.held_elsewhere).push(s.clone());
+            self.tend(s);
             self.watch_hold(s.bell().shim_fd(), s.token);
-            self.ensure_helper();
         }
     }
 
@@ -165,19 +159,8 @@ impl Engine {
             return;
         };
         s.on_hold_event();
-        if !s.life().program_holds() && !s.held() {
+        if !s.life().program && !s.held() {
             self.close_unheld(&s);
-        }
-    }
-
-    /// Helper: closes the streams held elsewhere whose last holder has gone.
-    pub(super) fn recheck_holders(&'static self) {
-        let list: Vec<Arc<Stream>> = lock(&self.held_elsewhere).clone();
-        for s in list {
-            if s.life().released() || !s.held() {
-                self.close_unheld(&s);
-                lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, &s));
-            }
         }
     }
 }

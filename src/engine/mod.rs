@@ -13,7 +13,7 @@
 //! The engine itself, by job: `singleton` (this process's one engine, and fork), `exit`
 //! (the drain at exit), `device` (the devices' CQs and who listens to them), `registry`
 //! (streams by QP and by token), `holders` (who holds a socket, and the close once nobody
-//! does), `requests` (other processes' requests), `takeover` (moving a stream between
+//! does), `tend` (the helper's pass over the streams by their state), `requests` (other processes' requests), `takeover` (moving a stream between
 //! processes).
 
 mod device;
@@ -33,6 +33,7 @@ mod spin;
 pub mod stream;
 mod tags;
 mod takeover;
+mod tend;
 pub mod waits;
 
 use crate::config::Config;
@@ -74,17 +75,14 @@ pub struct Engine {
     /// Connect requests deferred by all listeners (a full accept queue; listener.rs).
     deferred: std::sync::atomic::AtomicUsize,
     devices: Mutex<Vec<Arc<Dev>>>,
-    closing: Mutex<Vec<Arc<Stream>>>,
-    /// Streams whose owner program let go but another process still holds (re-checked by
-    /// the helper: the last holder's bytes may be taken in by a completion, not an event).
-    held_elsewhere: Mutex<Vec<Arc<Stream>>>,
+    /// The streams the helper tends, by address: every one the program does not plainly
+    /// hold (held elsewhere, moving, closing, moved; `tend.rs`).
+    tended: Mutex<HashMap<usize, Arc<Stream>>>,
     /// Streams handed over to another process, by token: requests for them are sent on.
     moved: Mutex<takeover::Moved>,
     /// Streams whose peer moved (token, the taker's port): resumes for the helper to start.
     resumes: Mutex<takeover::Resumes>,
     resume_cv: std::sync::Condvar,
-    /// Streams this process is handing over (token, deadline for the taker's export).
-    leaving: Mutex<Vec<(u64, std::time::Instant)>>,
     /// Completions of QPs whose stream is not registered yet (a take-over or resume builds
     /// the QP first), kept in CQ order for it.
     early: Mutex<QpMap<Vec<Wc>>>,

@@ -47,7 +47,7 @@ use crate::readiness::Doorbell;
 use grow::{buf_sizes, Rate};
 use libc::c_int;
 use life::Lifecycle;
-pub use life::{Event, Life};
+pub use life::{Event, Life, Phase};
 pub use port::{Buf, Port, QueuePair, Region};
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
@@ -169,6 +169,9 @@ pub(super) struct Inner<P: Port = Dev> {
     write_rate: Rate,
     /// The peer moves (MIGRATE): the resume towards its taker has been scheduled.
     resume_scheduled: bool,
+    /// Moving to another process ([`Phase::Moving`]): when the taker's time to ask for the
+    /// state is up.
+    move_deadline: Option<Instant>,
 }
 
 /// Everything a new stream is made of (built by `setup`).
@@ -257,6 +260,7 @@ impl<P: Port> Stream<P> {
                 probe_covers: 0,
                 confirmed: 0,
                 resume_scheduled: false,
+                move_deadline: None,
                 read_rate: Rate::default(),
                 write_rate: Rate::default(),
             }),

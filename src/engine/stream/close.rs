@@ -121,7 +121,7 @@ impl<P: Port> Stream<P> {
         // program has any (its last close closes it: `engine::holders::stream_fd_closed`);
         // one the program never held (a prefork master's accept, handed to a worker), or no
         // longer holds, goes now.
-        if self.life() != super::Life::MovedHeld {
+        if !self.life().program {
             self.close_opts_once();
         }
     }

@@ -13,12 +13,13 @@ use std::time::Instant;
 
 impl Stream {
     /// Old owner: starts handing the stream to a taker listening on `port` (MIGRATE goes out
-    /// now). Refused (EBUSY) while this process's program is in a call on it, while it is
-    /// relayed to another process, or once it is closed, dead or finished both ways.
-    pub(in crate::engine) fn start_move(&self, port: u16) -> Result<(), c_int> {
+    /// now), who has until `deadline` to ask for the state. Refused (EBUSY) while this
+    /// process's program is in a call on it, while it is relayed to another process, while
+    /// it moves already, or once it is closed, dead or finished both ways.
+    pub(in crate::engine) fn start_move(&self, port: u16, deadline: Instant) -> Result<(), c_int> {
         let mut g = self.lock();
         let inner = &mut *g;
-        let busy = self.life().moved()
+        let busy = self.life().phase != super::Phase::Open
             || inner.proto.is_broken()
             || inner.closed_at.is_some()
             || !inner.relays.is_empty()
@@ -26,8 +27,27 @@ impl Stream {
         if busy || inner.proto.start_migration(port).is_err() {
             return Err(libc::EBUSY);
         }
+        self.advance(super::Event::StartMove);
+        inner.move_deadline = Some(deadline);
         self.pump(inner);
         Ok(())
+    }
+
+    /// Old owner: if the taker's time is up (`now` past the deadline) and it never asked for
+    /// the state, the stream — which can send nothing after MIGRATE — is reset, rather than
+    /// left waiting for ever (one the program still holds is served here again until it
+    /// closes it). True if so.
+    pub(in crate::engine) fn expire_move(&self, now: Instant) -> bool {
+        {
+            let mut inner = self.lock();
+            if inner.move_deadline.is_none_or(|d| d > now) || self.life().moved() {
+                return false; // not yet, or exported in time
+            }
+            inner.move_deadline = None;
+            self.advance(super::Event::MoveExpired); // none if closed meanwhile
+        }
+        self.on_fatal("the process taking it over never finished");
+        true
     }
 
     /// Old owner: how far the peer's bytes have arrived (the export waits for its resume

@@ -30,7 +30,7 @@ impl<P: Port> Stream<P> {
     /// Whether any process still holds this stream: the owner's program, another process
     /// with an fd of the doorbell's A (inherited), or a relay end's holder.
     pub(in crate::engine) fn held(&self) -> bool {
-        if self.life().program_holds() || self.bell.peer_holds() {
+        if self.life().program || self.bell.peer_holds() {
             return true;
         }
         self.lock().relays.iter_mut().any(|e| !e.check_gone())

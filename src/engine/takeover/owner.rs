@@ -66,11 +66,10 @@ impl Engine {
         if s.life().released() {
             return (Reply::Failed(libc::ECONNRESET), None);
         }
-        if let Err(e) = s.start_move(port) {
+        if let Err(e) = s.start_move(port, Instant::now() + 2 * HANDOVER_TIMEOUT) {
             return (Reply::Failed(e), None);
         }
-        let deadline = Instant::now() + 2 * HANDOVER_TIMEOUT;
-        lock(&self.leaving).push((s.token, deadline));
+        self.tend(s); // the helper resets it if the taker never asks for the state
         let b = dup_hidden(s.bell().shim_fd()); // a copy of our own B: the reply carries it
         log::debug!(
             "rdma stream {} -> {}: moving to pid {} (port {port})",
@@ -124,14 +123,13 @@ impl Engine {
         // nothing of its doorbell, and frees its QP and memory once drained.
         lock(&self.streams_by_token).remove(&s.token);
         lock(&self.moved).insert(s.token, taker, s.bell().identity());
-        lock(&self.leaving).retain(|&(t, _)| t != s.token);
-        lock(&self.held_elsewhere).retain(|x| !Arc::ptr_eq(x, s));
         self.unwatch(s.bell().shim_fd());
         for fd in s.relay_fds() {
             self.unwatch(fd);
         }
         raw::close(s.bell().take_shim());
-        self.retire(s.clone());
+        self.tend(s); // the helper drains and frees its old QP
+        self.wake();
         match unix::memfd_with(&state) {
             Ok(fd) => (Reply::State, Some(fd)),
             Err(e) => {
@@ -213,24 +211,6 @@ impl Engine {
             Err(e) => {
                 log::warn!("reclaim of stream {token:x} from pid {}: {e:?}", taker.pid);
                 (Reply::Failed(libc::EAGAIN), None)
-            }
-        }
-    }
-
-    /// Helper: a stream whose taker never asked for the state (it failed after MIGRATE went
-    /// out) can send nothing any more: it is reset, rather than left waiting for ever.
-    pub(in crate::engine) fn expire_moves(&self) {
-        let now = Instant::now();
-        let expired: Vec<u64> = {
-            let mut l = lock(&self.leaving);
-            let gone = l.iter().filter(|e| e.1 <= now).map(|e| e.0).collect();
-            l.retain(|e| e.1 > now);
-            gone
-        };
-        for token in expired {
-            let s = lock(&self.streams_by_token).get(&token).cloned();
-            if let Some(s) = s {
-                s.on_fatal("the process taking it over never finished");
             }
         }
     }
