@@ -3,7 +3,7 @@
 //! kept in one set and visited by their state (stream/life.rs) on each pass of the helper,
 //! until their QP and memory are freed.
 
-use super::stream::{Event, Phase};
+use super::stream::{Event, Life, Phase};
 use super::{lock, Engine, Stream};
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,19 +40,14 @@ impl Engine {
         }
         let now = Instant::now();
         for s in list {
-            let life = s.life();
-            match life.phase {
-                Phase::Moving | Phase::Open => {
-                    if life.phase == Phase::Moving {
-                        s.expire_move(now);
-                    }
-                    if life.held_elsewhere() && !s.held() {
-                        self.close_unheld(&s); // the last holder went
-                    } else if life.program && s.life().phase == Phase::Open {
-                        self.untend(&s); // a move that expired: the program's again
-                    }
-                }
-                Phase::Closing | Phase::Moved => {
+            if s.life().phase == Phase::Moving {
+                s.expire_move(now);
+            }
+            match visit(s.life(), || s.held()) {
+                Visit::Keep => {}
+                Visit::Close => self.close_unheld(&s), // the last holder went
+                Visit::Untend => self.untend(&s),
+                Visit::Reap => {
                     if s.reap_step(self.linger()) {
                         self.unregister(&s);
                         s.destroy();
@@ -67,5 +62,73 @@ impl Engine {
 
     fn untend(&self, s: &Arc<Stream>) {
         lock(&self.tended).remove(&key(s));
+    }
+}
+
+/// What the helper does with a tended stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Visit {
+    /// Nothing yet: held elsewhere, or moving.
+    Keep,
+    /// Nobody holds it any more: close it.
+    Close,
+    /// The program's again (a move that expired): not the helper's to tend.
+    Untend,
+    /// Closing or moved away: advance its teardown, free it once done.
+    Reap,
+}
+
+/// The helper's decision for a stream in state `life`; `held`: whether any process or
+/// relay end still holds it (asked only where it matters: it takes the stream's lock).
+fn visit(life: Life, held: impl FnOnce() -> bool) -> Visit {
+    match life.phase {
+        Phase::Closing | Phase::Moved => Visit::Reap,
+        Phase::Open | Phase::Moving if life.program => match life.phase {
+            Phase::Open => Visit::Untend,
+            _ => Visit::Keep, // until the taker asks, or its deadline
+        },
+        Phase::Open | Phase::Moving => match held() {
+            true => Visit::Keep,
+            false => Visit::Close,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_is_visited_as_its_life_says() {
+        use Phase::*;
+        for phase in [Open, Moving, Closing, Moved] {
+            for program in [true, false] {
+                for held in [true, false] {
+                    let life = Life { phase, program };
+                    let want = match (phase, program, held) {
+                        (Closing | Moved, _, _) => Visit::Reap,
+                        (Open, true, _) => Visit::Untend,
+                        (Moving, true, _) | (_, false, true) => Visit::Keep,
+                        (_, false, false) => Visit::Close,
+                    };
+                    assert_eq!(visit(life, || held), want, "{life:?}, held {held}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn holders_are_asked_only_of_streams_held_elsewhere() {
+        for phase in [Phase::Open, Phase::Moving, Phase::Closing, Phase::Moved] {
+            for program in [true, false] {
+                let life = Life { phase, program };
+                let mut asked = false;
+                visit(life, || {
+                    asked = true;
+                    true
+                });
+                assert_eq!(asked, life.held_elsewhere(), "{life:?}");
+            }
+        }
     }
 }
