@@ -79,6 +79,27 @@ pub fn connect_allowed(v6_socket: bool, v6only: bool, dst: SocketAddr) -> bool {
     }
 }
 
+/// `ip` with an IPv4-mapped IPv6 address replaced by its IPv4 form: the rules and
+/// `RSOCK_EXCLUDE` match mapped destinations as IPv4.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether the first `prefix` bits of `ip` are `net`'s (families must agree).
+pub(crate) fn prefix_match(net: IpAddr, ip: IpAddr, prefix: u8) -> bool {
+    use IpAddr::{V4, V6};
+    let (a, b, bits) = match (net, ip) {
+        (V4(n), V4(i)) => (u32::from(n) as u128, u32::from(i) as u128, 32),
+        (V6(n), V6(i)) => (u128::from(n), u128::from(i), 128),
+        _ => return false,
+    };
+    let shift = bits - prefix as u32;
+    shift >= bits || (a >> shift) == (b >> shift)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! (`RSOCK_CONFIG`, [`crate::rules`]) is read once at the same time; [`Config::decide`] folds
 //! it, `RSOCK_EXCLUDE` and `RSOCK_RDMA` into one answer per connection.
 
+use crate::addr;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -108,28 +109,11 @@ impl Exclude {
     pub fn matches(&self, dest: &std::net::SocketAddr) -> bool {
         match *self {
             Exclude::Ports(a, b) => (a..=b).contains(&dest.port()),
-            Exclude::Net(net, prefix) => prefix_match(net, canonical(dest.ip()), prefix),
+            Exclude::Net(net, prefix) => {
+                addr::prefix_match(net, addr::canonical(dest.ip()), prefix)
+            }
         }
     }
-}
-
-/// IPv4-mapped IPv6 destinations are matched as IPv4.
-pub(crate) fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
-    match ip {
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-pub(crate) fn prefix_match(net: std::net::IpAddr, ip: std::net::IpAddr, prefix: u8) -> bool {
-    use std::net::IpAddr::{V4, V6};
-    let (a, b, bits) = match (net, ip) {
-        (V4(n), V4(i)) => (u32::from(n) as u128, u32::from(i) as u128, 32),
-        (V6(n), V6(i)) => (u128::from(n), u128::from(i), 128),
-        _ => return false,
-    };
-    let shift = bits - prefix as u32;
-    shift >= bits || (a >> shift) == (b >> shift)
 }
 
 impl Config {

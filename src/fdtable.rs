@@ -168,22 +168,3 @@ fn pop_free() -> Option<&'static Socket> {
     }
     Some(first)
 }
-
-/// Tracks table references so a socket learns when its last fd is gone.
-pub(crate) struct TableRefs(AtomicUsize);
-
-impl TableRefs {
-    pub(crate) const fn new() -> Self {
-        TableRefs(AtomicUsize::new(0))
-    }
-    pub(crate) fn add(&self) {
-        self.0.fetch_add(1, AcqRel);
-    }
-    /// True when this was the last fd.
-    pub(crate) fn sub(&self) -> bool {
-        self.0.fetch_sub(1, AcqRel) == 1
-    }
-    pub(crate) fn reset(&self) {
-        self.0.store(0, Relaxed);
-    }
-}

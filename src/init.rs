@@ -145,6 +145,6 @@ extern "C" fn before_fork() {
 extern "C" fn after_fork_child() {
     crate::sys::raw::refresh_pid();
     crate::fdtable::after_fork_child();
-    crate::stats::after_fork_child(); // after the fd table: it asks whether sockets came along
+    crate::stats::after_fork_child(crate::fdtable::high_water() > 0);
     crate::engine::after_fork_child();
 }

@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 struct FileLogger {
     path: Vec<u8>, // NUL-terminated
-    /// Why it logs there: [`crate::stats::control::LOG_RSOCK_LOG`] or `LOG_STATS_DIR`.
+    /// Why it logs there: [`LOG_RSOCK_LOG`] or `LOG_STATS_DIR`.
     target: u32,
     fd: AtomicI32,
     dev_ino: (AtomicU64, AtomicU64),
@@ -24,9 +24,19 @@ struct FileLogger {
 
 static LOGGER: OnceLock<FileLogger> = OnceLock::new();
 
+/// `stats::LogControl::target`: not logging.
+pub const LOG_NOWHERE: u32 = 0;
+/// `stats::LogControl::target`: logging to `RSOCK_LOG`.
+pub const LOG_RSOCK_LOG: u32 = 1;
+/// `stats::LogControl::target`: logging to `<stats dir>/<pid>.log`, asked for by `rsock log`.
+pub const LOG_STATS_DIR: u32 = 2;
+/// `stats::LogControl::target`: a log file is set but the process cannot open it (it dropped the
+/// privileges it made its stats file with, or the file's directory is gone).
+pub const LOG_UNWRITABLE: u32 = 3;
+
 /// Installs the file logger for `RSOCK_LOG`'s `path` at `level`. Later calls are ignored.
 pub fn init(path: &Path, level: log::LevelFilter) {
-    init_at(path, crate::stats::control::LOG_RSOCK_LOG, level);
+    init_at(path, LOG_RSOCK_LOG, level);
 }
 
 /// Installs the file logger for `path`, there because of `target`, at `level`; ignored once
@@ -69,7 +79,7 @@ impl FileLogger {
         }
         // The file `rsock log` turned on is in the stats directory (checked to be ours when
         // the region was made): never through a link, readable only by us, like the region.
-        let private = self.target == crate::stats::control::LOG_STATS_DIR;
+        let private = self.target == LOG_STATS_DIR;
         let (flags, mode) = if private {
             (libc::O_NOFOLLOW, 0o600)
         } else {

@@ -84,7 +84,7 @@ impl Net {
 
     /// Whether `ip` is in this block.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        crate::config::prefix_match(self.addr, crate::config::canonical(ip), self.prefix)
+        crate::addr::prefix_match(self.addr, crate::addr::canonical(ip), self.prefix)
     }
 }
 
@@ -388,30 +388,6 @@ pub struct Decision {
     pub exclude: Option<u32>,
     /// `RSOCK_RDMA=0` turned `rdma` into `tcp`.
     pub rdma_off: bool,
-}
-
-impl Decision {
-    /// What decided, as a connection's cause: counted as `excluded` or `rule` where it keeps
-    /// the connection off RDMA, except a passthrough by a rule (told not to try, no fallback).
-    pub fn cause(&self) -> crate::stats::Cause {
-        use crate::stats::{Cause, Detail, Fallback};
-        if let Some(n) = self.exclude {
-            return Cause::new(Fallback::Excluded, Detail::Exclude(n));
-        }
-        if self.rdma_off {
-            return Cause::new(Fallback::Rule, Detail::RdmaOff(self.rule_line));
-        }
-        let Some(line) = self.rule_line else {
-            return Cause::NONE;
-        };
-        match self.action {
-            Action::Tcp => Cause::new(Fallback::Rule, Detail::Rule(line)),
-            Action::Rdma | Action::Passthrough => Cause {
-                reason: None,
-                detail: Detail::Rule(line),
-            },
-        }
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@
 //! when the last of them is closed.
 
 use crate::engine::{Listener, Stream};
-use crate::fdtable::TableRefs;
 use crate::stats::{self, Cause, Detail, Fallback, Path, SlotHandle};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -417,5 +416,24 @@ impl Socket {
     /// Tells `rsock stat` the connection now lives at `fd`.
     pub fn moved_to(&self, fd: i32) {
         stats::set_fd(SlotHandle(self.slot.load(Relaxed)), fd);
+    }
+}
+
+/// Tracks table references (how many fds of the table name a socket) so it learns when its last fd is gone.
+pub(crate) struct TableRefs(AtomicUsize);
+
+impl TableRefs {
+    pub(crate) const fn new() -> Self {
+        TableRefs(AtomicUsize::new(0))
+    }
+    pub(crate) fn add(&self) {
+        self.0.fetch_add(1, AcqRel);
+    }
+    /// True when this was the last fd.
+    pub(crate) fn sub(&self) -> bool {
+        self.0.fetch_sub(1, AcqRel) == 1
+    }
+    pub(crate) fn reset(&self) {
+        self.0.store(0, Relaxed);
     }
 }

@@ -396,12 +396,13 @@ pub(crate) fn sealed() -> bool {
 /// inherited tracked sockets gets its own region at once, while it still has its parent's
 /// credentials: servers drop root right after fork (nginx's and Apache's workers, rsyncd,
 /// sshd's privilege separation), and then could not create it in the parent's directory.
-pub fn after_fork_child() {
+/// `sockets_came_along`: the fd table holds sockets (its caller knows; stats does not look).
+pub fn after_fork_child(sockets_came_along: bool) {
     REGION.store(ptr::null_mut(), Release); // the old mapping stays; it is small and harmless
     FILE.store(ptr::null_mut(), Release);
     EPOCH.fetch_add(1, AcqRel);
     CREATE.store(if sealed() { 2 } else { 0 }, Release);
-    if CREATE.load(Acquire) == 0 && Config::get().stats && crate::fdtable::high_water() > 0 {
+    if CREATE.load(Acquire) == 0 && Config::get().stats && sockets_came_along {
         create();
     }
 }

@@ -27,6 +27,7 @@
 
 mod connect;
 mod creds;
+mod dual;
 mod fds;
 mod inherit;
 mod io;

@@ -30,19 +30,12 @@ use rdma_sys::{
 };
 
 use super::cm::{CmId, ConnParam};
-use super::device::{Device, Wc};
+use super::device::Device;
 use super::error::{Error, Reason, Result};
 use super::ffi::lib;
 use super::mr::{RemoteBuf, Sge};
 use super::pd::Pd;
-
-/// Bit 63 of the posted wr_id marks receive WRs ([`Conn::post_recvs`] sets it,
-/// [`Wc::is_recv`] tests it, [`Wc::wr_id`] strips it): the opcode of a flushed completion
-/// is undefined, so this is how a completion's queue is known in every case.
-pub const RECV_FLAG: u64 = 1 << 63;
-/// wr_id of the send-queue drain marker of [`Conn::start_drain`]; callers' wr_ids must be
-/// below it
-pub const DRAIN_SEND_WR_ID: u64 = RECV_FLAG - 1;
+use super::wc::{Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
 
 /// Queue sizes of an RC QP: asked for in [`Conn::new`], granted in [`Conn::caps`]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

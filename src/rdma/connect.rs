@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use super::cm::{CmEvent, CmId, ConnParam, EventChannel, EventKind};
 use super::conn::Conn;
-use super::device::{Device, Wc};
+use super::device::Device;
 use super::error::{Error, Reason, Result};
 use super::fd;
+use super::wc::Wc;
 
 /// Waits on `ch` until `deadline` for the event `want`; failure events map to their
 /// error ([`CmEvent::to_error`]), any other event to [`Reason::BadHandshake`], and the

@@ -12,9 +12,9 @@ use std::sync::Mutex;
 
 use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
 
-use super::device::Wc;
 use super::error::{Error, Reason, Result};
 use super::ffi::lib;
+use super::wc::Wc;
 
 /// Most CQs per device and process.
 pub const MAX_CQS: usize = 64;

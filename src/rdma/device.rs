@@ -12,16 +12,14 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use rdma_sys::{
-    ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_wc, ibv_wc_flags, ibv_wc_opcode,
-    ibv_wc_status,
-};
+use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr};
 
 use super::cm::CmId;
 use super::cq::CqPool;
 use super::error::{Error, Reason, Result};
 use super::fd;
-use super::ffi::{self, lib};
+use super::ffi::lib;
+use super::wc::Wc;
 use crate::forklock::ProcessMutex;
 
 /// Entries of each CQ of a device (capped at the device's `max_cqe`): shared by the
@@ -340,119 +338,4 @@ pub enum AsyncEvent {
     PortDown,
     /// Anything else (raw `ibv_event_type`): informational
     Other(u32),
-}
-
-/// Opcode of a completion
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum WcOpcode {
-    Send,
-    RdmaWrite,
-    RdmaRead,
-    Recv,
-    /// A receive consumed by an incoming RDMA WRITE with immediate
-    RecvRdmaWithImm,
-    Other(u32),
-}
-
-/// One work completion (`ibv_wc`), as [`Device::poll`] fills it
-#[repr(transparent)]
-pub struct Wc(pub ibv_wc);
-
-impl Wc {
-    /// A copy, to keep past the poll buffer.
-    pub fn copied(&self) -> Wc {
-        // SAFETY: ibv_wc is plain data (no pointers owned, no drop).
-        Wc(unsafe { std::ptr::read(&self.0) })
-    }
-
-    /// A zeroed buffer of `n` completions for [`Device::poll`]
-    pub fn buffer(n: usize) -> Vec<Wc> {
-        // SAFETY: ibv_wc is plain data; all-zero is valid.
-        (0..n).map(|_| Wc(unsafe { std::mem::zeroed() })).collect()
-    }
-
-    /// The wr_id given when posting ([`super::conn::RECV_FLAG`] stripped)
-    pub fn wr_id(&self) -> u64 {
-        self.0.wr_id & !super::conn::RECV_FLAG
-    }
-
-    /// Whether this completes a receive WR; reliable for flushed completions too (it
-    /// tests [`super::conn::RECV_FLAG`], not the opcode)
-    pub fn is_recv(&self) -> bool {
-        self.0.wr_id & super::conn::RECV_FLAG != 0
-    }
-
-    /// Whether the work request succeeded
-    pub fn is_ok(&self) -> bool {
-        self.0.status == ibv_wc_status::IBV_WC_SUCCESS
-    }
-
-    /// Raw status
-    pub fn status(&self) -> u32 {
-        self.0.status
-    }
-
-    /// Whether it was flushed (QP in error state, e.g. after a disconnect)
-    pub fn is_flush(&self) -> bool {
-        self.0.status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR
-    }
-
-    /// libibverbs' name of the status
-    pub fn status_str(&self) -> &'static str {
-        ffi::wc_status_str(self.0.status)
-    }
-
-    /// Opcode (valid only when [`Self::is_ok`])
-    pub fn opcode(&self) -> WcOpcode {
-        match self.0.opcode {
-            ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
-            ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
-            ibv_wc_opcode::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
-            ibv_wc_opcode::IBV_WC_RECV => WcOpcode::Recv,
-            ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
-            o => WcOpcode::Other(o),
-        }
-    }
-
-    /// Bytes written by the incoming operation (receives)
-    pub fn byte_len(&self) -> u32 {
-        self.0.byte_len
-    }
-
-    /// Immediate data (host order) if the completion carries one
-    pub fn imm(&self) -> Option<u32> {
-        if ibv_wc_flags(self.0.wc_flags) & ibv_wc_flags::IBV_WC_WITH_IMM != ibv_wc_flags(0) {
-            // SAFETY: WITH_IMM says the union holds imm_data (network order).
-            Some(u32::from_be(unsafe {
-                self.0.imm_data_invalidated_rkey_union.imm_data
-            }))
-        } else {
-            None
-        }
-    }
-
-    /// The QP the completion belongs to (to find its connection)
-    pub fn qp_num(&self) -> u32 {
-        self.0.qp_num
-    }
-
-    /// Vendor error (diagnostics)
-    pub fn vendor_err(&self) -> u32 {
-        self.0.vendor_err
-    }
-}
-
-impl std::fmt::Debug for Wc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wc")
-            .field("wr_id", &self.wr_id())
-            .field("recv", &self.is_recv())
-            .field("status", &self.status())
-            .field("opcode", &self.0.opcode)
-            .field("byte_len", &self.byte_len())
-            .field("imm", &self.imm())
-            .field("qp_num", &self.qp_num())
-            .finish()
-    }
 }

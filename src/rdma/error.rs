@@ -108,13 +108,6 @@ impl Error {
         Error::from_errno(op, if errno == 0 { libc::EIO } else { errno })
     }
 
-    /// The error of a failed librdmacm/libibverbs call, from the errno those libraries set
-    /// (in a fork child they run in a namespace of their own, with their own errno).
-    pub fn last_lib(op: &'static str) -> Error {
-        let errno = super::ffi::errno();
-        Error::from_errno(op, if errno == 0 { libc::EIO } else { errno })
-    }
-
     /// An error for a library call that returns a negative errno (or -1 with errno set)
     pub fn from_ret(op: &'static str, ret: i32) -> Error {
         if ret < -1 {

@@ -282,3 +282,13 @@ pub fn wc_status_str(status: ibv_wc_status::Type) -> &'static str {
     // SAFETY: non-null, NUL-terminated, static storage in libibverbs.
     unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("?")
 }
+
+// Here rather than in error.rs: the errno is the loaded libraries' own (see `errno`).
+impl super::error::Error {
+    /// The error of a failed librdmacm/libibverbs call, from the errno those libraries set
+    /// (in a fork child they run in a namespace of their own, with their own errno).
+    pub fn last_lib(op: &'static str) -> Error {
+        let errno = errno();
+        Error::from_errno(op, if errno == 0 { libc::EIO } else { errno })
+    }
+}

@@ -33,17 +33,19 @@ pub mod ffi;
 pub mod mr;
 pub mod pd;
 pub mod pool;
+pub mod wc;
 
 pub use cm::{
     CmEvent, CmId, ConnParam, EventChannel, EventKind, REJ_PRIVATE_MAX, REP_PRIVATE_MAX,
     REQ_PRIVATE_MAX,
 };
-pub use conn::{Conn, QpCaps, Signal, DRAIN_SEND_WR_ID, RECV_FLAG};
+pub use conn::{Conn, QpCaps, Signal};
 pub use connect::{accept, close, connect, connect_event, resolve, wait_event, Incoming, Listener};
-pub use device::{AsyncEvent, Device, DeviceLimits, Wc, WcOpcode};
+pub use device::{AsyncEvent, Device, DeviceLimits};
 pub use error::{Error, Reason, Result};
 pub use mr::{Access, Mr, RegBuf, RemoteBuf, Sge};
 pub use pd::Pd;
+pub use wc::{Wc, WcOpcode, DRAIN_SEND_WR_ID, RECV_FLAG};
 
 /// Whether this host has a usable RDMA device: one listed in sysfs and the rdma_cm device
 /// node to reach it (a container or namespace may see the first without the second). Read

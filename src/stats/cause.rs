@@ -4,6 +4,7 @@
 //! connection for the same need). Packed into two u32s in a stats slot.
 
 use super::Fallback;
+use crate::rules::{Action, Decision};
 use std::fmt;
 
 /// How a connection came to its path: the reason it is counted with (none for one on RDMA,
@@ -195,6 +196,30 @@ impl fmt::Display for Cause {
             (Some(r), Detail::None) => f.write_str(r.name()),
             (Some(r), d) => write!(f, "{}: {d}", r.name()),
             (None, d) => write!(f, "{d}"),
+        }
+    }
+}
+
+// Here rather than in rules.rs: what a decision counts as is the counters' business.
+impl Decision {
+    /// What decided, as a connection's cause: counted as `excluded` or `rule` where it keeps
+    /// the connection off RDMA, except a passthrough by a rule (told not to try, no fallback).
+    pub fn cause(&self) -> Cause {
+        if let Some(n) = self.exclude {
+            return Cause::new(Fallback::Excluded, Detail::Exclude(n));
+        }
+        if self.rdma_off {
+            return Cause::new(Fallback::Rule, Detail::RdmaOff(self.rule_line));
+        }
+        let Some(line) = self.rule_line else {
+            return Cause::NONE;
+        };
+        match self.action {
+            Action::Tcp => Cause::new(Fallback::Rule, Detail::Rule(line)),
+            Action::Rdma | Action::Passthrough => Cause {
+                reason: None,
+                detail: Detail::Rule(line),
+            },
         }
     }
 }

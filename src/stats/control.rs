@@ -15,15 +15,8 @@ use std::sync::atomic::{AtomicU32, Ordering::*};
 /// The pid in the name of the log file `rsock log` made this process open (0: none).
 static FILE_PID: AtomicU32 = AtomicU32::new(0);
 
-/// [`LogControl::target`]: not logging.
-pub const LOG_NOWHERE: u32 = 0;
-/// [`LogControl::target`]: logging to `RSOCK_LOG`.
-pub const LOG_RSOCK_LOG: u32 = 1;
-/// [`LogControl::target`]: logging to `<stats dir>/<pid>.log`, asked for by `rsock log`.
-pub const LOG_STATS_DIR: u32 = 2;
-/// [`LogControl::target`]: a log file is set but the process cannot open it (it dropped the
-/// privileges it made its stats file with, or the file's directory is gone).
-pub const LOG_UNWRITABLE: u32 = 3;
+// Where the log goes lives with the logger; the control word carries it.
+pub use crate::logger::{LOG_NOWHERE, LOG_RSOCK_LOG, LOG_STATS_DIR, LOG_UNWRITABLE};
 
 /// The word for `level`: its index + 1.
 pub fn encode(level: LevelFilter) -> u32 {

@@ -5,7 +5,7 @@
 //! credential change.
 
 use super::streams::{attach_rdma, point_fds_at};
-use crate::api::listen::{rdma_listen, start_dual, track_accepted};
+use crate::api::dual::{rdma_listen, start_dual, track_accepted};
 use crate::api::ownership::{local_addr, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::Listener;
@@ -18,6 +18,14 @@ use crate::sys::{real, sockaddr as saddr, unix};
 use libc::{c_int, sockaddr, socklen_t};
 use std::sync::Arc;
 
+/// What [`accept`] on a listener another process owns came to.
+pub(in crate::api) enum Accepted {
+    /// What `accept4` returns (a new fd, or -1 with errno set).
+    Done(c_int),
+    /// The owner is gone and this process owns the listener now: accept as its owner.
+    TakenOver,
+}
+
 /// `accept4` on a listener another process owns: the owner hands over the next connection
 /// of its queue (a kernel TCP socket, or an RDMA stream it relays). Blocks unless the
 /// listener or `flags` say otherwise.
@@ -28,7 +36,7 @@ pub(in crate::api) unsafe fn accept(
     addr: *mut sockaddr,
     len: *mut socklen_t,
     flags: c_int,
-) -> c_int {
+) -> Accepted {
     let mut drained = false;
     let mut taker = None;
     if crate::config::Config::get().takeover {
@@ -43,7 +51,9 @@ pub(in crate::api) unsafe fn accept(
     let mut owner = l.owner;
     loop {
         match ipc::call(&mut owner, &req, fd) {
-            Ok((r, Some(nfd))) => return install_accepted(&r, nfd, addr, len, flags),
+            Ok((r, Some(nfd))) => {
+                return Accepted::Done(install_accepted(&r, nfd, addr, len, flags))
+            }
             Ok((_, None)) => {}
             Err(ipc::CallError::Refused(libc::EAGAIN)) if !drained => {
                 // Queue empty: clear our listener fd's readiness (the owner may no longer hold
@@ -56,7 +66,7 @@ pub(in crate::api) unsafe fn accept(
                 drained = false;
                 if fd_flags(fd).0 {
                     set_errno(libc::EAGAIN);
-                    return -1;
+                    return Accepted::Done(-1);
                 }
                 unix::wait(fd, libc::POLLIN, 1000); // readable: the owner's queue has one
             }
@@ -90,7 +100,7 @@ pub(in crate::api) unsafe fn accept(
                     Err(why) => s.set_tcp_only(why),
                 }
                 s.listening(fd, &bound);
-                return crate::api::listen::accept4(fd, addr, len, flags); // as a listener of this process now
+                return Accepted::TakenOver;
             }
             Err(e) => {
                 // The owner is there but did not serve this call (a timeout, a refusal): the
@@ -102,7 +112,7 @@ pub(in crate::api) unsafe fn accept(
                 );
                 if fd_flags(fd).0 {
                     set_errno(libc::EAGAIN);
-                    return -1;
+                    return Accepted::Done(-1);
                 }
                 unix::wait(fd, libc::POLLIN, 1000);
             }
