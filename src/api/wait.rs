@@ -34,7 +34,7 @@ unsafe fn mark_selected(n: c_int, sets: [*mut fd_set; 3]) {
         return;
     }
     for fd in 0..n.clamp(0, libc::FD_SETSIZE as c_int) {
-        if fdtable::owns(fd) && sets.iter().any(|s| !s.is_null() && libc::FD_ISSET(fd, *s)) {
+        if fdtable::owns(fd) && sets.iter().any(|s| crate::sys::poll::in_fd_set(fd, *s)) {
             if let Some(s) = fdtable::get(fd) {
                 s.mark_watched();
             }

@@ -73,3 +73,11 @@ fn monotonic_ms() -> i64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
+
+/// Whether `fd` is in select's `set` (null: an empty set); false beyond `FD_SETSIZE`.
+///
+/// # Safety
+/// `set`, if not null, points to a valid `fd_set`.
+pub unsafe fn in_fd_set(fd: c_int, set: *const libc::fd_set) -> bool {
+    (0..libc::FD_SETSIZE as c_int).contains(&fd) && !set.is_null() && libc::FD_ISSET(fd, set)
+}
