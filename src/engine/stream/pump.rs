@@ -57,15 +57,23 @@ impl<P: Port> Stream<P> {
         }
         self.post_all(inner);
         while let Some(ev) = inner.proto.poll_event() {
-            if let proto::Event::PeerMoving { port } = ev {
-                if !std::mem::replace(&mut inner.resume_scheduled, true) {
-                    log::debug!(
-                        "rdma stream {} -> {}: peer moves to port {port}",
-                        self.local,
-                        self.peer
-                    );
-                    if !self.dev.peer_moving(self.token, port) {
-                        inner.proto.handle_failure(Failure::Reset);
+            match ev {
+                // The doorbell is level-triggered: `show` below sets it from the protocol's
+                // readiness as it is now, which already holds every one of these edges.
+                proto::Event::Readable | proto::Event::Writable | proto::Event::Reset => {}
+                // The close path (close.rs) frees the QP once `is_finished()` holds; a stream
+                // the program still holds keeps it until its close.
+                proto::Event::Finished => {}
+                proto::Event::PeerMoving { port } => {
+                    if !std::mem::replace(&mut inner.resume_scheduled, true) {
+                        log::debug!(
+                            "rdma stream {} -> {}: peer moves to port {port}",
+                            self.local,
+                            self.peer
+                        );
+                        if !self.dev.peer_moving(self.token, port) {
+                            inner.proto.handle_failure(Failure::Reset);
+                        }
                     }
                 }
             }
