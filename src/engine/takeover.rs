@@ -13,10 +13,12 @@
 //!
 //! Here: the taker's side. Beside it: `owner.rs` (the old owner's answers, and where the
 //! streams it handed over went), `mover.rs` (the threads that run what waits on a remote
-//! peer: the peer's resume, and a reclaim).
+//! peer: the peer's resume, and a reclaim), `state.rs` (the state passed from one to the
+//! other).
 
 mod mover;
 mod owner;
+pub(super) mod state;
 pub use mover::Resumes;
 pub use owner::Moved;
 
@@ -31,6 +33,7 @@ use crate::sys::fcntl::dup_hidden;
 use crate::sys::{raw, unix};
 use libc::c_int;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,7 +185,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             }
         };
         // At most what the state can hold: the header and two buffers of the sizes agreed.
-        let most = proto::Handover::LEN + 1 + (m.ring.len() + m.send.len());
+        let most = state::Exported::HEAD + (m.ring.len() + m.send.len());
         let state = unix::read_file(memfd, most);
         raw::close(memfd);
         let state = state.map_err(|e| format!("export: {e}"))?;
@@ -271,31 +274,29 @@ fn restore(
     m: &mut setup::Memory,
     peer: &Hello,
 ) -> Result<(proto::Conn, proto::Readiness), String> {
-    let h = proto::Handover::parse(state).ok_or("export: short state")?;
-    let shown = proto::Readiness::from_bits(
-        *state
-            .get(proto::Handover::LEN)
-            .ok_or("export: short state")?,
-    );
-    let bytes = &state[proto::Handover::LEN + 1..];
-    let conn = proto::Conn::from_handover(&m.cfg, &h, peer).map_err(|e| format!("state: {e}"))?;
+    let x = state::Exported::decode(state).map_err(|e| format!("export: {e}"))?;
+    let conn =
+        proto::Conn::from_handover(&m.cfg, &x.handover, peer).map_err(|e| format!("state: {e}"))?;
+    scatter(m.ring.as_mut_slice(), conn.readable_ranges(), &x.unread)?;
+    scatter(m.send.as_mut_slice(), conn.unsent_ranges(), &x.unsent)?;
+    Ok((conn, x.shown))
+}
+
+/// Copies `bytes` into `buf` at `ranges`, which must hold exactly that many.
+fn scatter(buf: &mut [u8], ranges: [Range<usize>; 2], bytes: &[u8]) -> Result<(), String> {
     let mut at = 0;
-    let ring = m.ring.as_mut_slice();
-    for r in conn.readable_ranges() {
+    for r in ranges {
         let n = r.len();
-        ring[r].copy_from_slice(bytes.get(at..at + n).ok_or("export: bytes missing")?);
-        at += n;
-    }
-    let send = m.send.as_mut_slice();
-    for r in conn.unsent_ranges() {
-        let n = r.len();
-        send[r].copy_from_slice(bytes.get(at..at + n).ok_or("export: bytes missing")?);
+        let (Some(to), Some(from)) = (buf.get_mut(r), bytes.get(at..at + n)) else {
+            return Err("export: bytes missing".into());
+        };
+        to.copy_from_slice(from);
         at += n;
     }
     if at != bytes.len() {
         return Err("export: byte count differs".into());
     }
-    Ok((conn, shown))
+    Ok(())
 }
 
 fn errno_name(e: c_int) -> String {

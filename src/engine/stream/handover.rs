@@ -5,6 +5,7 @@
 
 use super::Stream;
 use crate::engine::ipc::Owner;
+use crate::engine::takeover::state::Exported;
 use crate::proto::{self, Hello};
 use crate::rdma::{self, Pd, QpCaps};
 use libc::c_int;
@@ -56,30 +57,27 @@ impl Stream {
         self.lock().proto.counters().rx_received_end
     }
 
-    /// Old owner: the state a taker continues from — the protocol's [`proto::Handover`],
-    /// what A shows, the unread ring bytes and the queued unsent bytes, in that order — and
-    /// the stream is `to`'s from now on: nothing here moves its doorbell or posts again, and
-    /// the engine tears its QP down. `None` if the stream cannot be exported (reset).
-    pub(in crate::engine) fn export(&self, to: Owner) -> Option<Vec<u8>> {
+    /// Old owner: the state a taker continues from (what A shows with the protocol's
+    /// positions, the unread ring bytes and the queued unsent bytes), and the stream is `to`'s
+    /// from now on: nothing here moves its doorbell or posts again, and the engine tears its
+    /// QP down. `None` if the stream cannot be exported (reset).
+    pub(in crate::engine) fn export(&self, to: Owner) -> Option<Exported> {
         let mut g = self.lock();
         let inner = &mut *g;
-        let h = inner.proto.handover()?;
-        let unread = (h.rx_received_end - h.rx_consumed) as usize;
-        let unsent = (h.tx_queued - h.tx_posted) as usize;
-        let mut out = Vec::with_capacity(proto::Handover::LEN + 1 + unread + unsent);
-        out.extend_from_slice(&h.to_bytes());
-        out.push(inner.shown.bits());
-        for r in inner.proto.readable_ranges() {
-            out.extend_from_slice(&inner.ring.as_slice()[r]);
-        }
-        for r in inner.proto.unsent_ranges() {
-            out.extend_from_slice(&inner.send.as_slice()[r]);
-        }
+        let handover = inner.proto.handover()?;
+        let ring = inner.ring.as_slice();
+        let send = inner.send.as_slice();
+        let state = Exported {
+            handover,
+            shown: inner.shown,
+            unread: inner.proto.readable_ranges().map(|r| &ring[r]).concat(),
+            unsent: inner.proto.unsent_ranges().map(|r| &send[r]).concat(),
+        };
         self.advance(super::Event::Move);
         inner.proto.handle_failure(proto::Failure::Reset);
         inner.closed_at = Some(Instant::now());
         self.set_owner(to);
-        Some(out)
+        Some(state)
     }
 
     /// Staying peer: the old QP is quiet (everything posted on it completed).

@@ -130,7 +130,7 @@ impl Engine {
         raw::close(s.bell().take_shim());
         self.tend(s); // the helper drains and frees its old QP
         self.wake();
-        match unix::memfd_with(&state) {
+        match unix::memfd_with(&state.encode()) {
             Ok(fd) => (Reply::State, Some(fd)),
             Err(e) => {
                 log::error!("hand-over state not passed: {e}");

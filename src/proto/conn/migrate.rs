@@ -135,6 +135,24 @@ impl Handover {
             flags: b[44],
         })
     }
+
+    /// How many unread ring bytes travel with this state (what [`Conn::readable_ranges`]
+    /// covers): none once reading was closed (they are discarded), else received end minus
+    /// consumed. `None` if the counters are out of order.
+    pub fn unread_len(&self) -> Option<u64> {
+        let unread = self.rx_received_end.checked_sub(self.rx_consumed)?;
+        Some(if self.flags & F_READ_CLOSED != 0 {
+            0
+        } else {
+            unread
+        })
+    }
+
+    /// How many queued unposted bytes travel with this state ([`Conn::unsent_ranges`]).
+    /// `None` if the counters are out of order.
+    pub fn unsent_len(&self) -> Option<u64> {
+        self.tx_queued.checked_sub(self.tx_posted)
+    }
 }
 
 impl Conn {
@@ -402,5 +420,24 @@ mod tests {
         let b = h.to_bytes();
         assert_eq!(Handover::parse(&b), Some(h));
         assert_eq!(Handover::parse(&b[..Handover::LEN - 1]), None);
+    }
+
+    #[test]
+    fn the_bytes_a_handover_carries_follow_its_counters() {
+        let mut h = Handover {
+            ring_size: 16,
+            rx_consumed: 10,
+            rx_received_end: 14,
+            rx_returned: 10,
+            tx_posted: 100,
+            tx_queued: 103,
+            flags: 0,
+        };
+        assert_eq!((h.unread_len(), h.unsent_len()), (Some(4), Some(3)));
+        h.flags = F_READ_CLOSED; // unread bytes are discarded, not exported
+        assert_eq!((h.unread_len(), h.unsent_len()), (Some(0), Some(3)));
+        h.rx_consumed = 15;
+        h.tx_posted = 104;
+        assert_eq!((h.unread_len(), h.unsent_len()), (None, None));
     }
 }
