@@ -30,11 +30,7 @@ pub(in crate::api) fn start_dual(
     backlog: c_int,
 ) {
     keep_errno(|| {
-        let mut started = Err(String::new());
-        let _ = swap_file(s, fd, || {
-            started = Listener::start(engine, fd, rl, backlog);
-            Ok(())
-        });
+        let started = swap_file(s, fd, || Listener::start(engine, fd, rl, backlog));
         match started {
             Ok(l) => {
                 s.attach(Attachment::Listener(l));

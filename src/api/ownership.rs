@@ -38,11 +38,8 @@ pub(super) fn share(old_sock: &SockRef, new: c_int) {
 /// Replaces the file behind the program's `fd` with a doorbell's A (`install`), carrying
 /// the program's epoll registrations of `fd` over: epoll keys them by file, so they are taken
 /// off the old file first and put back, with the same events and data, on the new one.
-pub(super) fn swap_file(
-    s: &crate::socket::Socket,
-    fd: c_int,
-    install: impl FnOnce() -> std::io::Result<()>,
-) -> std::io::Result<()> {
+/// Returns what `install` did.
+pub(super) fn swap_file<T>(s: &crate::socket::Socket, fd: c_int, install: impl FnOnce() -> T) -> T {
     let regs = s.epoll_regs();
     for (epfd, _) in &regs {
         // SAFETY: removing fd from an epoll set the program put it in.

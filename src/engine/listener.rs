@@ -11,6 +11,7 @@
 //! client's retries get in later. Refusing them instead would send a burst of clients larger
 //! than the backlog to kernel TCP for their lifetime.
 
+use super::error::Error;
 use super::stream::Stream;
 use super::tags::{TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
 use super::{lock, Engine};
@@ -95,10 +96,10 @@ impl Listener {
         afonly: Option<bool>,
         backlog: c_int,
         sizes: super::BufSizes,
-    ) -> Result<RdmaListen, String> {
+    ) -> Result<RdmaListen, Error> {
         let token = engine.token();
         let rl = rdma::Listener::bind_afonly(addr, afonly, backlog.clamp(1, 4096), token)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::new(None, e))?;
         Ok(RdmaListen { rl, token, sizes })
     }
 
@@ -109,16 +110,16 @@ impl Listener {
         fd: c_int,
         prepared: RdmaListen,
         backlog: c_int,
-    ) -> Result<Arc<Listener>, String> {
+    ) -> Result<Arc<Listener>, Error> {
         let RdmaListen { rl, token, sizes } = prepared;
         let backlog = backlog.clamp(1, 4096) as usize;
         // The program's fd, which it gave us in listen().
         let (nonblock, cloexec) = fcntl::fd_flags(fd);
-        let bell = Doorbell::new(nonblock).map_err(|e| e.to_string())?;
+        let bell = Doorbell::new(nonblock).map_err(|e| Error::new(None, e))?;
         bell.set_writable(false); // a listening socket never polls writable
         let tcp_fd = fcntl::dup_hidden(fd); // the listening socket; we own the copy
         if tcp_fd < 0 {
-            return Err(format!("dup: {}", std::io::Error::last_os_error()));
+            return Err(Error::at("dup")(std::io::Error::last_os_error()));
         }
         let l = Arc::new(Listener {
             token,
@@ -149,7 +150,7 @@ impl Listener {
         );
         if let Err(e) = l.bell.install_at(fd, cloexec) {
             crate::sys::raw::close(tcp_fd);
-            return Err(format!("installing the doorbell: {e}"));
+            return Err(Error::at("installing the doorbell")(e));
         }
         // The kernel listener's file is ours alone now: nonblocking for the helper.
         fcntl::set_only_nonblock(tcp_fd);

@@ -13,10 +13,12 @@
 //! The engine itself, by job: `singleton` (this process's one engine, and fork), `exit`
 //! (the drain at exit), `device` (the devices' CQs and who listens to them), `registry`
 //! (streams by QP and by token), `holders` (who holds a socket, and the close once nobody
-//! does), `tend` (the helper's pass over the streams by their state), `requests` (other processes' requests), `takeover` (moving a stream between
-//! processes).
+//! does), `tend` (the helper's pass over the streams by their state), `error` (the engine's
+//! error: what failed, its errno and fallback reason), `requests` (other processes'
+//! requests), `takeover` (moving a stream between processes).
 
 mod device;
+mod error;
 mod exit;
 mod helper;
 mod holders;
@@ -47,6 +49,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 pub use device::Dev;
+pub use error::{Error, Why};
 pub use exit::{drain_at_exit, drain_at_exit_from_any_context};
 pub use holders::{listener_detached, stream_detached, Call};
 pub use listener::{Accepted, Listener, RdmaListen};

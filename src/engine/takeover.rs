@@ -22,6 +22,7 @@ pub(super) mod state;
 pub use mover::Resumes;
 pub use owner::Moved;
 
+use super::error::{Error, Why};
 use super::ipc::{self, Reply, Request};
 use super::lock;
 use super::setup::{self, BufSizes};
@@ -51,9 +52,9 @@ const EXPORT_WAIT: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub enum TakeError {
     /// Nothing changed (no engine here, the owner refused, resources): relay instead.
-    Refused(String),
+    Refused(Error),
     /// The peer was told to move and the move failed: the connection is lost.
-    Lost(String),
+    Lost(Error),
 }
 
 /// What a taker knows of a stream another process owns: from its inherited copy
@@ -90,25 +91,23 @@ impl Inherited {
 /// Taker: takes the stream `st` (whose A this process holds as `fd`) over from its owner.
 /// On success the stream is this process's own, on the same doorbell.
 pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError> {
-    let refused =
-        |what: &str, e: &dyn std::fmt::Display| TakeError::Refused(format!("{what}: {e}"));
+    let refused = |step| move |e: rdma::Error| TakeError::Refused(Error::at(step)(e));
+    let unavailable = |why| TakeError::Refused(Why::Unavailable(why).into());
     // Before the engine: making one (its own RDMA libraries, the device) is most of a
     // take-over's cost, and a relay needs none.
     if !crate::config::Config::get().takeover {
-        return Err(TakeError::Refused("RSOCK_TAKEOVER=0".into()));
+        return Err(unavailable("RSOCK_TAKEOVER=0"));
     }
-    let engine =
-        super::for_new().ok_or_else(|| TakeError::Refused("no RDMA engine here".into()))?;
+    let engine = super::for_new().ok_or_else(|| unavailable("no RDMA engine here"))?;
     if lock(&engine.streams_by_token).contains_key(&st.token) {
-        return Err(TakeError::Refused("token in use here".into()));
+        return Err(unavailable("token in use here"));
     }
     // Everything that can fail for lack of resources is set up before the peer is told.
     let here = SocketAddr::new(st.local.ip(), 0);
-    let listener =
-        rdma::Listener::bind(here, 4, engine.token()).map_err(|e| refused("listen", &e))?;
+    let listener = rdma::Listener::bind(here, 4, engine.token()).map_err(refused("listen"))?;
     let port = listener.id().local_addr().map_or(0, |a| a.port());
-    let dev = Device::for_id(listener.id()).map_err(|e| refused("device", &e))?;
-    let d = engine.dev(&dev).map_err(|e| refused("device", &e))?;
+    let dev = Device::for_id(listener.id()).map_err(refused("device"))?;
+    let d = engine.dev(&dev).map_err(refused("device"))?;
     let sizes = BufSizes {
         ring: st.ring_size,
         send: st.send_size,
@@ -118,7 +117,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         ring: engine.cfg.ring_size.max(sizes.ring),
         send: engine.cfg.send_buf.max(sizes.send),
     };
-    let mut m = setup::memory(engine, &dev, sizes, full).map_err(|e| refused("memory", &e))?;
+    let mut m = setup::memory(engine, &dev, sizes, full).map_err(refused("memory"))?;
     let take = Request::Take {
         token: st.token,
         port,
@@ -135,9 +134,13 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             if let Some(fd) = fd {
                 raw::close(fd);
             }
-            return Err(refused("owner", &format!("unexpected answer {r:?}")));
+            let why = Why::Protocol(format!("unexpected answer {r:?}").into());
+            return Err(TakeError::Refused(Error::new(Some("owner"), why)));
         }
-        Err(e) => return Err(refused("owner refused", &errno_name(e.errno()))),
+        Err(e) => {
+            let why = Error::new(Some("owner refused"), Why::Errno(e.errno()));
+            return Err(TakeError::Refused(why));
+        }
     };
     let started = Instant::now();
     if now != sizes {
@@ -146,7 +149,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             Ok(m) => m,
             Err(e) => {
                 raw::close(bfd);
-                return Err(TakeError::Lost(format!("memory: {e}")));
+                return Err(TakeError::Lost(Error::at("memory")(e)));
             }
         };
     }
@@ -158,9 +161,9 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         let (inc, hello) = next_resume(&listener, conn_id, st.peer, deadline)?;
         let sent_end = hello.resume.map_or(0, |r| r.sent_end);
         let mut rc = rdma::Conn::new(inc.id, &m.pd, setup::qp_caps(&m))
-            .map_err(|(e, _)| format!("queue pair: {e}"))?;
+            .map_err(|(e, _)| Error::at("queue pair")(e))?;
         held = Some(engine.hold_qp(rc.qp_num()));
-        setup::fit_and_post(&mut rc, &mut m).map_err(|e| format!("queue pair: {e}"))?;
+        setup::fit_and_post(&mut rc, &mut m).map_err(Error::at("queue pair"))?;
         let export = Request::Export {
             token: st.token,
             resume_at: sent_end,
@@ -175,20 +178,21 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
                     if let Some(f) = f {
                         raw::close(f);
                     }
-                    return Err("export: not a state".into());
+                    let why = Why::Protocol("not a state".into());
+                    return Err(Error::new(Some("export"), why));
                 }
                 // The peer's last writes are not all in the owner's ring yet.
                 Err(ipc::CallError::Refused(libc::EAGAIN)) if Instant::now() < export_by => {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(e) => return Err(format!("export: {}", errno_name(e.errno()))),
+                Err(e) => return Err(Error::at("export")(Why::Errno(e.errno()))),
             }
         };
         // At most what the state can hold: the header and two buffers of the sizes agreed.
         let most = state::Exported::HEAD + (m.ring.len() + m.send.len());
         let state = unix::read_file(memfd, most);
         raw::close(memfd);
-        let state = state.map_err(|e| format!("export: {e}"))?;
+        let state = state.map_err(Error::at("export"))?;
         let (conn, shown) = restore(&state, &mut m, &hello)?;
         let ours = setup::hello(&m, HelloKind::Accept, conn_id);
         let param = ConnParam {
@@ -196,10 +200,10 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             ..ConnParam::default()
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        rdma::accept(&mut rc, &param, left).map_err(|e| format!("accept: {e}"))?;
+        rdma::accept(&mut rc, &param, left).map_err(Error::at("accept"))?;
         rc.id_mut()
             .migrate(&engine.ch)
-            .map_err(|e| format!("accept: {e}"))?;
+            .map_err(Error::at("accept"))?;
         Ok((rc, conn, shown))
     })();
     let (rc, conn, shown) = match built {
@@ -225,7 +229,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         bell: Some((Doorbell::from_fds(app, bfd), shown)),
     };
     let s = Stream::new(parts, d, engine.spin_max(), engine.owner)
-        .map_err(|e| TakeError::Lost(format!("stream: {e}")))?;
+        .map_err(|e| TakeError::Lost(Error::at("stream")(e)))?;
     let _ = s.taken_from.set(owner);
     lock(&engine.moved).forget(st.token); // it came back, if it had been ours
     engine.register(&s);
@@ -248,13 +252,13 @@ fn next_resume(
     conn_id: u64,
     peer: SocketAddr,
     deadline: Instant,
-) -> Result<(rdma::Incoming, Hello), String> {
+) -> Result<(rdma::Incoming, Hello), Error> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let inc = listener
             .next_request(Some(left))
-            .map_err(|e| format!("resume: {e}"))?
-            .ok_or("resume: the peer did not come")?;
+            .map_err(Error::at("resume"))?
+            .ok_or_else(|| Error::new(Some("resume"), Why::Timeout("the peer did not come")))?;
         let from = inc.id.peer_addr().map(|a| a.ip());
         match Hello::parse_kind(inc.event.private_data(), HelloKind::Resume) {
             Ok(h) if h.conn_id == conn_id && from == Some(peer.ip()) => return Ok((inc, h)),
@@ -273,32 +277,27 @@ fn restore(
     state: &[u8],
     m: &mut setup::Memory,
     peer: &Hello,
-) -> Result<(proto::Conn, proto::Readiness), String> {
-    let x = state::Exported::decode(state).map_err(|e| format!("export: {e}"))?;
-    let conn =
-        proto::Conn::from_handover(&m.cfg, &x.handover, peer).map_err(|e| format!("state: {e}"))?;
+) -> Result<(proto::Conn, proto::Readiness), Error> {
+    let x = state::Exported::decode(state).map_err(Error::at("export"))?;
+    let conn = proto::Conn::from_handover(&m.cfg, &x.handover, peer).map_err(Error::at("state"))?;
     scatter(m.ring.as_mut_slice(), conn.readable_ranges(), &x.unread)?;
     scatter(m.send.as_mut_slice(), conn.unsent_ranges(), &x.unsent)?;
     Ok((conn, x.shown))
 }
 
 /// Copies `bytes` into `buf` at `ranges`, which must hold exactly that many.
-fn scatter(buf: &mut [u8], ranges: [Range<usize>; 2], bytes: &[u8]) -> Result<(), String> {
+fn scatter(buf: &mut [u8], ranges: [Range<usize>; 2], bytes: &[u8]) -> Result<(), Error> {
     let mut at = 0;
     for r in ranges {
         let n = r.len();
         let (Some(to), Some(from)) = (buf.get_mut(r), bytes.get(at..at + n)) else {
-            return Err("export: bytes missing".into());
+            return Err(Error::at("export")(state::BadState::Missing));
         };
         to.copy_from_slice(from);
         at += n;
     }
     if at != bytes.len() {
-        return Err("export: byte count differs".into());
+        return Err(Error::at("export")(state::BadState::Trailing));
     }
     Ok(())
-}
-
-fn errno_name(e: c_int) -> String {
-    std::io::Error::from_raw_os_error(e).to_string()
 }

@@ -3,6 +3,7 @@
 //! owner's reclaim of a stream (the hand-over back).
 
 use super::HANDOVER_TIMEOUT;
+use crate::engine::error::{Error, Why};
 use crate::engine::ipc::{self, Reply};
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::{Hello, HelloKind};
@@ -144,26 +145,25 @@ fn resume(engine: &'static Engine, s: Arc<Stream>, port: u16) {
     }
 }
 
-fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(), String> {
+fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(), Error> {
     let deadline = Instant::now() + HANDOVER_TIMEOUT;
     while !s.quiesced() {
         if Instant::now() > deadline {
-            return Err("the old queue pair did not drain".into());
+            return Err(Why::Timeout("the old queue pair did not drain").into());
         }
         if engine.progress(&s.dev) == 0 {
             std::thread::sleep(Duration::from_micros(100));
         }
     }
-    let (pd, caps, hello) = s.resume_parts().ok_or("no queue pair")?;
+    let (pd, caps, hello) = s.resume_parts().ok_or(Why::Gone("no queue pair"))?;
     let dest = SocketAddr::new(s.peer.ip(), port);
     let src = SocketAddr::new(s.local.ip(), 0);
     let left = deadline.saturating_duration_since(Instant::now());
-    let (id, dev) =
-        rdma::resolve(Some(src), dest, s.token, left).map_err(|e| format!("resolve: {e}"))?;
+    let (id, dev) = rdma::resolve(Some(src), dest, s.token, left).map_err(Error::at("resolve"))?;
     if !Arc::ptr_eq(&dev, &s.dev.dev) {
-        return Err("the taker is on another device".into());
+        return Err(Why::Unavailable("the taker is on another device").into());
     }
-    let rc = rdma::Conn::new(id, &pd, caps).map_err(|(e, _)| format!("queue pair: {e}"))?;
+    let rc = rdma::Conn::new(id, &pd, caps).map_err(|(e, _)| Error::at("queue pair")(e))?;
     let _held = engine.hold_qp(rc.qp_num());
     connect_resume(engine, s, rc, &hello, deadline)
 }
@@ -175,26 +175,30 @@ fn connect_resume(
     mut rc: rdma::Conn,
     hello: &Hello,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     rc.post_recvs(0, hello.recv_credits)
-        .map_err(|e| format!("receives: {e}"))?;
+        .map_err(Error::at("receives"))?;
     let bytes = hello.to_bytes();
     let param = ConnParam {
         private_data: &bytes[..hello.encoded_len()],
         ..ConnParam::default()
     };
     let left = deadline.saturating_duration_since(Instant::now());
-    let ev = rdma::connect_event(&mut rc, &param, left).map_err(|e| format!("connect: {e}"))?;
+    let ev = rdma::connect_event(&mut rc, &param, left).map_err(Error::at("connect"))?;
     if ev.kind != EventKind::Established {
-        return Err(format!("connect: {}", ev.name()));
+        let why = Why::Event(ev.name(), ev.to_error("rdma_connect"));
+        return Err(Error::new(Some("connect"), why));
     }
     let accept = Hello::parse_kind(ev.private_data(), HelloKind::Accept)
-        .map_err(|e| format!("accept hello: {e}"))?;
+        .map_err(Error::at("accept hello"))?;
     drop(ev);
     rc.id_mut()
         .migrate(&engine.ch)
-        .map_err(|e| format!("migrate id: {e}"))?;
-    let (old, old_qp) = s.finish_resume(rc, &accept)?;
+        .map_err(Error::at("migrate id"))?;
+    // Its errors are the protocol's: the taker's answer does not fit.
+    let (old, old_qp) = s
+        .finish_resume(rc, &accept)
+        .map_err(|e| Error::from(Why::Protocol(e.into())))?;
     engine.route_qp(s, Some(old_qp));
     drop(old); // the old QP and id (its flushes are no one's now)
     Ok(())
