@@ -34,7 +34,7 @@ pub enum Attachment {
 /// Where a socket is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
-pub enum State {
+pub enum SocketState {
     /// Made by `socket()`, neither connected nor listening.
     Created = 0,
     /// `connect()` in progress (the RDMA attempt or the kernel TCP connect).
@@ -86,15 +86,15 @@ impl<T> ForkMutex<T> {
     }
 }
 
-impl State {
-    fn from_u32(v: u32) -> State {
+impl SocketState {
+    fn from_u32(v: u32) -> SocketState {
         match v {
-            0 => State::Created,
-            1 => State::Connecting,
-            2 => State::Listening,
-            3 => State::Tcp,
-            4 => State::Rdma,
-            _ => State::Closed,
+            0 => SocketState::Created,
+            1 => SocketState::Connecting,
+            2 => SocketState::Listening,
+            3 => SocketState::Tcp,
+            4 => SocketState::Rdma,
+            _ => SocketState::Closed,
         }
     }
 }
@@ -142,7 +142,7 @@ impl Socket {
         Socket {
             refs: AtomicUsize::new(0),
             fds: TableRefs::new(),
-            state: AtomicU32::new(State::Closed as u32),
+            state: AtomicU32::new(SocketState::Closed as u32),
             path: AtomicU32::new(Path::Passthrough as u32),
             slot: AtomicU64::new(0),
             attached: ForkMutex::new(None),
@@ -160,7 +160,7 @@ impl Socket {
         *self.attached.lock() = None;
         *self.pending.lock() = None;
         self.epoll.lock().clear();
-        self.state.store(State::Created as u32, Relaxed);
+        self.state.store(SocketState::Created as u32, Relaxed);
         self.path.store(Path::Passthrough as u32, Relaxed);
         self.slot.store(0, Relaxed);
         self.blocking_accept.store(false, Relaxed);
@@ -217,7 +217,7 @@ impl Socket {
     /// One fd referring to this socket was closed; ends the connection after the last.
     pub fn fd_closed(&self) {
         if self.fds.sub() {
-            self.set_state(State::Closed);
+            self.set_state(SocketState::Closed);
             stats::close_conn(SlotHandle(self.slot.swap(0, AcqRel)));
             let a = self.attached.lock().take();
             match a {
@@ -237,7 +237,7 @@ impl Socket {
 
     /// The connect in progress, if any, now resolved (success or failure).
     pub fn take_pending(&self) -> Option<Pending> {
-        if self.state() != State::Connecting {
+        if self.state() != SocketState::Connecting {
             return None;
         }
         self.pending.lock().take()
@@ -321,18 +321,18 @@ impl Socket {
     }
 
     /// Current state.
-    pub fn state(&self) -> State {
-        State::from_u32(self.state.load(Acquire))
+    pub fn state(&self) -> SocketState {
+        SocketState::from_u32(self.state.load(Acquire))
     }
 
     /// Moves to `to`, tracing the change.
-    pub fn set_state(&self, to: State) {
-        let from = State::from_u32(self.state.swap(to as u32, AcqRel));
+    pub fn set_state(&self, to: SocketState) {
+        let from = SocketState::from_u32(self.state.swap(to as u32, AcqRel));
         log::trace!("socket {:p}: {from:?} => {to:?}", self);
     }
 
     /// Moves from `from` to `to` only if the socket is in `from`; true if it moved.
-    pub fn transition(&self, from: State, to: State) -> bool {
+    pub fn transition(&self, from: SocketState, to: SocketState) -> bool {
         let moved = self
             .state
             .compare_exchange(from as u32, to as u32, AcqRel, Acquire)
@@ -356,7 +356,7 @@ impl Socket {
     pub fn established(
         &self,
         fd: i32,
-        state: State,
+        state: SocketState,
         path: Path,
         cause: Cause,
         local: &[u8],

@@ -12,7 +12,7 @@ use crate::fdtable;
 use crate::guard;
 use crate::init;
 use crate::rules::{Action, Role};
-use crate::socket::{Attachment, Pending, State};
+use crate::socket::{Attachment, Pending, SocketState};
 use crate::stats::{Cause, Fallback, Path};
 use crate::sys::fcntl::{dup_hidden, fd_flags};
 use crate::sys::raw::{errno, set_errno};
@@ -130,7 +130,7 @@ fn connect_rdma(
     let (local, _) = saddr::encode(&stream.local);
     let (peer, _) = saddr::encode(&stream.peer);
     s.attach(Attachment::Stream(stream));
-    s.established(fd, State::Rdma, Path::Rdma, cause, &local, &peer);
+    s.established(fd, SocketState::Rdma, Path::Rdma, cause, &local, &peer);
     log::debug!("fd {fd}: connected to {dest} over RDMA");
     Ok(())
 }
@@ -142,14 +142,14 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     let Some(_g) = guard::enter() else {
         return real::connect(fd, addr, len);
     };
-    if s.state() == State::Rdma {
+    if s.state() == SocketState::Rdma {
         set_errno(libc::EISCONN);
         return -1;
     }
     let Some(dest) = saddr::read(addr, len) else {
         return real::connect(fd, addr, len); // AF_UNSPEC disconnect, or a bad address: the kernel says
     };
-    if !s.transition(State::Created, State::Connecting) {
+    if !s.transition(SocketState::Created, SocketState::Connecting) {
         return connect_again(&s, fd, addr, len);
     }
     let decision = Config::get().decide(Role::Client, None, Some(dest));
@@ -187,7 +187,14 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     );
     if r == 0 {
         let local = local_addr(fd);
-        s.established(fd, State::Tcp, path, cause, &local, addr_bytes(addr, len));
+        s.established(
+            fd,
+            SocketState::Tcp,
+            path,
+            cause,
+            &local,
+            addr_bytes(addr, len),
+        );
     } else if e == libc::EINPROGRESS || e == libc::EINTR {
         // Goes on in the background (EINTR: a blocking connect, likewise). Counted once it is
         // known to have succeeded: SO_ERROR 0, a peer name, a connect saying EISCONN, or data.
@@ -196,7 +203,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         peer[..raw.len().min(28)].copy_from_slice(&raw[..raw.len().min(28)]);
         s.set_pending(Pending { path, cause, peer });
     } else {
-        s.set_state(State::Created); // failed: the program may retry on the same socket
+        s.set_state(SocketState::Created); // failed: the program may retry on the same socket
         crate::stats::count_connect_failed(e);
     }
     set_errno(e);
@@ -209,9 +216,9 @@ pub(super) fn resolve_pending(s: &crate::socket::Socket, fd: c_int, ok: bool) {
     let Some(p) = s.take_pending() else { return };
     if ok {
         let local = local_addr(fd);
-        s.established(fd, State::Tcp, p.path, p.cause, &local, &p.peer);
+        s.established(fd, SocketState::Tcp, p.path, p.cause, &local, &p.peer);
     } else {
-        s.set_state(State::Created);
+        s.set_state(SocketState::Created);
     }
 }
 
@@ -219,7 +226,7 @@ pub(super) fn resolve_pending(s: &crate::socket::Socket, fd: c_int, ok: bool) {
 /// `Created`.
 pub(super) fn pending_failed(s: &crate::socket::Socket, err: c_int) {
     if s.take_pending().is_some() {
-        s.set_state(State::Created);
+        s.set_state(SocketState::Created);
         crate::stats::count_connect_failed(err);
     }
 }

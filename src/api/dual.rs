@@ -11,7 +11,7 @@ use crate::fdtable;
 use crate::guard;
 use crate::init;
 use crate::rules::{Action, Role};
-use crate::socket::{Attachment, State};
+use crate::socket::{Attachment, SocketState};
 use crate::stats::{Cause, Fallback, Path};
 use crate::sys::raw::set_errno;
 use crate::sys::sockaddr as saddr;
@@ -108,7 +108,7 @@ pub(in crate::api) fn track_accepted(nfd: c_int, tcp_only: Option<Cause>) {
         };
         let local = local_addr(nfd);
         track(nfd, |s| {
-            s.established(nfd, State::Tcp, Path::Tcp, cause, &local, peer)
+            s.established(nfd, SocketState::Tcp, Path::Tcp, cause, &local, peer)
         });
     });
 }
@@ -175,7 +175,14 @@ pub(in crate::api) unsafe fn accept_dual(
             if (nfd as u32 as usize) < fdtable::MAX_FDS {
                 track(nfd, |s| {
                     s.attach(Attachment::Stream(stream.clone()));
-                    s.established(nfd, State::Rdma, Path::Rdma, Cause::NONE, &local, &peer);
+                    s.established(
+                        nfd,
+                        SocketState::Rdma,
+                        Path::Rdma,
+                        Cause::NONE,
+                        &local,
+                        &peer,
+                    );
                 });
             }
             nfd

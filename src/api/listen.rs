@@ -11,7 +11,7 @@ use super::ownership::{keep_errno, local_addr};
 use crate::fdtable;
 use crate::guard;
 use crate::init;
-use crate::socket::{Attachment, State};
+use crate::socket::{Attachment, SocketState};
 use crate::stats::Fallback;
 use crate::sys::raw::errno;
 use crate::sys::real;
@@ -24,7 +24,7 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     if let Some(Attachment::Listener(l)) = s.attachment() {
         return real::listen(l.tcp_fd, backlog); // a new backlog for the kernel side
     }
-    if s.state() != State::Created {
+    if s.state() != SocketState::Created {
         return real::listen(fd, backlog);
     }
     let Some(_g) = guard::enter() else {
@@ -34,7 +34,7 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     // must find the RDMA one too (else it falls back to TCP and caches the failure).
     let rdma = keep_errno(|| rdma_listen(fd, backlog));
     let r = real::listen(fd, backlog);
-    if r != 0 || !s.transition(State::Created, State::Listening) {
+    if r != 0 || !s.transition(SocketState::Created, SocketState::Listening) {
         return r; // the prepared rdma_cm listener is dropped
     }
     let bound = keep_errno(|| local_addr(fd)); // before the fd becomes a doorbell

@@ -138,7 +138,7 @@ unsafe fn so_error(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     }
     let r = real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, val, len);
     if r == 0
-        && s.state() == crate::socket::State::Connecting
+        && s.state() == crate::socket::SocketState::Connecting
         && !val.is_null()
         && *len as usize >= 4
     {

@@ -3,12 +3,12 @@
 //! The fd a program holds is always a real kernel fd whose readiness the shim drives, so
 //! these forward. While the process has RDMA streams, a wait first handles completions: a
 //! zero timeout polls the CQs once; a wait that would block polls them for the spin budget,
-//! then sleeps on the program's fds and the completion channels together (engine::waits).
+//! then sleeps on the program's fds and the completion channels together (engine::program_waits).
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
 use super::inherit;
-use crate::engine::{self, waits};
+use crate::engine::{self, program_waits};
 use crate::fdtable;
 use crate::sys::real;
 use libc::{c_int, epoll_event, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
@@ -58,10 +58,10 @@ pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     }
     mark_polled(fds, n);
     if timeout == 0 {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::poll(fds, n, 0);
     }
-    waits::sleep_with_channels(
+    program_waits::sleep_with_channels(
         pollfds(fds, n),
         timeout,
         std::ptr::null(),
@@ -77,10 +77,10 @@ pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: si
     }
     mark_polled(fds, n);
     if timeout == 0 {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::__poll_chk(fds, n, 0, fdslen);
     }
-    waits::sleep_with_channels(
+    program_waits::sleep_with_channels(
         pollfds(fds, n),
         timeout,
         std::ptr::null(),
@@ -105,10 +105,10 @@ pub unsafe fn ppoll(
         tv_nsec: 0,
     };
     if is_zero_ts(ts) {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::ppoll(fds, n, &zero, mask);
     }
-    waits::sleep_with_channels(
+    program_waits::sleep_with_channels(
         pollfds(fds, n),
         ts_ms(ts),
         mask,
@@ -142,11 +142,11 @@ pub unsafe fn select(
     }
     mark_selected(n, [r, w, e]);
     if !tv.is_null() && (*tv).tv_sec == 0 && (*tv).tv_usec == 0 {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::select(n, r, w, e, tv);
     }
     let sets = FdSets::save(r, w, e);
-    waits::spin_then(
+    program_waits::spin_then(
         || {
             sets.restore(r, w, e);
             let mut zero = timeval {
@@ -176,7 +176,7 @@ pub unsafe fn pselect(
     }
     mark_selected(n, [r, w, e]);
     if is_zero_ts(ts) {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::pselect(n, r, w, e, ts, mask);
     }
     let sets = FdSets::save(r, w, e);
@@ -184,7 +184,7 @@ pub unsafe fn pselect(
         tv_sec: 0,
         tv_nsec: 0,
     };
-    waits::spin_then(
+    program_waits::spin_then(
         || {
             sets.restore(r, w, e);
             probe(real::pselect(n, r, w, e, &zero, mask))
@@ -256,10 +256,10 @@ pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout:
         return real::epoll_wait(epfd, ev, max, timeout);
     }
     if timeout == 0 {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::epoll_wait(epfd, ev, max, 0);
     }
-    waits::sleep_with_channels(
+    program_waits::sleep_with_channels(
         &[epoll_pollfd(epfd)],
         timeout,
         std::ptr::null(),
@@ -290,10 +290,10 @@ pub unsafe fn epoll_pwait(
         return real::epoll_pwait(epfd, ev, max, timeout, mask);
     }
     if timeout == 0 {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::epoll_pwait(epfd, ev, max, 0, mask);
     }
-    waits::sleep_with_channels(
+    program_waits::sleep_with_channels(
         &[epoll_pollfd(epfd)],
         timeout,
         mask,
@@ -319,10 +319,10 @@ pub unsafe fn epoll_pwait2(
         tv_nsec: 0,
     };
     if is_zero_ts(ts) {
-        waits::before_nonblocking_wait();
+        program_waits::before_nonblocking_wait();
         return real::epoll_pwait2(epfd, ev, max, &zero, mask);
     }
-    waits::sleep_with_channels(
+    program_waits::sleep_with_channels(
         &[epoll_pollfd(epfd)],
         ts_ms(ts),
         mask,

@@ -26,6 +26,7 @@ pub mod ipc;
 pub mod listener;
 mod liveness;
 mod peeked;
+pub mod program_waits;
 mod registry;
 pub mod relay;
 mod requests;
@@ -36,7 +37,6 @@ pub mod stream;
 mod tags;
 mod takeover;
 mod tend;
-pub mod waits;
 
 use crate::config::Config;
 use crate::negcache::NegCache;

@@ -17,10 +17,10 @@ pub fn active() -> bool {
     ACTIVE_STREAMS.load(Relaxed) != 0
 }
 
-/// See [`Engine::hold_qp`].
-pub(super) struct HeldQp(&'static Engine, u32);
+/// See [`Engine::keep_early`].
+pub(super) struct EarlyQp(&'static Engine, u32);
 
-impl Drop for HeldQp {
+impl Drop for EarlyQp {
     fn drop(&mut self) {
         lock(&self.0.early).remove(&self.1); // nothing left once routed
     }
@@ -76,14 +76,14 @@ impl Engine {
     /// receive: without it, whoever polled the CQ in between dropped them as a stranger's
     /// — a client's first message to a server busy accepting others was lost, and both
     /// ends waited forever.
-    pub(super) fn hold_qp(&'static self, qp: u32) -> HeldQp {
+    pub(super) fn keep_early(&'static self, qp: u32) -> EarlyQp {
         lock(&self.early).insert(qp, Vec::new());
-        HeldQp(self, qp)
+        EarlyQp(self, qp)
     }
 
     /// Routes the completions of `s`'s current QP to it from now on (and no longer those of
     /// `old`, the QP it left, if any), first handing it those kept since
-    /// [`hold_qp`](Self::hold_qp): under the device's poll lock, so that they stay in order.
+    /// [`keep_early`](Self::keep_early): under the device's poll lock, so that they stay in order.
     pub(super) fn route_qp(&self, s: &Arc<Stream>, old: Option<u32>) {
         let _g = lock(&s.dev.poll);
         let kept = lock(&self.early).remove(&s.qp_num()).unwrap_or_default();

@@ -253,7 +253,7 @@ pub(super) fn connect(
     steps.mark("qp");
     // The peer may write as soon as it has accepted (a server that speaks first): keep the
     // completions that come before this stream is registered.
-    let _held = engine.hold_qp(rc.qp_num());
+    let _early = engine.keep_early(rc.qp_num());
     let bell = super::stream::fresh_bell().map_err(|e| {
         log::info!("rdma connect to {dest}: doorbell: {e}");
         Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
@@ -441,7 +441,7 @@ pub(super) fn accept_request(
     let ours = hello(&m, HelloKind::Accept, conn_id);
     // Once accepted the QP can receive — the client may write as soon as it sees the
     // connection established — before this stream is registered: keep what completes.
-    let _held = engine.hold_qp(rc.qp_num());
+    let _early = engine.keep_early(rc.qp_num());
     // In the listening socket's family: an IPv4 peer of an AF_INET6 listener is mapped.
     let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
     let (Some(local), Some(peer_addr)) = (local, peer_addr) else {

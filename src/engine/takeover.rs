@@ -155,14 +155,14 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     }
     // Holds the new QP's completions until the stream is registered below. From here the
     // peer is moving: a failure loses the connection.
-    let mut held = None;
+    let mut early = None;
     let built = (|| {
         let deadline = started + HANDOVER_TIMEOUT;
         let (inc, hello) = next_resume(&listener, conn_id, st.peer, deadline)?;
         let sent_end = hello.resume.map_or(0, |r| r.sent_end);
         let mut rc = rdma::Conn::new(inc.id, &m.pd, setup::qp_caps(&m))
             .map_err(|(e, _)| Error::at("queue pair")(e))?;
-        held = Some(engine.hold_qp(rc.qp_num()));
+        early = Some(engine.keep_early(rc.qp_num()));
         setup::fit_and_post(&mut rc, &mut m).map_err(Error::at("queue pair"))?;
         let export = Request::Export {
             token: st.token,
@@ -233,7 +233,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     let _ = s.taken_from.set(owner);
     lock(&engine.moved).forget(st.token); // it came back, if it had been ours
     engine.register(&s);
-    drop(held);
+    drop(early);
     engine.ensure_helper();
     log::info!(
         "rdma stream {} -> {}: taken over from pid {} in {} us",

@@ -10,7 +10,7 @@ use crate::api::ownership::{local_addr, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::Listener;
 use crate::fdtable;
-use crate::socket::{Attachment, Socket, State};
+use crate::socket::{Attachment, Socket, SocketState};
 use crate::stats::Cause;
 use crate::sys::fcntl::{dup_hidden, fd_flags, set_cloexec, set_nonblock};
 use crate::sys::raw::{self, set_errno};
@@ -182,7 +182,7 @@ pub(super) fn track_foreign_listener(
         raw::hide(tcp_fd),
     );
     track(fd, |s| {
-        if s.transition(State::Created, State::Listening) {
+        if s.transition(SocketState::Created, SocketState::Listening) {
             s.attach(Attachment::Listener(l));
         }
     });
@@ -216,7 +216,7 @@ pub(in crate::api) fn adopt_listener(fd: c_int) -> bool {
     let Some(s) = fdtable::get(fd) else {
         return false; // beyond the table: it stays the kernel's
     };
-    if !s.transition(State::Created, State::Listening) {
+    if !s.transition(SocketState::Created, SocketState::Listening) {
         return true;
     }
     let backlog = libc::SOMAXCONN;

@@ -8,7 +8,7 @@ use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::relay::Relayed;
 use crate::engine::{Inherited, Stream, TakeError};
 use crate::fdtable;
-use crate::socket::{Attachment, Socket, State};
+use crate::socket::{Attachment, Socket, SocketState};
 use crate::stats::{Cause, Path};
 use crate::sys::fcntl::{dup_hidden, fd_flags, set_nonblock};
 use crate::sys::raw;
@@ -100,7 +100,14 @@ pub(super) fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     if end.is_some() {
         let (local, _) = saddr::encode(&st.local);
         let (peer, _) = saddr::encode(&st.peer);
-        s.established(first, State::Rdma, Path::Rdma, Cause::NONE, &local, &peer);
+        s.established(
+            first,
+            SocketState::Rdma,
+            Path::Rdma,
+            Cause::NONE,
+            &local,
+            &peer,
+        );
         log::debug!(
             "fd {first}: rdma stream to {} adopted from pid {} (relayed)",
             st.peer,
@@ -235,7 +242,7 @@ pub(super) fn attach_rdma(nfd: c_int, r: &Reply, ends: ipc::Ends, nonblock: bool
     let (p, _) = saddr::encode(&peer);
     track(nfd, |s| {
         s.attach(attachment);
-        s.established(nfd, State::Rdma, Path::Rdma, Cause::NONE, &l, &p);
+        s.established(nfd, SocketState::Rdma, Path::Rdma, Cause::NONE, &l, &p);
     });
 }
 

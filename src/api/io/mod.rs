@@ -58,7 +58,7 @@ fn owned(
         },
         None => call(),
     };
-    if r > 0 && s.state() == crate::socket::State::Connecting {
+    if r > 0 && s.state() == crate::socket::SocketState::Connecting {
         super::connect::resolve_pending(&s, fd, true); // data moved: the connect succeeded
     }
     count(&s, r);
@@ -71,7 +71,7 @@ fn owned(
 /// the doorbell (where writes would vanish and reads return its tokens). Takes no lock.
 #[cold]
 fn in_handler(s: &Socket, call: impl FnOnce() -> ssize_t) -> ssize_t {
-    if matches!(s.state(), crate::socket::State::Rdma) {
+    if matches!(s.state(), crate::socket::SocketState::Rdma) {
         set_errno(libc::EAGAIN);
         return -1;
     }

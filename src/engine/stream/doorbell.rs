@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::*;
 
 impl<P: Port> Stream<P> {
     /// The program polls A from now on (sticky): bring A up to date and keep it so. The
-    /// program's hooked waits handle completions themselves (engine/waits.rs).
+    /// program's hooked waits handle completions themselves (engine/program_waits.rs).
     pub fn watch(&self) {
         if !self.watched.swap(true, AcqRel) {
             WATCHED.fetch_add(1, AcqRel);

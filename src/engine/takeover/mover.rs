@@ -164,7 +164,7 @@ fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(
         return Err(Why::Unavailable("the taker is on another device").into());
     }
     let rc = rdma::Conn::new(id, &pd, caps).map_err(|(e, _)| Error::at("queue pair")(e))?;
-    let _held = engine.hold_qp(rc.qp_num());
+    let _early = engine.keep_early(rc.qp_num());
     connect_resume(engine, s, rc, &hello, deadline)
 }
 
