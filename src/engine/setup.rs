@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 /// The time each step of one connection's setup took, for the debug log (nothing is
 /// measured while debug logging is off).
-struct Steps(Option<(Instant, Instant, String)>);
+pub(super) struct Steps(Option<(Instant, Instant, String)>);
 
 impl Steps {
-    fn start() -> Steps {
+    pub(super) fn start() -> Steps {
         Steps(log::log_enabled!(log::Level::Debug).then(|| {
             let t = Instant::now();
             (t, t, String::new())
@@ -31,7 +31,7 @@ impl Steps {
     }
 
     /// `step` ended now.
-    fn mark(&mut self, step: &str) {
+    pub(super) fn mark(&mut self, step: &str) {
         if let Some((_, last, out)) = &mut self.0 {
             let now = Instant::now();
             let _ = std::fmt::Write::write_fmt(
@@ -42,7 +42,7 @@ impl Steps {
         }
     }
 
-    fn log(&self, what: std::fmt::Arguments<'_>) {
+    pub(super) fn log(&self, what: std::fmt::Arguments<'_>) {
         if let Some((t0, _, out)) = &self.0 {
             log::debug!("{what} in {}us:{out}", t0.elapsed().as_micros());
         }

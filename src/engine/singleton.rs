@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::negcache::NegCache;
 use crate::rdma::{self, EventChannel};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
@@ -80,8 +80,10 @@ fn make_engine(me: i32) -> Option<&'static Engine> {
             NO_ENGINE.store(me, Release);
             return None;
         }
+        let t0 = std::time::Instant::now();
         match Engine::new() {
             Ok(e) => {
+                log::debug!("RDMA engine made in {}us", t0.elapsed().as_micros());
                 let e: &'static Engine = Box::leak(Box::new(e));
                 ENGINE.store(e as *const Engine as *mut Engine, Release);
                 Some(e)
@@ -123,8 +125,20 @@ pub fn before_fork() {
     streams.iter().for_each(|s| s.share());
 }
 
+/// When this process was forked (`CLOCK_MONOTONIC` µs; 0: not a fork child), for the
+/// take-over's debug log: the time from the fork to a stream's hand-over is what a forking
+/// server's connection pays.
+static FORKED_AT_US: AtomicI64 = AtomicI64::new(0);
+
+/// Microseconds since this process was forked, if it is a fork child.
+pub(super) fn us_since_fork() -> Option<i64> {
+    let at = FORKED_AT_US.load(Relaxed);
+    (at != 0).then(|| crate::sys::poll::monotonic_us() - at)
+}
+
 /// In a fork child: the parent's streams are not this process's to drive or wait for.
 pub fn after_fork_child() {
+    FORKED_AT_US.store(crate::sys::poll::monotonic_us(), Relaxed);
     ACTIVE_STREAMS.store(0, Relaxed);
     stream::TIMED.store(0, Relaxed); // the parent's timed streams are not ticked here
     stream::WATCHED.store(0, Relaxed);

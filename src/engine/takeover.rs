@@ -91,6 +91,7 @@ impl Inherited {
 /// Taker: takes the stream `st` (whose A this process holds as `fd`) over from its owner.
 /// On success the stream is this process's own, on the same doorbell.
 pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError> {
+    let mut steps = setup::Steps::start();
     let refused = |step| move |e: rdma::Error| TakeError::Refused(Error::at(step)(e));
     let unavailable = |why| TakeError::Refused(Why::Unavailable(why).into());
     // Before the engine: making one (its own RDMA libraries, the device) is most of a
@@ -99,6 +100,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         return Err(unavailable("RSOCK_TAKEOVER=0"));
     }
     let engine = super::for_new().ok_or_else(|| unavailable("no RDMA engine here"))?;
+    steps.mark("engine");
     if lock(&engine.streams_by_token).contains_key(&st.token) {
         return Err(unavailable("token in use here"));
     }
@@ -106,8 +108,10 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     let here = SocketAddr::new(st.local.ip(), 0);
     let listener = rdma::Listener::bind(here, 4, engine.token()).map_err(refused("listen"))?;
     let port = listener.id().local_addr().map_or(0, |a| a.port());
+    steps.mark("listen");
     let dev = Device::for_id(listener.id()).map_err(refused("device"))?;
     let d = engine.dev(&dev).map_err(refused("device"))?;
+    steps.mark("device");
     let sizes = BufSizes {
         ring: st.ring_size,
         send: st.send_size,
@@ -118,6 +122,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         send: engine.cfg.send_buf.max(sizes.send),
     };
     let mut m = setup::memory(engine, &dev, sizes, full).map_err(refused("memory"))?;
+    steps.mark("memory");
     let take = Request::Take {
         token: st.token,
         port,
@@ -142,6 +147,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             return Err(TakeError::Refused(why));
         }
     };
+    steps.mark("owner");
     let started = Instant::now();
     if now != sizes {
         // The owner's buffers grew since this copy of the stream was made.
@@ -159,11 +165,13 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     let built = (|| {
         let deadline = started + HANDOVER_TIMEOUT;
         let (inc, hello) = next_resume(&listener, conn_id, st.peer, deadline)?;
+        steps.mark("resume");
         let sent_end = hello.resume.map_or(0, |r| r.sent_end);
         let mut rc = rdma::Conn::new(inc.id, &m.pd, setup::qp_caps(&m))
             .map_err(|(e, _)| Error::at("queue pair")(e))?;
         early = Some(engine.keep_early(rc.qp_num()));
         setup::fit_and_post(&mut rc, &mut m).map_err(Error::at("queue pair"))?;
+        steps.mark("qp");
         let export = Request::Export {
             token: st.token,
             resume_at: sent_end,
@@ -194,6 +202,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         raw::close(memfd);
         let state = state.map_err(Error::at("export"))?;
         let (conn, shown) = restore(&state, &mut m, &hello)?;
+        steps.mark("export");
         let ours = setup::hello(&m, HelloKind::Accept, conn_id);
         let param = ConnParam {
             private_data: &ours,
@@ -204,6 +213,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         rc.id_mut()
             .migrate(&engine.ch)
             .map_err(Error::at("accept"))?;
+        steps.mark("accept");
         Ok((rc, conn, shown))
     })();
     let (rc, conn, shown) = match built {
@@ -242,6 +252,13 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         owner.pid,
         started.elapsed().as_micros()
     );
+    steps.mark("stream");
+    steps.log(format_args!(
+        "rdma stream {} -> {}: take-over, {}us after the fork,",
+        s.local,
+        s.peer,
+        super::singleton::us_since_fork().unwrap_or(-1)
+    ));
     Ok(s)
 }
 

@@ -63,15 +63,21 @@ pub fn poll_one_raw_full(fd: c_int, events: c_short, ms: c_int) -> c_long {
     }
 }
 
-/// `CLOCK_MONOTONIC` in milliseconds (`clock_gettime` is async-signal-safe).
+/// `CLOCK_MONOTONIC` in milliseconds.
 fn monotonic_ms() -> i64 {
+    monotonic_us() / 1000
+}
+
+/// `CLOCK_MONOTONIC` in microseconds (`clock_gettime` is async-signal-safe, and safe in a
+/// fork handler: no lock, no allocation).
+pub fn monotonic_us() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: ts is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+    ts.tv_sec * 1_000_000 + ts.tv_nsec / 1000
 }
 
 /// Whether `fd` is in select's `set` (null: an empty set); false beyond `FD_SETSIZE`.
