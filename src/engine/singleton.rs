@@ -80,10 +80,8 @@ fn make_engine(me: i32) -> Option<&'static Engine> {
             NO_ENGINE.store(me, Release);
             return None;
         }
-        let t0 = std::time::Instant::now();
         match Engine::new() {
             Ok(e) => {
-                log::debug!("RDMA engine made in {}us", t0.elapsed().as_micros());
                 let e: &'static Engine = Box::leak(Box::new(e));
                 ENGINE.store(e as *const Engine as *mut Engine, Release);
                 Some(e)
@@ -164,9 +162,12 @@ fn pinned_limit(mb: Option<u32>) -> usize {
 
 impl Engine {
     fn new() -> Result<Engine, rdma::Error> {
+        let mut steps = super::setup::Steps::start();
         rdma::ffi::lib()?;
+        steps.mark("libraries");
         rdma::mr::set_pinned_limit(pinned_limit(Config::get().max_pinned_mb));
         let ch = EventChannel::new()?;
+        steps.mark("channel");
         // SAFETY: plain syscalls creating fds we own.
         let (epfd, wake_fd, exit_done_fd) = unsafe {
             (
@@ -228,6 +229,8 @@ impl Engine {
             e.watch(server.fd(), TAG_IPC)?;
         }
         crate::sys::process::at_exit(drain_at_exit_c);
+        steps.mark("ipc");
+        steps.log(format_args!("RDMA engine made"));
         Ok(e)
     }
 
