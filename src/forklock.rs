@@ -13,14 +13,27 @@
 //! may have been changing at the fork, are ever touched. This needs no `pthread_atfork`
 //! discipline, so it also holds for forks the shim's handlers do not see (`_Fork`, a fork
 //! from a signal handler), as long as the process id cache is refreshed (`sys::raw::pid`).
+//! A process that abandons its RDMA engine after a credential change ([`renew`]) gets fresh
+//! slots the same way: what the old engine left in them is of credentials the kernel no
+//! longer lets this process use.
 //! A `vfork` child shares its parent's memory and its cached pid: it uses the parent's slot,
 //! as it uses everything else of the parent's.
 
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+/// Bumped by [`renew`]: slots of an earlier generation are left alone, as a parent's are.
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+
+/// From now on every [`ProcessMutex`] starts afresh in this process (its engine was
+/// abandoned after a credential change; `api/creds.rs`).
+pub fn renew() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
 
 struct Slot<T> {
     pid: i32,
+    generation: u32,
     lock: Mutex<T>,
 }
 
@@ -42,21 +55,23 @@ impl<T> ProcessMutex<T> {
 
     /// This process's value, locked (a poisoned lock is taken over: the shim never panics).
     pub fn lock(&self) -> MutexGuard<'_, T> {
-        self.lock_as(crate::sys::raw::pid())
+        self.lock_as(crate::sys::raw::pid(), GENERATION.load(Ordering::Acquire))
     }
 
-    fn lock_as(&self, me: i32) -> MutexGuard<'_, T> {
+    fn lock_as(&self, me: i32, generation: u32) -> MutexGuard<'_, T> {
         loop {
             let cur = self.slot.load(Ordering::Acquire);
             // SAFETY: slots are leaked, never freed: a non-null pointer stays valid.
             if let Some(s) = unsafe { cur.as_ref() } {
-                if s.pid == me {
+                if s.pid == me && s.generation == generation {
                     return s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 }
             }
-            // First use in this process, or the parent's slot in a fork child.
+            // First use in this process, the parent's slot in a fork child, or one of an
+            // abandoned engine.
             let fresh = Box::into_raw(Box::new(Slot {
                 pid: me,
+                generation,
                 lock: Mutex::new((self.init)()),
             }));
             if self
@@ -81,10 +96,13 @@ mod tests {
 
     #[test]
     fn one_value_per_process() {
-        COUNT.lock_as(1).push(7);
-        assert_eq!(*COUNT.lock_as(1), [7]);
+        COUNT.lock_as(1, 0).push(7);
+        assert_eq!(*COUNT.lock_as(1, 0), [7]);
         // Another process (a fork child) starts from a fresh value, not the parent's.
-        assert!(COUNT.lock_as(2).is_empty());
+        assert!(COUNT.lock_as(2, 0).is_empty());
+        // So does a new generation of the same process (`renew`).
+        COUNT.lock_as(2, 0).push(8);
+        assert!(COUNT.lock_as(2, 1).is_empty());
     }
 
     /// A thread holds the lock across a fork: the child still locks it (a fresh one), and

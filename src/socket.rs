@@ -14,7 +14,7 @@
 
 use crate::engine::{Listener, Stream};
 use crate::stats::{self, Cause, Detail, Fallback, Path, SlotHandle};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 
 /// What carries an RDMA-engaged socket: the program's fd is then a doorbell (docs/DESIGN.md).
@@ -133,6 +133,8 @@ pub struct Socket {
     /// in the low half and its [`Detail`]'s first word in the high half;
     /// the connections it accepts are counted with it.
     tcp_only: AtomicU64,
+    /// A listener's `listen` backlog (0 before `listen`), for listening again on RDMA.
+    backlog: AtomicI32,
     /// Link in the free stack while recycled.
     pub(crate) next_free: AtomicPtr<Socket>,
 }
@@ -151,6 +153,7 @@ impl Socket {
             blocking_accept: std::sync::atomic::AtomicBool::new(false),
             watched: std::sync::atomic::AtomicBool::new(false),
             tcp_only: AtomicU64::new(u32::MAX as u64),
+            backlog: AtomicI32::new(0),
             next_free: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -166,6 +169,7 @@ impl Socket {
         self.blocking_accept.store(false, Relaxed);
         self.watched.store(false, Relaxed);
         self.tcp_only.store(u32::MAX as u64, Relaxed);
+        self.backlog.store(0, Relaxed);
     }
 
     /// In a fork child (single-threaded, in the `pthread_atfork` handler): a lock that a
@@ -388,6 +392,16 @@ impl Socket {
     pub fn lost_rdma(&self, why: Cause) {
         self.set_tcp_only(why);
         stats::set_tcp_only(SlotHandle(self.slot.load(Acquire)), why);
+    }
+
+    /// A listener's `listen` backlog, as the program last gave it (0: not listening).
+    pub fn backlog(&self) -> i32 {
+        self.backlog.load(Relaxed)
+    }
+
+    /// Records the backlog of the program's `listen`.
+    pub fn set_backlog(&self, backlog: i32) {
+        self.backlog.store(backlog, Relaxed);
     }
 
     /// Why this listener is on kernel TCP only, if it is.

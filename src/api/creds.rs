@@ -9,6 +9,13 @@
 //! - a listener it owns keeps only its kernel side: new connections use kernel TCP;
 //! - the engine makes nothing new (`engine::for_new`): later connections use kernel TCP.
 //!
+//! Unless nothing of the engine is in use but listeners — a daemon that listens as root and
+//! drops root before its first connection (lighttpd, stunnel, tinyproxy, memcached `-u`):
+//! then the engine is abandoned, and at the process's next socket or wait call
+//! ([`relisten_if_pending`]) a new one, made with the new credentials, listens on RDMA
+//! again for those listeners. Not at once: daemons change groups, gid and uid in three calls,
+//! and an engine made between them would be abandoned again.
+//!
 //! Workers that drop root before they touch a connection (nginx, Apache, gunicorn) have no
 //! engine yet when they do: theirs is made afterwards, with the new credentials.
 
@@ -18,9 +25,14 @@ use super::ownership::keep_errno;
 use crate::engine;
 use crate::fdtable;
 use crate::guard;
-use crate::socket::Attachment;
-use crate::sys::real;
+use crate::socket::{Attachment, SocketState};
+use crate::stats::Detail;
+use crate::sys::{fcntl, real};
 use libc::{c_int, gid_t, size_t, uid_t};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+/// Listeners wait to listen on RDMA again, with an engine of the new credentials.
+static RELISTEN: AtomicBool = AtomicBool::new(false);
 
 macro_rules! cred_hooks {
     ($( fn $name:ident($($arg:ident: $ty:ty),*); )*) => {
@@ -70,13 +82,76 @@ fn before_change() {
                     }
                 }
                 Some(Attachment::Listener(l)) if l.owner.is_me() => {
+                    s.set_backlog(l.backlog());
                     super::inherit::to_kernel_only(&s, &l, e);
                 }
                 _ => {}
             }
         }
-        if e.retire_for_new_credentials() {
+        let retired = e.retire_for_new_credentials();
+        if e.abandon_for_new_credentials() {
+            log::info!("credentials change: the RDMA engine is abandoned; listeners use RDMA again, with a new engine, from the next call");
+            RELISTEN.store(true, Release);
+        } else if retired {
             log::info!("credentials change: new connections of this process use kernel TCP");
+        }
+    });
+}
+
+/// Called first by the hooks a server calls after it dropped root (accept, the waits,
+/// epoll_ctl, fork): one atomic load unless a credential change left listeners to listen
+/// on RDMA again.
+#[inline]
+pub(super) fn relisten_if_pending() {
+    if RELISTEN.load(Relaxed) {
+        relisten();
+    }
+}
+
+#[cold]
+fn relisten() {
+    let Some(_g) = guard::enter() else {
+        return; // the shim's own call: the program's next one does it
+    };
+    if !RELISTEN.swap(false, AcqRel) {
+        return;
+    }
+    keep_errno(|| {
+        for fd in 0..fdtable::high_water() as c_int {
+            let Some(s) = fdtable::get(fd) else { continue };
+            let lost = s
+                .tcp_only()
+                .is_some_and(|w| w.detail == Detail::CredentialsChanged);
+            if s.state() != SocketState::Listening || s.attachment().is_some() || !lost {
+                continue;
+            }
+            let backlog = match s.backlog() {
+                0 => libc::SOMAXCONN,
+                b => b,
+            };
+            // The kernel listener's file stays nonblocking (an engine thread shared it); the
+            // program's view of it is `blocking_accept`.
+            let nonblock = fcntl::fd_flags(fd).0 && !s.blocking_accept();
+            let bound = super::ownership::local_addr(fd);
+            match super::dual::rdma_listen(fd, backlog) {
+                Ok((engine, local, rl)) => {
+                    s.set_tcp_only(crate::stats::Cause::NONE);
+                    super::dual::start_dual(&s, fd, engine, local, rl, backlog);
+                    if let Some(Attachment::Listener(l)) = s.attachment() {
+                        s.set_blocking_accept(false); // the doorbell blocks as asked
+                        l.set_nonblocking(nonblock);
+                        let _ = l.bell().set_file_nonblocking(nonblock);
+                        log::info!("fd {fd}: listening on {local} over RDMA again, with the new credentials");
+                    }
+                }
+                Err(why) => {
+                    log::info!(
+                        "fd {fd}: still kernel TCP only after the credential change: {why:?}"
+                    );
+                    s.set_tcp_only(why);
+                }
+            }
+            s.listening(fd, &bound);
         }
     });
 }

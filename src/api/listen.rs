@@ -22,6 +22,7 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
         return real::listen(fd, backlog);
     };
     if let Some(Attachment::Listener(l)) = s.attachment() {
+        s.set_backlog(backlog);
         return real::listen(l.tcp_fd, backlog); // a new backlog for the kernel side
     }
     if s.state() != SocketState::Created {
@@ -37,6 +38,7 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     if r != 0 || !s.transition(SocketState::Created, SocketState::Listening) {
         return r; // the prepared rdma_cm listener is dropped
     }
+    s.set_backlog(backlog);
     let bound = keep_errno(|| local_addr(fd)); // before the fd becomes a doorbell
     match rdma {
         Ok((engine, local, rl)) => start_dual(&s, fd, engine, local, rl, backlog),
@@ -51,6 +53,7 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
 }
 
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    super::creds::relisten_if_pending();
     if !fdtable::owns(fd) && !inherit::adopt_listener(fd) {
         return if flags == 0 {
             real::accept(fd, addr, len)

@@ -134,6 +134,9 @@ pub(super) fn own_path() -> Option<String> {
 /// also covers forks made inside libraries; this hook only has to forward.
 #[inline]
 pub unsafe fn fork() -> pid_t {
+    // A daemon that dropped root and now forks its workers: they inherit its listeners as
+    // dual ones (see `creds.rs`).
+    super::creds::relisten_if_pending();
     real::fork()
 }
 

@@ -53,6 +53,7 @@ unsafe fn pollfds<'a>(fds: *const pollfd, n: nfds_t) -> &'a [pollfd] {
 
 #[inline]
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::poll(fds, n, timeout);
     }
@@ -72,6 +73,7 @@ pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::__poll_chk(fds, n, timeout, fdslen);
     }
@@ -96,6 +98,7 @@ pub unsafe fn ppoll(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::ppoll(fds, n, ts, mask);
     }
@@ -137,6 +140,7 @@ pub unsafe fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::select(n, r, w, e, tv);
     }
@@ -171,6 +175,7 @@ pub unsafe fn pselect(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::pselect(n, r, w, e, ts, mask);
     }
@@ -235,6 +240,7 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    super::creds::relisten_if_pending();
     if op == libc::EPOLL_CTL_ADD && !fdtable::owns(fd) {
         inherit::adopt_listener(fd); // before the registration: adopting swaps the file
     }
@@ -252,6 +258,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 
 #[inline]
 pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::epoll_wait(epfd, ev, max, timeout);
     }
@@ -286,6 +293,7 @@ pub unsafe fn epoll_pwait(
     timeout: c_int,
     mask: *const sigset_t,
 ) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::epoll_pwait(epfd, ev, max, timeout, mask);
     }
@@ -311,6 +319,7 @@ pub unsafe fn epoll_pwait2(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::epoll_pwait2(epfd, ev, max, ts, mask);
     }

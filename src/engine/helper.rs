@@ -43,6 +43,15 @@ fn run(engine: &'static Engine) {
             match tag & TAG_MASK {
                 TAG_WAKE => {
                     crate::sys::raw::eventfd_take(engine.wake_fd);
+                    if engine
+                        .stop_helper
+                        .load(std::sync::atomic::Ordering::Acquire)
+                    {
+                        // The engine is abandoned (singleton.rs): nothing here may call the
+                        // RDMA libraries again.
+                        crate::sys::raw::eventfd_add(engine.exit_done_fd);
+                        return;
+                    }
                     engine.exit_drain_if_asked();
                     engine.admit_deferred();
                     // A device may have just been listened to again (`Dev::demand_up`):

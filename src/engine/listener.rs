@@ -403,6 +403,9 @@ impl Listener {
         if lock(&self.rdma).is_some() {
             engine.unwatch(self.rdma_fd); // (after stop_feeding the number may be another's)
         }
+        // The rdma_cm id goes now, not with the last reference: before a credential change
+        // this is the last moment the kernel lets this process destroy it.
+        drop(lock(&self.rdma).take());
         engine.unwatch(self.tcp_fd);
         if lock(&engine.listeners).remove(&self.token).is_some() {
             OWNED.fetch_sub(1, Relaxed);

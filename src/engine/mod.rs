@@ -93,8 +93,10 @@ pub struct Engine {
     wake_fd: c_int,
     /// `_exit` asks the helper to drain (see [`drain_at_exit_from_any_context`]) ...
     exit_asked: AtomicBool,
-    /// ... and waits for this eventfd.
+    /// ... and waits for this eventfd (also the helper's answer to `stop_helper`).
     exit_done_fd: c_int,
+    /// Asks the helper to end: the engine is abandoned after a credential change.
+    stop_helper: AtomicBool,
     next_token: AtomicU64,
     helper: Once,
     /// Destinations that failed RDMA recently.

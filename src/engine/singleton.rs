@@ -215,6 +215,7 @@ impl Engine {
             epfd,
             wake_fd,
             exit_asked: AtomicBool::new(false),
+            stop_helper: AtomicBool::new(false),
             exit_done_fd,
             // Tokens differ between engines (a taker keeps the stream's token), so each
             // starts at a random point.
@@ -232,6 +233,49 @@ impl Engine {
         steps.mark("ipc");
         steps.log(format_args!("RDMA engine made"));
         Ok(e)
+    }
+
+    /// The process is about to change its credentials, and nothing of this engine is in use
+    /// any more (no stream, listener, hand-over or deferred request: a daemon that listened
+    /// as root and has not served a connection yet). Stops its helper thread, closes its
+    /// own fds and forgets it, so that the next [`get`] makes a new engine — on a new
+    /// instance of the RDMA libraries (`rdma::ffi::renew`) and fresh rdma-layer state
+    /// (`forklock::renew`) — with the new credentials. False, with nothing done, if
+    /// something still uses it (then it is only retired, as before).
+    pub fn abandon_for_new_credentials(&'static self) -> bool {
+        let idle = lock(&self.streams_by_qp).is_empty()
+            && lock(&self.streams_by_token).is_empty()
+            && lock(&self.listeners).is_empty()
+            && lock(&self.tended).is_empty()
+            && lock(&self.early).is_empty()
+            && lock(&self.moved).is_empty()
+            && lock(&self.resumes).is_idle()
+            && self.deferred.load(Acquire) == 0;
+        if !idle {
+            return false;
+        }
+        if self.helper.is_completed() {
+            self.stop_helper.store(true, Release);
+            self.wake();
+            if crate::sys::poll::poll_one_raw_full(self.exit_done_fd, libc::POLLIN, 2000) <= 0 {
+                log::warn!(
+                    "credentials change: the engine thread did not stop; keeping the engine"
+                );
+                return false;
+            }
+        }
+        if let Some(server) = &self.ipc {
+            server.forget_in_child(); // its requests are refused from now on
+        }
+        for fd in [self.epfd, self.wake_fd, self.exit_done_fd, self.ch.fd()] {
+            crate::sys::raw::close(fd);
+        }
+        // The old instance's device contexts stay open (a few fds): closing them would take
+        // calls into it, which the kernel refuses to the new credentials.
+        ENGINE.store(std::ptr::null_mut(), Release);
+        crate::forklock::renew();
+        rdma::ffi::renew();
+        true
     }
 
     /// The process is about to change its credentials: the engine makes nothing new from now

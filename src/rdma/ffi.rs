@@ -192,6 +192,15 @@ pub fn lib() -> Result<&'static Lib, Error> {
     }
 }
 
+/// The next [`lib`] loads a new instance of the libraries, in a new link-map namespace, as a
+/// fork child does: this process abandoned its engine after a credential change, and the
+/// instance it used holds device contexts the kernel refuses to the new credentials. Call
+/// only once nothing uses the old instance any more (its helper thread stopped).
+pub fn renew() {
+    LOAD_ERRNO.store(0, Ordering::Relaxed);
+    LIB_PID.store(0, Ordering::Release);
+}
+
 /// Whether the table is already loaded (never triggers loading).
 pub fn is_loaded() -> bool {
     !LIB.load(Ordering::Acquire).is_null()

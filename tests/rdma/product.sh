@@ -294,30 +294,74 @@ for _ in range(3000):            # a socket every 20 ms: the shim looks at each
     bg_stop drop
 }
 
-# A server that listens as root and then becomes nobody in the same process (lighttpd,
-# tinyproxy) loses its rdma_cm side: `rsock stat` says so for the listener and for what it
-# accepts, and the rsock client's connection goes over kernel TCP, its bytes intact.
-cell_listener_after_setuid() {
-    rs srv; bg srv $T "${RS[@]}" -- python3 -c '
+# The echo server of the two cells below: listens as root on ADDR PORT, writes its pid to
+# PIDFILE, serves BEFORE connections, drops root (setgroups, setgid, setuid: three calls, as
+# daemons do), then serves AFTER connections; each one echoed whole after the client's EOF,
+# and kept open (for `rsock stat`).
+SETUID_SERVER='
 import os, socket, sys
+addr, port, pidfile, before, after = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind((sys.argv[1], int(sys.argv[2]))); l.listen()
-open(sys.argv[3], "w").write(str(os.getpid()))
-os.setgid(65534); os.setuid(65534)
-c, _ = l.accept()
-data = b""
-while True:
-    b = c.recv(65536)
-    if not b: break
-    data += b
-c.sendall(data); c.shutdown(socket.SHUT_WR)
-import time; time.sleep(300)' "$A" "$PORT" "$CELL_DIR/srv.pid"
+l.bind((addr, port)); l.listen(16)
+kept = []
+def serve():
+    c, _ = l.accept()
+    kept.append(c)
+    data = b""
+    while True:
+        b = c.recv(65536)
+        if not b: break
+        data += b
+    c.sendall(data); c.shutdown(socket.SHUT_WR)
+open(pidfile, "w").write(str(os.getpid()))
+for _ in range(before): serve()
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+for _ in range(after): serve()
+import time; time.sleep(300)'
+
+# A daemon that listens as root and drops root before its first connection (lighttpd,
+# stunnel, tinyproxy, memcached -u) abandons the engine it listened with (the kernel refuses
+# its writes to the new credentials) and listens on RDMA again with a new one: the rsock
+# client's connection goes over RDMA, its bytes intact, and the listener says rdma+tcp.
+cell_listener_after_setuid() {
+    rs srv; bg srv $T "${RS[@]}" -- python3 -c "$SETUID_SERVER" "$A" "$PORT" "$CELL_DIR/srv.pid" 0 1
     wait_listen "$PORT" 60 srv || fail "server did not listen"
     wait_until 30 test -s srv.pid || fail "no pid file"
     wait_cond 60 "grep -q '^Uid:.65534' /proc/$(cat srv.pid)/status" || fail "the server did not become nobody"
+    # It listens on rdma_cm again at its next call (its accept).
+    wait_until 30 rdma_listening "$PORT" || fail "no rdma_cm listener on $PORT after the credential change"
     rs cli; bg_in cli $T "$DATA" "${RS[@]}" -- $NC -N "$A" "$PORT"
     expect_status cli 0
     soft expect_same_file "$DATA" cli.out
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==1' 'conns.tcp==0'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma==1' 'conns.tcp==0'
+    "$T_BIN" stat --dir "$CELL_DIR/srv" > srv.stat
+    sed 's/^/#   /' srv.stat | grep -E 'listening|fd '
+    grep -qE "listening on $A:$PORT  rdma\+tcp" srv.stat ||
+        fail "the listener is not on RDMA again: $(cat srv.stat)"
+    grep -q "listening on $A:$PORT over RDMA again, with the new credentials" srv.log ||
+        fail "the log does not say the listener is on RDMA again"
+    bg_stop srv
+    qps_released
+}
+
+# A server that changes its credentials with a connection of its engine still open cannot
+# abandon that engine: the listener loses its rdma_cm side, `rsock stat` says so for it and
+# for what it accepts, and the next rsock client's connection goes over kernel TCP, its
+# bytes intact.
+cell_listener_after_setuid_in_use() {
+    rs srv; bg srv $T "${RS[@]}" -- python3 -c "$SETUID_SERVER" "$A" "$PORT" "$CELL_DIR/srv.pid" 1 1
+    wait_listen "$PORT" 60 srv || fail "server did not listen"
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    rs cli; bg_in cli $T "$DATA" "${RS[@]}" -- $NC -N "$A" "$PORT"
+    expect_status cli 0
+    soft expect_same_file "$DATA" cli.out
+    wait_cond 60 "grep -q '^Uid:.65534' /proc/$(cat srv.pid)/status" || fail "the server did not become nobody"
+    rs cli2; bg_in cli2 $T "$DATA" "${RS[@]}" -- $NC -N "$A" "$PORT"
+    expect_status cli2 0
+    soft expect_same_file "$DATA" cli2.out
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==1'
+    soft expect_stats "$CELL_DIR/cli2" cli2 'conns.tcp==1' 'conns.rdma==0'
     "$T_BIN" stat --dir "$CELL_DIR/srv" > srv.stat
     sed 's/^/#   /' srv.stat | grep -E 'listening|fd '
     grep -qE "listening on $A:$PORT  tcp only \(rdma_unavailable: the process changed its credentials\)" srv.stat ||
@@ -330,7 +374,7 @@ import time; time.sleep(300)' "$A" "$PORT" "$CELL_DIR/srv.pid"
 
 # ---- run -----------------------------------------------------------------------------------------
 
-CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes log_after_setuid listener_after_setuid)
+CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes log_after_setuid listener_after_setuid listener_after_setuid_in_use)
 selected() {
     local p
     [ -z "$PATTERN" ] && return 0

@@ -130,6 +130,13 @@ pub struct Resumes {
     idle: usize,
 }
 
+impl Resumes {
+    /// No resume is waiting for a mover thread.
+    pub(in crate::engine) fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.idle == self.threads
+    }
+}
+
 /// Staying peer, mover thread: waits for the old QP to go quiet, connects a new QP to the
 /// taker with the resume hello, and swaps it in. A failure resets the stream.
 fn resume(engine: &'static Engine, s: Arc<Stream>, port: u16) {

@@ -49,6 +49,11 @@ impl Moved {
         self.by_token.remove(&token);
     }
 
+    /// No stream handed over is remembered (none may be asked about any more).
+    pub(in crate::engine) fn is_empty(&self) -> bool {
+        self.by_token.is_empty()
+    }
+
     pub(super) fn get(&self, token: u64, proof: c_int) -> Option<ipc::Owner> {
         let g = self.by_token.get(&token)?;
         (g.identity.is_some() && unix::file_identity(proof) == g.identity).then_some(g.to)
