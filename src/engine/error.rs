@@ -2,8 +2,7 @@
 //! (or just "why"), and says what it means for the program (an errno) and for the counters (a
 //! fallback [`Cause`]); docs/DESIGN.md, "Errors".
 
-use super::setup;
-use super::takeover::state::BadState;
+use super::handover_state::BadState;
 use crate::proto::{HelloError, MigrateError};
 use crate::rdma;
 use crate::stats::{Cause, Fallback};
@@ -78,10 +77,8 @@ impl Error {
     /// The fallback reason a connection this kept off RDMA is counted with, and its detail.
     pub fn cause(&self) -> Cause {
         match &self.why {
-            Why::Rdma(e) | Why::Event(_, e) => setup::cause_of(e),
-            Why::Errno(_) | Why::Io(_) => {
-                setup::cause_of(&rdma::Error::from_errno("", self.errno()))
-            }
+            Why::Rdma(e) | Why::Event(_, e) => cause_of(e),
+            Why::Errno(_) | Why::Io(_) => cause_of(&rdma::Error::from_errno("", self.errno())),
             Why::State(_) | Why::Migrate(_) | Why::Hello(_) | Why::Protocol(_) => {
                 Cause::errno(Fallback::BadHandshake, self.errno())
             }
@@ -156,6 +153,30 @@ impl From<HelloError> for Why {
     }
 }
 
+/// Why an active RDMA attempt failed, in the counters' terms, with its errno and rdma_cm
+/// event.
+pub(in crate::engine) fn cause_of(e: &rdma::Error) -> Cause {
+    let reason = match e.reason() {
+        rdma::Reason::NoRdma => Fallback::Unreachable,
+        rdma::Reason::Rejected => Fallback::Rejected,
+        rdma::Reason::Unreachable => Fallback::Unreachable,
+        rdma::Reason::Timeout => Fallback::Timeout,
+        rdma::Reason::Resources => Fallback::Resources,
+        rdma::Reason::BadHandshake => Fallback::BadHandshake,
+        rdma::Reason::Disconnected | rdma::Reason::Other => Fallback::Unreachable,
+    };
+    let event = e
+        .event()
+        .map(|(kind, status)| crate::stats::CmCode { kind, status });
+    Cause::new(
+        reason,
+        crate::stats::Detail::Failed {
+            errno: e.errno(),
+            event,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,14 +201,14 @@ mod tests {
         let r = rdma::Error::from_errno("rdma_resolve_addr", libc::EHOSTUNREACH);
         let e = Error::at("resolve")(r);
         assert_eq!(e.errno(), libc::EHOSTUNREACH);
-        assert_eq!(e.cause(), setup::cause_of(&r));
+        assert_eq!(e.cause(), cause_of(&r));
         let e = Error::at("export")(Why::Errno(libc::ENOMEM));
         assert_eq!(e.errno(), libc::ENOMEM);
         assert_eq!(
             e.cause(),
             Cause::new(
                 Fallback::Resources,
-                Detail::Failed {
+                crate::stats::Detail::Failed {
                     errno: libc::ENOMEM,
                     event: None
                 }

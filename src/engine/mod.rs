@@ -20,6 +20,7 @@
 mod device;
 mod error;
 mod exit;
+mod handover_state;
 mod helper;
 mod holders;
 pub mod ipc;
@@ -33,6 +34,7 @@ mod requests;
 mod setup;
 mod singleton;
 mod spin;
+mod steps;
 pub mod stream;
 mod tags;
 mod takeover;

@@ -7,69 +7,19 @@
 //! ESTABLISHED arrives. A foreign or incompatible peer is refused: a client gets a reject
 //! with our Reject message (or none, for a foreign magic) and the program falls back to TCP.
 
+use super::steps::Steps;
 use super::stream::{Parts, Stream};
 use super::Engine;
 use crate::proto::{self, Hello, HelloError, HelloKind, Reject, RejectReason};
 use crate::rdma::{
     self, Access, CmEvent, ConnParam, Device, EventKind, Pd, QpCaps, Reason, RegBuf,
 };
-use crate::stats::{Cause, CmCode, Detail, Fallback};
+use crate::stats::{Cause, Fallback};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The time each step of one connection's setup took, for the debug log (nothing is
-/// measured while debug logging is off).
-pub(super) struct Steps(Option<(Instant, Instant, String)>);
-
-impl Steps {
-    pub(super) fn start() -> Steps {
-        Steps(log::log_enabled!(log::Level::Debug).then(|| {
-            let t = Instant::now();
-            (t, t, String::new())
-        }))
-    }
-
-    /// `step` ended now.
-    pub(super) fn mark(&mut self, step: &str) {
-        if let Some((_, last, out)) = &mut self.0 {
-            let now = Instant::now();
-            let _ = std::fmt::Write::write_fmt(
-                out,
-                format_args!(" {step} {}us", (now - *last).as_micros()),
-            );
-            *last = now;
-        }
-    }
-
-    pub(super) fn log(&self, what: std::fmt::Arguments<'_>) {
-        if let Some((t0, _, out)) = &self.0 {
-            log::debug!("{what} in {}us:{out}", t0.elapsed().as_micros());
-        }
-    }
-}
-
-/// Why an active RDMA attempt failed, in the counters' terms, with its errno and rdma_cm
-/// event.
-pub(super) fn cause_of(e: &rdma::Error) -> Cause {
-    let reason = match e.reason() {
-        Reason::NoRdma => Fallback::Unreachable,
-        Reason::Rejected => Fallback::Rejected,
-        Reason::Unreachable => Fallback::Unreachable,
-        Reason::Timeout => Fallback::Timeout,
-        Reason::Resources => Fallback::Resources,
-        Reason::BadHandshake => Fallback::BadHandshake,
-        Reason::Disconnected | Reason::Other => Fallback::Unreachable,
-    };
-    let event = e.event().map(|(kind, status)| CmCode { kind, status });
-    Cause::new(
-        reason,
-        Detail::Failed {
-            errno: e.errno(),
-            event,
-        },
-    )
-}
+pub(super) use super::error::cause_of;
 
 /// The cause of a connect answered by `ev` with `reason`.
 fn cause_of_event(reason: Fallback, ev: &rdma::CmEvent) -> Cause {

@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::negcache::NegCache;
 use crate::rdma::{self, EventChannel};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
@@ -123,20 +123,9 @@ pub fn before_fork() {
     streams.iter().for_each(|s| s.share());
 }
 
-/// When this process was forked (`CLOCK_MONOTONIC` µs; 0: not a fork child), for the
-/// take-over's debug log: the time from the fork to a stream's hand-over is what a forking
-/// server's connection pays.
-static FORKED_AT_US: AtomicI64 = AtomicI64::new(0);
-
-/// Microseconds since this process was forked, if it is a fork child.
-pub(super) fn us_since_fork() -> Option<i64> {
-    let at = FORKED_AT_US.load(Relaxed);
-    (at != 0).then(|| crate::sys::poll::monotonic_us() - at)
-}
-
 /// In a fork child: the parent's streams are not this process's to drive or wait for.
 pub fn after_fork_child() {
-    FORKED_AT_US.store(crate::sys::poll::monotonic_us(), Relaxed);
+    super::steps::forked_now();
     ACTIVE_STREAMS.store(0, Relaxed);
     stream::TIMED.store(0, Relaxed); // the parent's timed streams are not ticked here
     stream::WATCHED.store(0, Relaxed);
@@ -162,7 +151,7 @@ fn pinned_limit(mb: Option<u32>) -> usize {
 
 impl Engine {
     fn new() -> Result<Engine, rdma::Error> {
-        let mut steps = super::setup::Steps::start();
+        let mut steps = super::steps::Steps::start();
         rdma::ffi::lib()?;
         steps.mark("libraries");
         rdma::mr::set_pinned_limit(pinned_limit(Config::get().max_pinned_mb));

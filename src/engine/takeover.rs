@@ -13,16 +13,16 @@
 //!
 //! Here: the taker's side. Beside it: `owner.rs` (the old owner's answers, and where the
 //! streams it handed over went), `mover.rs` (the threads that run what waits on a remote
-//! peer: the peer's resume, and a reclaim), `state.rs` (the state passed from one to the
-//! other).
+//! peer: the peer's resume, and a reclaim), `../handover_state.rs` (the state passed from
+//! one to the other).
 
 mod mover;
 mod owner;
-pub(super) mod state;
 pub use mover::Resumes;
 pub use owner::Moved;
 
 use super::error::{Error, Why};
+use super::handover_state::{BadState, Exported};
 use super::ipc::{self, Reply, Request};
 use super::lock;
 use super::setup::{self, BufSizes};
@@ -91,7 +91,7 @@ impl Inherited {
 /// Taker: takes the stream `st` (whose A this process holds as `fd`) over from its owner.
 /// On success the stream is this process's own, on the same doorbell.
 pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError> {
-    let mut steps = setup::Steps::start();
+    let mut steps = super::steps::Steps::start();
     let refused = |step| move |e: rdma::Error| TakeError::Refused(Error::at(step)(e));
     let unavailable = |why| TakeError::Refused(Why::Unavailable(why).into());
     // Before the engine: making one (its own RDMA libraries, the device) is most of a
@@ -197,7 +197,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
             }
         };
         // At most what the state can hold: the header and two buffers of the sizes agreed.
-        let most = state::Exported::HEAD + (m.ring.len() + m.send.len());
+        let most = Exported::HEAD + (m.ring.len() + m.send.len());
         let state = unix::read_file(memfd, most);
         raw::close(memfd);
         let state = state.map_err(Error::at("export"))?;
@@ -257,7 +257,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         "rdma stream {} -> {}: take-over, {}us after the fork,",
         s.local,
         s.peer,
-        super::singleton::us_since_fork().unwrap_or(-1)
+        super::steps::us_since_fork().unwrap_or(-1)
     ));
     Ok(s)
 }
@@ -295,7 +295,7 @@ fn restore(
     m: &mut setup::Memory,
     peer: &Hello,
 ) -> Result<(proto::Conn, proto::Readiness), Error> {
-    let x = state::Exported::decode(state).map_err(Error::at("export"))?;
+    let x = Exported::decode(state).map_err(Error::at("export"))?;
     let conn = proto::Conn::from_handover(&m.cfg, &x.handover, peer).map_err(Error::at("state"))?;
     scatter(m.ring.as_mut_slice(), conn.readable_ranges(), &x.unread)?;
     scatter(m.send.as_mut_slice(), conn.unsent_ranges(), &x.unsent)?;
@@ -308,13 +308,13 @@ fn scatter(buf: &mut [u8], ranges: [Range<usize>; 2], bytes: &[u8]) -> Result<()
     for r in ranges {
         let n = r.len();
         let (Some(to), Some(from)) = (buf.get_mut(r), bytes.get(at..at + n)) else {
-            return Err(Error::at("export")(state::BadState::Missing));
+            return Err(Error::at("export")(BadState::Missing));
         };
         to.copy_from_slice(from);
         at += n;
     }
     if at != bytes.len() {
-        return Err(Error::at("export")(state::BadState::Trailing));
+        return Err(Error::at("export")(BadState::Trailing));
     }
     Ok(())
 }

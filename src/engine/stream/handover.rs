@@ -4,8 +4,8 @@
 //! (ipc, listeners, threads) is in `engine/takeover.rs`.
 
 use super::Stream;
+use crate::engine::handover_state::Exported;
 use crate::engine::ipc::Owner;
-use crate::engine::takeover::state::Exported;
 use crate::proto::{self, Hello};
 use crate::rdma::{self, Pd, QpCaps};
 use libc::c_int;
