@@ -180,7 +180,6 @@ pub(in crate::engine) fn cause_of(e: &rdma::Error) -> Cause {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::Detail;
 
     #[test]
     fn told_as_step_then_why() {
