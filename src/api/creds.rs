@@ -10,7 +10,8 @@
 //! - the engine makes nothing new (`engine::for_new`): later connections use kernel TCP.
 //!
 //! Unless nothing of the engine is in use but listeners — a daemon that listens as root and
-//! drops root before its first connection (lighttpd, stunnel, tinyproxy, memcached `-u`):
+//! drops root before its first connection (memcached `-u`, tinyproxy, stunnel; not on a
+//! privileged port, which rdma_cm refuses to the new credentials):
 //! then the engine is abandoned, and at the process's next socket or wait call
 //! ([`relisten_if_pending`]) a new one, made with the new credentials, listens on RDMA
 //! again for those listeners. Not at once: daemons change groups, gid and uid in three calls,
@@ -26,7 +27,7 @@ use crate::engine;
 use crate::fdtable;
 use crate::guard;
 use crate::socket::{Attachment, SocketState};
-use crate::stats::Detail;
+use crate::stats::{Cause, Detail, Fallback};
 use crate::sys::{fcntl, real};
 use libc::{c_int, gid_t, size_t, uid_t};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -135,7 +136,7 @@ fn relisten() {
             let bound = super::ownership::local_addr(fd);
             match super::dual::rdma_listen(fd, backlog) {
                 Ok((engine, local, rl)) => {
-                    s.set_tcp_only(crate::stats::Cause::NONE);
+                    s.set_tcp_only(Cause::NONE);
                     super::dual::start_dual(&s, fd, engine, local, rl, backlog);
                     if let Some(Attachment::Listener(l)) = s.attachment() {
                         s.set_blocking_accept(false); // the doorbell blocks as asked
@@ -145,10 +146,20 @@ fn relisten() {
                     }
                 }
                 Err(why) => {
-                    log::info!(
-                        "fd {fd}: still kernel TCP only after the credential change: {why:?}"
-                    );
-                    s.set_tcp_only(why);
+                    let port = bound
+                        .get(2..4)
+                        .map_or(0, |p| u16::from_be_bytes([p[0], p[1]]));
+                    if port < 1024 {
+                        // rdma_cm, like the kernel's TCP, lets only CAP_NET_BIND_SERVICE
+                        // listen on a privileged port, and root's was dropped with root.
+                        log::info!("fd {fd}: kernel TCP only: port {port} is privileged, and rdma_cm refuses it to this process's new credentials (listen on a port >= 1024, or keep CAP_NET_BIND_SERVICE)");
+                    } else {
+                        log::info!("fd {fd}: kernel TCP only after the credential change: {why}");
+                    }
+                    s.set_tcp_only(Cause::new(
+                        Fallback::RdmaUnavailable,
+                        Detail::CredentialsChanged,
+                    ));
                 }
             }
             s.listening(fd, &bound);

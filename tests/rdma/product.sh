@@ -345,6 +345,28 @@ cell_listener_after_setuid() {
     qps_released
 }
 
+# The same daemon on a privileged port: rdma_cm, like TCP, lets only CAP_NET_BIND_SERVICE
+# listen there, so the listener stays on kernel TCP after the drop (the log says why) and
+# the rsock client's connection goes over kernel TCP, its bytes intact.
+cell_listener_after_setuid_privileged() {
+    local port=$((900 + RANDOM % 100))
+    rs srv; bg srv $T "${RS[@]}" -- python3 -c "$SETUID_SERVER" "$A" "$port" "$CELL_DIR/srv.pid" 0 1
+    wait_listen "$port" 60 srv || fail "server did not listen"
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    wait_cond 60 "grep -q '^Uid:.65534' /proc/$(cat srv.pid)/status" || fail "the server did not become nobody"
+    rs cli; bg_in cli $T "$DATA" "${RS[@]}" -- $NC -N "$A" "$port"
+    expect_status cli 0
+    soft expect_same_file "$DATA" cli.out
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.tcp==1' 'conns.rdma==0'
+    grep -q "port $port is privileged, and rdma_cm refuses it" srv.log ||
+        fail "the log does not say why the listener stays on kernel TCP: $(grep -i 'tcp only' srv.log)"
+    "$T_BIN" stat --dir "$CELL_DIR/srv" > srv.stat
+    grep -qE "listening on $A:$port  tcp only \(rdma_unavailable: the process changed its credentials\)" srv.stat ||
+        fail "the listener does not say it lost RDMA: $(cat srv.stat)"
+    bg_stop srv
+    qps_released
+}
+
 # A server that changes its credentials with a connection of its engine still open cannot
 # abandon that engine: the listener loses its rdma_cm side, `rsock stat` says so for it and
 # for what it accepts, and the next rsock client's connection goes over kernel TCP, its
@@ -374,7 +396,7 @@ cell_listener_after_setuid_in_use() {
 
 # ---- run -----------------------------------------------------------------------------------------
 
-CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes log_after_setuid listener_after_setuid listener_after_setuid_in_use)
+CELLS=(rules_port_split run_no_rdma stat_watch stat_other_user check stat_causes log_after_setuid listener_after_setuid listener_after_setuid_privileged listener_after_setuid_in_use)
 selected() {
     local p
     [ -z "$PATTERN" ] && return 0
