@@ -13,8 +13,8 @@
 //! (recv, send, shutdown), `close.rs` (calls in progress, close, teardown), `port.rs` (the
 //! seam: what a stream needs of its QP and of whoever polls its completions), `wait.rs`
 //! (spinning and sleeping), `options.rs` (timeouts, keepalive), `handover.rs` (moving
-//! between processes), `mem.rs`, `tests.rs`, `props.rs` (the in-memory port and the
-//! in-process tests).
+//! between processes), `life.rs` (where it is in its life), `mem.rs`, `tests.rs`,
+//! `props.rs`, `life_tests.rs` (the in-memory port and the in-process tests).
 
 mod close;
 mod completions;
@@ -23,6 +23,8 @@ mod grow;
 mod handover;
 mod io;
 mod life;
+#[cfg(test)]
+mod life_tests;
 #[cfg(test)]
 mod mem;
 mod options;

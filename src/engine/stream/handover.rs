@@ -3,7 +3,7 @@
 //! the staying peer it swaps its old QP for the one its resume made. The orchestration
 //! (ipc, listeners, threads) is in `engine/takeover.rs`.
 
-use super::Stream;
+use super::{Port, Region, Stream};
 use crate::engine::handover_state::Exported;
 use crate::engine::ipc::Owner;
 use crate::proto::{self, Hello};
@@ -12,7 +12,7 @@ use libc::c_int;
 use std::sync::Arc;
 use std::time::Instant;
 
-impl Stream {
+impl<P: Port> Stream<P> {
     /// Old owner: starts handing the stream to a taker listening on `port` (MIGRATE goes out
     /// now), who has until `deadline` to ask for the state. Refused (EBUSY) while this
     /// process's program is in a call on it, while it is relayed to another process, while
@@ -84,7 +84,9 @@ impl Stream {
     pub(in crate::engine) fn quiesced(&self) -> bool {
         self.lock().proto.ready_to_resume()
     }
+}
 
+impl Stream {
     /// Staying peer: what a new QP for the resume needs — the connection's PD (its ring and
     /// send buffer stay registered there), the old QP's queue sizes, and the resume hello.
     /// The old QP's rdma_cm events are ignored from now (its id's token is cleared).

@@ -314,6 +314,8 @@ pub struct MemPort {
     sleepers: AtomicUsize,
     /// Sleeps that found the stream ready only when their bound ran out (`Port::count_sleep`).
     woke_late: AtomicUsize,
+    /// The port the peer said it moves to (`Port::peer_moving`), 0 if none.
+    peer_moving_to: AtomicUsize,
 }
 
 impl MemPort {
@@ -332,6 +334,12 @@ impl MemPort {
     /// Lost wake-ups of this end's waits (sleeps that ended at their bound, stream ready).
     pub fn woke_late(&self) -> usize {
         self.woke_late.load(SeqCst)
+    }
+
+    /// The port the peer said it moves to (MIGRATE), if it did.
+    pub fn peer_moving_to(&self) -> Option<u16> {
+        let p = self.peer_moving_to.load(SeqCst);
+        (p != 0).then_some(p as u16)
     }
 
     /// The peer's host vanishes: its QP stops answering, and no disconnect is heard.
@@ -411,8 +419,10 @@ impl Port for MemPort {
 
     fn ensure_helper(&self) {}
 
-    fn peer_moving(&self, _: u64, _: u16) -> bool {
-        false
+    fn peer_moving(&self, _: u64, port: u16) -> bool {
+        // Noted for the test, which plays the engine's resume (or its absence).
+        self.peer_moving_to.store(usize::from(port), SeqCst);
+        true
     }
 }
 
@@ -478,6 +488,7 @@ pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<
             demand: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             woke_late: AtomicUsize::new(0),
+            peer_moving_to: AtomicUsize::new(0),
         });
         let owner = Owner {
             pid: crate::sys::raw::pid(),

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-type S = Arc<Stream<MemPort>>;
+pub(super) type S = Arc<Stream<MemPort>>;
 
-fn small() -> Config {
+pub(super) fn small() -> Config {
     Config {
         ring_size: 4096,
         recv_credits: 16,
@@ -25,23 +25,23 @@ fn small() -> Config {
     }
 }
 
-fn send(s: &S, data: &[u8], flags: c_int) -> Result<usize, c_int> {
+pub(super) fn send(s: &S, data: &[u8], flags: c_int) -> Result<usize, c_int> {
     s.send(&[IoSlice::new(data)], flags, None)
 }
 
-fn recv(s: &S, buf: &mut [u8], flags: c_int) -> Result<usize, c_int> {
+pub(super) fn recv(s: &S, buf: &mut [u8], flags: c_int) -> Result<usize, c_int> {
     s.recv(&mut [IoSliceMut::new(buf)], flags, None)
 }
 
 /// Deterministic, position-dependent bytes (a shifted or repeated chunk shows).
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
         .collect()
 }
 
 /// Reads until end of stream.
-fn read_to_end(s: &S) -> Vec<u8> {
+pub(super) fn read_to_end(s: &S) -> Vec<u8> {
     let mut out = Vec::new();
     let mut buf = vec![0; 1500];
     loop {
@@ -53,7 +53,7 @@ fn read_to_end(s: &S) -> Vec<u8> {
     }
 }
 
-fn poll_flags(s: &S) -> i16 {
+pub(super) fn poll_flags(s: &S) -> i16 {
     let mut p = libc::pollfd {
         fd: s.bell().app_fd(),
         events: libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
@@ -66,7 +66,7 @@ fn poll_flags(s: &S) -> i16 {
 
 /// Plays the engine's helper thread for `streams`: handles their completions until
 /// stopped (the program's own thread handles them only while it waits in a call).
-fn helper(streams: &[&S]) -> (Arc<AtomicBool>, thread::JoinHandle<()>) {
+pub(super) fn helper(streams: &[&S]) -> (Arc<AtomicBool>, thread::JoinHandle<()>) {
     let stop = Arc::new(AtomicBool::new(false));
     let (streams, flag) = (
         streams.iter().map(|s| (*s).clone()).collect::<Vec<_>>(),
