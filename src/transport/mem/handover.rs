@@ -70,9 +70,7 @@ impl Pair {
         let accept = Hello::parse_kind(&accept.to_bytes(), HelloKind::Accept).expect("accept");
         peer.conn.resume(&accept).map_err(Fault::Migrate)?;
         // A new queue pair: fresh receives, nothing outstanding.
-        peer.posted_recvs = peer.config.recv_credits;
-        peer.recv_cq.clear();
-        peer.send_cq.clear();
+        peer.qp = super::Qp::new(peer.config.recv_credits);
         peer.outstanding = 0;
         peer.drain_events();
         Ok(Pair {

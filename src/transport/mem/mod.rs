@@ -1,18 +1,23 @@
 //! An in-memory transport: a [`Pair`] of connections whose work requests are executed by
 //! copying between `Vec<u8>` buffers, one explicit step at a time.
 //!
-//! It models what the protocol relies on from an RC queue pair: writes on one QP land in order,
-//! a WRITE_WITH_IMM consumes one posted receive (none posted = RNR, reported as a fault rather
-//! than retried) and its receive completion reports the write's length (`byte_len`), a non-inline payload is read from the send buffer when it is delivered (so
-//! early reuse of send-buffer space corrupts the stream, as on hardware), and a signaled
-//! completion arrives only after delivery. Receive completions, send completions and deliveries
-//! are separate queues, so a test chooses any interleaving.
+//! What an RC queue pair does is [`fabric`]'s, shared with the stream's in-memory port
+//! (engine/stream/mem.rs): writes land in order, a WRITE_WITH_IMM consumes one posted
+//! receive and reports the write's length, a signaled completion arrives only after
+//! delivery, a QP in error flushes. Here, a write that would fail on hardware (RNR, outside
+//! the peer's ring) is reported as a [`Fault`] rather than as an error completion, and a
+//! non-inline payload is read from the send buffer when it is delivered (so early reuse of
+//! send-buffer space corrupts the stream, as on hardware). Deliveries, receive completions
+//! and send completions are taken one at a time, so a test chooses any interleaving.
 //!
 //! It also checks what real hardware would not: every written byte must lie in ring space the
-//! receiver has granted ([`Fault::OutsideGrant`]). It does not model latency, loss (RC has
-//! none) or multiple QPs.
+//! receiver has granted ([`Fault::OutsideGrant`]), credits are returned once, the send queue
+//! does not overflow. It does not model latency, loss (RC has none) or multiple QPs.
 
+pub mod fabric;
 mod handover;
+
+use fabric::{Cqe, Landing, Qp, Wr, WrError};
 
 use std::collections::VecDeque;
 
@@ -68,12 +73,6 @@ struct InFlight {
     inline_payload: Option<Vec<u8>>,
 }
 
-#[derive(Debug, Clone, Copy, Hash)]
-enum Completion {
-    Ok(crate::proto::WrId),
-    Err,
-}
-
 /// One end: a connection plus the memory and queues a driver would own.
 #[derive(Debug, Clone, Hash)]
 pub struct Endpoint {
@@ -91,10 +90,8 @@ pub struct Endpoint {
     /// A bigger send buffer waiting for the old one to drain.
     next_send: Option<Vec<u8>>,
     config: Config,
-    posted_recvs: u32,
-    /// Receive completions: the immediate and the length of the write that carried it.
-    recv_cq: VecDeque<(u32, u32)>,
-    send_cq: VecDeque<Completion>,
+    /// Its queue pair: completions, posted receives, state.
+    qp: Qp,
     /// Writes posted and not yet delivered (the wire towards the peer).
     wire: VecDeque<InFlight>,
     /// Work requests posted and not yet retired by a completion handed to the core.
@@ -103,7 +100,6 @@ pub struct Endpoint {
     /// Shadow of which ring bytes the peer may write, maintained from the credits on the wire.
     granted: Vec<bool>,
     grant_cursor: usize,
-    fail_next: bool,
     /// Every event the connection reported, in order.
     pub events: Vec<Event>,
 }
@@ -117,15 +113,12 @@ impl Endpoint {
             ring_rkey,
             next_ring: None,
             next_send: None,
-            posted_recvs: config.recv_credits,
-            recv_cq: VecDeque::new(),
-            send_cq: VecDeque::new(),
+            qp: Qp::new(config.recv_credits),
             wire: VecDeque::new(),
             outstanding: 0,
             posted: 0,
             granted: vec![true; config.ring_size as usize],
             grant_cursor: 0,
-            fail_next: false,
             events: Vec::new(),
             config,
         }
@@ -143,12 +136,12 @@ impl Endpoint {
 
     /// Receive completions not yet handed to the connection.
     pub fn pending_recvs(&self) -> usize {
-        self.recv_cq.len()
+        self.qp.pending(true)
     }
 
     /// Send completions not yet handed to the connection.
     pub fn pending_completions(&self) -> usize {
-        self.send_cq.len()
+        self.qp.pending(false)
     }
 
     fn drain_events(&mut self) {
@@ -317,18 +310,22 @@ impl Pair {
 
     /// Makes the next write posted by `from` fail: it and everything behind it complete in
     /// error and nothing reaches the peer (an RC QP in the error state).
+    /// (The QP goes to the error state now; the peer's writes to it fail too.)
     pub fn fail_next_delivery(&mut self, from: Side) {
-        self.ep_mut(from).fail_next = true;
+        self.ep_mut(from).qp.error = true;
     }
 
     /// Breaks the connection as a lost link would: every write in flight either way completes
-    /// in error, later writes fail, and both connections hear of the disconnect.
+    /// in error, later writes fail, posted receives flush, and both connections hear of the
+    /// disconnect.
     pub fn disconnect(&mut self) {
+        self.a.qp.disconnect(&mut self.b.qp);
+        self.b.qp.disconnect(&mut self.a.qp);
         for ep in [&mut self.a, &mut self.b] {
-            ep.fail_next = true;
-            for _ in ep.wire.drain(..) {
-                ep.send_cq.push_back(Completion::Err);
+            for f in ep.wire.drain(..) {
+                ep.qp.flush(f.write.wr_id.0);
             }
+            ep.qp.tell_disconnect = false; // told here
             ep.conn.handle_disconnect();
             ep.drain_events();
         }
@@ -341,72 +338,60 @@ impl Pair {
         let Some(f) = src.wire.pop_front() else {
             return Ok(false);
         };
-        if src.fail_next {
-            src.send_cq.push_back(Completion::Err);
-            for _ in src.wire.drain(..) {
-                src.send_cq.push_back(Completion::Err);
-            }
-            return Ok(true);
-        }
         let w = f.write;
-        let remote_end = w.remote_offset as usize + w.len as usize;
-        // The write names its ring by rkey: the current one or one offered to grow into.
-        let (ring, granted) = match &mut dst.next_ring {
-            Some((ring, rkey, granted)) if *rkey == w.rkey => (ring, granted),
-            _ if w.rkey == dst.ring_rkey => (&mut dst.ring, &mut dst.granted),
-            _ if w.len == 0 => (&mut dst.ring, &mut dst.granted), // a control: no access
-            _ => {
+        let wr = Wr {
+            wr_id: w.wr_id.0,
+            rkey: w.rkey,
+            offset: u64::from(w.remote_offset),
+            len: w.len,
+            imm: w.imm,
+            signaled: w.signaled,
+        };
+        let local = w.local_offset as usize..w.local_offset as usize + w.len as usize;
+        let mut mem = Rings {
+            ring: &mut dst.ring,
+            rkey: dst.ring_rkey,
+            granted: &mut dst.granted,
+            next: &mut dst.next_ring,
+            payload: match &f.inline_payload {
+                Some(p) => p,
+                None => src.send_buf.get(local).unwrap_or_default(),
+            },
+            check,
+        };
+        match src.qp.execute(&mut dst.qp, &wr, &mut mem) {
+            Ok(()) => {}
+            // The QP is in error: this and everything behind it complete flushed.
+            Err(WrError::Flushed | WrError::RetryExceeded) => {
+                for f in src.wire.drain(..) {
+                    src.qp.flush(f.write.wr_id.0);
+                }
+                return Ok(true);
+            }
+            Err(WrError::RemoteAccess) => {
                 return Err(Fault::OutOfBounds {
                     side: from,
                     write: w,
                 })
             }
-        };
-        if w.len > 0 && remote_end > ring.len() {
-            return Err(Fault::OutOfBounds {
-                side: from,
-                write: w,
-            });
+            Err(WrError::OutsideGrant) => {
+                return Err(Fault::OutsideGrant {
+                    side: from,
+                    write: w,
+                })
+            }
+            Err(WrError::Rnr) => return Err(Fault::Rnr { side: from.peer() }),
         }
-        if w.len > 0 {
-            let range = w.remote_offset as usize..remote_end;
-            if check {
-                if !granted[range.clone()].iter().all(|&g| g) {
-                    return Err(Fault::OutsideGrant {
-                        side: from,
-                        write: w,
-                    });
+        // Credits returned by `from` re-grant the oldest consumed bytes of its own ring.
+        if let (true, Some(Ok(Imm::Credit { bytes, .. }))) = (check, w.imm.map(Imm::decode)) {
+            for _ in 0..bytes {
+                let i = src.grant_cursor;
+                if src.granted[i] {
+                    return Err(Fault::DoubleGrant { side: from });
                 }
-                granted[range.clone()].fill(false);
+                src.granted[i] = true;
+                src.grant_cursor = (i + 1) % src.granted.len();
             }
-            match &f.inline_payload {
-                Some(p) => ring[range].copy_from_slice(p),
-                None => {
-                    let local = w.local_offset as usize..w.local_offset as usize + w.len as usize;
-                    ring[range].copy_from_slice(&src.send_buf[local]);
-                }
-            }
-        }
-        if let Some(imm) = w.imm {
-            if dst.posted_recvs == 0 {
-                return Err(Fault::Rnr { side: from.peer() });
-            }
-            dst.posted_recvs -= 1;
-            dst.recv_cq.push_back((imm, w.len));
-            // Credits returned by `from` re-grant the oldest consumed bytes of its own ring.
-            if let (true, Ok(Imm::Credit { bytes, .. })) = (check, Imm::decode(imm)) {
-                for _ in 0..bytes {
-                    let i = src.grant_cursor;
-                    if src.granted[i] {
-                        return Err(Fault::DoubleGrant { side: from });
-                    }
-                    src.granted[i] = true;
-                    src.grant_cursor = (i + 1) % src.granted.len();
-                }
-            }
-        }
-        if w.signaled {
-            src.send_cq.push_back(Completion::Ok(w.wr_id));
         }
         Ok(true)
     }
@@ -414,11 +399,14 @@ impl Pair {
     /// Hands `side`'s oldest receive completion to its connection and reposts the receive.
     pub fn recv(&mut self, side: Side) -> Result<bool, Fault> {
         let ep = self.ep_mut(side);
-        let Some((imm, byte_len)) = ep.recv_cq.pop_front() else {
+        let Some(c) = ep.qp.take(true) else {
             return Ok(false);
         };
+        let Cqe::Recv { imm, byte_len } = c else {
+            return Ok(true); // flushed: no immediate, nothing to repost
+        };
         let r = ep.conn.handle_imm(imm, byte_len);
-        ep.posted_recvs += 1;
+        ep.qp.recvs += 1;
         ep.drain_events();
         r.map(|()| true)
             .map_err(|error| Fault::Protocol { side, error })
@@ -427,17 +415,17 @@ impl Pair {
     /// Hands `side`'s oldest send completion to its connection.
     pub fn complete(&mut self, side: Side) -> bool {
         let ep = self.ep_mut(side);
-        let Some(c) = ep.send_cq.pop_front() else {
+        let Some(c) = ep.qp.take(false) else {
             return false;
         };
         match c {
-            Completion::Ok(id) => {
+            Cqe::Sent { wr_id } => {
                 ep.conn
-                    .handle_send_complete(id)
+                    .handle_send_complete(crate::proto::WrId(wr_id))
                     .expect("completion for a posted WR");
-                ep.outstanding = ep.posted - (id.0 + 1).min(ep.posted);
+                ep.outstanding = ep.posted - (wr_id + 1).min(ep.posted);
             }
-            Completion::Err => ep.conn.handle_send_error(),
+            _ => ep.conn.handle_send_error(),
         }
         ep.drain_events();
         true
@@ -453,8 +441,8 @@ impl Pair {
     /// bytes with immediate `imm` (the bytes themselves are not written).
     pub fn inject_write(&mut self, side: Side, imm: u32, byte_len: u32) {
         let ep = self.ep_mut(side);
-        ep.posted_recvs = ep.posted_recvs.saturating_sub(1);
-        ep.recv_cq.push_back((imm, byte_len));
+        ep.qp.recvs = ep.qp.recvs.saturating_sub(1);
+        ep.qp.cq.push_back(Cqe::Recv { imm, byte_len });
     }
 
     /// One round of every step on both sides; returns whether anything happened.
@@ -492,11 +480,11 @@ impl Pair {
     // ---- invariants -----------------------------------------------------------------------
 
     /// Checks exact credit conservation in both directions and the posted-receive count.
-    /// Skipped for a direction once either end is reset or failed.
+    /// Skipped for a direction once either end is reset or failed, or its QP is in error.
     pub fn check_invariants(&self) -> Result<(), String> {
         for from in [Side::A, Side::B] {
             let (x, y) = (self.ep(from), self.ep(from.peer()));
-            if x.conn.error().is_some() || y.conn.error().is_some() {
+            if x.conn.error().is_some() || y.conn.error().is_some() || x.qp.error || y.qp.error {
                 continue;
             }
             if x.conn.state() == crate::proto::State::Reset
@@ -508,11 +496,14 @@ impl Pair {
             // Credits from y to x still travelling: on y's wire or in x's receive queue.
             let mut credit_bytes = 0u64;
             let mut credit_wrs = 0u64;
-            let travelling = y
-                .wire
-                .iter()
-                .filter_map(|f| f.write.imm)
-                .chain(x.recv_cq.iter().map(|&(imm, _)| imm));
+            let travelling =
+                y.wire
+                    .iter()
+                    .filter_map(|f| f.write.imm)
+                    .chain(x.qp.cq.iter().filter_map(|c| match c {
+                        Cqe::Recv { imm, .. } => Some(*imm),
+                        _ => None,
+                    }));
             for imm in travelling {
                 if let Ok(Imm::Credit { wrs, bytes }) = Imm::decode(imm) {
                     credit_bytes += u64::from(bytes);
@@ -529,7 +520,7 @@ impl Pair {
                 ));
             }
             let imms_to_y = x.wire.iter().filter(|f| f.write.imm.is_some()).count() as u64
-                + y.recv_cq.len() as u64;
+                + y.qp.pending(true) as u64;
             let total =
                 u64::from(cx.tx_wr_credits) + imms_to_y + u64::from(cy.rx_wrs_pending) + credit_wrs;
             if total != u64::from(y.config.recv_credits) {
@@ -542,8 +533,7 @@ impl Pair {
                     y.config.recv_credits
                 ));
             }
-            if u64::from(y.posted_recvs) + y.recv_cq.len() as u64
-                != u64::from(y.config.recv_credits)
+            if u64::from(y.qp.recvs) + y.qp.pending(true) as u64 != u64::from(y.config.recv_credits)
             {
                 return Err(format!("{:?} posted receives out of step", from.peer()));
             }
@@ -559,5 +549,50 @@ impl Pair {
             }
         }
         Ok(())
+    }
+}
+
+/// The receiving end's rings as a write lands in them (the current one, or one offered to
+/// grow into, by rkey), checked against its grants.
+struct Rings<'a> {
+    ring: &'a mut Vec<u8>,
+    rkey: u32,
+    granted: &'a mut Vec<bool>,
+    next: &'a mut Option<(Vec<u8>, u32, Vec<bool>)>,
+    payload: &'a [u8],
+    check: bool,
+}
+
+impl Rings<'_> {
+    fn by_key(&mut self, rkey: u32) -> Option<(&mut Vec<u8>, &mut Vec<bool>)> {
+        match self.next {
+            Some((ring, k, granted)) if *k == rkey => Some((ring, granted)),
+            _ if rkey == self.rkey => Some((&mut *self.ring, &mut *self.granted)),
+            _ => None,
+        }
+    }
+}
+
+impl Landing for Rings<'_> {
+    fn ring_len(&self, rkey: u32) -> Option<usize> {
+        match &*self.next {
+            Some((ring, k, _)) if *k == rkey => Some(ring.len()),
+            _ => (rkey == self.rkey).then_some(self.ring.len()),
+        }
+    }
+
+    fn land(&mut self, rkey: u32, at: core::ops::Range<usize>) -> bool {
+        let (check, payload) = (self.check, self.payload);
+        let Some((ring, granted)) = self.by_key(rkey) else {
+            return false;
+        };
+        if check {
+            if !granted[at.clone()].iter().all(|&g| g) {
+                return false;
+            }
+            granted[at.clone()].fill(false);
+        }
+        ring[at].copy_from_slice(payload);
+        true
     }
 }
