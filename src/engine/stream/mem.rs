@@ -3,10 +3,12 @@
 //! would produce. It lets the real stream code — reads, writes, waits, the doorbell,
 //! teardown — run in `cargo test` (stream/tests.rs).
 //!
-//! What it models: writes land in order and complete before their immediate is received;
-//! a WRITE_WITH_IMM consumes one posted receive (none posted: a fault, which an RC QP
-//! would retry); only signaled writes complete; a disconnect flushes what is posted and
-//! tells the peer; a QP that is gone fails the peer's next write (retries exceeded). A CQ
+//! What a queue pair does is the shared model's (`transport/mem/fabric.rs`, which the
+//! protocol's step-by-step `Pair` runs on too): writes land in order, a WRITE_WITH_IMM
+//! consumes one posted receive (none posted: RNR, counted here, which the protocol
+//! promises never to cause), only signaled writes complete, a disconnect flushes what is
+//! posted and tells the peer, a QP in error or gone fails the peer's next write. Here: its
+//! completions become work completions, a ring is plain memory known by its rkey, and a CQ
 //! arm is one-shot and rings an eventfd, as the completion channel does.
 
 use super::{Parts, Port, QueuePair, Region, Stream};
@@ -14,10 +16,11 @@ use crate::engine::ipc::Owner;
 use crate::proto::{self, Config, Hello, HelloKind};
 use crate::rdma::{self, RemoteBuf, Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
 use crate::readiness::Doorbell;
+use crate::transport::mem::fabric::{Cqe, Landing, Qp, Wr, WrError};
 use libc::c_int;
 use rdma_sys::{ibv_wc_opcode, ibv_wc_status};
 use std::alloc::Layout;
-use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -81,27 +84,11 @@ impl Drop for HeapBuf {
 
 /// One end's share of the wire.
 struct End {
-    cq: VecDeque<Wc>,
-    recvs: u32,
+    qp: Qp,
     /// Where writes into this end land: its rings' rkeys, addresses and lengths.
     rings: Vec<(u32, usize, usize)>,
-    /// Its QP was destroyed: the peer's next write fails.
-    gone: bool,
-    /// Its QP is in the error state (it disconnected): later posts flush.
-    error: bool,
-    /// The peer disconnected and this end's stream has not been told yet.
-    tell_disconnect: bool,
     armed: bool,
     wake: c_int,
-}
-
-impl End {
-    fn push(&mut self, wc: Wc) {
-        self.cq.push_back(wc);
-        if std::mem::take(&mut self.armed) {
-            crate::sys::raw::eventfd_add(self.wake);
-        }
-    }
 }
 
 /// The two ends' queues, under one lock (a post touches both).
@@ -120,6 +107,27 @@ impl Wire {
     }
 }
 
+/// `side`'s end and its peer's.
+fn ends(e: &mut [End; 2], side: usize) -> (&mut End, &mut End) {
+    let [x, y] = e;
+    if side == 0 {
+        (x, y)
+    } else {
+        (y, x)
+    }
+}
+
+/// An armed end with something to poll is woken, once per arm (the completion channel's
+/// event; a disconnect is the connection manager's, which wakes the engine too).
+fn ring_bells(e: &mut [End; 2]) {
+    for end in e.iter_mut() {
+        if end.armed && (!end.qp.cq.is_empty() || end.qp.tell_disconnect) {
+            end.armed = false;
+            crate::sys::raw::eventfd_add(end.wake);
+        }
+    }
+}
+
 fn wc(qp: usize, wr_id: u64, status: u32, opcode: u32, imm: Option<u32>) -> Wc {
     // SAFETY: ibv_wc is plain data; all-zero is valid.
     let mut w: rdma_sys::ibv_wc = unsafe { std::mem::zeroed() };
@@ -134,8 +142,66 @@ fn wc(qp: usize, wr_id: u64, status: u32, opcode: u32, imm: Option<u32>) -> Wc {
     Wc(w)
 }
 
+/// The work completion a device reports for `c`, on `side`'s CQ.
+fn to_wc(side: usize, c: Cqe) -> Wc {
+    use ibv_wc_status::*;
+    match c {
+        Cqe::Recv { imm, byte_len } => {
+            let opcode = ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+            let mut w = wc(side, RECV_FLAG, IBV_WC_SUCCESS, opcode, Some(imm));
+            w.0.byte_len = byte_len; // as a NIC reports the write's length
+            w
+        }
+        Cqe::RecvFlushed => wc(side, RECV_FLAG, IBV_WC_WR_FLUSH_ERR, 0, None),
+        Cqe::Sent { wr_id } => {
+            let opcode = ibv_wc_opcode::IBV_WC_RDMA_WRITE;
+            wc(side, wr_id, IBV_WC_SUCCESS, opcode, None)
+        }
+        Cqe::Failed { wr_id, why } => {
+            let status = match why {
+                WrError::Flushed => IBV_WC_WR_FLUSH_ERR,
+                WrError::RetryExceeded => IBV_WC_RETRY_EXC_ERR,
+                WrError::Rnr => IBV_WC_RNR_RETRY_EXC_ERR,
+                WrError::RemoteAccess | WrError::OutsideGrant => IBV_WC_REM_ACCESS_ERR,
+            };
+            wc(side, wr_id, status, 0, None)
+        }
+    }
+}
+
 fn qp_num(side: usize) -> u32 {
     100 + side as u32
+}
+
+/// Where a write's bytes land: one of the peer's live rings, by rkey.
+struct Into<'a> {
+    rings: &'a [(u32, usize, usize)],
+    data: &'a [u8],
+}
+
+impl Landing for Into<'_> {
+    fn ring_len(&self, rkey: u32) -> Option<usize> {
+        self.rings.iter().find(|r| r.0 == rkey).map(|r| r.2)
+    }
+
+    fn land(&mut self, rkey: u32, at: Range<usize>) -> bool {
+        let Some(&(_, addr, len)) = self.rings.iter().find(|r| r.0 == rkey) else {
+            return false;
+        };
+        if at.end > len || at.len() != self.data.len() {
+            return false;
+        }
+        // SAFETY: inside one of the peer's live rings (bounds checked; a ring leaves the
+        // list, under the wire's lock, held here, before its memory is freed).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.data.as_ptr(),
+                (addr + at.start) as *mut u8,
+                at.len(),
+            )
+        };
+        true
+    }
 }
 
 /// One end's queue pair.
@@ -146,68 +212,19 @@ pub struct MemQp {
 }
 
 impl MemQp {
-    fn fail_post(&mut self, e: &mut [End; 2], wr_id: u64, status: u32) {
-        e[self.side].error = true;
-        e[self.side].push(wc(self.side, wr_id, status, 0, None));
-    }
-
-    /// Executes one write: `data` into the peer's ring `rkey` at `off`, then `imm`.
-    fn execute(
-        &mut self,
-        wr_id: u64,
-        data: &[u8],
-        at: (u32, u64),
-        imm: Option<u32>,
-        signaled: bool,
-    ) {
-        let (rkey, off) = at;
+    /// Executes one write at once: `data` into the peer's ring, by the shared model's rules.
+    fn execute(&mut self, wr: Wr, data: &[u8]) {
         let wire = self.wire.clone();
         let mut e = wire.lock();
-        let (me, peer) = (self.side, 1 - self.side);
-        if e[me].error {
-            e[me].push(wc(me, wr_id, ibv_wc_status::IBV_WC_WR_FLUSH_ERR, 0, None));
-            return;
+        let (me, peer) = ends(&mut e, self.side);
+        let mut into = Into {
+            rings: &peer.rings,
+            data,
+        };
+        if me.qp.execute(&mut peer.qp, &wr, &mut into) == Err(WrError::Rnr) {
+            wire.rnr.fetch_add(1, SeqCst);
         }
-        if e[peer].gone || e[peer].error {
-            return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
-        }
-        let ring = e[peer].rings.iter().find(|r| r.0 == rkey);
-        let (addr, len) = ring.map_or((0, 0), |r| (r.1, r.2));
-        if !data.is_empty() && off as usize + data.len() > len {
-            return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
-        }
-        if !data.is_empty() {
-            // SAFETY: inside one of the peer's live rings (bounds checked; a ring leaves the
-            // list, under this lock, before its memory is freed).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr(),
-                    (addr + off as usize) as *mut u8,
-                    data.len(),
-                )
-            };
-        }
-        if let Some(imm) = imm {
-            if e[peer].recvs == 0 {
-                wire.rnr.fetch_add(1, SeqCst);
-                return self.fail_post(&mut e, wr_id, ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR);
-            }
-            e[peer].recvs -= 1;
-            let opcode = ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
-            let mut recv = wc(
-                peer,
-                RECV_FLAG,
-                ibv_wc_status::IBV_WC_SUCCESS,
-                opcode,
-                Some(imm),
-            );
-            recv.0.byte_len = data.len() as u32; // as a NIC reports the write's length
-            e[peer].push(recv);
-        }
-        if signaled {
-            let opcode = ibv_wc_opcode::IBV_WC_RDMA_WRITE;
-            e[me].push(wc(me, wr_id, ibv_wc_status::IBV_WC_SUCCESS, opcode, None));
-        }
+        ring_bells(&mut e);
     }
 }
 
@@ -222,13 +239,28 @@ impl QueuePair for MemQp {
         let wr_id = w.wr_id.0 | if w.signaled { super::PROTO_SIGNALED } else { 0 };
         let (start, len) = (w.local_offset as usize, w.len as usize);
         let data = send.range(start..start + len);
-        let at = (w.rkey, u64::from(w.remote_offset));
-        self.execute(wr_id, data, at, w.imm, w.signaled);
+        let wr = Wr {
+            wr_id,
+            rkey: w.rkey,
+            offset: u64::from(w.remote_offset),
+            len: w.len,
+            imm: w.imm,
+            signaled: w.signaled,
+        };
+        self.execute(wr, data);
         Ok(())
     }
 
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {
-        self.execute(wr_id, &[], (remote.rkey, 0), None, true);
+        let wr = Wr {
+            wr_id,
+            rkey: remote.rkey,
+            offset: 0,
+            len: 0,
+            imm: None,
+            signaled: true,
+        };
+        self.execute(wr, &[]);
         Ok(())
     }
 
@@ -241,7 +273,7 @@ impl QueuePair for MemQp {
     }
 
     fn post_recvs(&mut self, _: u64, n: u32) -> rdma::Result<()> {
-        self.wire.lock()[self.side].recvs += n;
+        self.wire.lock()[self.side].qp.recvs += n;
         Ok(())
     }
 
@@ -255,37 +287,16 @@ impl QueuePair for MemQp {
 
     fn disconnect(&mut self) -> rdma::Result<()> {
         let mut e = self.wire.lock();
-        let (me, peer) = (self.side, 1 - self.side);
-        if !e[me].error {
-            e[me].error = true;
-            e[peer].tell_disconnect = true;
-            if std::mem::take(&mut e[peer].armed) {
-                crate::sys::raw::eventfd_add(e[peer].wake);
-            }
-        }
-        // Posted receives flush.
-        for _ in 0..std::mem::take(&mut e[me].recvs) {
-            e[me].push(wc(
-                me,
-                RECV_FLAG,
-                ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
-                0,
-                None,
-            ));
-        }
+        let (me, peer) = ends(&mut e, self.side);
+        me.qp.disconnect(&mut peer.qp);
+        ring_bells(&mut e);
         Ok(())
     }
 
     fn start_drain(&mut self) -> rdma::Result<()> {
         let mut e = self.wire.lock();
-        let me = self.side;
-        e[me].push(wc(
-            me,
-            DRAIN_SEND_WR_ID,
-            ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
-            0,
-            None,
-        ));
+        e[self.side].qp.flush(DRAIN_SEND_WR_ID);
+        ring_bells(&mut e);
         Ok(())
     }
 
@@ -297,8 +308,9 @@ impl QueuePair for MemQp {
 impl Drop for MemQp {
     fn drop(&mut self) {
         let mut e = self.wire.lock();
-        e[self.side].gone = true;
-        e[1 - self.side].tell_disconnect = true;
+        let (me, peer) = ends(&mut e, self.side);
+        me.qp.destroy(&mut peer.qp);
+        ring_bells(&mut e);
     }
 }
 
@@ -344,7 +356,7 @@ impl MemPort {
 
     /// The peer's host vanishes: its QP stops answering, and no disconnect is heard.
     pub fn vanish_peer(&self) {
-        self.wire.lock()[1 - self.side].gone = true;
+        self.wire.lock()[1 - self.side].qp.gone = true;
     }
 }
 
@@ -360,7 +372,7 @@ impl Port for MemPort {
         loop {
             let (next, tell) = {
                 let mut e = self.wire.lock();
-                let me = &mut e[self.side];
+                let me = &mut e[self.side].qp;
                 (me.cq.pop_front(), std::mem::take(&mut me.tell_disconnect))
             };
             if tell {
@@ -368,7 +380,7 @@ impl Port for MemPort {
                 n += 1;
             }
             match next {
-                Some(wc) => s.on_completion(&wc),
+                Some(c) => s.on_completion(&to_wc(self.side, c)),
                 None => return n,
             }
             n += 1;
@@ -379,7 +391,7 @@ impl Port for MemPort {
         let mut e = self.wire.lock();
         let me = &mut e[self.side];
         me.armed = true;
-        if !me.cq.is_empty() || me.tell_disconnect {
+        if !me.qp.cq.is_empty() || me.qp.tell_disconnect {
             me.armed = false;
             crate::sys::raw::eventfd_add(me.wake);
         }
@@ -440,12 +452,8 @@ pub fn pair(config: &Config) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
 /// As [`pair`], with `spin` as `RSOCK_SPIN_US`.
 pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
     let end = || End {
-        cq: VecDeque::new(),
-        recvs: 0,
+        qp: Qp::default(),
         rings: Vec::new(),
-        gone: false,
-        error: false,
-        tell_disconnect: false,
         armed: false,
         wake: crate::sys::raw::eventfd(),
     };
