@@ -103,6 +103,35 @@ fn letting_go_with_bytes_queued_closes_lingers_delivers_them_then_frees() {
 }
 
 #[test]
+fn a_close_whose_linger_runs_out_drops_the_bytes_and_resets_the_peer() {
+    let (a, b) = pair(&small());
+    fill(&a);
+    let_go(&a);
+    close(&a, false);
+    // The peer never reads; the linger is up (0 stands for its time having passed).
+    assert!(!a.reap_step(LINGER), "lingers first");
+    assert!(!a.lock().proto.is_finished());
+    for _ in 0..1000 {
+        if a.reap_step(Duration::ZERO) {
+            break;
+        }
+        a.dev.progress();
+    }
+    assert!(a.lock().draining, "dropped at the linger");
+    a.destroy();
+    assert!(a.lock().rc.is_none());
+    // What had arrived stays readable; then the peer sees the connection reset.
+    b.dev.progress();
+    let mut buf = vec![0; 1 << 16];
+    let mut r = recv(&b, &mut buf, 0);
+    while let Ok(n) = r {
+        assert!(n > 0, "no end of stream: the close never finished");
+        r = recv(&b, &mut buf, 0);
+    }
+    assert_eq!(r, Err(libc::ECONNRESET));
+}
+
+#[test]
 fn a_close_with_unread_bytes_drops_them_and_the_peer_s_next_bytes_are_refused() {
     let (a, b) = pair(&small());
     send(&b, b"never read", 0).unwrap();
