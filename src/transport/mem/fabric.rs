@@ -11,7 +11,11 @@
 //! RNR, retries exceeded) and reports the write's length; a signaled write completes only
 //! after all that. A disconnect puts the QP in error, flushes its posted receives and tells
 //! the peer. A failed write queues its error completion whatever the driver then reports.
+//!
+//! Beyond hardware, a ring's [`Grants`] check the protocol: each byte written must have been
+//! granted by the ring's owner, and its credits give back, oldest first, only bytes written.
 
+use crate::proto::wire::Imm;
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
@@ -210,6 +214,75 @@ impl Qp {
     }
 }
 
+/// Which bytes of one ring its peer may write: granted by the ring's owner and not yet
+/// written. A write takes them; the credits the owner returns give them back, oldest
+/// first. No hardware keeps this: the model checks the protocol's windows with it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Grants {
+    granted: Vec<bool>,
+    /// The oldest byte written and not given back.
+    cursor: usize,
+}
+
+impl Grants {
+    /// A new ring's: every byte granted.
+    pub fn new(len: usize) -> Grants {
+        Grants {
+            granted: vec![true; len],
+            cursor: 0,
+        }
+    }
+
+    /// The peer writes `at`: false (nothing taken) if a byte of it was not granted.
+    pub fn take(&mut self, at: Range<usize>) -> bool {
+        match self.granted.get_mut(at) {
+            Some(g) if g.iter().all(|&g| g) => {
+                g.fill(false);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The owner returns credits for `bytes`: the oldest written bytes are the peer's
+    /// again. False if one of them was not written (credits returned twice).
+    pub fn give_back(&mut self, bytes: u32) -> bool {
+        for _ in 0..bytes {
+            let i = self.cursor;
+            if self.granted[i] {
+                return false;
+            }
+            self.granted[i] = true;
+            self.cursor = (i + 1) % self.granted.len();
+        }
+        true
+    }
+
+    /// A ring grown into holds its owner's bytes at stream positions `from..to` (moved
+    /// from the old ring, or read): not the peer's until given back, from `from` on. False
+    /// if the peer wrote one of them.
+    pub fn hold(&mut self, from: u64, to: u64) -> bool {
+        let len = self.granted.len() as u64;
+        for pos in from..to {
+            let i = (pos % len) as usize;
+            if !self.granted[i] {
+                return false;
+            }
+            self.granted[i] = false;
+        }
+        self.cursor = (from % len) as usize;
+        true
+    }
+}
+
+/// The ring bytes an immediate gives back: a credit's, else none.
+pub fn credit_bytes(imm: u32) -> u32 {
+    match Imm::decode(imm) {
+        Ok(Imm::Credit { bytes, .. }) => bytes,
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,6 +382,25 @@ mod tests {
             Ok(())
         );
         assert!(m.0.is_empty());
+    }
+
+    #[test]
+    fn grants_are_taken_by_writes_and_given_back_oldest_first() {
+        let mut g = Grants::new(8);
+        assert!(g.take(0..6));
+        assert!(!g.take(4..8), "two bytes of it were written");
+        assert!(g.take(6..8));
+        assert!(g.give_back(3));
+        assert!(g.take(0..3), "the oldest three came back");
+        assert!(!g.take(3..4));
+        assert!(g.give_back(5), "3..8");
+        assert!(!g.give_back(4), "0..3 are written again, 3 is not");
+        assert!(!g.take(8..9), "outside the ring");
+        let mut g = Grants::new(4);
+        assert!(g.hold(6, 9), "positions 6..9: bytes 2, 3, 0");
+        assert!(g.take(1..2) && !g.take(2..3));
+        assert!(g.give_back(1), "from position 6: byte 2");
+        assert!(g.take(2..3));
     }
 
     #[test]

@@ -65,7 +65,6 @@ impl Pair {
         );
         // The taker's ring is granted exactly where the old one was.
         taker.granted = old.granted.clone();
-        taker.grant_cursor = old.grant_cursor;
         let accept = config_t.hello(HelloKind::Accept, RING_ADDR[j], RKEY[j], CONN_ID);
         let accept = Hello::parse_kind(&accept.to_bytes(), HelloKind::Accept).expect("accept");
         peer.conn.resume(&accept).map_err(Fault::Migrate)?;

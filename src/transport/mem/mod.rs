@@ -17,7 +17,7 @@
 pub mod fabric;
 mod handover;
 
-use fabric::{Cqe, Landing, Qp, Wr, WrError};
+use fabric::{credit_bytes, Cqe, Grants, Landing, Qp, Wr, WrError};
 
 use std::collections::VecDeque;
 
@@ -86,7 +86,7 @@ pub struct Endpoint {
     ring_rkey: u32,
     /// A bigger ring offered to the peer and not yet switched to, with its rkey and grant
     /// shadow (conn/grow.rs).
-    next_ring: Option<(Vec<u8>, u32, Vec<bool>)>,
+    next_ring: Option<(Vec<u8>, u32, Grants)>,
     /// A bigger send buffer waiting for the old one to drain.
     next_send: Option<Vec<u8>>,
     config: Config,
@@ -97,9 +97,8 @@ pub struct Endpoint {
     /// Work requests posted and not yet retired by a completion handed to the core.
     outstanding: u64,
     posted: u64,
-    /// Shadow of which ring bytes the peer may write, maintained from the credits on the wire.
-    granted: Vec<bool>,
-    grant_cursor: usize,
+    /// Which ring bytes the peer may write, kept from the writes and credits on the wire.
+    granted: Grants,
     /// Every event the connection reported, in order.
     pub events: Vec<Event>,
 }
@@ -117,8 +116,7 @@ impl Endpoint {
             wire: VecDeque::new(),
             outstanding: 0,
             posted: 0,
-            granted: vec![true; config.ring_size as usize],
-            grant_cursor: 0,
+            granted: Grants::new(config.ring_size as usize),
             events: Vec::new(),
             config,
         }
@@ -156,7 +154,7 @@ impl Endpoint {
     fn sync_memory(&mut self) {
         if let Some(size) = self.conn.ring_grow_wanted() {
             let rkey = self.ring_rkey.wrapping_add(0x100);
-            self.next_ring = Some((vec![0; size as usize], rkey, vec![true; size as usize]));
+            self.next_ring = Some((vec![0; size as usize], rkey, Grants::new(size as usize)));
             self.conn.offer_ring(rkey);
         }
         if let Some(copy) = self.conn.take_ring_copy() {
@@ -169,12 +167,8 @@ impl Endpoint {
                 // must not have written them.
                 let c = self.conn.counters();
                 let returned = c.rx_granted_end - u64::from(copy.new_size);
-                for pos in returned..copy.to {
-                    let i = (pos % u64::from(copy.new_size)) as usize;
-                    assert!(granted[i], "peer wrote a moved byte of the new ring");
-                    granted[i] = false;
-                }
-                self.grant_cursor = (returned % u64::from(copy.new_size)) as usize;
+                let held = granted.hold(returned, copy.to);
+                assert!(held, "peer wrote a moved byte of the new ring");
                 self.ring = ring;
                 self.ring_rkey = rkey;
                 self.granted = granted;
@@ -383,14 +377,9 @@ impl Pair {
             Err(WrError::Rnr) => return Err(Fault::Rnr { side: from.peer() }),
         }
         // Credits returned by `from` re-grant the oldest consumed bytes of its own ring.
-        if let (true, Some(Ok(Imm::Credit { bytes, .. }))) = (check, w.imm.map(Imm::decode)) {
-            for _ in 0..bytes {
-                let i = src.grant_cursor;
-                if src.granted[i] {
-                    return Err(Fault::DoubleGrant { side: from });
-                }
-                src.granted[i] = true;
-                src.grant_cursor = (i + 1) % src.granted.len();
+        if let (true, Some(imm)) = (check, w.imm) {
+            if !src.granted.give_back(credit_bytes(imm)) {
+                return Err(Fault::DoubleGrant { side: from });
             }
         }
         Ok(true)
@@ -557,14 +546,14 @@ impl Pair {
 struct Rings<'a> {
     ring: &'a mut Vec<u8>,
     rkey: u32,
-    granted: &'a mut Vec<bool>,
-    next: &'a mut Option<(Vec<u8>, u32, Vec<bool>)>,
+    granted: &'a mut Grants,
+    next: &'a mut Option<(Vec<u8>, u32, Grants)>,
     payload: &'a [u8],
     check: bool,
 }
 
 impl Rings<'_> {
-    fn by_key(&mut self, rkey: u32) -> Option<(&mut Vec<u8>, &mut Vec<bool>)> {
+    fn by_key(&mut self, rkey: u32) -> Option<(&mut Vec<u8>, &mut Grants)> {
         match self.next {
             Some((ring, k, granted)) if *k == rkey => Some((ring, granted)),
             _ if rkey == self.rkey => Some((&mut *self.ring, &mut *self.granted)),
@@ -586,11 +575,8 @@ impl Landing for Rings<'_> {
         let Some((ring, granted)) = self.by_key(rkey) else {
             return false;
         };
-        if check {
-            if !granted[at.clone()].iter().all(|&g| g) {
-                return false;
-            }
-            granted[at.clone()].fill(false);
+        if check && !granted.take(at.clone()) {
+            return false;
         }
         ring[at].copy_from_slice(payload);
         true
