@@ -7,16 +7,19 @@
 //! protocol's step-by-step `Pair` runs on too): writes land in order, a WRITE_WITH_IMM
 //! consumes one posted receive (none posted: RNR, counted here, which the protocol
 //! promises never to cause), only signaled writes complete, a disconnect flushes what is
-//! posted and tells the peer, a QP in error or gone fails the peer's next write. Here: its
-//! completions become work completions, a ring is plain memory known by its rkey, and a CQ
-//! arm is one-shot and rings an eventfd, as the completion channel does.
+//! posted and tells the peer, a QP in error or gone fails the peer's next write; and, while
+//! rings do not grow, every byte written must have been granted by the ring's owner (its
+//! grants, kept from the writes and credits on the wire: no `Pair`-style view of the
+//! connection's counters is needed). Here: its completions become work completions, a ring
+//! is plain memory known by its rkey, and a CQ arm is one-shot and rings an eventfd, as the
+//! completion channel does.
 
 use super::{Parts, Port, QueuePair, Region, Stream};
 use crate::engine::ipc::Owner;
 use crate::proto::{self, Config, Hello, HelloKind};
 use crate::rdma::{self, RemoteBuf, Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
 use crate::readiness::Doorbell;
-use crate::transport::mem::fabric::{Cqe, Landing, Qp, Wr, WrError};
+use crate::transport::mem::fabric::{credit_bytes, Cqe, Grants, Landing, Qp, Wr, WrError};
 use libc::c_int;
 use rdma_sys::{ibv_wc_opcode, ibv_wc_status};
 use std::alloc::Layout;
@@ -87,6 +90,9 @@ struct End {
     qp: Qp,
     /// Where writes into this end land: its rings' rkeys, addresses and lengths.
     rings: Vec<(u32, usize, usize)>,
+    /// Which bytes of its first ring (rkey 0) the peer may write; `None` where rings grow
+    /// (the grants of a grown ring start at the switch, which only the stream sees).
+    grants: Option<Grants>,
     armed: bool,
     wake: c_int,
 }
@@ -97,6 +103,9 @@ pub struct Wire {
     /// Every RNR (a write with immediate and no receive posted): the protocol must never
     /// cause one.
     rnr: AtomicUsize,
+    /// Every write outside the receiver's grants, and every credit for bytes not written:
+    /// the protocol must cause none.
+    grant_faults: AtomicUsize,
     /// The last rkey given out.
     rkeys: AtomicUsize,
 }
@@ -176,6 +185,7 @@ fn qp_num(side: usize) -> u32 {
 /// Where a write's bytes land: one of the peer's live rings, by rkey.
 struct Into<'a> {
     rings: &'a [(u32, usize, usize)],
+    grants: Option<&'a mut Grants>,
     data: &'a [u8],
 }
 
@@ -190,6 +200,11 @@ impl Landing for Into<'_> {
         };
         if at.end > len || at.len() != self.data.len() {
             return false;
+        }
+        if let (0, Some(g)) = (rkey, &mut self.grants) {
+            if !g.take(at.clone()) {
+                return false;
+            }
         }
         // SAFETY: inside one of the peer's live rings (bounds checked; a ring leaves the
         // list, under the wire's lock, held here, before its memory is freed).
@@ -219,10 +234,21 @@ impl MemQp {
         let (me, peer) = ends(&mut e, self.side);
         let mut into = Into {
             rings: &peer.rings,
+            grants: peer.grants.as_mut(),
             data,
         };
-        if me.qp.execute(&mut peer.qp, &wr, &mut into) == Err(WrError::Rnr) {
-            wire.rnr.fetch_add(1, SeqCst);
+        match me.qp.execute(&mut peer.qp, &wr, &mut into) {
+            Err(WrError::Rnr) => _ = wire.rnr.fetch_add(1, SeqCst),
+            Err(WrError::OutsideGrant) => _ = wire.grant_faults.fetch_add(1, SeqCst),
+            // Credits this end returns give bytes of its own ring back to the peer.
+            Ok(()) => {
+                if let (Some(g), Some(imm)) = (&mut me.grants, wr.imm) {
+                    if !g.give_back(credit_bytes(imm)) {
+                        wire.grant_faults.fetch_add(1, SeqCst);
+                    }
+                }
+            }
+            Err(_) => {}
         }
         ring_bells(&mut e);
     }
@@ -343,6 +369,12 @@ impl MemPort {
         self.wire.rnr.load(SeqCst)
     }
 
+    /// Writes outside the receiver's grants and credits returned twice, either way (counted
+    /// while rings do not grow): the protocol promises none.
+    pub fn grant_faults(&self) -> usize {
+        self.wire.grant_faults.load(SeqCst)
+    }
+
     /// Lost wake-ups of this end's waits (sleeps that ended at their bound, stream ready).
     pub fn woke_late(&self) -> usize {
         self.woke_late.load(SeqCst)
@@ -451,15 +483,18 @@ pub fn pair(config: &Config) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
 
 /// As [`pair`], with `spin` as `RSOCK_SPIN_US`.
 pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
+    let fixed = config.ring_grow_to <= config.ring_size;
     let end = || End {
         qp: Qp::default(),
         rings: Vec::new(),
+        grants: fixed.then(|| Grants::new(config.ring_size as usize)),
         armed: false,
         wake: crate::sys::raw::eventfd(),
     };
     let wire = Arc::new(Wire {
         ends: Mutex::new([end(), end()]),
         rnr: AtomicUsize::new(0),
+        grant_faults: AtomicUsize::new(0),
         rkeys: AtomicUsize::new(0),
     });
     let hello = |kind| config.hello(kind, 0, 0, 7);

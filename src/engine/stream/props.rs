@@ -157,6 +157,7 @@ fn run(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
         prop_assert_eq!(flow.read, flow.sent.len(), "bytes lost");
     }
     prop_assert_eq!(ends[0].dev.rnr() + ends[1].dev.rnr(), 0);
+    prop_assert_eq!(ends[0].dev.grant_faults(), 0, "a write outside the grants");
     Ok(())
 }
 

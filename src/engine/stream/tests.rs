@@ -103,6 +103,7 @@ fn a_megabyte_each_way_through_small_rings_arrives_intact() {
     wa.join().unwrap();
     wb.join().unwrap();
     assert_eq!(a.dev.woke_late() + b.dev.woke_late(), 0, "wake-ups lost");
+    assert_eq!(a.dev.grant_faults(), 0, "a write outside the grants");
 }
 
 #[test]
@@ -202,6 +203,7 @@ fn ping_pong_that_always_sleeps_loses_no_wake_up() {
     a.shutdown_write();
     echo.join().unwrap();
     assert_eq!(a.dev.woke_late() + b_port.woke_late(), 0, "wake-ups lost");
+    assert_eq!(b_port.grant_faults(), 0, "a write outside the grants");
 }
 
 #[test]
