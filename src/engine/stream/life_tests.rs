@@ -103,6 +103,32 @@ fn letting_go_with_bytes_queued_closes_lingers_delivers_them_then_frees() {
 }
 
 #[test]
+fn a_stream_held_elsewhere_stays_open_until_its_last_holder_goes() {
+    let (a, b) = pair(&small());
+    // Another process's copy of A (inherited, or sent with SCM_RIGHTS).
+    let other = crate::sys::fcntl::dup_lowest(a.bell().app_fd(), true);
+    assert!(other >= 0);
+    let_go(&a);
+    assert_eq!(a.life(), life(Phase::Open, false));
+    assert!(a.life().held_elsewhere() && !a.life().released());
+    assert!(a.held(), "the other holder keeps it");
+    // Still served: the peer's bytes arrive for whoever holds it.
+    send(&b, b"for the other holder", 0).unwrap();
+    a.dev.progress();
+    assert_eq!(a.readable_bytes(), 20);
+    crate::sys::raw::close(other);
+    assert!(
+        !a.held(),
+        "what the helper then closes (holders.rs: on_hold_event)"
+    );
+    close(&a, false);
+    assert_eq!(a.life(), life(Phase::Closing, false));
+    b.app_closed(false);
+    reap(&a, &b);
+    assert!(a.lock().rc.is_none());
+}
+
+#[test]
 fn a_close_whose_linger_runs_out_drops_the_bytes_and_resets_the_peer() {
     let (a, b) = pair(&small());
     fill(&a);
