@@ -2,7 +2,8 @@
 //!
 //! - [`mem`]: two connections in one process, their "RDMA writes" applied as memcpy between
 //!   plain buffers, with every step (post, delivery, receive and send completion) under the
-//!   caller's control. Used by the protocol tests and the benchmark.
+//!   caller's control. Used by the protocol tests and the benchmark. Its [`mem::fabric`] (what
+//!   an RC queue pair does) is also what the stream's in-memory port runs on.
 //!
 //! There is deliberately no `Transport` trait yet: a driver's contract is the method set of
 //! [`Conn`](crate::proto::Conn) (`handle_*`, `poll_write`, `poll_event`), and the in-memory and

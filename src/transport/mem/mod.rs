@@ -302,9 +302,8 @@ impl Pair {
         Ok(n)
     }
 
-    /// Makes the next write posted by `from` fail: it and everything behind it complete in
-    /// error and nothing reaches the peer (an RC QP in the error state).
-    /// (The QP goes to the error state now; the peer's writes to it fail too.)
+    /// Puts `from`'s QP in the error state: its next write and everything behind it complete
+    /// in error and nothing reaches the peer, whose writes to it fail too (retries exceeded).
     pub fn fail_next_delivery(&mut self, from: Side) {
         self.ep_mut(from).qp.error = true;
     }
