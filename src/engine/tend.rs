@@ -48,7 +48,7 @@ impl Engine {
                 Visit::Close => self.close_unheld(&s), // the last holder went
                 Visit::Untend => self.untend(&s),
                 Visit::Reap => {
-                    if s.reap_step(self.linger()) {
+                    if s.reap_step(self.linger(), Instant::now()) {
                         self.unregister(&s);
                         s.destroy();
                         self.untend(&s);

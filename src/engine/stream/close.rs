@@ -69,19 +69,21 @@ impl<P: Port> Stream<P> {
         inner.rc.is_none() || inner.proto.flushed()
     }
 
-    /// Advances a closed stream's teardown; true once its QP and memory can be dropped.
-    pub(in crate::engine) fn reap_step(&self, linger: Duration) -> bool {
+    /// Advances a closed stream's teardown at time `now` (a parameter, so that tests move
+    /// time on instead of sleeping); true once its QP and memory can be dropped.
+    pub(in crate::engine) fn reap_step(&self, linger: Duration, now: Instant) -> bool {
         let mut g = self.lock();
         let inner = &mut *g;
         let Some(closed_at) = inner.closed_at else {
             return false;
         };
+        let elapsed = now.saturating_duration_since(closed_at);
         let Some(rc) = inner.rc.as_mut() else {
             return true;
         };
         let done = inner.proto.is_finished() || inner.proto.state() == proto::State::Reset;
         if !inner.draining {
-            if !done && closed_at.elapsed() < linger {
+            if !done && elapsed < linger {
                 return false;
             }
             if !done {
@@ -95,7 +97,7 @@ impl<P: Port> Stream<P> {
             inner.draining = true;
         }
         let _ = rc.start_drain();
-        rc.is_drained() || closed_at.elapsed() > linger + Duration::from_secs(2)
+        rc.is_drained() || elapsed > linger + Duration::from_secs(2)
     }
 
     /// Drops the QP (before the memory it used).

@@ -31,7 +31,7 @@ fn close(s: &S, reset: bool) {
 /// Plays the helper's reaping of a released stream until it frees it (`tend_streams`).
 fn reap(s: &S, peer: &S) {
     for _ in 0..20_000 {
-        if s.reap_step(LINGER) {
+        if s.reap_step(LINGER, Instant::now()) {
             s.destroy();
             return;
         }
@@ -78,7 +78,10 @@ fn letting_go_with_bytes_queued_closes_lingers_delivers_them_then_frees() {
     assert!(a.life().released());
     // It lingers while the peer has not taken the bytes.
     a.dev.progress();
-    assert!(!a.reap_step(LINGER), "lingers with bytes undelivered");
+    assert!(
+        !a.reap_step(LINGER, Instant::now()),
+        "lingers with bytes undelivered"
+    );
     assert!(a.lock().rc.is_some());
     let reader = {
         let b = b.clone();
@@ -134,11 +137,13 @@ fn a_close_whose_linger_runs_out_drops_the_bytes_and_resets_the_peer() {
     fill(&a);
     let_go(&a);
     close(&a, false);
-    // The peer never reads; the linger is up (0 stands for its time having passed).
-    assert!(!a.reap_step(LINGER), "lingers first");
+    // The peer never reads; its linger runs out (time moved on, not slept).
+    let t0 = Instant::now();
+    assert!(!a.reap_step(LINGER, t0), "lingers first");
+    assert!(!a.reap_step(LINGER, t0 + LINGER / 2), "still");
     assert!(!a.lock().proto.is_finished());
     for _ in 0..1000 {
-        if a.reap_step(Duration::ZERO) {
+        if a.reap_step(LINGER, t0 + LINGER + Duration::from_millis(1)) {
             break;
         }
         a.dev.progress();

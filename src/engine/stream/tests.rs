@@ -413,7 +413,7 @@ fn a_close_lingers_until_its_bytes_are_delivered_then_tears_down() {
     a.app_closed(false);
     let linger = Duration::from_secs(60);
     let mut steps = 0;
-    while !a.reap_step(linger) {
+    while !a.reap_step(linger, std::time::Instant::now()) {
         a.dev.progress();
         b.dev.progress();
         thread::sleep(Duration::from_millis(1));
