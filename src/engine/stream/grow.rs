@@ -35,6 +35,11 @@ impl<P: Port> Stream<P> {
             for (from, to) in copy.pieces() {
                 new.range_mut(to).copy_from_slice(inner.ring.range(from));
             }
+            let returned = p
+                .counters()
+                .rx_granted_end
+                .saturating_sub(u64::from(copy.new_size));
+            rc.ring_switched(&new, returned..copy.to);
             // The old ring: nothing writes it any more (every write before SWITCHED landed).
             drop(std::mem::replace(&mut *inner.ring, new));
             log::debug!("rdma stream {}: ring grew to {}", self.peer, copy.new_size);

@@ -7,10 +7,10 @@
 //! protocol's step-by-step `Pair` runs on too): writes land in order, a WRITE_WITH_IMM
 //! consumes one posted receive (none posted: RNR, counted here, which the protocol
 //! promises never to cause), only signaled writes complete, a disconnect flushes what is
-//! posted and tells the peer, a QP in error or gone fails the peer's next write; and, while
-//! rings do not grow, every byte written must have been granted by the ring's owner (its
-//! grants, kept from the writes and credits on the wire: no `Pair`-style view of the
-//! connection's counters is needed). Here: its completions become work completions, a ring
+//! posted and tells the peer, a QP in error or gone fails the peer's next write; and every
+//! byte written must have been granted by the ring's owner (each ring's grants, kept from
+//! the writes and credits on the wire, and from what the stream holds when it switches to
+//! a grown ring: `QueuePair::ring_switched`). Here: its completions become work completions, a ring
 //! is plain memory known by its rkey, and a CQ arm is one-shot and rings an eventfd, as the
 //! completion channel does.
 
@@ -57,7 +57,12 @@ impl HeapBuf {
     /// A ring of `side` that the peer writes with `rkey`.
     fn ring(wire: &Arc<Wire>, side: usize, rkey: u32, len: usize) -> HeapBuf {
         let mut buf = HeapBuf::new(len);
-        wire.lock()[side].rings.push((rkey, buf.ptr as usize, len));
+        wire.lock()[side].rings.push(Ring {
+            rkey,
+            addr: buf.ptr as usize,
+            len,
+            grants: Grants::new(len),
+        });
         buf.ring_of = Some((Arc::downgrade(wire), side, rkey));
         buf
     }
@@ -77,7 +82,7 @@ impl Drop for HeapBuf {
     fn drop(&mut self) {
         if let Some((wire, side, rkey)) = self.ring_of.take() {
             if let Some(wire) = wire.upgrade() {
-                wire.lock()[side].rings.retain(|r| r.0 != rkey);
+                wire.lock()[side].rings.retain(|r| r.rkey != rkey);
             }
         }
         // SAFETY: allocated in `new` with this layout.
@@ -85,14 +90,21 @@ impl Drop for HeapBuf {
     }
 }
 
+/// A ring writes land in, while it lives: its memory, and which bytes the peer may write.
+struct Ring {
+    rkey: u32,
+    addr: usize,
+    len: usize,
+    grants: Grants,
+}
+
 /// One end's share of the wire.
 struct End {
     qp: Qp,
-    /// Where writes into this end land: its rings' rkeys, addresses and lengths.
-    rings: Vec<(u32, usize, usize)>,
-    /// Which bytes of its first ring (rkey 0) the peer may write; `None` where rings grow
-    /// (the grants of a grown ring start at the switch, which only the stream sees).
-    grants: Option<Grants>,
+    /// Where writes into this end land.
+    rings: Vec<Ring>,
+    /// The ring the stream reads now: the credits it returns give its bytes back.
+    current: u32,
     armed: bool,
     wake: c_int,
 }
@@ -184,27 +196,22 @@ fn qp_num(side: usize) -> u32 {
 
 /// Where a write's bytes land: one of the peer's live rings, by rkey.
 struct Into<'a> {
-    rings: &'a [(u32, usize, usize)],
-    grants: Option<&'a mut Grants>,
+    rings: &'a mut [Ring],
     data: &'a [u8],
 }
 
 impl Landing for Into<'_> {
     fn ring_len(&self, rkey: u32) -> Option<usize> {
-        self.rings.iter().find(|r| r.0 == rkey).map(|r| r.2)
+        self.rings.iter().find(|r| r.rkey == rkey).map(|r| r.len)
     }
 
     fn land(&mut self, rkey: u32, at: Range<usize>) -> bool {
-        let Some(&(_, addr, len)) = self.rings.iter().find(|r| r.0 == rkey) else {
+        let Some(ring) = self.rings.iter_mut().find(|r| r.rkey == rkey) else {
             return false;
         };
-        if at.end > len || at.len() != self.data.len() {
+        let addr = ring.addr;
+        if at.end > ring.len || at.len() != self.data.len() || !ring.grants.take(at.clone()) {
             return false;
-        }
-        if let (0, Some(g)) = (rkey, &mut self.grants) {
-            if !g.take(at.clone()) {
-                return false;
-            }
         }
         // SAFETY: inside one of the peer's live rings (bounds checked; a ring leaves the
         // list, under the wire's lock, held here, before its memory is freed).
@@ -233,8 +240,7 @@ impl MemQp {
         let mut e = wire.lock();
         let (me, peer) = ends(&mut e, self.side);
         let mut into = Into {
-            rings: &peer.rings,
-            grants: peer.grants.as_mut(),
+            rings: &mut peer.rings,
             data,
         };
         match me.qp.execute(&mut peer.qp, &wr, &mut into) {
@@ -242,8 +248,10 @@ impl MemQp {
             Err(WrError::OutsideGrant) => _ = wire.grant_faults.fetch_add(1, SeqCst),
             // Credits this end returns give bytes of its own ring back to the peer.
             Ok(()) => {
-                if let (Some(g), Some(imm)) = (&mut me.grants, wr.imm) {
-                    if !g.give_back(credit_bytes(imm)) {
+                let current = me.current;
+                let ring = me.rings.iter_mut().find(|r| r.rkey == current);
+                if let (Some(r), Some(imm)) = (ring, wr.imm) {
+                    if !r.grants.give_back(credit_bytes(imm)) {
                         wire.grant_faults.fetch_add(1, SeqCst);
                     }
                 }
@@ -329,6 +337,19 @@ impl QueuePair for MemQp {
     fn is_drained(&self) -> bool {
         self.drained
     }
+
+    fn ring_switched(&self, ring: &HeapBuf, held: Range<u64>) {
+        let Some((_, side, rkey)) = ring.ring_of else {
+            return;
+        };
+        let mut e = self.wire.lock();
+        let me = &mut e[side];
+        me.current = rkey;
+        let grants = me.rings.iter_mut().find(|r| r.rkey == rkey);
+        if !grants.is_some_and(|r| r.grants.hold(held.start, held.end)) {
+            self.wire.grant_faults.fetch_add(1, SeqCst); // the peer wrote a held byte
+        }
+    }
 }
 
 impl Drop for MemQp {
@@ -369,8 +390,8 @@ impl MemPort {
         self.wire.rnr.load(SeqCst)
     }
 
-    /// Writes outside the receiver's grants and credits returned twice, either way (counted
-    /// while rings do not grow): the protocol promises none.
+    /// Writes outside the receiver's grants and credits returned twice, either way: the
+    /// protocol promises none.
     pub fn grant_faults(&self) -> usize {
         self.wire.grant_faults.load(SeqCst)
     }
@@ -483,11 +504,10 @@ pub fn pair(config: &Config) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
 
 /// As [`pair`], with `spin` as `RSOCK_SPIN_US`.
 pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
-    let fixed = config.ring_grow_to <= config.ring_size;
     let end = || End {
         qp: Qp::default(),
         rings: Vec::new(),
-        grants: fixed.then(|| Grants::new(config.ring_size as usize)),
+        current: 0,
         armed: false,
         wake: crate::sys::raw::eventfd(),
     };

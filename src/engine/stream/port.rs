@@ -120,6 +120,13 @@ pub trait QueuePair: Send {
     fn start_drain(&mut self) -> rdma::Result<()>;
     /// No completion of this QP can follow.
     fn is_drained(&self) -> bool;
+    /// The stream switched to the grown ring `ring`, where it holds the stream positions
+    /// `held` (unread bytes moved in, or read and not yet returned): not the peer's to
+    /// write. Only the in-memory port, which checks the peer's writes against what was
+    /// granted, needs to know.
+    fn ring_switched(&self, ring: &Self::Buf, held: Range<u64>) {
+        let _ = (ring, held);
+    }
     /// A freed stream's ring and send buffer, after its QP is gone: kept for the next
     /// stream if `reusable` (the sizes a new one starts with), or freed.
     fn recycle(ring: Self::Buf, send: Self::Buf, reusable: bool) {

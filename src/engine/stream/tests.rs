@@ -146,6 +146,7 @@ fn buffers_grow_under_a_stream_and_stay_small_for_chatter() {
         "b's ring grew, its send buffer did not"
     );
     assert_eq!(a.dev.woke_late() + b.dev.woke_late(), 0, "wake-ups lost");
+    assert_eq!(a.dev.grant_faults(), 0, "a write outside the grants");
 }
 
 #[test]
@@ -175,6 +176,7 @@ fn busy_request_response_grows_buffers() {
     }
     let b = echo.join().unwrap();
     assert_eq!((a.sizes(), b.sizes()), ((65536, 65536), (65536, 65536)));
+    assert_eq!(a.dev.grant_faults(), 0, "a write outside the grants");
 }
 
 #[test]
