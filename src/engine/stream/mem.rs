@@ -10,9 +10,9 @@
 //! posted and tells the peer, a QP in error or gone fails the peer's next write; and every
 //! byte written must have been granted by the ring's owner (each ring's grants, kept from
 //! the writes and credits on the wire, and from what the stream holds when it switches to
-//! a grown ring: `QueuePair::ring_switched`). Here: its completions become work completions, a ring
-//! is plain memory known by its rkey, and a CQ arm is one-shot and rings an eventfd, as the
-//! completion channel does.
+//! a grown ring: `QueuePair::ring_switched`). Here: its completions become work
+//! completions, a ring is plain memory known by its rkey, and a CQ arm is one-shot and rings
+//! an eventfd, as the completion channel does.
 
 use super::{Parts, Port, QueuePair, Region, Stream};
 use crate::engine::ipc::Owner;
