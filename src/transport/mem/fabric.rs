@@ -11,6 +11,8 @@
 //! RNR, retries exceeded) and reports the write's length; a signaled write completes only
 //! after all that. A disconnect puts the QP in error, flushes its posted receives and tells
 //! the peer. A failed write queues its error completion whatever the driver then reports.
+//! The send queue holds so many work requests; a polled completion frees its request's slot
+//! and those of the unsignaled ones before it ([`Qp::post_send`], [`Qp::poll`]).
 //!
 //! Beyond hardware, a ring's [`Grants`] check the protocol: each byte written must have been
 //! granted by the ring's owner, and its credits give back, oldest first, only bytes written.
@@ -97,6 +99,10 @@ pub struct Qp {
     pub gone: bool,
     /// The peer disconnected (or its QP went) and this end's driver was not told yet.
     pub tell_disconnect: bool,
+    /// Work requests posted and not yet freed by a polled completion, oldest first.
+    pub sq: VecDeque<u64>,
+    /// How many the send queue holds.
+    pub sq_depth: u32,
 }
 
 impl Hash for Qp {
@@ -110,16 +116,44 @@ impl Hash for Qp {
             }
         }
         (self.recvs, self.error, self.gone, self.tell_disconnect).hash(h);
+        (&self.sq, self.sq_depth).hash(h);
     }
 }
 
 impl Qp {
-    /// A connected QP with `recvs` receives posted.
-    pub fn new(recvs: u32) -> Qp {
+    /// A connected QP with `recvs` receives posted and a send queue of `sq_depth`.
+    pub fn new(recvs: u32, sq_depth: u32) -> Qp {
         Qp {
             recvs,
+            sq_depth,
             ..Qp::default()
         }
+    }
+
+    /// Posts work request `wr_id` on the send queue: false (refused) if it is full.
+    pub fn post_send(&mut self, wr_id: u64) -> bool {
+        if self.sq.len() >= self.sq_depth as usize {
+            return false;
+        }
+        self.sq.push_back(wr_id);
+        true
+    }
+
+    /// A send completion for `wr_id` was polled: its slot and those before it are free
+    /// (an RC QP completes in order; unsignaled requests complete silently).
+    fn free(&mut self, c: &Cqe) {
+        if let Cqe::Sent { wr_id } | Cqe::Failed { wr_id, .. } = *c {
+            if let Some(i) = self.sq.iter().position(|&w| w == wr_id) {
+                self.sq.drain(..=i);
+            }
+        }
+    }
+
+    /// Polls the oldest completion.
+    pub fn poll(&mut self) -> Option<Cqe> {
+        let c = self.cq.pop_front()?;
+        self.free(&c);
+        Some(c)
     }
 
     /// Executes `wr`, posted on this QP, into `peer` (whose memory is `mem`): by the rules in
@@ -205,7 +239,9 @@ impl Qp {
     /// Takes the oldest completion of one queue (receive or send), leaving the other's.
     pub fn take(&mut self, recv: bool) -> Option<Cqe> {
         let i = self.cq.iter().position(|c| c.is_recv() == recv)?;
-        self.cq.remove(i)
+        let c = self.cq.remove(i)?;
+        self.free(&c);
+        Some(c)
     }
 
     /// Completions of one queue not yet taken.
@@ -317,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_write_lands_then_its_immediate_then_it_completes() {
-        let (mut a, mut b, mut m) = (Qp::new(1), Qp::new(1), Ring::default());
+        let (mut a, mut b, mut m) = (Qp::new(1, 4), Qp::new(1, 4), Ring::default());
         assert_eq!(a.execute(&mut b, &wr(4, Some(7)), &mut m), Ok(()));
         assert_eq!(m.0.len(), 1);
         assert_eq!(m.0[0], 0..4);
@@ -344,13 +380,13 @@ mod tests {
 
     #[test]
     fn writes_outside_the_ring_or_the_grant_fail() {
-        let (mut b, mut m) = (Qp::new(1), Ring::default());
+        let (mut b, mut m) = (Qp::new(1, 4), Ring::default());
         let bad_key = Wr {
             rkey: 2,
             ..wr(1, None)
         };
         assert_eq!(
-            Qp::new(0).execute(&mut b, &bad_key, &mut m),
+            Qp::new(0, 4).execute(&mut b, &bad_key, &mut m),
             Err(WrError::RemoteAccess)
         );
         let past = Wr {
@@ -358,7 +394,7 @@ mod tests {
             ..wr(4, None)
         };
         assert_eq!(
-            Qp::new(0).execute(&mut b, &past, &mut m),
+            Qp::new(0, 4).execute(&mut b, &past, &mut m),
             Err(WrError::RemoteAccess)
         );
         let ungranted = Wr {
@@ -366,12 +402,12 @@ mod tests {
             ..wr(4, None)
         };
         assert_eq!(
-            Qp::new(0).execute(&mut b, &ungranted, &mut m),
+            Qp::new(0, 4).execute(&mut b, &ungranted, &mut m),
             Err(WrError::OutsideGrant)
         );
         // A zero-length write names no memory.
         assert_eq!(
-            Qp::new(0).execute(
+            Qp::new(0, 4).execute(
                 &mut b,
                 &Wr {
                     rkey: 2,
@@ -404,8 +440,26 @@ mod tests {
     }
 
     #[test]
+    fn the_send_queue_frees_at_a_polled_completion() {
+        let (mut a, mut b, mut m) = (Qp::new(0, 2), Qp::new(0, 4), Ring::default());
+        let unsignaled = Wr {
+            wr_id: 1,
+            signaled: false,
+            ..wr(0, None)
+        };
+        assert!(a.post_send(1) && a.post_send(9));
+        assert!(!a.post_send(10), "full");
+        assert_eq!(a.execute(&mut b, &unsignaled, &mut m), Ok(()));
+        assert_eq!(a.execute(&mut b, &wr(0, None), &mut m), Ok(()));
+        assert!(!a.post_send(10), "not until its completion is polled");
+        assert_eq!(a.poll(), Some(Cqe::Sent { wr_id: 9 }));
+        assert!(a.sq.is_empty(), "and the unsignaled one before it");
+        assert!(a.post_send(10));
+    }
+
+    #[test]
     fn a_disconnect_flushes_receives_and_fails_the_peer_s_writes() {
-        let (mut a, mut b, mut m) = (Qp::new(1), Qp::new(2), Ring::default());
+        let (mut a, mut b, mut m) = (Qp::new(1, 4), Qp::new(2, 4), Ring::default());
         b.disconnect(&mut a);
         assert!(a.tell_disconnect);
         assert_eq!(b.pending(true), 2);
@@ -415,7 +469,7 @@ mod tests {
             Err(WrError::RetryExceeded)
         );
         assert!(a.error && m.0.is_empty());
-        let (mut a, mut b) = (Qp::new(1), Qp::new(1));
+        let (mut a, mut b) = (Qp::new(1, 4), Qp::new(1, 4));
         b.destroy(&mut a);
         assert!(a.tell_disconnect);
         assert_eq!(

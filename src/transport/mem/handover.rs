@@ -69,8 +69,7 @@ impl Pair {
         let accept = Hello::parse_kind(&accept.to_bytes(), HelloKind::Accept).expect("accept");
         peer.conn.resume(&accept).map_err(Fault::Migrate)?;
         // A new queue pair: fresh receives, nothing outstanding.
-        peer.qp = super::Qp::new(peer.config.recv_credits);
-        peer.outstanding = 0;
+        peer.qp = super::Qp::new(peer.config.recv_credits, peer.config.send_queue_depth);
         peer.drain_events();
         Ok(Pair {
             a: peer,

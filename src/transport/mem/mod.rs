@@ -94,9 +94,6 @@ pub struct Endpoint {
     qp: Qp,
     /// Writes posted and not yet delivered (the wire towards the peer).
     wire: VecDeque<InFlight>,
-    /// Work requests posted and not yet retired by a completion handed to the core.
-    outstanding: u64,
-    posted: u64,
     /// Which ring bytes the peer may write, kept from the writes and credits on the wire.
     granted: Grants,
     /// Every event the connection reported, in order.
@@ -112,10 +109,8 @@ impl Endpoint {
             ring_rkey,
             next_ring: None,
             next_send: None,
-            qp: Qp::new(config.recv_credits),
+            qp: Qp::new(config.recv_credits, config.send_queue_depth),
             wire: VecDeque::new(),
-            outstanding: 0,
-            posted: 0,
             granted: Grants::new(config.ring_size as usize),
             events: Vec::new(),
             config,
@@ -284,9 +279,7 @@ impl Pair {
             if local_end > ep.send_buf.len() || (w.inline && w.len > ep.config.max_inline) {
                 return Err(Fault::OutOfBounds { side, write: w });
             }
-            ep.posted += 1;
-            ep.outstanding += 1;
-            if ep.outstanding > u64::from(ep.config.send_queue_depth) {
+            if !ep.qp.post_send(w.wr_id.0) {
                 return Err(Fault::SendQueueOverflow { side });
             }
             let inline_payload = w
@@ -411,7 +404,6 @@ impl Pair {
                 ep.conn
                     .handle_send_complete(crate::proto::WrId(wr_id))
                     .expect("completion for a posted WR");
-                ep.outstanding = ep.posted - (wr_id + 1).min(ep.posted);
             }
             _ => ep.conn.handle_send_error(),
         }
