@@ -7,7 +7,8 @@
 //! protocol's step-by-step `Pair` runs on too): writes land in order, a WRITE_WITH_IMM
 //! consumes one posted receive (none posted: RNR, counted here, which the protocol
 //! promises never to cause), only signaled writes complete, a disconnect flushes what is
-//! posted and tells the peer, a QP in error or gone fails the peer's next write; and every
+//! posted and tells the peer, a QP in error or gone fails the peer's next write, a post
+//! beyond the send queue's depth (the protocol's and a probe's slot) is refused; and every
 //! byte written must have been granted by the ring's owner (each ring's grants, kept from
 //! the writes and credits on the wire, and from what the stream holds when it switches to
 //! a grown ring: `QueuePair::ring_switched`). Here: its completions become work
@@ -234,11 +235,15 @@ pub struct MemQp {
 }
 
 impl MemQp {
-    /// Executes one write at once: `data` into the peer's ring, by the shared model's rules.
-    fn execute(&mut self, wr: Wr, data: &[u8]) {
+    /// Posts one write and executes it at once: `data` into the peer's ring, by the shared
+    /// model's rules. Refused (ENOMEM, as `ibv_post_send`) when the send queue is full.
+    fn execute(&mut self, wr: Wr, data: &[u8]) -> rdma::Result<()> {
         let wire = self.wire.clone();
         let mut e = wire.lock();
         let (me, peer) = ends(&mut e, self.side);
+        if !me.qp.post_send(wr.wr_id) {
+            return Err(rdma::Error::from_errno("ibv_post_send", libc::ENOMEM));
+        }
         let mut into = Into {
             rings: &mut peer.rings,
             data,
@@ -259,6 +264,7 @@ impl MemQp {
             Err(_) => {}
         }
         ring_bells(&mut e);
+        Ok(())
     }
 }
 
@@ -281,8 +287,7 @@ impl QueuePair for MemQp {
             imm: w.imm,
             signaled: w.signaled,
         };
-        self.execute(wr, data);
-        Ok(())
+        self.execute(wr, data)
     }
 
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {
@@ -294,8 +299,7 @@ impl QueuePair for MemQp {
             imm: None,
             signaled: true,
         };
-        self.execute(wr, &[]);
-        Ok(())
+        self.execute(wr, &[])
     }
 
     fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(HeapBuf, u32)> {
@@ -426,7 +430,7 @@ impl Port for MemPort {
             let (next, tell) = {
                 let mut e = self.wire.lock();
                 let me = &mut e[self.side].qp;
-                (me.cq.pop_front(), std::mem::take(&mut me.tell_disconnect))
+                (me.poll(), std::mem::take(&mut me.tell_disconnect))
             };
             if tell {
                 s.on_disconnected_of(std::ptr::null());
@@ -504,8 +508,9 @@ pub fn pair(config: &Config) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
 
 /// As [`pair`], with `spin` as `RSOCK_SPIN_US`.
 pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
+    // The device's send queue: the protocol's, and a slot for a keepalive probe (setup.rs).
     let end = || End {
-        qp: Qp::default(),
+        qp: Qp::new(0, config.send_queue_depth + 1),
         rings: Vec::new(),
         current: 0,
         armed: false,
