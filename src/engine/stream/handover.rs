@@ -60,9 +60,12 @@ impl<P: Port> Stream<P> {
     /// Old owner: the state a taker continues from (what A shows with the protocol's
     /// positions, the unread ring bytes and the queued unsent bytes), and the stream is `to`'s
     /// from now on: nothing here moves its doorbell or posts again, and the engine tears its
-    /// QP down. `None` if the stream cannot be exported (reset).
+    /// QP down. `None` if the stream cannot be exported: reset, or no move under way (a
+    /// taker asking after its deadline: the stream was reset here then, and the program
+    /// here told so).
     pub(in crate::engine) fn export(&self, to: Owner) -> Option<Exported> {
         let mut g = self.lock();
+        g.move_deadline?; // no move started, or it expired
         let inner = &mut *g;
         let handover = inner.proto.handover()?;
         let ring = inner.ring.as_slice();

@@ -219,15 +219,10 @@ fn a_move_expires_back_to_open_and_reset() {
     assert_eq!(recv(&a, &mut [0; 8], 0), Err(libc::ECONNRESET));
     assert_eq!(send(&a, b"x", 0), Err(libc::EPIPE));
     assert!(!a.expire_move(deadline + Duration::from_secs(1)), "once");
-    // A gap, kept visible: the expiry's reset is a transport failure, which
-    // `proto::Conn::handover` does not look at (it checks only a protocol reset), so a
-    // taker asking late is still answered and the stream moves (Open -> Moved). Whoever
-    // closes the gap turns this into `is_none()` and `Life::NEW`.
-    assert!(
-        a.export(owner()).is_some(),
-        "today: a late export is answered"
-    );
-    assert_eq!(a.life(), life(Phase::Moved, true));
+    // A taker asking after the deadline is refused: the stream was reset here, and stays
+    // this process's.
+    assert!(a.export(owner()).is_none(), "a late export is refused");
+    assert_eq!(a.life(), Life::NEW);
 }
 
 #[test]
