@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use rsock_core::proto::{Config, ReadError, WriteError};
+use rsock_core::proto::{Params, ReadError, WriteError};
 use rsock_core::transport::mem::{Pair, Side};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -62,7 +62,7 @@ fn run(p: &mut Pair, mode: Mode, size: usize, count: usize) -> u64 {
 }
 
 fn pair() -> Pair {
-    let mut p = Pair::new(Config::default(), Config::default());
+    let mut p = Pair::new(Params::default(), Params::default());
     p.check_grants = false;
     p
 }
@@ -90,7 +90,7 @@ fn main() {
         assert_eq!(got, (size * count) as u64);
         return;
     }
-    println!("config: {:?}", Config::default());
+    println!("config: {:?}", Params::default());
     println!(
         "{:>6} {:>6} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>9}",
         "mode",

@@ -26,7 +26,7 @@ use std::process::exit;
 use std::time::{Duration, Instant};
 
 use rsock_core::rdma::{
-    self, Access, Conn, ConnParam, Device, Pd, QpCaps, Reason, RegBuf, RemoteBuf, Signal, Wc,
+    self, Access, ConnParam, Device, Pd, QpCaps, RcQp, Reason, RegBuf, RemoteBuf, Signal, Wc,
 };
 
 const MAGIC: u32 = 0x5253_5050; // "RSPP"
@@ -175,7 +175,7 @@ impl Hello {
 
 /// One side's state: connection, buffers, completion handling
 struct Side {
-    conn: Conn,
+    conn: RcQp,
     dev: std::sync::Arc<Device>,
     ring: RegBuf,
     sendbuf: RegBuf,
@@ -299,7 +299,7 @@ fn caps() -> QpCaps {
 }
 
 fn server(addr: SocketAddr, o: &Opts) {
-    let listener = rdma::Listener::bind(addr, 16, 1).unwrap_or_else(|e| fail("listen", e));
+    let listener = rdma::CmListener::bind(addr, 16, 1).unwrap_or_else(|e| fail("listen", e));
     println!("server: listening on {addr}");
     let inc = match listener.next_request(Some(o.timeout)) {
         Ok(Some(i)) => i,
@@ -331,7 +331,7 @@ fn server(addr: SocketAddr, o: &Opts) {
         .unwrap_or_else(|e| fail("ring", e));
     let sendbuf =
         RegBuf::new(&pd, 64 * 1024, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
-    let mut conn = match Conn::new(inc.id, &pd, caps()) {
+    let mut conn = match RcQp::new(inc.id, &pd, caps()) {
         Ok(c) => c,
         Err((e, mut id)) => {
             let _ = id.reject(&[]);
@@ -444,7 +444,7 @@ fn client(addr: SocketAddr, o: &Opts) {
     let ring = RegBuf::new(&pd, o.ring, Access::RemoteWrite).unwrap_or_else(|e| fail("ring", e));
     let sendbuf =
         RegBuf::new(&pd, o.ring, Access::LocalRead).unwrap_or_else(|e| fail("sendbuf", e));
-    let mut conn = Conn::new(id, &pd, caps()).unwrap_or_else(|(e, _)| fail("create qp", e));
+    let mut conn = RcQp::new(id, &pd, caps()).unwrap_or_else(|(e, _)| fail("create qp", e));
     println!("client: qp {} caps {:?}", conn.qp_num(), conn.caps());
     conn.post_recvs(WR_RECV, RECV_DEPTH)
         .unwrap_or_else(|e| fail("post_recvs", e));

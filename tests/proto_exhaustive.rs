@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
-use rsock_core::proto::{Config, ReadError};
+use rsock_core::proto::{Params, ReadError};
 use rsock_core::transport::mem::{Pair, Side};
 
 const DATA: [&[u8]; 2] = [b"abcdef", b"uvwxyz"];
@@ -72,7 +72,7 @@ fn i(s: Side) -> usize {
 }
 
 impl Model {
-    fn new(a: Config, b: Config, len: [usize; 2]) -> Model {
+    fn new(a: Params, b: Params, len: [usize; 2]) -> Model {
         Model {
             p: Pair::new(a, b),
             len,
@@ -210,7 +210,7 @@ impl Model {
 /// Liveness is checked two ways: every state must be able to reach a finished state (checked
 /// on the whole graph, backwards from the finished states), and a fair schedule run from a
 /// sample of states must finish by itself (catches livelocks a lucky path would hide).
-fn explore(a: Config, b: Config, len: [usize; 2], limit: usize) -> usize {
+fn explore(a: Params, b: Params, len: [usize; 2], limit: usize) -> usize {
     let start = Model::new(a, b, len);
     let mut preds: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut done = Vec::new();
@@ -261,8 +261,8 @@ fn explore(a: Config, b: Config, len: [usize; 2], limit: usize) -> usize {
     seen.len()
 }
 
-fn tiny(ring_size: u32, send_buf_size: u32, max_inline: u32) -> Config {
-    Config {
+fn tiny(ring_size: u32, send_buf_size: u32, max_inline: u32) -> Params {
+    Params {
         ring_size,
         recv_credits: 4,
         send_buf_size,

@@ -3,14 +3,14 @@
 //! growth crossing a FIN, and a hostile peer's GROW and SWITCHED.
 
 use rsock_core::proto::wire::Imm;
-use rsock_core::proto::{Config, ProtocolError};
+use rsock_core::proto::{Params, ProtocolError};
 use rsock_core::transport::mem::{Fault, Pair, Side};
 
 mod common;
 use common::{drive, pattern, read_all, transfer};
 
-fn growing() -> Config {
-    Config {
+fn growing() -> Params {
+    Params {
         ring_size: 64,
         recv_credits: 8,
         send_buf_size: 64,

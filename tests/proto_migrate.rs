@@ -3,11 +3,11 @@
 //! `proto_props.rs` (`handed_over_midway`).
 
 use rsock_core::proto::wire::{Hello, HelloKind, Imm, ResumePoint};
-use rsock_core::proto::{Config, Conn, Event, MigrateError, ProtocolError, ReadError, State};
+use rsock_core::proto::{Conn, Event, MigrateError, Params, ProtocolError, ReadError, State};
 use rsock_core::transport::mem::{Fault, Pair, Side};
 
-fn cfg() -> Config {
-    Config {
+fn cfg() -> Params {
+    Params {
         ring_size: 64,
         recv_credits: 8,
         send_buf_size: 64,
@@ -90,7 +90,7 @@ fn a_resume_that_does_not_fit_is_refused() {
     let resume = p.a.conn.resume_hello(0x1000, 7, 42);
     let rp = resume.resume.unwrap();
     // The taker must use the old ring size, and the accept must announce it.
-    let small = Config {
+    let small = Params {
         ring_size: 32,
         ..cfg()
     };
@@ -130,7 +130,7 @@ fn a_resume_that_does_not_fit_is_refused() {
     q.post(Side::B).unwrap(); // MIGRATE goes before the queued bytes
     let state = q.b.conn.handover().unwrap();
     assert_eq!(state.tx_queued - state.tx_posted, 40);
-    let tiny = Config {
+    let tiny = Params {
         send_buf_size: 16,
         ..cfg()
     };

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngSeed};
-use rsock_core::proto::{Config, ReadError, WriteError};
+use rsock_core::proto::{Params, ReadError, WriteError};
 use rsock_core::transport::mem::{Pair, Side};
 
 fn pt_config(cases: u32) -> PtConfig {
@@ -18,7 +18,7 @@ fn pt_config(cases: u32) -> PtConfig {
     }
 }
 
-fn config() -> impl Strategy<Value = Config> {
+fn config() -> impl Strategy<Value = Params> {
     (
         prop_oneof![3 => 1u32..=16, 2 => 17u32..=80, 1 => 81u32..=700],
         4u32..=12,
@@ -27,7 +27,7 @@ fn config() -> impl Strategy<Value = Config> {
         prop_oneof![Just(0u32), 0u32..=8],
     )
         .prop_map(
-            |(ring_size, recv_credits, send_buf_size, send_queue_depth, max_inline)| Config {
+            |(ring_size, recv_credits, send_buf_size, send_queue_depth, max_inline)| Params {
                 ring_size,
                 recv_credits,
                 send_buf_size,
@@ -41,13 +41,13 @@ fn config() -> impl Strategy<Value = Config> {
 
 /// `config()` with buffers that grow: rings to one or two 4 KiB pages (what a GROW can
 /// announce), send buffers to any bigger size.
-fn growing_config() -> impl Strategy<Value = Config> {
+fn growing_config() -> impl Strategy<Value = Params> {
     (
         config(),
         prop_oneof![Just(0u32), Just(4096), Just(8192)],
         prop_oneof![Just(0u32), 1u32..=300],
     )
-        .prop_map(|(c, ring_to, send_more)| Config {
+        .prop_map(|(c, ring_to, send_more)| Params {
             ring_grow_to: ring_to,
             send_grow_to: if send_more == 0 {
                 0
@@ -278,7 +278,7 @@ impl World {
         let port = 7 + self.moves as u16;
         // The taker's buffers are the moved end's as they are now (they may have grown).
         let conn = &self.p.ep(from).conn;
-        let cfg = Config {
+        let cfg = Params {
             ring_size: conn.ring_size(),
             send_buf_size: conn.send_buf_size(),
             ..self.p.ep(from).config().clone()
@@ -331,8 +331,8 @@ impl World {
 }
 
 fn run(
-    ca: Config,
-    cb: Config,
+    ca: Params,
+    cb: Params,
     la: usize,
     lb: usize,
     actions: Vec<Action>,
@@ -376,8 +376,8 @@ impl World {
 
 /// Like `run`, interrupting the run before action `at` if given.
 fn run_with_cut(
-    ca: Config,
-    cb: Config,
+    ca: Params,
+    cb: Params,
     la: usize,
     lb: usize,
     actions: Vec<Action>,

@@ -1,14 +1,14 @@
 //! What a connection shows to the program — poll readiness, blocking readiness, transport
 //! failures — over the in-memory transport. The driver asks only these questions.
 
-use rsock_core::proto::{Config, Failure, ReadError, Readiness, State, Want, WriteError};
+use rsock_core::proto::{Failure, Params, ReadError, Readiness, State, Want, WriteError};
 use rsock_core::transport::mem::{Pair, Side};
 
 mod common;
 use common::drive;
 
 fn pair() -> Pair {
-    let c = Config {
+    let c = Params {
         ring_size: 64,
         recv_credits: 8,
         send_buf_size: 60,

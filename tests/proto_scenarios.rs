@@ -2,15 +2,15 @@
 
 use rsock_core::proto::wire::Imm;
 use rsock_core::proto::{
-    CompletionError, Config, Event, ProtocolError, ReadError, State, WrId, WriteError,
+    CompletionError, Event, Params, ProtocolError, ReadError, State, WrId, WriteError,
 };
 use rsock_core::transport::mem::{Fault, Pair, Side};
 
 mod common;
 use common::{drive, pattern, read_all, transfer};
 
-fn small_config() -> Config {
-    Config {
+fn small_config() -> Params {
+    Params {
         ring_size: 64,
         recv_credits: 8,
         send_buf_size: 64,
@@ -28,7 +28,7 @@ fn pair() -> Pair {
 /// A pair whose A has a send buffer four rings big: writes wait there for B's credits.
 fn pair_big_sender() -> Pair {
     Pair::new(
-        Config {
+        Params {
             send_buf_size: 256,
             ..small_config()
         },
@@ -70,7 +70,7 @@ fn test_established_stream_larger_than_ring_wraps() {
 
 #[test]
 fn test_established_odd_sizes_wrap_everywhere() {
-    let a = Config {
+    let a = Params {
         ring_size: 7,
         recv_credits: 4,
         send_buf_size: 5,
@@ -79,7 +79,7 @@ fn test_established_odd_sizes_wrap_everywhere() {
         ring_grow_to: 0,
         send_grow_to: 0,
     };
-    let b = Config {
+    let b = Params {
         ring_size: 11,
         recv_credits: 4,
         send_buf_size: 13,
@@ -262,7 +262,7 @@ fn test_established_send_buffer_wrap_ends_the_burst() {
     // The send buffer wraps (and, at equal sizes, the ring with it): two bursts, each one
     // write with its own immediate, so every burst is split only where the ring wraps.
     for ring in [64, 256] {
-        let b = Config {
+        let b = Params {
             ring_size: ring,
             ..small_config()
         };
@@ -288,13 +288,13 @@ fn test_established_send_buffer_wrap_ends_the_burst() {
 #[test]
 fn test_established_selective_signaling() {
     let mut p = Pair::new(
-        Config {
+        Params {
             ring_size: 4096,
             send_buf_size: 4096,
             recv_credits: 64,
             ..small_config()
         },
-        Config {
+        Params {
             ring_size: 4096,
             send_buf_size: 4096,
             recv_credits: 64,
@@ -320,7 +320,7 @@ fn test_established_selective_signaling() {
 
 #[test]
 fn test_established_fence_when_writer_waits_on_unsignaled_space() {
-    let cfg = Config {
+    let cfg = Params {
         ring_size: 30,
         recv_credits: 64,
         send_buf_size: 64,
@@ -350,7 +350,7 @@ fn test_established_fence_when_writer_waits_on_unsignaled_space() {
 
 #[test]
 fn test_established_both_directions_with_starved_credits() {
-    let cfg = Config {
+    let cfg = Params {
         ring_size: 3,
         recv_credits: 4,
         send_buf_size: 4,
@@ -479,7 +479,7 @@ fn test_fin_finished_waits_for_unread_bytes() {
 fn test_fin_fin_needs_no_data_credits() {
     // Two data messages leave A at the control reserve (B's credits are not processed), yet
     // FIN still goes out.
-    let cfg = Config {
+    let cfg = Params {
         ring_size: 16,
         recv_credits: 4,
         send_buf_size: 64,
@@ -747,7 +747,7 @@ fn test_malformed_completion_for_unknown_wr() {
 
 #[test]
 fn test_established_send_buffer_not_reused_before_its_completion() {
-    let cfg = Config {
+    let cfg = Params {
         ring_size: 64,
         recv_credits: 8,
         send_buf_size: 16,
@@ -775,7 +775,7 @@ fn test_established_send_buffer_not_reused_before_its_completion() {
 fn test_established_credit_backlog_larger_than_one_message() {
     // Thresholds (1.5 MiB, 1500 receives) exceed what one credit message carries
     // (1 MiB - 1, 1023): the backlog goes out in several messages and nothing is lost.
-    let big = Config {
+    let big = Params {
         ring_size: 3 << 20,
         recv_credits: 3000,
         send_buf_size: 1 << 20,
@@ -827,7 +827,7 @@ fn test_established_waitall_is_a_loop_over_read() {
     // MSG_WAITALL for 100 bytes: keep reading until 100 arrived, however they trickle in.
     let mut p = Pair::new(
         small_config(),
-        Config {
+        Params {
             ring_size: 7,
             ..small_config()
         },

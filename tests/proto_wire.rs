@@ -8,7 +8,7 @@ use rsock_core::proto::wire::{
     field, Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint, MAGIC,
     MAX_REP_PRIVATE_DATA, VERSION,
 };
-use rsock_core::proto::{Config, ReadError, State};
+use rsock_core::proto::{Params, ReadError, State};
 use rsock_core::transport::mem::{Fault, Pair, Side};
 
 fn pt_config(cases: u32) -> PtConfig {
@@ -165,7 +165,7 @@ proptest! {
     fn hostile_peer_never_panics(
         imms in proptest::collection::vec((peer_imm(), 0usize..=40), 1..40),
     ) {
-        let cfg = Config { ring_size: 64, recv_credits: 6, send_buf_size: 64, send_queue_depth: 8, max_inline: 4, ring_grow_to: 0, send_grow_to: 0 };
+        let cfg = Params { ring_size: 64, recv_credits: 6, send_buf_size: 64, send_queue_depth: 8, max_inline: 4, ring_grow_to: 0, send_grow_to: 0 };
         let mut p = Pair::new(cfg.clone(), cfg);
         // Injected data makes A return credits for bytes B never wrote; that is the point.
         p.check_grants = false;
@@ -202,7 +202,7 @@ proptest! {
         len_pick in any::<u32>(),
         written in prop_oneof![Just(None), (0u32..=100).prop_map(Some)],
     ) {
-        let cfg = Config { ring_size: ring, recv_credits: 8, send_buf_size: 64, send_queue_depth: 8, max_inline: 4, ring_grow_to: 0, send_grow_to: 0 };
+        let cfg = Params { ring_size: ring, recv_credits: 8, send_buf_size: 64, send_queue_depth: 8, max_inline: 4, ring_grow_to: 0, send_grow_to: 0 };
         let mut p = Pair::new(cfg.clone(), cfg);
         let data: Vec<u8> = (0..before).map(|i| i as u8).collect();
         let mut sent = 0;
@@ -239,7 +239,7 @@ proptest! {
 
 #[test]
 fn wrong_magic_and_version_are_distinct_errors() {
-    let good = Config::default()
+    let good = Params::default()
         .hello(HelloKind::Connect, 0x1000, 7, 9)
         .to_bytes();
     let mut foreign = good;

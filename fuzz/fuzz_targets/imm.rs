@@ -4,10 +4,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use rsock_core::proto::wire::{Hello, HelloKind, Imm};
-use rsock_core::proto::{Config, Conn};
+use rsock_core::proto::{Conn, Params};
 
 fuzz_target!(|data: &[u8]| {
-    let cfg = Config {
+    let cfg = Params {
         ring_size: 61,
         recv_credits: 5,
         send_buf_size: 37,

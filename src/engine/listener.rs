@@ -32,7 +32,7 @@ const MAX_DEFERRED: usize = 4096;
 
 /// An rdma_cm listener made by [`Listener::prepare`], waiting for [`Listener::start`].
 pub struct RdmaListen {
-    rl: rdma::Listener,
+    rl: rdma::CmListener,
     token: u64,
     sizes: super::BufSizes,
 }
@@ -54,7 +54,7 @@ pub struct Listener {
     /// Buffer sizes of the connections it accepts (config, or the rule that matched).
     pub(super) sizes: super::BufSizes,
     /// None for a listener another process owns and this one received ([`Listener::foreign`]).
-    rdma: Mutex<Option<rdma::Listener>>,
+    rdma: Mutex<Option<rdma::CmListener>>,
     /// The rdma_cm listener's event channel (its id lives in that file); -1 if none here.
     pub rdma_fd: c_int,
     /// The kernel listening socket (shim-internal fd, nonblocking).
@@ -98,7 +98,7 @@ impl Listener {
         sizes: super::BufSizes,
     ) -> Result<RdmaListen, Error> {
         let token = engine.token();
-        let rl = rdma::Listener::bind_afonly(addr, afonly, backlog.clamp(1, 4096), token)
+        let rl = rdma::CmListener::bind_afonly(addr, afonly, backlog.clamp(1, 4096), token)
             .map_err(|e| Error::new(None, e))?;
         Ok(RdmaListen { rl, token, sizes })
     }

@@ -168,11 +168,11 @@ mod tests {
     //! and a real socketpair: nothing lost or duplicated when the socket takes only part of
     //! what is readable, and end of stream passed on only after the last byte.
     use super::*;
-    use crate::proto::Config;
+    use crate::proto::Params;
     use crate::transport::mem::{Pair, Side};
 
-    fn cfg() -> Config {
-        Config {
+    fn cfg() -> Params {
+        Params {
             ring_size: 4096,
             recv_credits: 8,
             send_buf_size: 4096,

@@ -35,7 +35,7 @@ pub(super) struct Memory {
     pub pd: Arc<Pd>,
     pub ring: RegBuf,
     pub send: RegBuf,
-    pub cfg: proto::Config,
+    pub cfg: proto::Params,
 }
 
 /// A connection's buffer sizes in bytes (`RSOCK_RING_SIZE`/`RSOCK_SEND_BUF`, or a rule's).
@@ -105,7 +105,7 @@ pub(super) fn memory(
             (pd, ring, send)
         }
     };
-    let cfg = proto::Config {
+    let cfg = proto::Params {
         ring_size,
         recv_credits: c.recv_credits,
         send_buf_size: send_size,
@@ -123,8 +123,8 @@ pub(super) fn memory(
 }
 
 /// The QP for `id`, with receives posted for every credit we will announce.
-fn queue_pair(id: rdma::CmId, m: &mut Memory) -> Result<rdma::Conn, rdma::Error> {
-    let mut rc = rdma::Conn::new(id, &m.pd, qp_caps(m)).map_err(|(e, _id)| e)?;
+fn queue_pair(id: rdma::CmId, m: &mut Memory) -> Result<rdma::RcQp, rdma::Error> {
+    let mut rc = rdma::RcQp::new(id, &m.pd, qp_caps(m)).map_err(|(e, _id)| e)?;
     fit_and_post(&mut rc, m)?;
     Ok(rc)
 }
@@ -142,7 +142,7 @@ pub(super) fn qp_caps(m: &Memory) -> QpCaps {
 
 /// Fits the protocol to the queues the device granted and posts the receives for every
 /// credit we will announce.
-pub(super) fn fit_and_post(rc: &mut rdma::Conn, m: &mut Memory) -> Result<(), rdma::Error> {
+pub(super) fn fit_and_post(rc: &mut rdma::RcQp, m: &mut Memory) -> Result<(), rdma::Error> {
     let caps = rc.caps();
     // The protocol may use only what the device granted.
     m.cfg.send_queue_depth = caps
@@ -364,7 +364,7 @@ pub(super) fn accept_request(
         }
     };
     steps.mark("memory");
-    let mut rc = match rdma::Conn::new(id, &m.pd, qp_caps(&m)) {
+    let mut rc = match rdma::RcQp::new(id, &m.pd, qp_caps(&m)) {
         Ok(rc) => rc,
         Err((e, mut id)) => {
             refuse(&e);

@@ -106,7 +106,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     }
     // Everything that can fail for lack of resources is set up before the peer is told.
     let here = SocketAddr::new(st.local.ip(), 0);
-    let listener = rdma::Listener::bind(here, 4, engine.token()).map_err(refused("listen"))?;
+    let listener = rdma::CmListener::bind(here, 4, engine.token()).map_err(refused("listen"))?;
     let port = listener.id().local_addr().map_or(0, |a| a.port());
     steps.mark("listen");
     let dev = Device::for_id(listener.id()).map_err(refused("device"))?;
@@ -167,7 +167,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         let (inc, hello) = next_resume(&listener, conn_id, st.peer, deadline)?;
         steps.mark("resume");
         let sent_end = hello.resume.map_or(0, |r| r.sent_end);
-        let mut rc = rdma::Conn::new(inc.id, &m.pd, setup::qp_caps(&m))
+        let mut rc = rdma::RcQp::new(inc.id, &m.pd, setup::qp_caps(&m))
             .map_err(|(e, _)| Error::at("queue pair")(e))?;
         early = Some(engine.keep_early(rc.qp_num()));
         setup::fit_and_post(&mut rc, &mut m).map_err(Error::at("queue pair"))?;
@@ -265,7 +265,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
 /// The peer's resume on `listener`: a resume hello for `conn_id` from `peer`'s address.
 /// Anything else is refused and waited past.
 fn next_resume(
-    listener: &rdma::Listener,
+    listener: &rdma::CmListener,
     conn_id: u64,
     peer: SocketAddr,
     deadline: Instant,

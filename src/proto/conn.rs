@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use super::credits::{MsgClass, RxCredits, TxCredits};
 use super::ring::Ring;
 use super::wire::{Hello, HelloKind, Imm};
-use super::{Config, ConfigError, ProtocolError};
+use super::{ConfigError, Params, ProtocolError};
 
 /// Identifies one posted work request; the driver stores it in `wr_id` and hands it back in
 /// [`Conn::handle_send_complete`]. Sequential per connection, starting at 0.
@@ -258,7 +258,7 @@ pub struct Conn {
 
 impl Conn {
     /// A connection between our `config` and the peer's validated `peer` hello.
-    pub fn new(config: &Config, peer: &Hello) -> Result<Conn, ConfigError> {
+    pub fn new(config: &Params, peer: &Hello) -> Result<Conn, ConfigError> {
         config.validate()?;
         peer.check().map_err(ConfigError::Peer)?;
         Ok(Conn {

@@ -2,7 +2,7 @@
 //! into the peer's registered receive ring, with credit-based flow control.
 //!
 //! - [`wire`]: the hello/reject carried in rdma_cm private data and the 32-bit immediate.
-//! - [`Config`]: local sizes; [`Conn`]: the state machine a driver feeds and polls.
+//! - [`Params`]: local sizes; [`Conn`]: the state machine a driver feeds and polls.
 //! - `ring`, `credits`: offset arithmetic and the exact credit accounting behind `Conn`.
 //!
 //! What this module does not do: no syscalls, no verbs, no threads, no clock reads, no memory
@@ -14,23 +14,23 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod config;
 mod conn;
 mod credits;
+mod params;
 mod ring;
 pub mod wire;
 
 use core::fmt;
 
-pub use config::{
-    Config, ConfigError, DEFAULT_MAX_INLINE, DEFAULT_RECV_CREDITS, DEFAULT_RING_SIZE,
-    DEFAULT_SEND_BUF_SIZE, DEFAULT_SEND_QUEUE_DEPTH, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH,
-};
 pub use conn::{
     Conn, Counters, Event, Failure, Handover, MigrateError, Readiness, RingCopy, State, Stats,
     Want, WrId, Write,
 };
 pub use credits::CONTROL_RESERVE;
+pub use params::{
+    ConfigError, Params, DEFAULT_MAX_INLINE, DEFAULT_RECV_CREDITS, DEFAULT_RING_SIZE,
+    DEFAULT_SEND_BUF_SIZE, DEFAULT_SEND_QUEUE_DEPTH, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH,
+};
 pub use ring::{gather, scatter};
 pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint};
 

@@ -240,7 +240,7 @@ impl CmEvent {
                 unsafe { (*e.listen_id).context as u64 }
             };
             // The new id is ours from now on (destroying it unanswered rejects the peer).
-            // Its listener's family is set by `rdma::Listener::next_request`.
+            // Its listener's family is set by `rdma::CmListener::next_request`.
             let new = CmId {
                 id: e.id,
                 _ch: chan.clone(),
@@ -414,7 +414,7 @@ impl ConnParam<'_> {
 
 /// An rdma_cm identifier (`RDMA_PS_TCP`), destroyed on drop.
 ///
-/// A QP created on it belongs to a [`super::Conn`], which destroys the QP before the id.
+/// A QP created on it belongs to a [`super::RcQp`], which destroys the QP before the id.
 ///
 /// Addresses cross it in the caller's family (`crate::addr`): rdma_cm is given an
 /// IPv4-mapped address as plain IPv4, and an id used with IPv6 addresses reports IPv4 ones
@@ -727,7 +727,7 @@ impl CmId {
 impl Drop for CmId {
     fn drop(&mut self) {
         if let Ok(lib) = lib() {
-            // SAFETY: live id; its QP (if any) was destroyed by its Conn first; all its
+            // SAFETY: live id; its QP (if any) was destroyed by its RcQp first; all its
             // events are acked (CmEvent copies and acks at once).
             unsafe { (lib.rdma_destroy_id)(self.id) };
         }

@@ -1,8 +1,8 @@
 //! An RC connection: a cm id plus its QP, with send/receive queue accounting.
 //!
 //! The QP posts both queues' completions to its device's shared CQ; whoever polls that
-//! CQ hands each completion to the owning `Conn` (found by [`Wc::qp_num`]) through
-//! [`Conn::on_send_completion`] / [`Conn::on_recv_completion`], which free queue slots.
+//! CQ hands each completion to the owning `RcQp` (found by [`Wc::qp_num`]) through
+//! [`RcQp::on_send_completion`] / [`RcQp::on_recv_completion`], which free queue slots.
 //!
 //! Signaling is selective: an unsignaled WRITE produces no completion on success, so its
 //! send-queue slot is freed by the next signaled one (RC completes in order). `post_*`
@@ -14,8 +14,8 @@
 //! wr_ids: callers use values below [`DRAIN_SEND_WR_ID`]; receive WRs are posted with
 //! [`RECV_FLAG`] added, which [`Wc::wr_id`] strips and [`Wc::is_recv`] reports.
 //!
-//! Teardown: [`Conn::disconnect`] (the QP goes to the error state and flushes), then
-//! [`Conn::start_drain`] and keep feeding completions until [`Conn::is_drained`], then
+//! Teardown: [`RcQp::disconnect`] (the QP goes to the error state and flushes), then
+//! [`RcQp::start_drain`] and keep feeding completions until [`RcQp::is_drained`], then
 //! drop: the QP is destroyed before the id, its CQ entries are returned to the device,
 //! and no completion of it can arrive later. Dropping without draining is allowed (e.g.
 //! on a fatal error) but may leave flushed completions of this QP in the shared CQ, which
@@ -37,7 +37,7 @@ use super::mr::{RemoteBuf, Sge};
 use super::pd::Pd;
 use super::wc::{Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
 
-/// Queue sizes of an RC QP: asked for in [`Conn::new`], granted in [`Conn::caps`]
+/// Queue sizes of an RC QP: asked for in [`RcQp::new`], granted in [`RcQp::caps`]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpCaps {
     /// Send queue depth
@@ -46,7 +46,7 @@ pub struct QpCaps {
     pub max_recv_wr: u32,
     /// SGEs per send WR
     pub max_send_sge: u32,
-    /// Largest inline send; [`Conn::new`] lowers it until the device accepts the QP
+    /// Largest inline send; [`RcQp::new`] lowers it until the device accepts the QP
     pub max_inline_data: u32,
 }
 
@@ -77,7 +77,7 @@ pub enum Signal {
 }
 
 /// An RC connection (see the module doc); `Send`, not `Sync`
-pub struct Conn {
+pub struct RcQp {
     qp: *mut ibv_qp,
     qp_num: u32,
     caps: QpCaps,
@@ -98,7 +98,7 @@ pub struct Conn {
 }
 
 // SAFETY: the QP is used through &mut self only; verbs are thread-safe.
-unsafe impl Send for Conn {}
+unsafe impl Send for RcQp {}
 
 fn sq_full() -> Error {
     Error::new("ibv_post_send", libc::ENOBUFS, Reason::Resources)
@@ -160,11 +160,11 @@ impl SqAccount {
     }
 }
 
-impl Conn {
+impl RcQp {
     /// Creates an RC QP on `id` (resolved or from a connect request) in `pd`, posting to
     /// its device's CQ. Lowers `max_inline_data` until the device accepts it.
     /// On failure the id is handed back (to reject a connect request, say).
-    pub fn new(id: CmId, pd: &Arc<Pd>, want: QpCaps) -> std::result::Result<Conn, (Error, CmId)> {
+    pub fn new(id: CmId, pd: &Arc<Pd>, want: QpCaps) -> std::result::Result<RcQp, (Error, CmId)> {
         let dev = pd.device();
         let lib = match lib() {
             Ok(l) => l,
@@ -238,7 +238,7 @@ impl Conn {
         } else {
             dev.cqs().release(slot, asked - reserve);
         }
-        Ok(Conn {
+        Ok(RcQp {
             qp,
             // SAFETY: live QP.
             qp_num: unsafe { (*qp).qp_num },
@@ -632,7 +632,7 @@ impl Conn {
     }
 }
 
-impl Drop for Conn {
+impl Drop for RcQp {
     fn drop(&mut self) {
         if let Ok(lib) = lib() {
             // SAFETY: the QP belongs to `id`, which is dropped after this (field drop).
@@ -642,9 +642,9 @@ impl Drop for Conn {
     }
 }
 
-impl std::fmt::Debug for Conn {
+impl std::fmt::Debug for RcQp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn")
+        f.debug_struct("RcQp")
             .field("qp_num", &self.qp_num)
             .field("caps", &self.caps)
             .field("sq_room", &self.sq.room())

@@ -2,8 +2,8 @@
 //! channel so a wait sees only its own id's events.
 //!
 //! Active side: [`resolve`] → (register the ring in the returned device's PD, build the
-//! private data) → [`Conn::new`] → post receives → [`connect`]. Passive side:
-//! [`Listener::bind`] → [`Listener::next_request`] → [`Conn::new`] on the request's id →
+//! private data) → [`RcQp::new`] → post receives → [`connect`]. Passive side:
+//! [`CmListener::bind`] → [`CmListener::next_request`] → [`RcQp::new`] on the request's id →
 //! post receives → [`accept`]. Teardown: [`close`].
 //!
 //! A progress engine that multiplexes many connections would drive the same steps from
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cm::{CmEvent, CmId, ConnParam, EventChannel, EventKind};
-use super::conn::Conn;
+use super::conn::RcQp;
 use super::device::Device;
 use super::error::{Error, Reason, Result};
 use super::fd;
@@ -79,7 +79,7 @@ pub fn resolve(
 /// Sends the connect request and waits for `ESTABLISHED`; returns that event, whose
 /// [`CmEvent::private_data`] is the peer's accept data (zero-padded to 196 bytes).
 /// Post the receives the peer may consume *before* calling this.
-pub fn connect(conn: &mut Conn, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
+pub fn connect(conn: &mut RcQp, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
     let ev = connect_event(conn, param, timeout)?;
     if ev.kind == EventKind::Established {
         Ok(ev)
@@ -92,7 +92,7 @@ pub fn connect(conn: &mut Conn, param: &ConnParam<'_>, timeout: Duration) -> Res
 /// `REJECTED` (whose [`CmEvent::private_data`] is the peer's reject data and
 /// [`CmEvent::status`] the CM reject reason), `UNREACHABLE`, `CONNECT_ERROR` — so the
 /// caller can read why. Only the timeout and local failures are errors.
-pub fn connect_event(conn: &mut Conn, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
+pub fn connect_event(conn: &mut RcQp, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
     let deadline = Instant::now() + timeout;
     conn.connect(param)?;
     let ch = conn.id().channel().clone();
@@ -103,17 +103,17 @@ pub fn connect_event(conn: &mut Conn, param: &ConnParam<'_>, timeout: Duration) 
 }
 
 /// Accepts (the QP exists, receives are posted) and waits for `ESTABLISHED`
-pub fn accept(conn: &mut Conn, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
+pub fn accept(conn: &mut RcQp, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
     let deadline = Instant::now() + timeout;
     conn.accept(param)?;
     let ch = conn.id().channel().clone();
     wait_event(&ch, EventKind::Established, "rdma_accept", Some(deadline))
 }
 
-/// A connect request taken from a [`Listener`]: its id (already moved to its own event
+/// A connect request taken from a [`CmListener`]: its id (already moved to its own event
 /// channel), the device it arrived on and the client's private data
 pub struct Incoming {
-    /// The new id: give it to [`Conn::new`], or [`CmId::reject`] it (dropping it rejects)
+    /// The new id: give it to [`RcQp::new`], or [`CmId::reject`] it (dropping it rejects)
     pub id: CmId,
     /// The device the request came in on
     pub device: Arc<Device>,
@@ -122,15 +122,15 @@ pub struct Incoming {
 }
 
 /// An rdma_cm listener in `RDMA_PS_TCP` on its own event channel
-pub struct Listener {
+pub struct CmListener {
     id: CmId,
 }
 
-impl Listener {
+impl CmListener {
     /// Binds `addr` and listens. Binding to an address without an RDMA device fails
     /// with [`Reason::NoRdma`] (`EADDRNOTAVAIL`/`ENODEV`).
-    pub fn bind(addr: SocketAddr, backlog: i32, token: u64) -> Result<Listener> {
-        Listener::bind_afonly(addr, None, backlog, token)
+    pub fn bind(addr: SocketAddr, backlog: i32, token: u64) -> Result<CmListener> {
+        CmListener::bind_afonly(addr, None, backlog, token)
     }
 
     /// [`Self::bind`], with `RDMA_OPTION_ID_AFONLY` set first when given (an IPv6 wildcard
@@ -142,7 +142,7 @@ impl Listener {
         afonly: Option<bool>,
         backlog: i32,
         token: u64,
-    ) -> Result<Listener> {
+    ) -> Result<CmListener> {
         let ch = EventChannel::new()?;
         let mut id = CmId::new(&ch, token)?;
         if let Some(only) = afonly {
@@ -150,7 +150,7 @@ impl Listener {
         }
         id.bind(addr)?;
         id.listen(backlog)?;
-        Ok(Listener { id })
+        Ok(CmListener { id })
     }
 
     /// The listening id
@@ -198,11 +198,11 @@ impl Listener {
 }
 
 /// Orderly teardown: disconnect, wait for `DISCONNECTED` (up to `timeout`, unless
-/// [`Conn::set_disconnected`] says it was seen already), drain both
+/// [`RcQp::set_disconnected`] says it was seen already), drain both
 /// queues and drop the connection. Completions of *other* QPs polled meanwhile from the
 /// shared CQ are handed to `other`. Returns whether the drain completed in time (if not,
 /// the QP is destroyed anyway; late completions of it must be ignored by the poller).
-pub fn close(mut conn: Conn, timeout: Duration, other: &mut dyn FnMut(&Wc)) -> Result<bool> {
+pub fn close(mut conn: RcQp, timeout: Duration, other: &mut dyn FnMut(&Wc)) -> Result<bool> {
     let deadline = Instant::now() + timeout;
     // rdma_disconnect moves the QP to the error state first (so its WRs flush), then asks
     // the CM; that step fails on an id that never connected or whose peer left first,

@@ -12,10 +12,10 @@
 //! - [`pd`]: a protection domain per connection ([`Pd`]): a ring's rkey works on its own QP only.
 //! - [`mr`]: registrations ([`Mr`], [`RegBuf`]) with a closed set of [`Access`] modes.
 //! - [`pool`]: registered memory of ended connections, reused by new ones of the same sizes.
-//! - [`conn`]: an RC QP on a cm id ([`Conn`]): WRITE / WRITE_WITH_IMM (inline when small,
+//! - [`conn`]: an RC QP on a cm id ([`RcQp`]): WRITE / WRITE_WITH_IMM (inline when small,
 //!   selectively signaled), zero-length receives, queue accounting, drain.
 //! - [`connect`]: blocking setup and teardown helpers ([`resolve`], [`connect()`],
-//!   [`Listener`], [`accept`], [`close`]).
+//!   [`CmListener`], [`accept`], [`close`]).
 //!
 //! What it does not do: no threads, no progress engine, no stream protocol (that is
 //! `proto`); it calls no hooked libc function itself (fd control and waits are raw
@@ -39,8 +39,10 @@ pub use cm::{
     CmEvent, CmId, ConnParam, EventChannel, EventKind, REJ_PRIVATE_MAX, REP_PRIVATE_MAX,
     REQ_PRIVATE_MAX,
 };
-pub use conn::{Conn, QpCaps, Signal};
-pub use connect::{accept, close, connect, connect_event, resolve, wait_event, Incoming, Listener};
+pub use conn::{QpCaps, RcQp, Signal};
+pub use connect::{
+    accept, close, connect, connect_event, resolve, wait_event, CmListener, Incoming,
+};
 pub use device::{AsyncEvent, Device, DeviceLimits};
 pub use error::{Error, Reason, Result};
 pub use mr::{Access, Mr, RegBuf, RemoteBuf, Sge};
@@ -89,7 +91,7 @@ mod tests {
         )
         .expect_err("resolve cannot work without a device");
         assert_eq!(e2.reason(), Reason::NoRdma, "{e2}");
-        let l = Listener::bind("0.0.0.0:0".parse().unwrap(), 1, 0)
+        let l = CmListener::bind("0.0.0.0:0".parse().unwrap(), 1, 0)
             .err()
             .expect("no listener without a device");
         assert_eq!(l.reason(), Reason::NoRdma);

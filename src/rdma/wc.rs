@@ -3,11 +3,11 @@
 
 use super::ffi;
 use rdma_sys::{ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
-/// Bit 63 of the posted wr_id marks receive WRs ([`Conn::post_recvs`](super::Conn::post_recvs) sets it,
+/// Bit 63 of the posted wr_id marks receive WRs ([`RcQp::post_recvs`](super::RcQp::post_recvs) sets it,
 /// [`Wc::is_recv`] tests it, [`Wc::wr_id`] strips it): the opcode of a flushed completion
 /// is undefined, so this is how a completion's queue is known in every case.
 pub const RECV_FLAG: u64 = 1 << 63;
-/// wr_id of the send-queue drain marker of [`Conn::start_drain`](super::Conn::start_drain); callers' wr_ids must be
+/// wr_id of the send-queue drain marker of [`RcQp::start_drain`](super::RcQp::start_drain); callers' wr_ids must be
 /// below it
 pub const DRAIN_SEND_WR_ID: u64 = RECV_FLAG - 1;
 

@@ -64,7 +64,7 @@ use rdma_sys::{
     ibv_cq, ibv_pd, ibv_qp, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_flags,
     ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status, ibv_wr_opcode,
 };
-use rsock_core::proto::{Config, Hello, HelloKind, Imm};
+use rsock_core::proto::{Hello, HelloKind, Imm, Params};
 use rsock_core::rdma::{self, ffi, CmEvent, CmId, ConnParam, EventChannel, EventKind};
 
 /// Bytes of every attacking write.
@@ -224,8 +224,8 @@ impl Peer {
             cq: std::ptr::null_mut(),
             pd: std::ptr::null_mut(),
             qpn: 0,
-            ring: Config::default().hello(HelloKind::Accept, 0, 0, 0),
-            ours: Config::default().hello(HelloKind::Connect, 0, 0, 0),
+            ring: Params::default().hello(HelloKind::Accept, 0, 0, 0),
+            ours: Params::default().hello(HelloKind::Connect, 0, 0, 0),
             own_ring: vec![0; if ring_len > 0 { ring_len + 4096 } else { 0 }],
             own_at: 0,
             own_mr: std::ptr::null_mut(),
@@ -272,10 +272,10 @@ impl Peer {
         for _ in 0..RECV_CREDITS {
             p.repost_recv()?;
         }
-        let mut cfg = Config {
+        let mut cfg = Params {
             ring_size: FAKE_RING_SIZE,
             recv_credits: RECV_CREDITS,
-            ..Config::default()
+            ..Params::default()
         };
         let mut rkey = 0;
         if ring_len > 0 {

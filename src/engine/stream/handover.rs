@@ -109,9 +109,9 @@ impl Stream {
     /// (drop it outside any lock) and the old QP number.
     pub(in crate::engine) fn finish_resume(
         &self,
-        rc: rdma::Conn,
+        rc: rdma::RcQp,
         accept: &Hello,
-    ) -> Result<(Option<rdma::Conn>, u32), String> {
+    ) -> Result<(Option<rdma::RcQp>, u32), String> {
         let mut g = self.lock();
         let inner = &mut *g;
         if accept.conn_id != self.conn_id {

@@ -17,7 +17,7 @@
 
 use super::{Parts, Port, QueuePair, Region, Stream};
 use crate::engine::ipc::Owner;
-use crate::proto::{self, Config, Hello, HelloKind};
+use crate::proto::{self, Hello, HelloKind, Params};
 use crate::rdma::{self, RemoteBuf, Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
 use crate::readiness::Doorbell;
 use crate::transport::mem::fabric::{credit_bytes, Cqe, Grants, Landing, Qp, Wr, WrError};
@@ -502,12 +502,12 @@ impl Drop for MemPort {
 }
 
 /// Two connected streams, `a` (the connecting end) and `b`, with `config`'s sizes.
-pub fn pair(config: &Config) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
+pub fn pair(config: &Params) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
     pair_with(config, Duration::from_micros(50))
 }
 
 /// As [`pair`], with `spin` as `RSOCK_SPIN_US`.
-pub fn pair_with(config: &Config, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
+pub fn pair_with(config: &Params, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<Stream<MemPort>>) {
     // The device's send queue: the protocol's, and a slot for a keepalive probe (setup.rs).
     let end = || End {
         qp: Qp::new(0, config.send_queue_depth + 1),

@@ -173,7 +173,7 @@ fn engine() -> Option<&'static Engine> {
 }
 
 impl Port for Dev {
-    type Qp = rdma::Conn;
+    type Qp = rdma::RcQp;
 
     fn progress(&self) -> usize {
         engine().map_or(0, |e| e.progress(self))
@@ -219,11 +219,11 @@ impl Port for Dev {
     }
 }
 
-impl QueuePair for rdma::Conn {
+impl QueuePair for rdma::RcQp {
     type Buf = RegBuf;
 
     fn qp_num(&self) -> u32 {
-        rdma::Conn::qp_num(self)
+        rdma::RcQp::qp_num(self)
     }
 
     fn post(&mut self, w: &proto::Write, send: &RegBuf) -> rdma::Result<()> {
@@ -276,15 +276,15 @@ impl QueuePair for rdma::Conn {
     }
 
     fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()> {
-        rdma::Conn::post_recvs(self, wr_id, n)
+        rdma::RcQp::post_recvs(self, wr_id, n)
     }
 
     fn on_completion(&mut self, wc: &Wc) {
-        rdma::Conn::on_completion(self, wc);
+        rdma::RcQp::on_completion(self, wc);
     }
 
     fn set_disconnected(&mut self) {
-        rdma::Conn::set_disconnected(self);
+        rdma::RcQp::set_disconnected(self);
     }
 
     fn is_conn(&self, id: *const libc::c_void) -> bool {
@@ -292,15 +292,15 @@ impl QueuePair for rdma::Conn {
     }
 
     fn disconnect(&mut self) -> rdma::Result<()> {
-        rdma::Conn::disconnect(self)
+        rdma::RcQp::disconnect(self)
     }
 
     fn start_drain(&mut self) -> rdma::Result<()> {
-        rdma::Conn::start_drain(self)
+        rdma::RcQp::start_drain(self)
     }
 
     fn is_drained(&self) -> bool {
-        rdma::Conn::is_drained(self)
+        rdma::RcQp::is_drained(self)
     }
 
     fn recycle(ring: RegBuf, send: RegBuf, reusable: bool) {

@@ -5,7 +5,7 @@
 
 use super::mem::{pair, MemPort};
 use super::{Port, Stream};
-use crate::proto::Config;
+use crate::proto::Params;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngSeed};
 use std::io::{IoSlice, IoSliceMut};
@@ -29,9 +29,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn config() -> impl Strategy<Value = Config> {
+fn config() -> impl Strategy<Value = Params> {
     prop_oneof![
-        Just(Config {
+        Just(Params {
             ring_size: 64,
             recv_credits: 4,
             send_buf_size: 64,
@@ -40,7 +40,7 @@ fn config() -> impl Strategy<Value = Config> {
             ring_grow_to: 0,
             send_grow_to: 0,
         }),
-        Just(Config {
+        Just(Params {
             ring_size: 300,
             recv_credits: 8,
             send_buf_size: 200,
@@ -49,7 +49,7 @@ fn config() -> impl Strategy<Value = Config> {
             ring_grow_to: 0,
             send_grow_to: 0,
         }),
-        Just(Config {
+        Just(Params {
             ring_size: 64,
             recv_credits: 6,
             send_buf_size: 64,
@@ -58,7 +58,7 @@ fn config() -> impl Strategy<Value = Config> {
             ring_grow_to: 4096,
             send_grow_to: 1000,
         }),
-        Just(Config {
+        Just(Params {
             ring_size: 4096,
             recv_credits: 16,
             send_buf_size: 1000,
@@ -88,7 +88,7 @@ fn pollin(s: &S) -> bool {
     p.revents & libc::POLLIN != 0
 }
 
-fn run(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
+fn run(cfg: &Params, ops: &[Op]) -> Result<(), TestCaseError> {
     let (a, b) = pair(cfg);
     let ends = [a, b];
     ends.iter().for_each(|s| s.watch());

@@ -3,7 +3,7 @@
 
 use super::mem::{pair, pair_with, MemPort};
 use super::{Port, QueuePair, Stream};
-use crate::proto::Config;
+use crate::proto::Params;
 use libc::c_int;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -13,8 +13,8 @@ use std::time::Duration;
 
 pub(super) type S = Arc<Stream<MemPort>>;
 
-pub(super) fn small() -> Config {
-    Config {
+pub(super) fn small() -> Params {
+    Params {
         ring_size: 4096,
         recv_credits: 16,
         send_buf_size: 4096,
@@ -108,7 +108,7 @@ fn a_megabyte_each_way_through_small_rings_arrives_intact() {
 
 #[test]
 fn buffers_grow_under_a_stream_and_stay_small_for_chatter() {
-    let cfg = Config {
+    let cfg = Params {
         ring_grow_to: 65536,
         send_grow_to: 65536,
         ..small()
@@ -153,7 +153,7 @@ fn buffers_grow_under_a_stream_and_stay_small_for_chatter() {
 fn busy_request_response_grows_buffers() {
     // 1 KiB each way never fills a 4 KiB window, but moving several rings' worth within
     // milliseconds is a busy connection: both ends' rings and send buffers grow.
-    let cfg = Config {
+    let cfg = Params {
         ring_grow_to: 65536,
         send_grow_to: 65536,
         ..small()

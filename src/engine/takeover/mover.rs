@@ -170,7 +170,7 @@ fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(
     if !Arc::ptr_eq(&dev, &s.dev.dev) {
         return Err(Why::Unavailable("the taker is on another device").into());
     }
-    let rc = rdma::Conn::new(id, &pd, caps).map_err(|(e, _)| Error::at("queue pair")(e))?;
+    let rc = rdma::RcQp::new(id, &pd, caps).map_err(|(e, _)| Error::at("queue pair")(e))?;
     let _early = engine.keep_early(rc.qp_num());
     connect_resume(engine, s, rc, &hello, deadline)
 }
@@ -179,7 +179,7 @@ fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(
 fn connect_resume(
     engine: &'static Engine,
     s: &Arc<Stream>,
-    mut rc: rdma::Conn,
+    mut rc: rdma::RcQp,
     hello: &Hello,
     deadline: Instant,
 ) -> Result<(), Error> {

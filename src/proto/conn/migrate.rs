@@ -10,7 +10,7 @@ use core::ops::Range;
 use super::{Conn, EV_MOVING};
 use crate::proto::credits::{MsgClass, RxCredits, TxCredits};
 use crate::proto::wire::{Hello, HelloKind, Imm, ResumePoint};
-use crate::proto::{Config, ConfigError, ProtocolError, Write};
+use crate::proto::{ConfigError, Params, ProtocolError, Write};
 
 /// Where a connection's queue-pair hand-over stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -288,7 +288,7 @@ impl Conn {
     /// bytes to [`readable_ranges`](Self::readable_ranges) of the new ring and O's unsent
     /// bytes to [`unsent_ranges`](Self::unsent_ranges) of the new send buffer.
     pub fn from_handover(
-        config: &Config,
+        config: &Params,
         state: &Handover,
         peer: &Hello,
     ) -> Result<Conn, MigrateError> {

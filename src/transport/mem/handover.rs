@@ -4,7 +4,7 @@
 
 use super::{Endpoint, Fault, Pair, Side, CONN_ID, RING_ADDR, RKEY};
 use crate::proto::wire::{Hello, HelloKind};
-use crate::proto::{Config, Conn};
+use crate::proto::{Conn, Params};
 use core::ops::Range;
 
 impl Pair {
@@ -12,7 +12,7 @@ impl Pair {
     /// old end's). Drives the pair until the peer has quiesced, then builds the taker from the
     /// old end's export. The returned pair's `a` is the end that stayed (it sent the resume,
     /// so it is the active side of the new queue pair) and `b` the taker.
-    pub fn hand_over(mut self, from: Side, port: u16, config_t: Config) -> Result<Pair, Fault> {
+    pub fn hand_over(mut self, from: Side, port: u16, config_t: Params) -> Result<Pair, Fault> {
         self.ep_mut(from)
             .conn
             .start_migration(port)
@@ -26,7 +26,7 @@ impl Pair {
         mut self,
         from: Side,
         port: u16,
-        config_t: Config,
+        config_t: Params,
     ) -> Result<Pair, Fault> {
         self.drive()?;
         let stay = from.peer();

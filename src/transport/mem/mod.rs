@@ -22,7 +22,7 @@ use fabric::{credit_bytes, Cqe, Grants, Landing, Qp, Wr, WrError};
 use std::collections::VecDeque;
 
 use crate::proto::wire::{Hello, HelloKind, Imm};
-use crate::proto::{Config, Conn, Event, ProtocolError, ReadError, Write, WriteError};
+use crate::proto::{Conn, Event, Params, ProtocolError, ReadError, Write, WriteError};
 
 /// One of the two ends of a [`Pair`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub struct Endpoint {
     next_ring: Option<(Vec<u8>, u32, Grants)>,
     /// A bigger send buffer waiting for the old one to drain.
     next_send: Option<Vec<u8>>,
-    config: Config,
+    config: Params,
     /// Its queue pair: completions, posted receives, state.
     qp: Qp,
     /// Writes posted and not yet delivered (the wire towards the peer).
@@ -101,7 +101,7 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    fn new(config: Config, conn: Conn, ring_rkey: u32) -> Endpoint {
+    fn new(config: Params, conn: Conn, ring_rkey: u32) -> Endpoint {
         Endpoint {
             conn,
             send_buf: vec![0; config.send_buf_size as usize],
@@ -118,7 +118,7 @@ impl Endpoint {
     }
 
     /// The config this end was built with.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &Params {
         &self.config
     }
 
@@ -209,7 +209,7 @@ impl Pair {
     ///
     /// # Panics
     /// If either config is invalid.
-    pub fn new(config_a: Config, config_b: Config) -> Pair {
+    pub fn new(config_a: Params, config_b: Params) -> Pair {
         let req = config_a
             .hello(HelloKind::Connect, RING_ADDR[0], RKEY[0], CONN_ID)
             .to_bytes();

@@ -10,7 +10,7 @@ use core::fmt;
 
 /// Local connection parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Config {
+pub struct Params {
     /// Bytes in the local receive ring the peer writes into. Any size in
     /// `MIN_RING_SIZE..=MAX_RING_SIZE` (not just powers of two; see PROTOCOL.md §4).
     pub ring_size: u32,
@@ -43,9 +43,9 @@ pub const DEFAULT_SEND_QUEUE_DEPTH: u32 = 64;
 /// Largest inline write (`RSOCK_MAX_INLINE`).
 pub const DEFAULT_MAX_INLINE: u32 = 128;
 
-impl Default for Config {
+impl Default for Params {
     fn default() -> Self {
-        Config {
+        Params {
             ring_size: DEFAULT_RING_SIZE,
             recv_credits: DEFAULT_RECV_CREDITS,
             send_buf_size: DEFAULT_SEND_BUF_SIZE,
@@ -62,7 +62,7 @@ pub const MIN_SEND_QUEUE_DEPTH: u32 = 4;
 /// Largest send buffer (bursts must fit the 31-bit immediate length).
 pub const MAX_SEND_BUF_SIZE: u32 = 1 << 30;
 
-/// A [`Config`] field out of range.
+/// A [`Params`] field out of range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigError {
     /// `ring_size` outside `MIN_RING_SIZE..=MAX_RING_SIZE`.
@@ -91,7 +91,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-impl Config {
+impl Params {
     /// Checks every field against the protocol limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(MIN_RING_SIZE..=MAX_RING_SIZE).contains(&self.ring_size) {
