@@ -3,7 +3,7 @@
 //! (`holders.rs`, `tend.rs`, `takeover/`), checked by its phase and by what the peer sees.
 
 use super::mem::pair;
-use super::tests::{pattern, read_to_end, recv, send, small, S};
+use super::tests::{pattern, read_all_then_close, recv, send, small, S};
 use super::{Event, Life, Phase, Port};
 use crate::engine::ipc::Owner;
 use std::sync::atomic::Ordering::*;
@@ -83,14 +83,7 @@ fn letting_go_with_bytes_queued_closes_lingers_delivers_them_then_frees() {
         "lingers with bytes undelivered"
     );
     assert!(a.lock().rc.is_some());
-    let reader = {
-        let b = b.clone();
-        thread::spawn(move || {
-            let got = read_to_end(&b);
-            b.app_closed(false);
-            got
-        })
-    };
+    let reader = read_all_then_close(&b);
     reap(&a, &b);
     assert!(reader.join().unwrap() == queued, "the peer read every byte");
     assert!(

@@ -53,6 +53,16 @@ pub(super) fn read_to_end(s: &S) -> Vec<u8> {
     }
 }
 
+/// A thread that reads `s` to its end, then closes it (as a peer program would): its bytes.
+pub(super) fn read_all_then_close(s: &S) -> thread::JoinHandle<Vec<u8>> {
+    let s = s.clone();
+    thread::spawn(move || {
+        let got = read_to_end(&s);
+        s.app_closed(false);
+        got
+    })
+}
+
 pub(super) fn poll_flags(s: &S) -> i16 {
     let mut p = libc::pollfd {
         fd: s.bell().app_fd(),
@@ -403,14 +413,7 @@ fn fin_shows_end_of_stream_then_both_ways_a_hang_up() {
 fn a_close_lingers_until_its_bytes_are_delivered_then_tears_down() {
     let (a, b) = pair(&small());
     let data = pattern(10_000, 3);
-    let reader = {
-        let b = b.clone();
-        thread::spawn(move || {
-            let got = read_to_end(&b);
-            b.app_closed(false);
-            got
-        })
-    };
+    let reader = read_all_then_close(&b);
     assert_eq!(send(&a, &data, 0), Ok(data.len()));
     a.app_closed(false);
     let linger = Duration::from_secs(60);
