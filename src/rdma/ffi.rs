@@ -167,12 +167,20 @@ pub fn lib() -> Result<&'static Lib, Error> {
     if e != 0 && !inherited {
         return Err(Error::new("dlopen", e, Reason::NoRdma));
     }
+    if inherited {
+        if let Some(lib) = take_spare(p, me) {
+            return Ok(lib);
+        }
+    }
     match load(inherited) {
-        Ok(lib) => {
+        Ok((lib, ns_errno)) => {
             let new = Box::into_raw(Box::new(lib));
             match LIB.compare_exchange(p, new, Ordering::AcqRel, Ordering::Acquire) {
                 // SAFETY: we just published `new`; it lives for the process.
                 Ok(_) => {
+                    if inherited {
+                        NS_ERRNO.store(ns_errno, Ordering::Release);
+                    }
                     LIB_PID.store(me, Ordering::Release);
                     Ok(unsafe { &*new })
                 }
@@ -190,6 +198,69 @@ pub fn lib() -> Result<&'static Lib, Error> {
             Err(err)
         }
     }
+}
+
+/// A started instance of the libraries nobody uses, for fork children (see [`prepare_spare`]).
+static SPARE: AtomicPtr<Lib> = AtomicPtr::new(std::ptr::null_mut());
+/// Its namespace's `__errno_location`.
+static SPARE_ERRNO: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// The process that made it: its children may take it, it may not.
+static SPARE_PID: AtomicI32 = AtomicI32::new(0);
+
+/// In a process about to fork with RDMA sockets its children may take over: loads and
+/// starts (an event channel made and destroyed) an instance of the libraries in a new
+/// namespace, and leaves it unused. Each child inherits it ready, with nothing of it open,
+/// and takes it as its own ([`lib`]) instead of loading one: in the test bed that is 2 ms
+/// instead of about 55 (docs/DESIGN.md, "Fork hand-over"). Once per process; call in the
+/// fork's prepare handler, so no load is half done at the fork.
+pub fn prepare_spare() {
+    let me = crate::sys::raw::pid();
+    if SPARE_PID.load(Ordering::Acquire) == me && !SPARE.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    let Ok((lib, ns_errno)) = load(true) else {
+        return; // the child loads its own, as without a spare
+    };
+    // SAFETY: functions of the instance just loaded; the channel is destroyed at once.
+    let started = unsafe {
+        let ch = (lib.rdma_create_event_channel)();
+        if !ch.is_null() {
+            (lib.rdma_destroy_event_channel)(ch);
+        }
+        !ch.is_null()
+    };
+    if !started {
+        return; // its namespace stays loaded, unused
+    }
+    SPARE_ERRNO.store(ns_errno, Ordering::Release);
+    SPARE.store(Box::into_raw(Box::new(lib)), Ordering::Release);
+    SPARE_PID.store(me, Ordering::Release);
+}
+
+/// In a fork child: the spare an ancestor left ready becomes this process's instance.
+fn take_spare(inherited: *mut Lib, me: i32) -> Option<&'static Lib> {
+    let s = SPARE.load(Ordering::Acquire);
+    if s.is_null() || SPARE_PID.load(Ordering::Acquire) == me {
+        return None;
+    }
+    // Taken once: this process's own children need a spare of their own.
+    if SPARE
+        .compare_exchange(s, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return None;
+    }
+    if LIB
+        .compare_exchange(inherited, s, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return None; // another thread of ours loaded one first (the spare stays unused)
+    }
+    NS_ERRNO.store(SPARE_ERRNO.load(Ordering::Acquire), Ordering::Release);
+    LIB_PID.store(me, Ordering::Release);
+    log::debug!("RDMA libraries: the instance made ready before the fork");
+    // SAFETY: a published pointer comes from `Box::into_raw` and is never freed.
+    Some(unsafe { &*s })
 }
 
 /// The next [`lib`] loads a new instance of the libraries, in a new link-map namespace, as a
@@ -219,7 +290,7 @@ fn dlopen_any(names: &[&CStr], ns: Option<libc::Lmid_t>) -> *mut c_void {
 
 /// Loads the libraries: into the program's namespace, or (`fresh`, in a fork child of a
 /// process that had loaded them) into a new namespace with their own globals.
-fn load(fresh: bool) -> Result<Lib, Error> {
+fn load(fresh: bool) -> Result<(Lib, *mut c_void), Error> {
     // libibverbs first: librdmacm depends on it and would pull it in anyway.
     let ibverbs = dlopen_any(&IBVERBS_NAMES, fresh.then_some(libc::LM_ID_NEWLM));
     let mut ns: libc::Lmid_t = 0;
@@ -238,6 +309,7 @@ fn load(fresh: bool) -> Result<Lib, Error> {
         ));
     }
     let rdmacm = dlopen_any(&RDMACM_NAMES, fresh.then_some(ns));
+    let mut ns_errno = std::ptr::null_mut();
     if fresh {
         // libc is already loaded in that namespace.
         let c = dl::open_local(c"libc.so.6", Some(ns));
@@ -254,7 +326,7 @@ fn load(fresh: bool) -> Result<Lib, Error> {
                 Reason::NoRdma,
             ));
         }
-        NS_ERRNO.store(f, Ordering::Release);
+        ns_errno = f;
     }
     if rdmacm.is_null() {
         return Err(Error::new(
@@ -265,7 +337,7 @@ fn load(fresh: bool) -> Result<Lib, Error> {
     }
     // The handles stay open for the life of the process: function pointers, contexts and
     // provider libraries all live inside them.
-    Lib::resolve(rdmacm, ibverbs)
+    Ok((Lib::resolve(rdmacm, ibverbs)?, ns_errno))
 }
 
 /// `rdma_event_str` as a Rust string ("RDMA_CM_EVENT_…"); "?" when not loaded.
