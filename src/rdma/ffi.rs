@@ -206,6 +206,8 @@ static SPARE: AtomicPtr<Lib> = AtomicPtr::new(std::ptr::null_mut());
 static SPARE_ERRNO: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 /// The process that made it: its children may take it, it may not.
 static SPARE_PID: AtomicI32 = AtomicI32::new(0);
+/// The process that tried to make one (a fork child inherits its parent's pid here).
+static SPARE_TRIED: AtomicI32 = AtomicI32::new(0);
 
 /// In a process about to fork with RDMA sockets its children may take over: loads and
 /// starts (an event channel made and destroyed) an instance of the libraries in a new
@@ -215,9 +217,13 @@ static SPARE_PID: AtomicI32 = AtomicI32::new(0);
 /// fork's prepare handler, so no load is half done at the fork.
 pub fn prepare_spare() {
     let me = crate::sys::raw::pid();
-    if SPARE_PID.load(Ordering::Acquire) == me && !SPARE.load(Ordering::Acquire).is_null() {
-        return;
+    if SPARE_TRIED.swap(me, Ordering::AcqRel) == me {
+        return; // made, or could not be: once per process (each try costs a namespace)
     }
+    // What the libraries open and keep open would be shared by every child (a device
+    // context of this process's in theirs): such an instance is no spare (rdma-core older
+    // than its lazy device opening does so at its start).
+    let before = crate::sys::process::fds_open_under("/dev/infiniband/");
     let Ok((lib, ns_errno)) = load(true) else {
         return; // the child loads its own, as without a spare
     };
@@ -229,7 +235,11 @@ pub fn prepare_spare() {
         }
         !ch.is_null()
     };
-    if !started {
+    let kept = crate::sys::process::fds_open_under("/dev/infiniband/")
+        .into_iter()
+        .any(|f| !before.contains(&f));
+    if !started || kept {
+        log::debug!("RDMA libraries: no instance made ready for fork children (started {started}, files kept open {kept})");
         return; // its namespace stays loaded, unused
     }
     SPARE_ERRNO.store(ns_errno, Ordering::Release);

@@ -1,7 +1,7 @@
 //! What libc does or tells for the process as a whole: functions run at its exit and around
 //! its forks, the physical memory of its machine, a signal raised in it, its end
-//! (`exit_group`), its environment and name as the C library holds them, its real user, and
-//! whether another process exists.
+//! (`exit_group`), its environment and name as the C library holds them, its real user,
+//! whether another process exists, and which of its fds are open on a device.
 
 use libc::{c_char, c_int, c_long};
 use std::ffi::CStr;
@@ -95,4 +95,20 @@ pub fn environ() -> *const *const c_char {
     }
     // SAFETY: reading the C library's environment pointer.
     unsafe { environ }
+}
+
+/// This process's fds open on a file under `dir` (a prefix such as `/dev/infiniband/`), as
+/// `/proc/self/fd` shows them; empty if it cannot be read.
+pub fn fds_open_under(dir: &str) -> Vec<(c_int, std::path::PathBuf)> {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd = e.file_name().to_str()?.parse::<c_int>().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            target.starts_with(dir).then_some((fd, target))
+        })
+        .collect()
 }
