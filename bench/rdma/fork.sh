@@ -105,7 +105,7 @@ next_port() { PORT=$((PORT + 1)); }
 # env_for PATH STATSNAME: the preload environment of an rsock process (empty for tcp).
 env_for() {
   [[ $1 == rsock ]] || return 0
-  mkdir -p "$OUT/stats/$2" && chmod 777 "$OUT/stats/$2"
+  mkdir -p "$OUT/stats/$2" && chmod 1777 "$OUT/stats/$2" # sticky: the shim makes no stats in a dir others may write in otherwise
   echo env LD_PRELOAD="$SO" RSOCK_STATS_DIR="$OUT/stats/$2" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=5000
 }
 # client_pre PATH: tcp clients run in namespace plain.
