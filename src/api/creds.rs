@@ -12,8 +12,8 @@
 //! Unless nothing of the engine is in use but listeners — a daemon that listens as root and
 //! drops root before its first connection (memcached `-u`, tinyproxy, stunnel; not on a
 //! privileged port, which rdma_cm refuses to the new credentials):
-//! then the engine is abandoned, and at the process's next socket or wait call
-//! ([`relisten_if_pending`]) a new one, made with the new credentials, listens on RDMA
+//! then the engine is abandoned, and at the process's next accept, epoll_ctl, epoll_create
+//! or fork ([`relisten_if_pending`]) a new one, made with the new credentials, listens on RDMA
 //! again for those listeners. Not at once: daemons change groups, gid and uid in three calls,
 //! and an engine made between them would be abandoned again.
 //!
@@ -28,7 +28,7 @@ use crate::fdtable;
 use crate::guard;
 use crate::socket::{Attachment, SocketState};
 use crate::stats::{Cause, Detail, Fallback};
-use crate::sys::{fcntl, real};
+use crate::sys::{fcntl, real, sockaddr as saddr};
 use libc::{c_int, gid_t, size_t, uid_t};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
@@ -91,7 +91,7 @@ fn before_change() {
         }
         let retired = e.retire_for_new_credentials();
         if e.abandon_for_new_credentials() {
-            log::info!("credentials change: the RDMA engine is abandoned; listeners use RDMA again, with a new engine, from the next call");
+            log::info!("credentials change: the RDMA engine is abandoned; listeners use RDMA again, with a new engine, from the next accept, epoll_create, epoll_ctl or fork");
             RELISTEN.store(true, Release);
         } else if retired {
             log::info!("credentials change: new connections of this process use kernel TCP");
@@ -99,9 +99,11 @@ fn before_change() {
     });
 }
 
-/// Called first by the hooks a server calls after it dropped root (accept, the waits,
-/// epoll_ctl, fork): one atomic load unless a credential change left listeners to listen
-/// on RDMA again.
+/// Called by the calls a server makes after it dropped root — accept and epoll_ctl on a
+/// socket the shim owns, epoll_create, fork — never on a path a foreign fd takes alone (poll,
+/// select and the waits keep their one load): one atomic load unless a credential change
+/// left listeners to listen on RDMA again. A daemon that only polls its listener gets RDMA
+/// back from its first accept (that first connection is on kernel TCP).
 #[inline]
 pub(super) fn relisten_if_pending() {
     if RELISTEN.load(Relaxed) {
@@ -146,9 +148,9 @@ fn relisten() {
                     }
                 }
                 Err(why) => {
-                    let port = bound
-                        .get(2..4)
-                        .map_or(0, |p| u16::from_be_bytes([p[0], p[1]]));
+                    // SAFETY: `bound` holds the address getsockname wrote, and its length.
+                    let port = unsafe { saddr::read(bound.as_ptr().cast(), bound.len() as _) }
+                        .map_or(0, |a| a.port());
                     if port < 1024 {
                         // rdma_cm, like the kernel's TCP, lets only CAP_NET_BIND_SERVICE
                         // listen on a privileged port, and root's was dropped with root.

@@ -53,7 +53,6 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
 }
 
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    super::creds::relisten_if_pending();
     if !fdtable::owns(fd) && !inherit::adopt_listener(fd) {
         return if flags == 0 {
             real::accept(fd, addr, len)
@@ -61,6 +60,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
             real::accept4(fd, addr, len, flags)
         };
     }
+    super::creds::relisten_if_pending();
     if let Some(s) = fdtable::get(fd) {
         // A listener passed at exec is known by its name until its first use.
         let a = match s.attachment() {

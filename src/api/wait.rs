@@ -53,7 +53,6 @@ unsafe fn pollfds<'a>(fds: *const pollfd, n: nfds_t) -> &'a [pollfd] {
 
 #[inline]
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::poll(fds, n, timeout);
     }
@@ -73,7 +72,6 @@ pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::__poll_chk(fds, n, timeout, fdslen);
     }
@@ -98,7 +96,6 @@ pub unsafe fn ppoll(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::ppoll(fds, n, ts, mask);
     }
@@ -140,7 +137,6 @@ pub unsafe fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::select(n, r, w, e, tv);
     }
@@ -175,7 +171,6 @@ pub unsafe fn pselect(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::pselect(n, r, w, e, ts, mask);
     }
@@ -230,18 +225,22 @@ impl FdSets {
 
 #[inline]
 pub unsafe fn epoll_create(size: c_int) -> c_int {
+    super::creds::relisten_if_pending();
     real::epoll_create(size)
 }
 
 #[inline]
 pub unsafe fn epoll_create1(flags: c_int) -> c_int {
+    super::creds::relisten_if_pending();
     real::epoll_create1(flags)
 }
 
 #[inline]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    super::creds::relisten_if_pending();
-    if op == libc::EPOLL_CTL_ADD && !fdtable::owns(fd) {
+    if fdtable::owns(fd) {
+        // A daemon that dropped root registers its listeners: on RDMA again first.
+        super::creds::relisten_if_pending();
+    } else if op == libc::EPOLL_CTL_ADD {
         inherit::adopt_listener(fd); // before the registration: adopting swaps the file
     }
     let r = real::epoll_ctl(epfd, op, fd, ev);
@@ -258,7 +257,6 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 
 #[inline]
 pub unsafe fn epoll_wait(epfd: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::epoll_wait(epfd, ev, max, timeout);
     }
@@ -293,7 +291,6 @@ pub unsafe fn epoll_pwait(
     timeout: c_int,
     mask: *const sigset_t,
 ) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::epoll_pwait(epfd, ev, max, timeout, mask);
     }
@@ -319,7 +316,6 @@ pub unsafe fn epoll_pwait2(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    super::creds::relisten_if_pending();
     if !engine::active() {
         return real::epoll_pwait2(epfd, ev, max, ts, mask);
     }
