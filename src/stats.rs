@@ -132,8 +132,9 @@ pub struct Counters {
     pub fallback: [AtomicU64; REASONS],
     /// Blocking calls on RDMA streams that slept (their polling ended without an answer).
     pub slept: AtomicU64,
-    /// Of those, sleeps that found the stream ready only when their bound ran out: lost
-    /// wake-ups (none expected; see docs/DESIGN.md, "One source of truth, and a seam").
+    /// Of those, sleeps that found the stream ready only when their bound ran out, with no
+    /// wake-up on its way: lost wake-ups (none expected; see docs/DESIGN.md, "One source of
+    /// truth, and a seam").
     pub woke_late: AtomicU64,
     /// Receive rings that grew to their full size (a peer streamed into them).
     pub grown_rings: AtomicU64,

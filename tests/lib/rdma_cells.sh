@@ -20,8 +20,10 @@
 #                             qps.log ("@<time>" before each sample; each line ends with
 #                             "tgid N ppid M": the process of the thread `rdma` lists as
 #                             "pid", and its parent; "?" once the thread has gone)
-#   rdma_end BYTES MIN_QPS    stop the sampler; fail unless MIN_QPS RC QPs were seen at once
-#                             and rxe0 sent at least BYTES/MTU packets
+#   rdma_end BYTES MIN_QPS [MIN_RECVS]  stop the sampler; fail unless MIN_QPS RC QPs were
+#                             seen at once, rxe0 sent at least BYTES/MTU packets and (if
+#                             given) consumed at least MIN_RECVS receives (rdma_recvs: one
+#                             per WRITE_WITH_IMM, so per message, however short-lived the QPs)
 #   expect_qps_released [S]   no RC QP left (within S s, default 30)
 #   res_summary, cell_leaks   rxe0's resource totals; the leaks cell (needs res.start)
 # Counters:
@@ -67,8 +69,8 @@ rdma_begin() {
 }
 
 rdma_end() {
-    local bytes=$1 minqp=$2 maxqp sent want
-    [ "$MUT" = 1 ] && bytes=$((bytes * 100 + 100 * MTU)) minqp=$((minqp + 100))
+    local bytes=$1 minqp=$2 minrecvs=${3:-0} maxqp sent want recvs
+    [ "$MUT" = 1 ] && bytes=$((bytes * 100 + 100 * MTU)) minqp=$((minqp + 100)) minrecvs=$((minrecvs * 100 + 100))
     bg_stop qps
     maxqp=$(sort -n qps.out 2>/dev/null | tail -n1)
     rxe_counters_delta rxe.before > rxe.delta
@@ -78,6 +80,8 @@ rdma_end() {
     sent=$(awk '$1 == "sent_pkts" { print $2 }' rxe.delta)
     want=$(( bytes / MTU ))
     [ "${sent:-0}" -ge "$want" ] || why+=("device: rxe0 sent_pkts +${sent:-0}, want >= $want (bytes $bytes / active_mtu $MTU)")
+    recvs=$(awk '$1 == "rdma_recvs" { print $2 }' rxe.delta)
+    [ "${recvs:-0}" -ge "$minrecvs" ] || why+=("device: rxe0 rdma_recvs +${recvs:-0}, want >= $minrecvs")
     [ ${#why[@]} -eq 0 ] || fail "$(IFS=';'; echo "${why[*]}")"
 }
 

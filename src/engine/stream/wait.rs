@@ -122,7 +122,13 @@ impl<P: Port> Stream<P> {
             let r = unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
             let e = crate::sys::raw::errno();
             drop(asleep);
-            self.lock().sleepers -= 1;
+            // Whether the bound ran out with the stream already ready (another thread
+            // handled its completion): then A must have been rung while we slept.
+            let ready_unrung = {
+                let mut g = self.lock();
+                g.sleepers -= 1;
+                r == 0 && g.proto.ready(want)
+            };
             if r < 0 && e == libc::EINTR && !crate::sys::raw::signals_restart() {
                 return Err(libc::EINTR); // a handler ran, as a blocked kernel recv would say
             }
@@ -133,8 +139,9 @@ impl<P: Port> Stream<P> {
             }
             // Woken for what we wait for (the common case): no arming again for nothing.
             if self.ready(want) {
-                if r == 0 {
-                    // Ready, yet nothing woke us: a lost wake-up that only the bound saved.
+                if r == 0 && !self.wake_was_coming(&mut p, ready_unrung) {
+                    // Ready, yet nothing woke us nor was about to: a lost wake-up that only
+                    // the bound saved.
                     *late = true;
                     log::debug!("rdma stream {}: woke by the bound, not an event", self.peer);
                 }
@@ -142,7 +149,34 @@ impl<P: Port> Stream<P> {
             }
         }
     }
+
+    /// After a bound ran out with the stream ready: whether a wake-up was on its way, so
+    /// that the bound only coincided with it. `p` is the sleep's [A, channel].
+    /// - Another thread made the stream ready (`by_other`): it rang A in the same step, so
+    ///   A is ready now unless the ring was missed.
+    /// - Our own poll of the CQ did: its channel event must follow. A device may make a
+    ///   completion pollable before it raises the event (Soft-RoCE raises it from a
+    ///   tasklet); an armed CQ raises it within a moment, an unarmed one never (taken here).
+    fn wake_was_coming(&self, p: &mut [libc::pollfd; 2], by_other: bool) -> bool {
+        let (i, ms) = if by_other {
+            (0, 0)
+        } else {
+            (1, EVENT_GRACE_MS)
+        };
+        p[i].revents = 0;
+        // SAFETY: one valid pollfd.
+        let r = unsafe { crate::sys::real::poll(&mut p[i], 1, ms) };
+        let coming = r > 0 && p[i].revents & p[i].events != 0;
+        if coming && !by_other {
+            self.dev.woken();
+        }
+        coming
+    }
 }
+
+/// How long [`Stream::wake_was_coming`] waits for a completion event that is late only
+/// because the device raises it after making the completion pollable.
+const EVENT_GRACE_MS: c_int = 10;
 
 /// A thread counted as sleeping on a port's completion channel (see [`Port::sleeping`]),
 /// from before it arms until the guard drops (before it takes an event).
