@@ -871,3 +871,75 @@ fn test_reset_disconnect_after_clean_close_is_harmless() {
     assert_eq!(p.b.conn.state(), State::Reset);
     assert!(p.a.conn.is_finished() && p.b.conn.is_finished());
 }
+
+// ---- streams of a link ---------------------------------------------------------------------
+
+fn link_pair(ring: u32, send_buf: u32) -> Pair {
+    let config = Params {
+        ring_size: ring,
+        recv_credits: 16,
+        send_buf_size: send_buf,
+        send_queue_depth: 16,
+        max_inline: 64,
+        ring_grow_to: 0,
+        send_grow_to: 0,
+    };
+    let id = rsock_core::proto::link::imm::StreamId::new(3).unwrap();
+    Pair::on_link(config.clone(), config, id)
+}
+
+/// A link immediate announces at most 65,535 bytes: a 256 KiB window goes out in bursts of
+/// at most that, and arrives whole.
+#[test]
+fn link_bursts_are_cut_at_the_immediates_limit() {
+    let mut p = link_pair(256 * 1024, 256 * 1024);
+    let data = pattern(200_000);
+    p.write(Side::A, &data).unwrap();
+    drive(&mut p);
+    let got = read_all(&mut p, Side::B);
+    assert_eq!(got, data);
+    let bursts = p.a.conn.stats().data_messages;
+    // 200,000 bytes need at least four immediates of at most 65,535.
+    assert!(bursts > 200_000 / 65_535, "{bursts} bursts");
+}
+
+/// Ring bytes come back in whole 4 KiB pages, and streams many rings long flow on them.
+#[test]
+fn link_credits_return_whole_pages() {
+    let mut p = link_pair(8192, 8192);
+    let data = pattern(8192);
+    assert_eq!(transfer(&mut p, Side::A, &data), data);
+    // Everything was read: the sender's window is back to a whole ring at least.
+    let c = p.a.conn.counters();
+    assert_eq!(c.tx_granted_end % 4096, 0);
+    assert!(c.tx_granted_end >= 8192 + 4096, "{c:?}");
+    let more = pattern(20_000);
+    assert_eq!(transfer(&mut p, Side::A, &more), more);
+}
+
+/// A stream of a link has no room for growth or a hand-over: both are refused up front.
+#[test]
+fn link_streams_neither_grow_nor_migrate() {
+    let config = Params {
+        ring_size: 4096,
+        ring_grow_to: 64 * 1024,
+        ..small_config()
+    };
+    let id = rsock_core::proto::link::imm::StreamId::new(1).unwrap();
+    let peer = config.hello(rsock_core::proto::HelloKind::Accept, 0, 1, 2);
+    let on_link = |c: &Params| rsock_core::proto::Conn::on_link(c, &peer, id).map(|_| ());
+    assert!(on_link(&config).is_err(), "a ring that grows");
+    assert!(on_link(&Params {
+        ring_size: 2048,
+        ring_grow_to: 0,
+        ..config.clone()
+    })
+    .is_err());
+    assert!(on_link(&Params {
+        ring_grow_to: 0,
+        ..config.clone()
+    })
+    .is_ok());
+    let mut p = link_pair(4096, 4096);
+    assert!(p.a.conn.start_migration(7).is_err());
+}

@@ -24,6 +24,7 @@ pub use ready::{Failure, Readiness, Want};
 use std::collections::VecDeque;
 
 use super::credits::{MsgClass, RxCredits, TxCredits};
+use super::link::imm::{Codec, StreamId};
 use super::ring::Ring;
 use super::wire::{Hello, HelloKind, Imm};
 use super::{ConfigError, Params, ProtocolError};
@@ -254,9 +255,28 @@ pub struct Conn {
     active: bool,
 
     stats: Stats,
+    /// How immediates are written: alone on the queue pair, or as a stream of a link.
+    codec: Codec,
 }
 
 impl Conn {
+    /// Stream `id` of a link (docs/DESIGN.md, "Links"): as [`new`](Self::new), with the
+    /// link's immediates. Its ring must hold at least one credit unit and cannot grow, and it
+    /// cannot migrate (a link's immediates have no room for either).
+    pub fn on_link(config: &Params, peer: &Hello, id: StreamId) -> Result<Conn, ConfigError> {
+        let codec = Codec::Link(id);
+        if config.ring_size < codec.credit_caps().2 {
+            return Err(ConfigError::RingSize(config.ring_size));
+        }
+        if config.ring_grow_to != 0 {
+            return Err(ConfigError::RingSize(config.ring_grow_to));
+        }
+        let mut c = Conn::new(config, peer)?;
+        c.rx = c.rx.with_caps(codec.credit_caps());
+        c.codec = codec;
+        Ok(c)
+    }
+
     /// A connection between our `config` and the peer's validated `peer` hello.
     pub fn new(config: &Params, peer: &Hello) -> Result<Conn, ConfigError> {
         config.validate()?;
@@ -308,10 +328,16 @@ impl Conn {
             migration: Migration::None,
             active: peer.kind == HelloKind::Accept,
             stats: Stats::default(),
+            codec: Codec::Lone,
         })
     }
 
     // ---- getters ------------------------------------------------------------------------
+
+    /// How this connection's immediates are written.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
 
     /// Bytes that a read would return now (0 also at end of stream; see [`State`]).
     pub fn readable(&self) -> usize {

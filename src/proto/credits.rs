@@ -140,6 +140,9 @@ pub(crate) struct RxCredits {
     returned: u64,
     /// Immediates received whose receive has been reposted but not yet returned.
     wrs_pending: u32,
+    /// Most receives and ring bytes one credit message returns, and the unit of its bytes
+    /// (the codec's: [`Codec::credit_caps`](super::link::imm::Codec::credit_caps)).
+    caps: (u32, u32, u32),
 }
 
 impl RxCredits {
@@ -160,7 +163,16 @@ impl RxCredits {
             consumed: 0,
             returned: 0,
             wrs_pending: 0,
+            caps: (MAX_CREDIT_WRS, MAX_CREDIT_BYTES, 1),
         }
+    }
+
+    /// The same with a codec's credit caps `(wrs, bytes, unit)`: ring bytes go back in whole
+    /// units, so at least one unit must be reclaimable before bytes are due.
+    pub(crate) fn with_caps(mut self, caps: (u32, u32, u32)) -> RxCredits {
+        self.caps = caps;
+        self.byte_threshold = self.byte_threshold.max(u64::from(caps.2));
+        self
     }
 
     /// Accounting continued on a new queue pair at the given positions (no receive owed
@@ -186,7 +198,7 @@ impl RxCredits {
     /// Our ring grew to `size` (the peer's SWITCHED): it may write up to `returned + size`.
     pub(crate) fn regrow(&mut self, size: u32) {
         self.ring = size;
-        self.byte_threshold = u64::from(size / 2).max(1);
+        self.byte_threshold = u64::from(size / 2).max(u64::from(self.caps.2)).max(1);
     }
 
     /// Ring bytes the peer may still write.
@@ -270,8 +282,12 @@ impl RxCredits {
         } else {
             self.consumed - self.returned
         };
-        let wrs = self.wrs_pending.min(MAX_CREDIT_WRS);
-        let bytes = pending_bytes.min(u64::from(MAX_CREDIT_BYTES)) as u32;
+        let (max_wrs, max_bytes, unit) = self.caps;
+        let wrs = self.wrs_pending.min(max_wrs);
+        let bytes = pending_bytes.min(u64::from(max_bytes)) as u32 / unit * unit;
+        if wrs == 0 && bytes == 0 {
+            return None; // less than a unit reclaimable, and no receive to return
+        }
         let class = if wrs > 0 {
             MsgClass::CreditWithWrs
         } else {

@@ -16,6 +16,7 @@
 
 mod conn;
 mod credits;
+pub mod link;
 mod params;
 mod ring;
 pub mod wire;

@@ -557,6 +557,9 @@ pub enum ImmError {
     UnknownOp(u8),
     /// A control immediate with argument bits its opcode does not define.
     ReservedBits(u32),
+    /// A link immediate for another stream than the one that got it (the driver hands each
+    /// stream only its own).
+    OtherStream(u16),
 }
 
 impl fmt::Display for ImmError {
@@ -566,6 +569,7 @@ impl fmt::Display for ImmError {
             ImmError::EmptyCredit => f.write_str("credit immediate returning nothing"),
             ImmError::UnknownOp(op) => write!(f, "unknown control opcode {op}"),
             ImmError::ReservedBits(v) => write!(f, "reserved bits set in immediate {v:#010x}"),
+            ImmError::OtherStream(id) => write!(f, "immediate for stream {id} of the link"),
         }
     }
 }

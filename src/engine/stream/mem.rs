@@ -17,6 +17,7 @@
 
 use super::{Parts, Port, QueuePair, Region, Stream};
 use crate::engine::ipc::Owner;
+use crate::proto::link::imm::Codec;
 use crate::proto::{self, Hello, HelloKind, Params};
 use crate::rdma::{self, RemoteBuf, Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
 use crate::readiness::Doorbell;
@@ -256,7 +257,7 @@ impl MemQp {
                 let current = me.current;
                 let ring = me.rings.iter_mut().find(|r| r.rkey == current);
                 if let (Some(r), Some(imm)) = (ring, wr.imm) {
-                    if !r.grants.give_back(credit_bytes(imm)) {
+                    if !r.grants.give_back(credit_bytes(imm, Codec::Lone)) {
                         wire.grant_faults.fetch_add(1, SeqCst);
                     }
                 }

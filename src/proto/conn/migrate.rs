@@ -161,12 +161,13 @@ impl Conn {
     /// Starts handing this end over to a taker listening on `port` (at our address): the next
     /// [`poll_write`](Self::poll_write) gives MIGRATE, after which nothing more is sent here.
     /// Refused (and nothing changes) when the connection is reset, both FINs have passed (the
-    /// peer may already be gone), or a hand-over is under way.
+    /// peer may already be gone), a hand-over is under way, or it is a stream of a link.
     pub fn start_migration(&mut self, port: u16) -> Result<(), MigrateError> {
         let over = self.is_broken() || self.reset_sent || (self.fin_sent && self.fin_received);
         // A ring growth announced and not yet switched would strand the new ring.
         let growing = matches!(self.ring_growth, super::Growth::Sent { .. });
-        if over || port == 0 || self.migration != Migration::None || growing {
+        let movable = self.codec.carries_moves();
+        if over || port == 0 || self.migration != Migration::None || growing || !movable {
             return Err(MigrateError::NotNow);
         }
         self.cancel_ring_growth();

@@ -142,7 +142,7 @@ impl Conn {
     }
 
     fn process_imm(&mut self, raw: u32, byte_len: u32) -> Result<(), ProtocolError> {
-        let imm = Imm::decode(raw).map_err(ProtocolError::BadImm)?;
+        let imm = self.codec.decode(raw).map_err(ProtocolError::BadImm)?;
         if !self.migration_allows_input() {
             return Err(ProtocolError::AfterMigrate);
         }

@@ -7,7 +7,7 @@ use std::ops::Range;
 use super::{Conn, WrId, Write, EV_WRITABLE};
 use crate::proto::credits::MsgClass;
 use crate::proto::ring::gather_into;
-use crate::proto::wire::{Imm, MAX_DATA_LEN};
+use crate::proto::wire::Imm;
 use crate::proto::{CompletionError, WriteError};
 
 impl Conn {
@@ -159,7 +159,7 @@ impl Conn {
         let len = unsent
             .min(u64::from(self.send_ring.size() - local))
             .min(self.tx.bytes_after(self.tx_posted))
-            .min(u64::from(MAX_DATA_LEN));
+            .min(u64::from(self.codec.max_data_len()));
         if len == 0 {
             return None;
         }
@@ -183,7 +183,7 @@ impl Conn {
         self.stats.data_messages += 1;
         let mut first = None;
         for (i, &(local, remote, n)) in pieces[..count].iter().enumerate() {
-            let imm = (i + 1 == count).then(|| Imm::Data { len: len as u32 }.encode());
+            let imm = (i + 1 == count).then(|| self.codec.encode(Imm::Data { len: len as u32 }));
             self.tx_posted += u64::from(n);
             let w = self.work_request(local, n, remote, imm, false);
             // The first piece is returned directly; only wrapped bursts queue the rest.
@@ -196,7 +196,7 @@ impl Conn {
     }
 
     pub(super) fn control(&mut self, imm: Imm, signal: bool) -> Write {
-        self.work_request(0, 0, 0, Some(imm.encode()), signal)
+        self.work_request(0, 0, 0, Some(self.codec.encode(imm)), signal)
     }
 
     /// Allocates a work request id and decides signaling. Called with `tx_posted` already

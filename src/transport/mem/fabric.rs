@@ -17,6 +17,7 @@
 //! Beyond hardware, a ring's [`Grants`] check the protocol: each byte written must have been
 //! granted by the ring's owner, and its credits give back, oldest first, only bytes written.
 
+use crate::proto::link::imm::Codec;
 use crate::proto::wire::Imm;
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
@@ -311,9 +312,9 @@ impl Grants {
     }
 }
 
-/// The ring bytes an immediate gives back: a credit's, else none.
-pub fn credit_bytes(imm: u32) -> u32 {
-    match Imm::decode(imm) {
+/// The ring bytes an immediate (written by `codec`) gives back: a credit's, else none.
+pub fn credit_bytes(imm: u32, codec: Codec) -> u32 {
+    match codec.decode(imm) {
         Ok(Imm::Credit { bytes, .. }) => bytes,
         _ => 0,
     }

@@ -21,6 +21,7 @@ use fabric::{credit_bytes, Cqe, Grants, Landing, Qp, Wr, WrError};
 
 use std::collections::VecDeque;
 
+use crate::proto::link::imm::StreamId;
 use crate::proto::wire::{Hello, HelloKind, Imm};
 use crate::proto::{Conn, Event, Params, ProtocolError, ReadError, Write, WriteError};
 
@@ -210,6 +211,19 @@ impl Pair {
     /// # Panics
     /// If either config is invalid.
     pub fn new(config_a: Params, config_b: Params) -> Pair {
+        Pair::make(config_a, config_b, None)
+    }
+
+    /// As [`new`](Self::new), the two ends being stream `id` of a link: the link's
+    /// immediates, its credit units and burst limit (`Conn::on_link`).
+    ///
+    /// # Panics
+    /// If either config is invalid for a link.
+    pub fn on_link(config_a: Params, config_b: Params, id: StreamId) -> Pair {
+        Pair::make(config_a, config_b, Some(id))
+    }
+
+    fn make(config_a: Params, config_b: Params, link: Option<StreamId>) -> Pair {
         let req = config_a
             .hello(HelloKind::Connect, RING_ADDR[0], RKEY[0], CONN_ID)
             .to_bytes();
@@ -218,8 +232,12 @@ impl Pair {
             .to_bytes();
         let a_peer = Hello::parse_kind(&rep, HelloKind::Accept).expect("accept parses");
         let b_peer = Hello::parse_kind(&req, HelloKind::Connect).expect("connect parses");
-        let a = Conn::new(&config_a, &a_peer).expect("config A");
-        let b = Conn::new(&config_b, &b_peer).expect("config B");
+        let conn = |config: &Params, peer: &Hello| match link {
+            None => Conn::new(config, peer),
+            Some(id) => Conn::on_link(config, peer, id),
+        };
+        let a = conn(&config_a, &a_peer).expect("config A");
+        let b = conn(&config_b, &b_peer).expect("config B");
         Pair {
             a: Endpoint::new(config_a, a, RKEY[0]),
             b: Endpoint::new(config_b, b, RKEY[1]),
@@ -370,7 +388,7 @@ impl Pair {
         }
         // Credits returned by `from` re-grant the oldest consumed bytes of its own ring.
         if let (true, Some(imm)) = (check, w.imm) {
-            if !src.granted.give_back(credit_bytes(imm)) {
+            if !src.granted.give_back(credit_bytes(imm, src.conn.codec())) {
                 return Err(Fault::DoubleGrant { side: from });
             }
         }
@@ -485,7 +503,7 @@ impl Pair {
                         _ => None,
                     }));
             for imm in travelling {
-                if let Ok(Imm::Credit { wrs, bytes }) = Imm::decode(imm) {
+                if let Ok(Imm::Credit { wrs, bytes }) = y.conn.codec().decode(imm) {
                     credit_bytes += u64::from(bytes);
                     credit_wrs += u64::from(wrs);
                 }

@@ -1,0 +1,303 @@
+//! The immediate of a stream that shares a link (docs/DESIGN.md, "Links"): which stream, and
+//! what a lone connection's immediate ([`Imm`]) would say, in the bits left over.
+//!
+//! ```text
+//! 0   | stream:15 | len:16               DATA, len 1..=65535
+//! 100 | stream:15 | wrs:4 | pages:10     CREDIT, not both zero; bytes in 4 KiB pages
+//! 101 | stream:15 | op:6  | 0:8          FIN (op 1), RESET (op 2)
+//! 11x                                    reserved
+//! ```
+//!
+//! Growth and migration carry addresses and ports that do not fit: on a link they are records
+//! of the link's control stream (stream 0), not immediates. Decoding is canonical: whatever
+//! decodes re-encodes to the same value.
+
+use crate::proto::wire::{Imm, ImmError};
+
+/// Highest stream id on a link; 0 is the link's control stream.
+pub const MAX_STREAM: u16 = 0x7fff;
+/// Longest burst one link immediate announces: bursts on a link are cut to this.
+pub const MAX_DATA_LEN: u32 = 0xffff;
+/// Most receives one credit immediate returns.
+pub const MAX_CREDIT_WRS: u32 = 0xf;
+/// Unit of ring bytes a credit immediate returns: rings on a link are whole pages.
+pub const CREDIT_UNIT: u32 = 4096;
+/// Most ring bytes one credit immediate returns.
+pub const MAX_CREDIT_BYTES: u32 = 0x3ff * CREDIT_UNIT;
+
+const STREAM_SHIFT: u32 = 16;
+const CTRL_STREAM_SHIFT: u32 = 14;
+const TAG_SHIFT: u32 = 29;
+const TAG_CREDIT: u32 = 0b100;
+const TAG_CONTROL: u32 = 0b101;
+const WRS_SHIFT: u32 = 10;
+const PAGES_MASK: u32 = 0x3ff;
+const OP_SHIFT: u32 = 8;
+const OP_MASK: u32 = 0x3f;
+const OP_FIN: u32 = 1;
+const OP_RESET: u32 = 2;
+
+/// A stream's number on its link, `0..=MAX_STREAM`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(u16);
+
+impl StreamId {
+    /// The link's control stream.
+    pub const CONTROL: StreamId = StreamId(0);
+
+    /// The id `n`, if it is one (`0..=MAX_STREAM`).
+    pub fn new(n: u16) -> Option<StreamId> {
+        (n <= MAX_STREAM).then_some(StreamId(n))
+    }
+
+    /// Its number.
+    pub fn get(self) -> u16 {
+        self.0
+    }
+}
+
+/// Why an immediate cannot go on a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotEncodable {
+    /// Growth and migration are control records on a link.
+    NotOnLink,
+    /// A value beyond the link's limits (a burst over [`MAX_DATA_LEN`], a credit over its
+    /// caps or not in whole pages, or an empty one).
+    OutOfRange,
+}
+
+/// The link immediate of `imm` for stream `id`.
+pub fn encode(id: StreamId, imm: Imm) -> Result<u32, NotEncodable> {
+    let stream = u32::from(id.0);
+    match imm {
+        Imm::Data { len } if (1..=MAX_DATA_LEN).contains(&len) => Ok(stream << STREAM_SHIFT | len),
+        Imm::Credit { wrs, bytes }
+            if wrs <= MAX_CREDIT_WRS
+                && bytes <= MAX_CREDIT_BYTES
+                && bytes % CREDIT_UNIT == 0
+                && (wrs, bytes) != (0, 0) =>
+        {
+            Ok((TAG_CREDIT << TAG_SHIFT)
+                | (stream << CTRL_STREAM_SHIFT)
+                | (wrs << WRS_SHIFT)
+                | (bytes / CREDIT_UNIT))
+        }
+        Imm::Fin => Ok(control(stream, OP_FIN)),
+        Imm::Reset => Ok(control(stream, OP_RESET)),
+        Imm::Data { .. } | Imm::Credit { .. } => Err(NotEncodable::OutOfRange),
+        Imm::Migrate { .. } | Imm::GrowHi { .. } | Imm::Grow { .. } | Imm::Switched => {
+            Err(NotEncodable::NotOnLink)
+        }
+    }
+}
+
+fn control(stream: u32, op: u32) -> u32 {
+    TAG_CONTROL << TAG_SHIFT | stream << CTRL_STREAM_SHIFT | op << OP_SHIFT
+}
+
+/// The stream and meaning of the link immediate `v` (host order).
+pub fn decode(v: u32) -> Result<(StreamId, Imm), ImmError> {
+    if v >> 31 == 0 {
+        let len = v & MAX_DATA_LEN;
+        if len == 0 {
+            return Err(ImmError::EmptyData);
+        }
+        return Ok((StreamId((v >> STREAM_SHIFT) as u16), Imm::Data { len }));
+    }
+    let id = StreamId((v >> CTRL_STREAM_SHIFT) as u16 & MAX_STREAM);
+    match v >> TAG_SHIFT {
+        TAG_CREDIT => {
+            let wrs = (v >> WRS_SHIFT) & MAX_CREDIT_WRS;
+            let bytes = (v & PAGES_MASK) * CREDIT_UNIT;
+            if wrs == 0 && bytes == 0 {
+                return Err(ImmError::EmptyCredit);
+            }
+            Ok((id, Imm::Credit { wrs, bytes }))
+        }
+        TAG_CONTROL => {
+            if v & ((1 << OP_SHIFT) - 1) != 0 {
+                return Err(ImmError::ReservedBits(v));
+            }
+            match (v >> OP_SHIFT) & OP_MASK {
+                OP_FIN => Ok((id, Imm::Fin)),
+                OP_RESET => Ok((id, Imm::Reset)),
+                op => Err(ImmError::UnknownOp(op as u8)),
+            }
+        }
+        tag => Err(ImmError::UnknownOp(tag as u8)),
+    }
+}
+
+/// How a connection writes and reads its immediates: alone on its queue pair ([`Imm`]'s own
+/// encoding), or as one stream of a link. The limits that differ live here too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// A connection with a queue pair of its own.
+    Lone,
+    /// Stream `0` of a link.
+    Link(StreamId),
+}
+
+impl Codec {
+    /// The immediate of `imm`. The connection sends only what its codec carries: bursts
+    /// within [`max_data_len`](Self::max_data_len), credits within
+    /// [`credit_caps`](Self::credit_caps), and on a link no growth or migration.
+    pub fn encode(self, imm: Imm) -> u32 {
+        match self {
+            Codec::Lone => imm.encode(),
+            Codec::Link(id) => {
+                let v = encode(id, imm);
+                debug_assert!(v.is_ok(), "{imm:?} on a link");
+                v.unwrap_or(0)
+            }
+        }
+    }
+
+    /// The meaning of the immediate `v`, which must be this connection's.
+    pub fn decode(self, v: u32) -> Result<Imm, ImmError> {
+        match self {
+            Codec::Lone => Imm::decode(v),
+            Codec::Link(id) => match decode(v)? {
+                (s, imm) if s == id => Ok(imm),
+                (s, _) => Err(ImmError::OtherStream(s.get())),
+            },
+        }
+    }
+
+    /// Longest burst one immediate announces.
+    pub fn max_data_len(self) -> u32 {
+        match self {
+            Codec::Lone => crate::proto::wire::MAX_DATA_LEN,
+            Codec::Link(_) => MAX_DATA_LEN,
+        }
+    }
+
+    /// What one credit immediate returns at most (receives, ring bytes) and the unit of its
+    /// bytes.
+    pub fn credit_caps(self) -> (u32, u32, u32) {
+        match self {
+            Codec::Lone => (
+                crate::proto::wire::MAX_CREDIT_WRS,
+                crate::proto::wire::MAX_CREDIT_BYTES,
+                1,
+            ),
+            Codec::Link(_) => (MAX_CREDIT_WRS, MAX_CREDIT_BYTES, CREDIT_UNIT),
+        }
+    }
+
+    /// Whether growth and migration, which need more bits than a link immediate has, are
+    /// messages of this connection.
+    pub fn carries_moves(self) -> bool {
+        self == Codec::Lone
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn id(n: u16) -> StreamId {
+        StreamId::new(n).unwrap()
+    }
+
+    #[test]
+    fn golden_values() {
+        assert_eq!(encode(id(1), Imm::Data { len: 1 }), Ok(0x0001_0001));
+        assert_eq!(
+            encode(id(0x7fff), Imm::Data { len: 0xffff }),
+            Ok(0x7fff_ffff)
+        );
+        let credit = Imm::Credit {
+            wrs: 3,
+            bytes: 2 * 4096,
+        };
+        assert_eq!(encode(id(5), credit), Ok(0x8001_4c02));
+        assert_eq!(encode(id(5), Imm::Fin), Ok(0xa001_4100));
+        assert_eq!(encode(id(0x7fff), Imm::Reset), Ok(0xbfff_c200));
+        for v in [
+            0x0001_0001,
+            0x7fff_ffff,
+            0x8001_4c02,
+            0xa001_4100,
+            0xbfff_c200,
+        ] {
+            let (s, imm) = decode(v).unwrap();
+            assert_eq!(encode(s, imm), Ok(v));
+        }
+    }
+
+    #[test]
+    fn what_a_link_cannot_carry() {
+        let s = id(1);
+        assert_eq!(
+            encode(s, Imm::Data { len: 0 }),
+            Err(NotEncodable::OutOfRange)
+        );
+        assert_eq!(
+            encode(s, Imm::Data { len: 0x10000 }),
+            Err(NotEncodable::OutOfRange)
+        );
+        for credit in [
+            Imm::Credit { wrs: 16, bytes: 0 },
+            Imm::Credit { wrs: 0, bytes: 100 },
+            Imm::Credit { wrs: 0, bytes: 0 },
+            Imm::Credit {
+                wrs: 1,
+                bytes: MAX_CREDIT_BYTES + CREDIT_UNIT,
+            },
+        ] {
+            assert_eq!(
+                encode(s, credit),
+                Err(NotEncodable::OutOfRange),
+                "{credit:?}"
+            );
+        }
+        for imm in [
+            Imm::Migrate { port: 80 },
+            Imm::Switched,
+            Imm::grow_pair(7, 9)[0],
+        ] {
+            assert_eq!(encode(s, imm), Err(NotEncodable::NotOnLink), "{imm:?}");
+        }
+        assert_eq!(StreamId::new(0x8000), None);
+    }
+
+    #[test]
+    fn malformed_immediates() {
+        assert_eq!(decode(0x0005_0000), Err(ImmError::EmptyData));
+        assert_eq!(decode(0x8001_4000), Err(ImmError::EmptyCredit));
+        assert_eq!(
+            decode(0xa001_4101),
+            Err(ImmError::ReservedBits(0xa001_4101))
+        );
+        assert_eq!(decode(0xa001_4300), Err(ImmError::UnknownOp(3)));
+        assert_eq!(decode(0xc000_0000), Err(ImmError::UnknownOp(0b110)));
+        assert_eq!(decode(0xffff_ffff), Err(ImmError::UnknownOp(0b111)));
+    }
+
+    proptest! {
+        /// Decoding is canonical: every value that decodes re-encodes to itself, for its stream.
+        #[test]
+        fn decode_is_canonical(v in any::<u32>()) {
+            if let Ok((s, imm)) = decode(v) {
+                prop_assert_eq!(encode(s, imm), Ok(v));
+            }
+        }
+
+        /// Everything encodable comes back as it went.
+        #[test]
+        fn round_trip(n in 0..=MAX_STREAM, len in 1..=MAX_DATA_LEN, wrs in 0..=MAX_CREDIT_WRS,
+                      pages in 0..=MAX_CREDIT_BYTES / CREDIT_UNIT) {
+            let s = id(n);
+            let mut imms = vec![Imm::Data { len }, Imm::Fin, Imm::Reset];
+            if (wrs, pages) != (0, 0) {
+                imms.push(Imm::Credit { wrs, bytes: pages * CREDIT_UNIT });
+            }
+            for imm in imms {
+                let v = encode(s, imm).unwrap();
+                prop_assert_eq!(decode(v), Ok((s, imm)));
+            }
+        }
+    }
+}
