@@ -3,6 +3,7 @@
 //!
 //! - [`wire`]: the hello/reject carried in rdma_cm private data and the 32-bit immediate.
 //! - [`Params`]: local sizes; [`Conn`]: the state machine a driver feeds and polls.
+//! - [`link`]: slots of registered memory for streams that share one queue pair (issue #24).
 //! - `ring`, `credits`: offset arithmetic and the exact credit accounting behind `Conn`.
 //!
 //! What this module does not do: no syscalls, no verbs, no threads, no clock reads, no memory
@@ -16,6 +17,7 @@
 
 mod conn;
 mod credits;
+pub mod link;
 mod params;
 mod ring;
 pub mod wire;

@@ -1,0 +1,16 @@
+//! Links shared between streams (issue #24): many TCP-like streams between the same two
+//! processes carried over one RDMA queue pair, the *link*, instead of one queue pair each.
+//!
+//! A link registers memory once, in large *slabs*, and carves each stream's receive ring and
+//! send buffer out of them as a *slot*, so opening a stream costs no memory registration.
+//!
+//! - [`Slots`]: which slab and offset each slot gets (a buddy allocator; offset arithmetic only).
+//!
+//! Like the rest of `proto`, nothing here does I/O: the driver registers and deregisters the
+//! slabs' memory when [`Slots`] asks for a slab or gives one back.
+
+mod slots;
+#[cfg(test)]
+mod slots_tests;
+
+pub use slots::{SlabId, Slot, Slots, SlotsError};
