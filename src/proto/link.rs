@@ -1,7 +1,21 @@
-//! Links: many streams between the same two processes sharing one RC queue pair, its
-//! protection domain and memory registered once (docs/DESIGN.md, "Links"). Being built: what
-//! is here is not yet used by the engine.
+//! Links shared between streams (issue #24): many TCP-like streams between the same two
+//! processes carried over one RDMA queue pair, the *link*, instead of one queue pair each
+//! (docs/DESIGN.md, "Links"; PROTOCOL.md §14). Being built: nothing here is used by the
+//! engine yet.
 //!
-//! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning).
+//! A link registers memory once, in large *slabs*, and carves each stream's receive ring and
+//! send buffer out of them as a *slot*, so opening a stream costs no memory registration.
+//!
+//! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning),
+//!   and the [`Codec`](imm::Codec) a [`Conn`](super::Conn) speaks.
+//! - [`Slots`]: which slab and offset each slot gets (a buddy allocator; offset arithmetic only).
+//!
+//! Like the rest of `proto`, nothing here does I/O: the driver registers and deregisters the
+//! slabs' memory when [`Slots`] asks for a slab or gives one back.
 
 pub mod imm;
+mod slots;
+#[cfg(test)]
+mod slots_tests;
+
+pub use slots::{SlabId, Slot, Slots, SlotsError};
