@@ -595,13 +595,13 @@ proptest! {
     fn streams_of_a_link_arrive_intact(
         ca in link_config(),
         cb in link_config(),
-        id in 0u16..=0x7fff,
+        ids in (0u16..=0x7fff, 0u16..=0x7fff),
         la in 0usize..=20_000,
         lb in 0usize..=20_000,
         actions in proptest::collection::vec(action_or_move(), 0..250),
     ) {
-        let id = StreamId::new(id).unwrap();
-        run_pair(Pair::on_link(ca, cb, id), la, lb, actions, None)?;
+        let ids = (StreamId::new(ids.0).unwrap(), StreamId::new(ids.1).unwrap());
+        run_pair(Pair::on_link(ca, cb, ids), la, lb, actions, None)?;
     }
 
     /// The same, interrupted at a random point.
@@ -615,7 +615,7 @@ proptest! {
         at in 0usize..160,
         how in cut(),
     ) {
-        let id = StreamId::new(7).unwrap();
-        run_pair(Pair::on_link(ca, cb, id), la, lb, actions, Some((at, how)))?;
+        let ids = (StreamId::new(7).unwrap(), StreamId::new(300).unwrap());
+        run_pair(Pair::on_link(ca, cb, ids), la, lb, actions, Some((at, how)))?;
     }
 }

@@ -884,8 +884,8 @@ fn link_pair(ring: u32, send_buf: u32) -> Pair {
         ring_grow_to: 0,
         send_grow_to: 0,
     };
-    let id = rsock_core::proto::link::imm::StreamId::new(3).unwrap();
-    Pair::on_link(config.clone(), config, id)
+    let id = |n| rsock_core::proto::link::imm::StreamId::new(n).unwrap();
+    Pair::on_link(config.clone(), config, (id(3), id(9)))
 }
 
 /// A link immediate announces at most 65,535 bytes: a 256 KiB window goes out in bursts of
@@ -927,7 +927,7 @@ fn link_streams_neither_grow_nor_migrate() {
     };
     let id = rsock_core::proto::link::imm::StreamId::new(1).unwrap();
     let peer = config.hello(rsock_core::proto::HelloKind::Accept, 0, 1, 2);
-    let on_link = |c: &Params| rsock_core::proto::Conn::on_link(c, &peer, id).map(|_| ());
+    let on_link = |c: &Params| rsock_core::proto::Conn::on_link(c, &peer, id, id).map(|_| ());
     assert!(on_link(&config).is_err(), "a ring that grows");
     assert!(on_link(&Params {
         ring_size: 2048,

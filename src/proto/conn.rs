@@ -260,11 +260,17 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Stream `id` of a link (docs/DESIGN.md, "Links"): as [`new`](Self::new), with the
-    /// link's immediates. Its ring must hold at least one credit unit and cannot grow, and it
-    /// cannot migrate (a link's immediates have no room for either).
-    pub fn on_link(config: &Params, peer: &Hello, id: StreamId) -> Result<Conn, ConfigError> {
-        let codec = Codec::Link(id);
+    /// A stream of a link (docs/DESIGN.md, "Links") that this end calls `mine` and the peer
+    /// `theirs`: as [`new`](Self::new), with the link's immediates. Its ring must hold at
+    /// least one credit unit and cannot grow, and it cannot migrate (a link's immediates
+    /// have no room for either).
+    pub fn on_link(
+        config: &Params,
+        peer: &Hello,
+        mine: StreamId,
+        theirs: StreamId,
+    ) -> Result<Conn, ConfigError> {
+        let codec = Codec::Link { mine, theirs };
         if config.ring_size < codec.credit_caps().2 {
             return Err(ConfigError::RingSize(config.ring_size));
         }

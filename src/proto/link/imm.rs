@@ -134,8 +134,14 @@ pub fn decode(v: u32) -> Result<(StreamId, Imm), ImmError> {
 pub enum Codec {
     /// A connection with a queue pair of its own.
     Lone,
-    /// Stream `0` of a link.
-    Link(StreamId),
+    /// A stream of a link, which each end names by an id of its own (PROTOCOL.md §14): the
+    /// immediates it sends carry `theirs`, the ones it gets must carry `mine`.
+    Link {
+        /// This end's id of the stream.
+        mine: StreamId,
+        /// The peer's id of the stream.
+        theirs: StreamId,
+    },
 }
 
 impl Codec {
@@ -145,8 +151,8 @@ impl Codec {
     pub fn encode(self, imm: Imm) -> u32 {
         match self {
             Codec::Lone => imm.encode(),
-            Codec::Link(id) => {
-                let v = encode(id, imm);
+            Codec::Link { theirs, .. } => {
+                let v = encode(theirs, imm);
                 debug_assert!(v.is_ok(), "{imm:?} on a link");
                 v.unwrap_or(0)
             }
@@ -157,8 +163,8 @@ impl Codec {
     pub fn decode(self, v: u32) -> Result<Imm, ImmError> {
         match self {
             Codec::Lone => Imm::decode(v),
-            Codec::Link(id) => match decode(v)? {
-                (s, imm) if s == id => Ok(imm),
+            Codec::Link { mine, .. } => match decode(v)? {
+                (s, imm) if s == mine => Ok(imm),
                 (s, _) => Err(ImmError::OtherStream(s.get())),
             },
         }
@@ -168,7 +174,7 @@ impl Codec {
     pub fn max_data_len(self) -> u32 {
         match self {
             Codec::Lone => crate::proto::wire::MAX_DATA_LEN,
-            Codec::Link(_) => MAX_DATA_LEN,
+            Codec::Link { .. } => MAX_DATA_LEN,
         }
     }
 
@@ -181,7 +187,7 @@ impl Codec {
                 crate::proto::wire::MAX_CREDIT_BYTES,
                 1,
             ),
-            Codec::Link(_) => (MAX_CREDIT_WRS, MAX_CREDIT_BYTES, CREDIT_UNIT),
+            Codec::Link { .. } => (MAX_CREDIT_WRS, MAX_CREDIT_BYTES, CREDIT_UNIT),
         }
     }
 

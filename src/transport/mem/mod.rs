@@ -214,16 +214,17 @@ impl Pair {
         Pair::make(config_a, config_b, None)
     }
 
-    /// As [`new`](Self::new), the two ends being stream `id` of a link: the link's
-    /// immediates, its credit units and burst limit (`Conn::on_link`).
+    /// As [`new`](Self::new), the two ends being a stream of a link that A calls `ids.0`
+    /// and B `ids.1`: the link's immediates, its credit units and burst limit
+    /// (`Conn::on_link`).
     ///
     /// # Panics
     /// If either config is invalid for a link.
-    pub fn on_link(config_a: Params, config_b: Params, id: StreamId) -> Pair {
-        Pair::make(config_a, config_b, Some(id))
+    pub fn on_link(config_a: Params, config_b: Params, ids: (StreamId, StreamId)) -> Pair {
+        Pair::make(config_a, config_b, Some(ids))
     }
 
-    fn make(config_a: Params, config_b: Params, link: Option<StreamId>) -> Pair {
+    fn make(config_a: Params, config_b: Params, link: Option<(StreamId, StreamId)>) -> Pair {
         let req = config_a
             .hello(HelloKind::Connect, RING_ADDR[0], RKEY[0], CONN_ID)
             .to_bytes();
@@ -232,12 +233,13 @@ impl Pair {
             .to_bytes();
         let a_peer = Hello::parse_kind(&rep, HelloKind::Accept).expect("accept parses");
         let b_peer = Hello::parse_kind(&req, HelloKind::Connect).expect("connect parses");
-        let conn = |config: &Params, peer: &Hello| match link {
+        let conn = |config: &Params, peer: &Hello, swap: bool| match link {
             None => Conn::new(config, peer),
-            Some(id) => Conn::on_link(config, peer, id),
+            Some((a, b)) if swap => Conn::on_link(config, peer, b, a),
+            Some((a, b)) => Conn::on_link(config, peer, a, b),
         };
-        let a = conn(&config_a, &a_peer).expect("config A");
-        let b = conn(&config_b, &b_peer).expect("config B");
+        let a = conn(&config_a, &a_peer, false).expect("config A");
+        let b = conn(&config_b, &b_peer, true).expect("config B");
         Pair {
             a: Endpoint::new(config_a, a, RKEY[0]),
             b: Endpoint::new(config_b, b, RKEY[1]),
@@ -386,9 +388,10 @@ impl Pair {
             }
             Err(WrError::Rnr) => return Err(Fault::Rnr { side: from.peer() }),
         }
-        // Credits returned by `from` re-grant the oldest consumed bytes of its own ring.
+        // Credits returned by `from` re-grant the oldest consumed bytes of its own ring (an
+        // immediate is read as its receiver reads it: a link stream's names the receiver's id).
         if let (true, Some(imm)) = (check, w.imm) {
-            if !src.granted.give_back(credit_bytes(imm, src.conn.codec())) {
+            if !src.granted.give_back(credit_bytes(imm, dst.conn.codec())) {
                 return Err(Fault::DoubleGrant { side: from });
             }
         }
@@ -503,7 +506,7 @@ impl Pair {
                         _ => None,
                     }));
             for imm in travelling {
-                if let Ok(Imm::Credit { wrs, bytes }) = y.conn.codec().decode(imm) {
+                if let Ok(Imm::Credit { wrs, bytes }) = x.conn.codec().decode(imm) {
                     credit_bytes += u64::from(bytes);
                     credit_wrs += u64::from(wrs);
                 }
