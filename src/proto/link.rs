@@ -9,6 +9,7 @@
 //! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning),
 //!   and the [`Codec`](imm::Codec) a [`Conn`](super::Conn) speaks.
 //! - [`Slots`]: which slab and offset each slot gets (a buddy allocator; offset arithmetic only).
+//! - [`Streams`]: one end's stream ids — opening, open, closing — and when an id may be reused.
 //!
 //! Like the rest of `proto`, nothing here does I/O: the driver registers and deregisters the
 //! slabs' memory when [`Slots`] asks for a slab or gives one back.
@@ -17,5 +18,9 @@ pub mod imm;
 mod slots;
 #[cfg(test)]
 mod slots_tests;
+mod streams;
+#[cfg(test)]
+mod streams_tests;
 
 pub use slots::{SlabId, Slot, Slots, SlotsError};
+pub use streams::{LinkError, NoId, Streams};
