@@ -50,7 +50,12 @@ pub enum LinkError {
     /// A CLOSE, or an immediate, for an id that is not open (or whose peer already closed).
     NotOpen(u16),
     /// A CLOSE whose ids do not match the stream's.
-    WrongPeerId { mine: u16, theirs: u16 },
+    WrongPeerId {
+        /// Our id it named.
+        mine: u16,
+        /// The peer's id it named, which is not the stream's.
+        theirs: u16,
+    },
     /// The peer opened or accepted with the control stream's id 0.
     ControlId,
     /// The peer opened with an id it already uses for another open stream.

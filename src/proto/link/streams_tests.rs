@@ -204,7 +204,7 @@ impl Model {
         match m {
             Msg::Open(theirs, serial) => {
                 to.opens_seen += 1;
-                let refuse = to.refuse_every > 0 && to.opens_seen % to.refuse_every == 0;
+                let refuse = to.refuse_every > 0 && to.opens_seen.is_multiple_of(to.refuse_every);
                 if refuse {
                     self.wire[j].push_back(Msg::Refuse { opener: theirs });
                 } else {
