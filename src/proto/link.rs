@@ -8,12 +8,17 @@
 //!
 //! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning),
 //!   and the [`Codec`](imm::Codec) a [`Conn`](super::Conn) speaks.
+//! - [`record`]: the control records of a link's stream 0 (OPEN, ACCEPT, REFUSE, CLOSE,
+//!   GOODBYE): their encoding and an incremental parser.
 //! - [`Slots`]: which slab and offset each slot gets (a buddy allocator; offset arithmetic only).
 //!
 //! Like the rest of `proto`, nothing here does I/O: the driver registers and deregisters the
 //! slabs' memory when [`Slots`] asks for a slab or gives one back.
 
 pub mod imm;
+pub mod record;
+#[cfg(test)]
+mod record_tests;
 mod slots;
 #[cfg(test)]
 mod slots_tests;
