@@ -8,6 +8,8 @@
 //!
 //! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning),
 //!   and the [`Codec`](imm::Codec) a [`Conn`](super::Conn) speaks.
+//! - [`record`]: the control records of a link's stream 0 (OPEN, ACCEPT, REFUSE, CLOSE,
+//!   GOODBYE): their encoding and an incremental parser.
 //! - [`Slots`]: which slab and offset each slot gets (a buddy allocator; offset arithmetic only).
 //! - [`Streams`]: one end's stream ids — opening, open, closing — and when an id may be reused.
 //!
@@ -15,6 +17,9 @@
 //! slabs' memory when [`Slots`] asks for a slab or gives one back.
 
 pub mod imm;
+pub mod record;
+#[cfg(test)]
+mod record_tests;
 mod slots;
 #[cfg(test)]
 mod slots_tests;

@@ -3,7 +3,8 @@
 //!
 //! - [`wire`]: the hello/reject carried in rdma_cm private data and the 32-bit immediate.
 //! - [`Params`]: local sizes; [`Conn`]: the state machine a driver feeds and polls.
-//! - [`link`]: streams that share one queue pair (issue #24): their immediates and slots.
+//! - [`link`]: streams that share one queue pair (issue #24): their immediates, slots and
+//!   control records.
 //! - `ring`, `credits`: offset arithmetic and the exact credit accounting behind `Conn`.
 //!
 //! What this module does not do: no syscalls, no verbs, no threads, no clock reads, no memory

@@ -54,6 +54,11 @@ impl StreamId {
     pub fn get(self) -> u16 {
         self.0
     }
+
+    /// Whether it is the link's control stream, which no record opens or closes.
+    pub fn is_control(self) -> bool {
+        self == StreamId::CONTROL
+    }
 }
 
 /// Why an immediate cannot go on a link.
