@@ -6,6 +6,8 @@
 //! A link registers memory once, in large *slabs*, and carves each stream's receive ring and
 //! send buffer out of them as a *slot*, so opening a stream costs no memory registration.
 //!
+//! - [`Control`]: one end's control plane: records queued into stream 0 and those read from
+//!   it, applied to the stream table as events for the driver.
 //! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning),
 //!   and the [`Codec`](imm::Codec) a [`Conn`](super::Conn) speaks.
 //! - [`record`]: the control records of a link's stream 0 (OPEN, ACCEPT, REFUSE, CLOSE,
@@ -16,6 +18,7 @@
 //! Like the rest of `proto`, nothing here does I/O: the driver registers and deregisters the
 //! slabs' memory when [`Slots`] asks for a slab or gives one back.
 
+mod control;
 pub mod imm;
 pub mod record;
 #[cfg(test)]
@@ -27,5 +30,6 @@ mod streams;
 #[cfg(test)]
 mod streams_tests;
 
+pub use control::{Control, ControlError, ControlEvent};
 pub use slots::{SlabId, Slot, Slots, SlotsError};
 pub use streams::{LinkError, NoId, Streams};

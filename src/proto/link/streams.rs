@@ -135,7 +135,7 @@ impl Streams {
         }
         // The peer may reuse its id only after our CLOSE reached it; an id it still has
         // open or half-closed with us is a broken peer.
-        if self.entries.iter().any(|e| live_theirs(e) == Some(theirs)) {
+        if self.uses_theirs(theirs) {
             return Err(LinkError::DuplicateOpen(theirs.get()));
         }
         if self.goodbye {
@@ -245,6 +245,17 @@ impl Streams {
             Entry::Open { theirs } | Entry::Closing { theirs, .. } => Some(theirs),
             _ => None,
         }
+    }
+
+    /// Whether the peer's id `theirs` names a stream it may still send for (open, or not
+    /// yet closed at both ends). A linear scan: opens are rare next to messages.
+    pub fn uses_theirs(&self, theirs: StreamId) -> bool {
+        self.entries.iter().any(|e| live_theirs(e) == Some(theirs))
+    }
+
+    /// Whether GOODBYE was sent or received.
+    pub fn saying_goodbye(&self) -> bool {
+        self.goodbye
     }
 
     /// GOODBYE sent or received: no new stream from now on, either way.

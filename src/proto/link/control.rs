@@ -1,0 +1,308 @@
+//! The control plane of one end of a link: the records it writes into stream 0 and the ones
+//! it reads from it, applied to its stream table (PROTOCOL.md §14).
+//!
+//! The driver owns stream 0's [`Conn`] and memory and lends them: [`Control::flush`] moves
+//! queued records into the send buffer, [`Control::receive`] reads what arrived, parses whole
+//! records and turns them into [`ControlEvent`]s. What a record means for a program (which
+//! listener an OPEN is for, the new stream's `Conn` and ring) is the driver's; this only keeps
+//! the ids straight and the peer honest. The driver must call `receive` for each completion
+//! of stream 0 before it hands the link's next completion to a stream: an ACCEPT has to
+//! open the stream before the peer's first bytes on it are looked at (RC keeps them in that
+//! order on the queue pair, and so must the driver).
+
+use super::imm::StreamId;
+use super::record::{Accept, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN};
+use super::streams::{LinkError, NoId, Streams};
+use crate::proto::{Conn, ReadError, WriteError};
+use core::fmt;
+use std::collections::VecDeque;
+
+/// What the peer said on the control stream, for the driver to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlEvent {
+    /// The peer asks for a stream: answer with [`Control::accept`] or [`Control::refuse`].
+    Incoming(Open),
+    /// Our OPEN was accepted: stream `accept.opener` is open, the peer's ring is
+    /// `accept`'s.
+    Accepted(Accept),
+    /// Our OPEN of stream `mine` was refused; the id is free again.
+    Refused {
+        /// Our id of the stream.
+        mine: StreamId,
+        /// Why.
+        reason: RefuseReason,
+    },
+    /// The peer sends nothing more for stream `mine`.
+    PeerClosed {
+        /// Our id of the stream.
+        mine: StreamId,
+    },
+    /// The peer means to tear the idle link down: no new stream either way.
+    Goodbye,
+}
+
+/// The peer broke the link's protocol: the link and every stream on it fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlError {
+    /// A malformed record.
+    Record(RecordError),
+    /// A record that does not fit the stream table.
+    Link(LinkError),
+    /// Stream 0 itself failed (reset or broken).
+    Stream,
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlError::Record(e) => write!(f, "control record: {e}"),
+            ControlError::Link(e) => write!(f, "control record: {e}"),
+            ControlError::Stream => f.write_str("the control stream failed"),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+/// One end's control plane.
+#[derive(Debug)]
+pub struct Control {
+    streams: Streams,
+    /// Record bytes queued and not yet in stream 0's send buffer.
+    out: VecDeque<u8>,
+    /// Bytes read from stream 0 that do not make a whole record yet.
+    partial: Vec<u8>,
+    /// The peer's ids of OPENs not answered yet.
+    pending: Vec<StreamId>,
+    events: VecDeque<ControlEvent>,
+    failed: Option<ControlError>,
+}
+
+impl Control {
+    /// A control plane giving out at most `max_streams` ids.
+    pub fn new(max_streams: u16) -> Control {
+        Control {
+            streams: Streams::new(max_streams),
+            out: VecDeque::new(),
+            partial: Vec::with_capacity(MAX_RECORD_LEN),
+            pending: Vec::new(),
+            events: VecDeque::new(),
+            failed: None,
+        }
+    }
+
+    /// Opens a stream: takes an id for it and queues the OPEN (`open.opener` is set here).
+    pub fn open(&mut self, mut open: Open) -> Result<StreamId, NoId> {
+        let mine = self.streams.open()?;
+        open.opener = mine;
+        self.queue(&Record::Open(open));
+        Ok(mine)
+    }
+
+    /// Accepts the peer's `open` (an [`ControlEvent::Incoming`]) with our side of the stream
+    /// in `accept` (its ids and `conn_id` are set here): our id of the new stream. With no id
+    /// to give, the OPEN is refused here and the reason returned.
+    pub fn accept(&mut self, open: &Open, mut accept: Accept) -> Result<StreamId, NoId> {
+        let theirs = open.opener;
+        if !self.take_pending(theirs) {
+            return Err(NoId::Closing); // not asked, or answered already: nothing to send
+        }
+        match self.streams.on_open(theirs) {
+            Ok(Ok(mine)) => {
+                accept.opener = theirs;
+                accept.acceptor = mine;
+                accept.conn_id = open.conn_id;
+                self.queue(&Record::Accept(accept));
+                Ok(mine)
+            }
+            Ok(Err(why)) => {
+                let reason = match why {
+                    NoId::Exhausted => RefuseReason::NoResources,
+                    NoId::Closing => RefuseReason::LinkClosing,
+                };
+                self.queue(&Record::Refuse {
+                    opener: theirs,
+                    reason,
+                });
+                Err(why)
+            }
+            // Duplicates were refused when the OPEN arrived.
+            Err(_) => Err(NoId::Closing),
+        }
+    }
+
+    /// Refuses the peer's OPEN of its stream `theirs`.
+    pub fn refuse(&mut self, theirs: StreamId, reason: RefuseReason) {
+        if self.take_pending(theirs) {
+            self.queue(&Record::Refuse {
+                opener: theirs,
+                reason,
+            });
+        }
+    }
+
+    /// We are done with stream `mine`: queues its CLOSE (nothing if it is not open here).
+    pub fn close(&mut self, mine: StreamId) {
+        if let Some(peer) = self.streams.close(mine) {
+            self.queue(&Record::Close { closer: mine, peer });
+        }
+    }
+
+    /// Says GOODBYE: no new stream from now on, either way.
+    pub fn goodbye(&mut self) {
+        if !self.streams.saying_goodbye() {
+            self.streams.say_goodbye();
+            self.queue(&Record::Goodbye);
+        }
+    }
+
+    /// Moves queued record bytes into stream 0 (as many as its send buffer takes); the
+    /// driver then posts what `control.poll_write()` gives. Returns the bytes moved.
+    pub fn flush(&mut self, control: &mut Conn, send_buf: &mut [u8]) -> usize {
+        let mut moved = 0;
+        while !self.out.is_empty() {
+            let (a, b) = self.out.as_slices();
+            let chunk = if a.is_empty() { b } else { a };
+            match control.write(send_buf, chunk) {
+                Ok(n) if n > 0 => {
+                    self.out.drain(..n);
+                    moved += n;
+                }
+                Ok(_) | Err(WriteError::Blocked) => break,
+                Err(_) => {
+                    self.fail(ControlError::Stream);
+                    break;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Reads what arrived on stream 0 (its ring is `ring`) and applies every whole record.
+    /// An error fails the link: nothing after it is read.
+    pub fn receive(&mut self, control: &mut Conn, ring: &[u8]) -> Result<(), ControlError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let mut buf = [0u8; 4096];
+        loop {
+            match control.read(ring, &mut buf) {
+                Ok(0) | Err(ReadError::Blocked) => break,
+                Ok(n) => {
+                    self.partial.extend_from_slice(&buf[..n]);
+                    self.apply_whole_records()?;
+                }
+                Err(ReadError::Reset) => {
+                    self.fail(ControlError::Stream);
+                    return Err(ControlError::Stream);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next thing the peer said, if any.
+    pub fn poll_event(&mut self) -> Option<ControlEvent> {
+        self.events.pop_front()
+    }
+
+    /// The stream table (which ids are open, what the peer calls them).
+    pub fn streams(&self) -> &Streams {
+        &self.streams
+    }
+
+    /// Record bytes queued and not yet flushed into stream 0.
+    pub fn queued(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Why the link failed, if it did.
+    pub fn error(&self) -> Option<ControlError> {
+        self.failed
+    }
+
+    fn apply_whole_records(&mut self) -> Result<(), ControlError> {
+        let mut used = 0;
+        let result = loop {
+            match Record::parse(&self.partial[used..]) {
+                Ok(Some((record, n))) => {
+                    used += n;
+                    if let Err(e) = self.apply(record) {
+                        break Err(e);
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(ControlError::Record(e)),
+            }
+        };
+        self.partial.drain(..used);
+        if let Err(e) = result {
+            self.fail(e);
+        }
+        result
+    }
+
+    fn apply(&mut self, record: Record) -> Result<(), ControlError> {
+        let link = ControlError::Link;
+        match record {
+            Record::Open(open) => {
+                let theirs = open.opener;
+                if self.pending.contains(&theirs) || self.streams.uses_theirs(theirs) {
+                    return Err(link(LinkError::DuplicateOpen(theirs.get())));
+                }
+                self.pending.push(theirs);
+                if self.streams.saying_goodbye() {
+                    self.refuse(theirs, RefuseReason::LinkClosing);
+                } else {
+                    self.events.push_back(ControlEvent::Incoming(open));
+                }
+            }
+            Record::Accept(accept) => {
+                self.streams
+                    .on_accept(accept.opener, accept.acceptor)
+                    .map_err(link)?;
+                self.events.push_back(ControlEvent::Accepted(accept));
+            }
+            Record::Refuse { opener, reason } => {
+                self.streams.on_refuse(opener).map_err(link)?;
+                self.events.push_back(ControlEvent::Refused {
+                    mine: opener,
+                    reason,
+                });
+            }
+            Record::Close { closer, peer } => {
+                self.streams.on_close(closer, peer).map_err(link)?;
+                self.events
+                    .push_back(ControlEvent::PeerClosed { mine: peer });
+            }
+            Record::Goodbye => {
+                self.streams.say_goodbye();
+                self.events.push_back(ControlEvent::Goodbye);
+            }
+        }
+        Ok(())
+    }
+
+    fn take_pending(&mut self, theirs: StreamId) -> bool {
+        match self.pending.iter().position(|&p| p == theirs) {
+            Some(i) => {
+                self.pending.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn queue(&mut self, record: &Record) {
+        let mut b = [0u8; MAX_RECORD_LEN];
+        if let Some(n) = record.write_to(&mut b) {
+            self.out.extend(&b[..n]);
+        }
+    }
+
+    fn fail(&mut self, e: ControlError) {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+    }
+}
