@@ -2,9 +2,11 @@
 # Benchmark of servers that fork (issue #9), rsock against kernel TCP in ONE boot of the
 # Soft-RoCE test bed (a separate script: bench/rdma/run.sh and guest.sh are unchanged):
 #
-#   pgbench   PostgreSQL + `pgbench -c 4 -j 2 -T 20` (select-write TPC-B), tps; ratio rsock/tcp
+#   pgbench   PostgreSQL + `pgbench -c 4 -j 2 -T 20` (select-write TPC-B), tps; ratio rsock/tcp;
+#             and the same with `-C`: a new connection (a forked backend) per transaction
 #   wrk       nginx, master + 2 workers (no `user` line: as nobody), `wrk -t 2 -c 8 -d 10s` on a
-#             4 KiB file, req/s; ratio
+#             4 KiB file, req/s; ratio; and the same with `Connection: close` (a connection
+#             per request; its socket errors and non-2xx answers are recorded)
 #   handover  fork after accept: per connection, connect + send 1 byte + the answer from the
 #             forked child (examples/fork_echo) against the same without fork (--mode nofork):
 #             median µs of examples/fork_client --op ping; the fork's cost = difference
@@ -19,8 +21,8 @@
 #
 # --smoke: seconds per measurement (pgbench -T 3, wrk -d 3s, 30 pings), no figures worth
 # reading. --out: where data.txt, logs/ and summary.md go (inside the project; default
-# .cache/rdma-bench-fork). Records in data.txt: `tps what=pgbench path=P value=V`,
-# `rps what=wrk path=P value=V`, `lat what=handover path=P fork=0|1 median_us=.. p90_us=..`,
+# .cache/rdma-bench-fork). Records in data.txt: `tps what=pgbench|pgbench-C path=P value=V`,
+# `rps what=wrk|wrk-close path=P value=V errors=..`, `lat what=handover path=P fork=0|1 median_us=.. p90_us=..`,
 # `fail what=.. text=..`. Exit status 0 if every measurement ran (rsock's over RDMA).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -131,64 +133,68 @@ PY
 
 # ---- pgbench --------------------------------------------------------------------------------
 
-pgbench_run() { # PATH
-  local path=$1 d=$W/pg-$1 envs=() pre=() log=$LOGS/pgbench-$1
+pgbench_run() { # PATH [-C]
+  local path=$1 per_tx=${2:-} envs=() pre=() what=pgbench
+  [[ -n $per_tx ]] && what=pgbench-C
+  local log=$LOGS/$what-$path d=$W/$what-$path
   next_port
-  pg_init "$d" || { fail "pgbench-$path" "initdb: $(tail -c 300 "$d/initdb.out")"; return; }
-  read -ra envs <<<"$(env_for "$path" pg-srv)"
+  pg_init "$d" || { fail "$what-$path" "initdb: $(tail -c 300 "$d/initdb.out")"; return; }
+  read -ra envs <<<"$(env_for "$path" "$what-srv")"
   # shellcheck disable=SC2046 # pg_server_args prints words
   start_bg "$log-srv.log" "${envs[@]}" setpriv --reuid=postgres --regid=postgres --init-groups \
     "$(pg_bin)/postgres" $(pg_server_args "$d" "$A" "$PORT")
   local srv=$BG_PID
-  wait_tcp_listen "$PORT" 60 || { fail "pgbench-$path" "postgres did not listen: $(tail -c 300 "$log-srv.log")"; stop_bg "$srv"; return; }
-  read -ra envs <<<"$(env_for "$path" pg-cli)"
+  wait_tcp_listen "$PORT" 60 || { fail "$what-$path" "postgres did not listen: $(tail -c 300 "$log-srv.log")"; stop_bg "$srv"; return; }
+  read -ra envs <<<"$(env_for "$path" "$what-cli")"
   read -ra pre <<<"$(client_pre "$path")"
   local pg=(-h "$A" -p "$PORT" -U postgres)
   if ! "${pre[@]}" timeout 300 "${envs[@]}" pgbench -i -s 1 "${pg[@]}" postgres >"$log-init.log" 2>&1; then
-    fail "pgbench-$path" "pgbench -i: $(tail -c 300 "$log-init.log" | tr '\n' ' ')"; stop_bg "$srv"; return
+    fail "$what-$path" "pgbench -i: $(tail -c 300 "$log-init.log" | tr '\n' ' ')"; stop_bg "$srv"; return
   fi
-  if ! "${pre[@]}" timeout 300 "${envs[@]}" pgbench -c 4 -j 2 -T "$PG_T" "${pg[@]}" postgres >"$log.log" 2>&1; then
-    fail "pgbench-$path" "pgbench -c 4: $(tail -c 300 "$log.log" | tr '\n' ' ')"; stop_bg "$srv"; return
+  if ! "${pre[@]}" timeout 300 "${envs[@]}" pgbench $per_tx -c 4 -j 2 -T "$PG_T" "${pg[@]}" postgres >"$log.log" 2>&1; then
+    fail "$what-$path" "pgbench $per_tx -c 4: $(tail -c 300 "$log.log" | tr '\n' ' ')"; stop_bg "$srv"; return
   fi
   stop_bg "$srv"
   local tps failed
   tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$log.log" | head -n1)
   failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$log.log")
-  [[ ${failed:-0} == 0 ]] || fail "pgbench-$path" "$failed failed transactions"
-  [[ -n $tps ]] || { fail "pgbench-$path" "no tps line"; return; }
-  if [[ $path == rsock ]]; then check_rdma "pgbench-rsock" pg-cli || return; fi
-  rec "tps what=pgbench path=$path value=$tps"
-  say "  pgbench $path: $tps tps"
+  [[ ${failed:-0} == 0 ]] || fail "$what-$path" "$failed failed transactions"
+  [[ -n $tps ]] || { fail "$what-$path" "no tps line"; return; }
+  if [[ $path == rsock ]]; then check_rdma "$what-rsock" "$what-cli" || return; fi
+  rec "tps what=$what path=$path value=$tps"
+  say "  $what $path: $tps tps"
 }
 
 # ---- wrk + nginx ----------------------------------------------------------------------------
 
-wrk_run() { # PATH
-  local path=$1 d=$W/nginx-$1 envs=() pre=() log=$LOGS/wrk-$1
+wrk_run() { # PATH [close]
+  local path=$1 close=${2:-} envs=() pre=() what=wrk hdr=()
+  [[ -n $close ]] && what=wrk-close hdr=(-H "Connection: close")
+  local log=$LOGS/$what-$path d=$W/nginx-$what-$path
   next_port
   mkdir -p "$d"
   nginx_conf "$d" "$A" "$PORT" off
   head -c 4096 /dev/urandom >"$d/www/4k.bin"
-  read -ra envs <<<"$(env_for "$path" nginx)"
+  read -ra envs <<<"$(env_for "$path" "nginx-$what")"
   start_bg "$log-nginx.log" "${envs[@]}" nginx -p "$d" -c "$d/nginx.conf" -e "$d/nginx-error.log"
   local srv=$BG_PID
-  wait_tcp_listen "$PORT" 60 || { fail "wrk-$path" "nginx did not listen: $(tail -c 300 "$d/nginx-error.log")"; stop_bg "$srv"; return; }
-  read -ra envs <<<"$(env_for "$path" wrk)"
+  wait_tcp_listen "$PORT" 60 || { fail "$what-$path" "nginx did not listen: $(tail -c 300 "$d/nginx-error.log")"; stop_bg "$srv"; return; }
+  read -ra envs <<<"$(env_for "$path" "$what")"
   read -ra pre <<<"$(client_pre "$path")"
-  "${pre[@]}" timeout 120 "${envs[@]}" wrk -t 2 -c 8 -d "$WRK_D" --timeout 10s "http://$A:$PORT/4k.bin" >"$log.log" 2>&1
+  "${pre[@]}" timeout 120 "${envs[@]}" wrk -t 2 -c 8 -d "$WRK_D" --timeout 10s "${hdr[@]}" "http://$A:$PORT/4k.bin" >"$log.log" 2>&1
   local rc=$?
   stop_bg "$srv"
   local rps errs
   rps=$(awk '/^Requests\/sec:/ { print $2 }' "$log.log")
   errs=$(grep -E 'Socket errors|Non-2xx' "$log.log" | tr '\n' ' ')
   if ((rc != 0)) || [[ -z $rps ]] || [[ ${rps%.*} -eq 0 ]]; then
-    fail "wrk-$path" "wrk status $rc, ${rps:-no} req/s: $(tail -n 4 "$log.log" | tr '\n' ' ') nginx: $(grep -m2 -E '\[(alert|error)\]' "$d/nginx-error.log" | tr '\n' ' ')"
+    fail "$what-$path" "wrk status $rc, ${rps:-no} req/s: $(tail -n 4 "$log.log" | tr '\n' ' ') nginx: $(grep -m2 -E '\[(alert|error)\]' "$d/nginx-error.log" | tr '\n' ' ')"
     return
   fi
-  [[ -z $errs ]] || say "  wrk $path: $errs"
-  if [[ $path == rsock ]]; then check_rdma "wrk-rsock" wrk || return; fi
-  rec "rps what=wrk path=$path value=$rps errors=${errs// /_}"
-  say "  wrk $path: $rps req/s"
+  [[ -z $errs ]] || say "  $what $path: $errs"
+  if [[ $path == rsock ]]; then check_rdma "$what-rsock" "$what" || return; fi
+  rec "rps what=$what path=$path value=$rps errors=${errs// /_}"
+  say "  $what $path: $rps req/s"
 }
 
 # ---- fork handover latency --------------------------------------------------------------------
@@ -225,7 +231,9 @@ handover_run() { # PATH FORK(0|1)
 say "fork bench ($([[ $SMOKE == 1 ]] && echo smoke || echo full)); shim $(sha256sum "$SO" | cut -c1-16)"
 for p in tcp rsock; do
   say "pgbench $p"; pgbench_run "$p"
+  say "pgbench -C $p"; pgbench_run "$p" -C
   say "wrk + nginx $p"; wrk_run "$p"
+  say "wrk + nginx, Connection: close, $p"; wrk_run "$p" close
   for f in 0 1; do handover_run "$p" "$f"; done
 done
 
@@ -251,8 +259,12 @@ out = ["# Fork benchmark (rsock vs kernel TCP, one boot)" + (" — smoke run, fi
        "| measurement | kernel TCP | rsock | rsock/tcp |", "|---|---:|---:|---:|"]
 a, b = get("tps", "pgbench", "tcp"), get("tps", "pgbench", "rsock")
 out.append(f"| pgbench -c 4 (tps) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
+a, b = get("tps", "pgbench-C", "tcp"), get("tps", "pgbench-C", "rsock")
+out.append(f"| pgbench -C -c 4, a connection per transaction (tps) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
 a, b = get("rps", "wrk", "tcp"), get("rps", "wrk", "rsock")
 out.append(f"| wrk → nginx 2 workers, 4 KiB (req/s) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
+a, b = get("rps", "wrk-close", "tcp"), get("rps", "wrk-close", "rsock")
+out.append(f"| the same, `Connection: close`: a connection per request (req/s) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
 for f, name in (("0", "connect + 1-byte answer, no fork (median µs)"), ("1", "connect + answer from the forked child (median µs)")):
     a, b = get("lat", "handover", "tcp", fork=f), get("lat", "handover", "rsock", fork=f)
     out.append(f"| {name} | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")

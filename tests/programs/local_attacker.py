@@ -17,7 +17,8 @@ answer other than a refusal (what would be a breach), 0 otherwise.
 the process exits), binds that name itself and, for --hold seconds, answers every caller
 as an owner would answer an accept: a forged "kernel TCP connection" carrying a socket of
 its own. Prints `local-attacker: squat name=NAME callers=C`; what matters is that no caller
-believes it (the caller checks the answering pid).
+believes it (the caller checks the answering pid). `--found FILE` is created once the name
+is known (the process may exit from then on).
 """
 import argparse
 import array
@@ -73,11 +74,13 @@ def refused(reply):
     return reply is None or len(reply) == 0 or (reply[:4] == MAGIC and reply[5] == 0)
 
 
-def squat(pid, hold, ready):
+def squat(pid, hold, ready, found):
     name = next((n for n in names() if n.startswith(f"rsock.{pid}.")), None)
     if name is None:
         print(f"local-attacker: no engine of pid {pid}", flush=True)
         return 2
+    if found:
+        open(found, "w").close()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     end = time.time() + 60
     while True:
@@ -123,9 +126,10 @@ def main():
     ap.add_argument("--hold", type=float, default=5.0, help="seconds the flood is held")
     ap.add_argument("--ready", help="file created once the flood is open")
     ap.add_argument("--squat", type=int, help="squat this process's engine name once it exits")
+    ap.add_argument("--found", help="--squat: file created once the engine's name is known")
     a = ap.parse_args()
     if a.squat:
-        return squat(a.squat, a.hold, a.ready)
+        return squat(a.squat, a.hold, a.ready, a.found)
 
     found = names()
     print(f"local-attacker: uid={os.getuid()} engines: {' '.join(found) or 'none'}", flush=True)

@@ -161,14 +161,16 @@ cell_local_attack_squat() {
     bg worker $T shimmed "$CELL_DIR/srv" python3 "$fk/pass_fds.py" lworker "$CELL_DIR/ch.sock" 3 \
         "$CELL_DIR/events.log" "$CELL_DIR/gate"
     wait_until 30 test -S "$CELL_DIR/ch.sock" || fail "the worker did not listen: $(tail -c 300 worker.err)"
+    # The sender stays until the attacker knows its engine's name (under load, the attacker
+    # once started after the sender had gone, and had nothing to squat).
     bg snd $T shimmed "$CELL_DIR/srv" python3 "$fk/pass_fds.py" lsender "$A" "$PORT" "$CELL_DIR/ch.sock" \
-        "$CELL_DIR/events.log" 3
+        "$CELL_DIR/events.log" 3 "$CELL_DIR/found"
     wait_until 60 grep -q '^received ' events.log || fail "the worker got no listener: $(tail -c 300 worker.err | paste -sd' ')"
     local spid
     spid=$(awk '/^listen /{ sub("pid=", "", $2); print $2; exit }' events.log)
     wait_until 30 grep -q "@rsock\.$spid\." /proc/net/unix || fail "the sender's engine has no control socket"
     bg atk 120 setpriv --reuid=65534 --regid=65534 --clear-groups python3 "$ATK" --squat "$spid" --hold 15 \
-        --ready "$CELL_DIR/squatting"
+        --ready "$CELL_DIR/squatting" --found "$CELL_DIR/found"
     bg_wait snd || fail "sender: $(tail -c 300 snd.err | paste -sd' ')"
     wait_until 60 test -e squatting || fail "the attacker could not squat: $(tail -c 300 atk.out atk.err | paste -sd' ')"
     touch gate  # the worker accepts now: its first call reaches the squatter

@@ -11,10 +11,11 @@ unix socket (SCM_RIGHTS), as acceptor/worker servers, Node.js cluster and system
                                          open), shuts down writing, writes what came back
                                          to OUT
 
-  pass_fds.py lsender ADDR PORT UNIX_PATH LOG HOLD_S
+  pass_fds.py lsender ADDR PORT UNIX_PATH LOG HOLD_S [GATE]
                                          listens, sends the listener itself to the worker,
                                          closes its copy, and exits after HOLD_S seconds
-                                         (a seamless reload's old process)
+                                         (a seamless reload's old process) — with GATE, no
+                                         sooner than the file GATE exists (at most 60 s)
   pass_fds.py lworker UNIX_PATH N LOG [GATE]
                                          accepts and serves N connections on the listener
                                          it is sent (once the file GATE exists, if given)
@@ -107,7 +108,7 @@ def lworker(path, n, logpath, gate=None):
     serve_each(lambda: lst.accept()[0], n, logpath)
 
 
-def lsender(addr, port, path, logpath, hold_s):
+def lsender(addr, port, path, logpath, hold_s, gate=None):
     import time
     lst = socket.create_server((addr, port))
     log(logpath, f"listen pid={os.getpid()}")
@@ -118,6 +119,9 @@ def lsender(addr, port, path, logpath, hold_s):
     ch.close()
     log(logpath, f"passed pid={os.getpid()} listener")
     time.sleep(hold_s)
+    end = time.time() + 60
+    while gate and not os.path.exists(gate) and time.time() < end:
+        time.sleep(0.05)
     log(logpath, f"exit pid={os.getpid()}")
 
 
@@ -201,7 +205,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "lworker":
         lworker(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     elif sys.argv[1] == "lsender":
-        lsender(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]))
+        gate = sys.argv[7] if len(sys.argv) > 7 else None
+        lsender(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6]), gate)
     elif sys.argv[1] == "forkexec":
         forkexec(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     elif sys.argv[1] == "spawner":
