@@ -272,7 +272,7 @@ mod random {
     enum Step {
         Open(usize),
         /// One round of the transport (post, deliver, receive, complete).
-        Step,
+        Round,
         /// End `.0` reads stream 0 and answers what it got: accept unless `.1` says refuse.
         Answer(usize, bool),
         /// End `.0` closes one of its open streams.
@@ -282,7 +282,7 @@ mod random {
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
             2 => (0..2usize).prop_map(Step::Open),
-            4 => Just(Step::Step),
+            4 => Just(Step::Round),
             3 => (0..2usize, prop::bool::weighted(0.2)).prop_map(|(e, r)| Step::Answer(e, r)),
             2 => (0..2usize, any::<usize>()).prop_map(|(e, k)| Step::Close(e, k)),
         ]
@@ -337,7 +337,7 @@ mod random {
                 Step::Open(e) => {
                     let _ = self.link.ends[e].open(open_to(80));
                 }
-                Step::Step => {
+                Step::Round => {
                     self.flush();
                     self.link
                         .wire
@@ -404,7 +404,7 @@ mod random {
                     }
                 }
                 for _ in 0..4 {
-                    w.apply(Step::Step)?;
+                    w.apply(Step::Round)?;
                 }
                 let quiet = w.link.ends.iter().all(|c| c.queued() == 0)
                     && w.link.wire.a.in_flight() == 0
