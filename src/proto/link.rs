@@ -8,6 +8,8 @@
 //!
 //! - [`Control`]: one end's control plane: records queued into stream 0 and those read from
 //!   it, applied to the stream table as events for the driver.
+//! - [`Mux`]: one end's data plane: stream 0 and the streams as `Conn`s on one queue pair
+//!   (immediates routed by stream, tagged work requests, turns, receive shares).
 //! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning),
 //!   and the [`Codec`](imm::Codec) a [`Conn`](super::Conn) speaks.
 //! - [`record`]: the control records of a link's stream 0 (OPEN, ACCEPT, REFUSE, CLOSE,
@@ -20,6 +22,7 @@
 
 mod control;
 pub mod imm;
+mod mux;
 pub mod record;
 #[cfg(test)]
 mod record_tests;
@@ -31,5 +34,6 @@ mod streams;
 mod streams_tests;
 
 pub use control::{Control, ControlError, ControlEvent};
+pub use mux::{Mux, MuxError, RingAt, WR_STREAM_SHIFT};
 pub use slots::{SlabId, Slot, Slots, SlotsError};
 pub use streams::{LinkError, NoId, Streams};

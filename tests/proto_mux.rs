@@ -1,0 +1,363 @@
+//! Many streams on one queue pair (PROTOCOL.md §14): two ends' `Mux`es over the in-memory
+//! RC model (`transport::mem::fabric`: one QP each, one shared receive queue that fails on a
+//! message without a receive, one send queue), opening streams, moving bytes on all of them
+//! at once through small rings, one stream's reader stalled while the others flow, and
+//! closing everything down to no stream.
+
+use rsock_core::proto::link::imm::StreamId;
+use rsock_core::proto::link::{ControlEvent, Mux, RingAt, WR_STREAM_SHIFT};
+use rsock_core::proto::wire::{Hello, HelloKind};
+use rsock_core::proto::{Conn, Params, ReadError, WriteError};
+use rsock_core::transport::mem::fabric::{Cqe, Landing, Qp, Wr};
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+const SQ: u32 = 256;
+
+fn params(ring_size: u32) -> Params {
+    Params {
+        ring_size,
+        recv_credits: 8,
+        send_buf_size: 4096,
+        send_queue_depth: 8,
+        max_inline: 0,
+        ring_grow_to: 0,
+        send_grow_to: 0,
+    }
+}
+
+/// One end: its mux, QP, rings (by rkey) and send buffers (by stream id).
+struct End {
+    mux: Mux,
+    qp: Qp,
+    rings: HashMap<u32, Vec<u8>>,
+    sends: HashMap<u16, Vec<u8>>,
+    /// Our stream id -> the rkey of its ring.
+    ring_of: HashMap<u16, u32>,
+    /// Posted writes not yet delivered, with their payload (read at post).
+    wire: VecDeque<(Wr, Vec<u8>)>,
+    next_rkey: u32,
+}
+
+/// The receiving end's rings, and one write's payload.
+struct Land<'a> {
+    rings: &'a mut HashMap<u32, Vec<u8>>,
+    payload: &'a [u8],
+}
+
+impl Landing for Land<'_> {
+    fn ring_len(&self, rkey: u32) -> Option<usize> {
+        self.rings.get(&rkey).map(Vec::len)
+    }
+
+    fn land(&mut self, rkey: u32, at: Range<usize>) -> bool {
+        match self.rings.get_mut(&rkey) {
+            Some(r) => {
+                r[at].copy_from_slice(self.payload);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+const CONTROL_RKEY: u32 = 1;
+
+impl End {
+    fn new(control: Conn) -> End {
+        let mut rings = HashMap::new();
+        rings.insert(CONTROL_RKEY, vec![0; 4096]);
+        let mut sends = HashMap::new();
+        sends.insert(0, vec![0; 4096]);
+        End {
+            mux: Mux::new(control, 8, SQ, 64),
+            qp: Qp::new(0, SQ),
+            rings,
+            sends,
+            ring_of: HashMap::from([(0, CONTROL_RKEY)]),
+            wire: VecDeque::new(),
+            next_rkey: 100,
+        }
+    }
+
+    /// A new ring of `size` and its place.
+    fn ring(&mut self, size: u32) -> (u32, RingAt) {
+        let rkey = self.next_rkey;
+        self.next_rkey += 1;
+        self.rings.insert(rkey, vec![0; size as usize]);
+        (rkey, RingAt { rkey, addr: 0 })
+    }
+
+    fn adopt(&mut self, id: StreamId, rkey: u32, send_size: u32) {
+        self.ring_of.insert(id.get(), rkey);
+        self.sends.insert(id.get(), vec![0; send_size as usize]);
+    }
+
+    /// Posts receives owed and every write the mux has.
+    fn post(&mut self) {
+        self.qp.recvs += self.mux.receives_to_post();
+        loop {
+            let send0 = self.sends.get_mut(&0).unwrap();
+            let Some(w) = self.mux.poll_write(send0) else {
+                break;
+            };
+            let stream = (w.wr_id.0 >> WR_STREAM_SHIFT) as u16;
+            let buf = &self.sends[&stream];
+            let at = w.local_offset as usize..(w.local_offset + w.len) as usize;
+            assert!(self.qp.post_send(w.wr_id.0), "send queue full");
+            let wr = Wr {
+                wr_id: w.wr_id.0,
+                rkey: w.rkey,
+                offset: u64::from(w.remote_offset),
+                len: w.len,
+                imm: w.imm,
+                signaled: w.signaled,
+            };
+            self.wire.push_back((wr, buf[at].to_vec()));
+        }
+    }
+
+    /// Hands every completion to the mux (and reposts receives).
+    fn complete(&mut self) {
+        while let Some(c) = self.qp.poll() {
+            match c {
+                Cqe::Recv { imm, byte_len } => {
+                    let ring0 = &self.rings[&CONTROL_RKEY];
+                    self.mux.handle_imm(imm, byte_len, ring0).unwrap();
+                    self.qp.recvs += self.mux.receives_to_post();
+                }
+                Cqe::Sent { wr_id } => self.mux.handle_send_complete(wr_id).unwrap(),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    fn write(&mut self, id: StreamId, data: &[u8]) -> usize {
+        let buf = self.sends.get_mut(&id.get()).unwrap();
+        match self.mux.conn_mut(id).unwrap().write(buf, data) {
+            Ok(n) => n,
+            Err(WriteError::Blocked) => 0,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    fn read(&mut self, id: StreamId, out: &mut Vec<u8>) -> bool {
+        let ring = &self.rings[&self.ring_of[&id.get()]];
+        let mut b = [0u8; 3000];
+        loop {
+            match self.mux.conn_mut(id).unwrap().read(ring, &mut b) {
+                Ok(0) => return true,
+                Ok(n) => out.extend_from_slice(&b[..n]),
+                Err(ReadError::Blocked) => return false,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    }
+}
+
+struct Link {
+    ends: [End; 2],
+}
+
+impl Link {
+    fn new() -> Link {
+        let p = params(4096);
+        let hello = |rkey| Hello {
+            kind: HelloKind::Accept,
+            flags: 0,
+            ring_addr: 0,
+            rkey,
+            ring_size: 4096,
+            recv_credits: 8,
+            conn_id: 7,
+            resume: None,
+        };
+        let c = StreamId::CONTROL;
+        // Each end's stream 0 writes into the other's control ring (both under rkey 1).
+        let a = Conn::on_link(&p, &hello(CONTROL_RKEY), c, c).unwrap();
+        let b = Conn::on_link(&p, &hello(CONTROL_RKEY), c, c).unwrap();
+        Link {
+            ends: [End::new(a), End::new(b)],
+        }
+    }
+
+    /// One round: post, deliver everything, complete. True if anything moved.
+    fn round(&mut self) -> bool {
+        for e in &mut self.ends {
+            e.post();
+        }
+        let mut moved = false;
+        for from in 0..2 {
+            let (x, y) = split(&mut self.ends, from);
+            while let Some((wr, payload)) = x.wire.pop_front() {
+                let mut land = Land {
+                    rings: &mut y.rings,
+                    payload: &payload,
+                };
+                x.qp.execute(&mut y.qp, &wr, &mut land).unwrap();
+                moved = true;
+            }
+        }
+        for e in &mut self.ends {
+            e.complete();
+        }
+        moved
+    }
+
+    fn settle(&mut self) -> [Vec<ControlEvent>; 2] {
+        for _ in 0..1000 {
+            if !self.round() {
+                break;
+            }
+        }
+        let ev = |e: &mut End| std::iter::from_fn(|| e.mux.poll_event()).collect();
+        [ev(&mut self.ends[0]), ev(&mut self.ends[1])]
+    }
+
+    /// A opens a stream with a ring of `a_ring`, B accepts with `b_ring`: (A's id, B's id).
+    fn open(&mut self, a_ring: u32, b_ring: u32) -> (StreamId, StreamId) {
+        let (rk, at) = self.ends[0].ring(a_ring);
+        let dest = "10.0.0.2:80".parse().unwrap();
+        let a_id = self.ends[0].mux.open(params(a_ring), at, 42, dest).unwrap();
+        self.ends[0].adopt(a_id, rk, 4096);
+        let [_, b_ev] = self.settle();
+        let [ControlEvent::Incoming(open)] = &b_ev[..] else {
+            panic!("{b_ev:?}")
+        };
+        let (rk, at) = self.ends[1].ring(b_ring);
+        let b_id = self.ends[1].mux.accept(open, params(b_ring), at).unwrap();
+        self.ends[1].adopt(b_id, rk, 4096);
+        let [a_ev, _] = self.settle();
+        assert!(matches!(a_ev[..], [ControlEvent::Accepted(_)]), "{a_ev:?}");
+        (a_id, b_id)
+    }
+}
+
+fn split(ends: &mut [End; 2], from: usize) -> (&mut End, &mut End) {
+    let [a, b] = ends;
+    if from == 0 {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+fn pattern(n: usize, salt: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt) ^ (i / 253) as u8)
+        .collect()
+}
+
+#[test]
+fn streams_share_a_queue_pair_and_each_arrives_intact() {
+    let mut l = Link::new();
+    let ids: Vec<_> = [65536u32, 8192, 32768, 65536]
+        .iter()
+        .map(|&r| l.open(r, r))
+        .collect();
+    assert_eq!(l.ends[0].mux.streams(), 4);
+    // Each stream both ways, different lengths, all at once through small rings.
+    let data: Vec<[Vec<u8>; 2]> = (0..ids.len())
+        .map(|k| {
+            let n = 20_000 + 17_000 * k;
+            [pattern(n, k as u8), pattern(n / 2 + 5, 100 + k as u8)]
+        })
+        .collect();
+    let mut sent = vec![[0usize; 2]; ids.len()];
+    let mut got: Vec<[Vec<u8>; 2]> = vec![[Vec::new(), Vec::new()]; ids.len()];
+    for _ in 0..20_000 {
+        for (k, &(a, b)) in ids.iter().enumerate() {
+            for (e, id) in [(0, a), (1, b)] {
+                // Small writes, several a round, each posted at once: a message each, so
+                // that immediates of many streams are in flight together on the shared
+                // receive queue (more than any one stream's share).
+                for _ in 0..5 {
+                    let from = sent[k][e];
+                    let to = (from + 333).min(data[k][e].len());
+                    if from < to {
+                        sent[k][e] += l.ends[e].write(id, &data[k][e][from..to]);
+                        l.ends[e].post();
+                    }
+                }
+            }
+        }
+        l.round();
+        for (k, &(a, b)) in ids.iter().enumerate() {
+            l.ends[1].read(b, &mut got[k][0]);
+            l.ends[0].read(a, &mut got[k][1]);
+        }
+        if (0..ids.len())
+            .all(|k| got[k][0].len() == data[k][0].len() && got[k][1].len() == data[k][1].len())
+        {
+            break;
+        }
+    }
+    for k in 0..ids.len() {
+        assert_eq!(got[k][0], data[k][0], "stream {k}, A to B");
+        assert_eq!(got[k][1], data[k][1], "stream {k}, B to A");
+    }
+    // Close every stream from both ends: FINs, then CLOSE records; nothing left.
+    for &(a, b) in &ids {
+        l.ends[0].mux.conn_mut(a).unwrap().shutdown_write();
+        l.ends[1].mux.conn_mut(b).unwrap().shutdown_write();
+    }
+    for _ in 0..200 {
+        l.round();
+        for &(a, b) in &ids {
+            for (e, id) in [(0, a), (1, b)] {
+                let mut sink = Vec::new();
+                if l.ends[e].mux.conn_mut(id).is_some() {
+                    l.ends[e].read(id, &mut sink);
+                    if l.ends[e].mux.conn_mut(id).unwrap().is_finished() {
+                        l.ends[e].mux.close(id);
+                    }
+                }
+            }
+        }
+    }
+    l.settle();
+    assert_eq!(l.ends[0].mux.streams(), 0);
+    assert_eq!(l.ends[1].mux.streams(), 0);
+    assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
+}
+
+#[test]
+fn a_stalled_reader_holds_only_its_own_stream() {
+    let mut l = Link::new();
+    let (stalled_a, _stalled_b) = l.open(4096, 4096);
+    let (a, b) = l.open(4096, 4096);
+    // A fills the stalled stream (nobody reads it at B) and streams 200 KB on the other.
+    let big = pattern(200_000, 9);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    let mut stalled_sent = 0;
+    for _ in 0..20_000 {
+        stalled_sent += l.ends[0].write(stalled_a, &[7u8; 1000]);
+        if sent < big.len() {
+            sent += l.ends[0].write(a, &big[sent..]);
+        }
+        l.round();
+        l.ends[1].read(b, &mut got);
+        if got.len() == big.len() {
+            break;
+        }
+    }
+    assert_eq!(got, big);
+    // The stalled stream took what its window and send buffer hold, and no more.
+    assert!(
+        (4096..=4096 + 4096).contains(&stalled_sent),
+        "{stalled_sent}"
+    );
+    assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
+}
+
+#[test]
+fn a_foreign_immediate_fails_the_link() {
+    let mut l = Link::new();
+    // DATA for stream 5, which is not open at B.
+    let raw = (5u32 << 16) | 10;
+    let ring0 = l.ends[1].rings[&CONTROL_RKEY].clone();
+    assert!(l.ends[1].mux.handle_imm(raw, 10, &ring0).is_err());
+    assert!(l.ends[1].mux.error().is_some());
+    assert!(l.ends[1].mux.handle_send_complete(99).is_err());
+}
