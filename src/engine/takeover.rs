@@ -47,6 +47,12 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
 /// again until then (the owner's helper never waits): a resume point the peer never wrote
 /// (a hostile peer) costs that taker at most this, and the owner nothing.
 const EXPORT_WAIT: Duration = Duration::from_secs(1);
+/// How long a taker asks again while the owner says the stream is busy (EBUSY): a ring
+/// growth waiting for the peer's SWITCHED, or a call of the owner's program on it, are over
+/// in moments. Without it, a child that execs just after taking its connection over (its
+/// ring growing under the client's stream) lost the connection: the old owner's reclaim
+/// met EBUSY once and gave up (`passed_exec_taken`, 2026-11-27).
+const BUSY_WAIT: Duration = Duration::from_millis(500);
 
 /// Why a take-over did not happen.
 #[derive(Debug)]
@@ -128,7 +134,15 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         port,
         taker: engine.owner,
     };
-    let called = ipc::call(&mut st.owner, &take, fd);
+    let busy_until = Instant::now() + BUSY_WAIT;
+    let called = loop {
+        match ipc::call(&mut st.owner, &take, fd) {
+            Err(ipc::CallError::Refused(libc::EBUSY)) if Instant::now() < busy_until => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            r => break r,
+        }
+    };
     let owner = st.owner; // where it went, if it had moved on
     let (conn_id, now, bfd) = match called {
         Ok((Reply::Doorbell { conn_id, sizes, .. }, Some(bfd))) => {

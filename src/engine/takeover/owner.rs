@@ -72,6 +72,9 @@ impl Engine {
             return (Reply::Failed(libc::ECONNRESET), None);
         }
         if let Err(e) = s.start_move(port, Instant::now() + 2 * HANDOVER_TIMEOUT) {
+            // Busy: the taker asks again; what it waits for (a growth's SWITCHED) may be
+            // a completion nobody else here polls while the program is in exec's hook.
+            self.progress(&s.dev);
             return (Reply::Failed(e), None);
         }
         self.tend(s); // the helper resets it if the taker never asks for the state
