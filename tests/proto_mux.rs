@@ -105,15 +105,7 @@ impl End {
             let buf = &self.sends[&stream];
             let at = w.local_offset as usize..(w.local_offset + w.len) as usize;
             assert!(self.qp.post_send(w.wr_id.0), "send queue full");
-            let wr = Wr {
-                wr_id: w.wr_id.0,
-                rkey: w.rkey,
-                offset: u64::from(w.remote_offset),
-                len: w.len,
-                imm: w.imm,
-                signaled: w.signaled,
-            };
-            self.wire.push_back((wr, buf[at].to_vec()));
+            self.wire.push_back((Wr::from(&w), buf[at].to_vec()));
         }
     }
 

@@ -280,15 +280,13 @@ impl QueuePair for MemQp {
         let wr_id = w.wr_id.0 | if w.signaled { super::PROTO_SIGNALED } else { 0 };
         let (start, len) = (w.local_offset as usize, w.len as usize);
         let data = send.range(start..start + len);
-        let wr = Wr {
-            wr_id,
-            rkey: w.rkey,
-            offset: u64::from(w.remote_offset),
-            len: w.len,
-            imm: w.imm,
-            signaled: w.signaled,
-        };
-        self.execute(wr, data)
+        self.execute(
+            Wr {
+                wr_id,
+                ..Wr::from(w)
+            },
+            data,
+        )
     }
 
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {

@@ -40,6 +40,20 @@ pub struct Wr {
     pub signaled: bool,
 }
 
+impl From<&crate::proto::Write> for Wr {
+    /// The write a connection handed out, as the wire carries it (ring-relative offset).
+    fn from(w: &crate::proto::Write) -> Wr {
+        Wr {
+            wr_id: w.wr_id.0,
+            rkey: w.rkey,
+            offset: u64::from(w.remote_offset),
+            len: w.len,
+            imm: w.imm,
+            signaled: w.signaled,
+        }
+    }
+}
+
 /// Why a write failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WrError {

@@ -345,14 +345,7 @@ impl Pair {
             return Ok(false);
         };
         let w = f.write;
-        let wr = Wr {
-            wr_id: w.wr_id.0,
-            rkey: w.rkey,
-            offset: u64::from(w.remote_offset),
-            len: w.len,
-            imm: w.imm,
-            signaled: w.signaled,
-        };
+        let wr = Wr::from(&w);
         let local = w.local_offset as usize..w.local_offset as usize + w.len as usize;
         let mut mem = Rings {
             ring: &mut dst.ring,
