@@ -155,7 +155,7 @@ impl RxCredits {
             // answered, and >= 2 so that a credit message (which itself consumes one receive)
             // never triggers an answer on its own: with 1, two idle peers would trade credit
             // messages forever.
-            byte_threshold: u64::from(ring / 2).max(1),
+            byte_threshold: byte_threshold(ring, 1),
             wr_threshold: (recvs / 2)
                 .min(recvs.saturating_sub(CONTROL_RESERVE))
                 .max(2),
@@ -171,7 +171,7 @@ impl RxCredits {
     /// units, so at least one unit must be reclaimable before bytes are due.
     pub(crate) fn with_caps(mut self, caps: (u32, u32, u32)) -> RxCredits {
         self.caps = caps;
-        self.byte_threshold = self.byte_threshold.max(u64::from(caps.2));
+        self.byte_threshold = byte_threshold(self.ring, caps.2);
         self
     }
 
@@ -198,7 +198,7 @@ impl RxCredits {
     /// Our ring grew to `size` (the peer's SWITCHED): it may write up to `returned + size`.
     pub(crate) fn regrow(&mut self, size: u32) {
         self.ring = size;
-        self.byte_threshold = u64::from(size / 2).max(u64::from(self.caps.2)).max(1);
+        self.byte_threshold = byte_threshold(size, self.caps.2);
     }
 
     /// Ring bytes the peer may still write.
@@ -301,6 +301,12 @@ impl RxCredits {
         self.returned += u64::from(bytes);
         Some(Imm::Credit { wrs, bytes })
     }
+}
+
+/// Consumed bytes worth a credit message for a ring of `ring` bytes returned in units of
+/// `unit`: half the ring (PROTOCOL.md §5), and at least one unit.
+fn byte_threshold(ring: u32, unit: u32) -> u64 {
+    u64::from(ring / 2).max(u64::from(unit)).max(1)
 }
 
 #[cfg(test)]
