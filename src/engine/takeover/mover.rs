@@ -162,6 +162,11 @@ fn resume_steps(engine: &'static Engine, s: &Arc<Stream>, port: u16) -> Result<(
             std::thread::sleep(Duration::from_micros(100));
         }
     }
+    // A peer that moves right after connecting may get its MIGRATE here before the helper
+    // saw our accepted id's ESTABLISHED; the message itself proves the connection up. Queue
+    // the stream for accept() now: `resume_parts` clears the old id's token, after which that
+    // event would find no stream, and the stream would wait for it for ever.
+    crate::engine::listener::established(engine, s);
     let (pd, caps, hello) = s.resume_parts().ok_or(Why::Gone("no queue pair"))?;
     let dest = SocketAddr::new(s.peer.ip(), port);
     let src = SocketAddr::new(s.local.ip(), 0);
