@@ -1,11 +1,14 @@
-//! Many streams on one queue pair (PROTOCOL.md §14): two ends' `Mux`es over the in-memory
-//! RC model (`transport::mem::fabric`: one QP each, one shared receive queue that fails on a
-//! message without a receive, one send queue), opening streams, moving bytes on all of them
-//! at once through small rings, one stream's reader stalled while the others flow, and
-//! closing everything down to no stream.
+//! Many streams on one queue pair (PROTOCOL.md §14): two ends' `Mux`es, each with its
+//! streams' `Conn`s as a driver keeps them, over the in-memory RC model
+//! (`transport::mem::fabric`: one QP each, one shared receive queue that fails on a message
+//! without a receive, one send queue that fails when full), opening streams, moving bytes on
+//! all of them at once through small rings, one stream's reader stalled while the others
+//! flow, a link whose queues are full refusing the next stream, and closing everything down
+//! to no stream.
 
 use rsock_core::proto::link::imm::StreamId;
-use rsock_core::proto::link::{ControlEvent, Mux, RingAt, WR_STREAM_SHIFT};
+use rsock_core::proto::link::record::{Open, RefuseReason};
+use rsock_core::proto::link::{tag, untag, LinkEvent, Mux, RingAt};
 use rsock_core::proto::wire::{Hello, HelloKind};
 use rsock_core::proto::{Conn, Params, ReadError, WriteError};
 use rsock_core::transport::mem::fabric::{Cqe, Landing, Qp, Wr};
@@ -13,6 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
 const SQ: u32 = 256;
+const RQ: u32 = 256;
 
 fn params(ring_size: u32) -> Params {
     Params {
@@ -26,9 +30,15 @@ fn params(ring_size: u32) -> Params {
     }
 }
 
-/// One end: its mux, QP, rings (by rkey) and send buffers (by stream id).
+/// One end: its mux, its streams' connections (by our id), QP, rings (by rkey) and send
+/// buffers (by stream id).
 struct End {
     mux: Mux,
+    conns: HashMap<u16, Conn>,
+    /// What stream 0 said, not yet looked at by the test.
+    said: Vec<Said>,
+    /// Where the next turn to post starts (streams post in turns, as a driver's would).
+    turn: u16,
     qp: Qp,
     rings: HashMap<u32, Vec<u8>>,
     sends: HashMap<u16, Vec<u8>>,
@@ -37,6 +47,16 @@ struct End {
     /// Posted writes not yet delivered, with their payload (read at post).
     wire: VecDeque<(Wr, Vec<u8>)>,
     next_rkey: u32,
+}
+
+/// What stream 0 said (a [`LinkEvent`] whose connection the end kept).
+#[derive(Debug)]
+enum Said {
+    Incoming(Open),
+    Opened(StreamId),
+    Refused(StreamId, RefuseReason),
+    PeerClosed(StreamId),
+    Goodbye,
 }
 
 /// The receiving end's rings, and one write's payload.
@@ -70,7 +90,10 @@ impl End {
         let mut sends = HashMap::new();
         sends.insert(0, vec![0; 4096]);
         End {
-            mux: Mux::new(control, 8, SQ, 64),
+            mux: Mux::new(control, &params(4096), RQ, SQ, 64).unwrap(),
+            conns: HashMap::new(),
+            said: Vec::new(),
+            turn: 0,
             qp: Qp::new(0, SQ),
             rings,
             sends,
@@ -93,40 +116,96 @@ impl End {
         self.sends.insert(id.get(), vec![0; send_size as usize]);
     }
 
-    /// Posts receives owed and every write the mux has.
+    /// Posts receives owed, stream 0's writes, then the streams' in turns (each stream's
+    /// share of the send queue is its own: the queue never overflows).
     fn post(&mut self) {
         self.qp.recvs += self.mux.receives_to_post();
         loop {
             let send0 = self.sends.get_mut(&0).unwrap();
-            let Some(w) = self.mux.poll_write(send0) else {
+            let Some(w) = self.mux.poll_control_write(send0) else {
                 break;
             };
-            let stream = (w.wr_id.0 >> WR_STREAM_SHIFT) as u16;
-            let buf = &self.sends[&stream];
-            let at = w.local_offset as usize..(w.local_offset + w.len) as usize;
-            assert!(self.qp.post_send(w.wr_id.0), "send queue full");
-            self.wire.push_back((Wr::from(&w), buf[at].to_vec()));
+            self.send(w);
+        }
+        let mut ids: Vec<u16> = self.conns.keys().copied().collect();
+        ids.sort_unstable();
+        let start = ids.iter().position(|&i| i >= self.turn).unwrap_or(0);
+        ids.rotate_left(start);
+        for id in ids {
+            while let Some(w) = self.conns.get_mut(&id).unwrap().poll_write() {
+                self.send(tag(StreamId::new(id).unwrap(), w));
+            }
+            self.turn = id + 1;
         }
     }
 
-    /// Hands every completion to the mux (and reposts receives).
+    fn send(&mut self, w: rsock_core::proto::Write) {
+        let stream = untag(w.wr_id.0).0.unwrap().get();
+        let buf = &self.sends[&stream];
+        let at = w.local_offset as usize..(w.local_offset + w.len) as usize;
+        assert!(self.qp.post_send(w.wr_id.0), "send queue full");
+        self.wire.push_back((Wr::from(&w), buf[at].to_vec()));
+    }
+
+    /// Hands every completion to the mux, and a stream's to its connection (and reposts
+    /// receives); takes stream 0's events at once (an ACCEPT's stream must exist before
+    /// the next completion) and keeps them for the test.
     fn complete(&mut self) {
         while let Some(c) = self.qp.poll() {
             match c {
                 Cqe::Recv { imm, byte_len } => {
                     let ring0 = &self.rings[&CONTROL_RKEY];
-                    self.mux.handle_imm(imm, byte_len, ring0).unwrap();
+                    match self.mux.handle_imm(imm, byte_len, ring0).unwrap() {
+                        Some(id) => {
+                            let conn = self.conns.get_mut(&id.get()).unwrap();
+                            if let Err(e) = conn.handle_imm(imm, byte_len) {
+                                panic!("stream {}: {e:?}", id.get());
+                            }
+                        }
+                        None => {
+                            while let Some(ev) = self.mux.poll_event() {
+                                let said = match ev {
+                                    LinkEvent::Opened { mine, conn } => {
+                                        self.conns.insert(mine.get(), *conn);
+                                        Said::Opened(mine)
+                                    }
+                                    LinkEvent::Incoming(open) => Said::Incoming(open),
+                                    LinkEvent::Refused { mine, reason } => {
+                                        Said::Refused(mine, reason)
+                                    }
+                                    LinkEvent::PeerClosed { mine } => Said::PeerClosed(mine),
+                                    LinkEvent::Goodbye => Said::Goodbye,
+                                };
+                                self.said.push(said);
+                            }
+                        }
+                    }
                     self.qp.recvs += self.mux.receives_to_post();
                 }
-                Cqe::Sent { wr_id } => self.mux.handle_send_complete(wr_id).unwrap(),
+                Cqe::Sent { wr_id } => {
+                    if let Some((id, own)) = self.mux.handle_send_complete(wr_id).unwrap() {
+                        let conn = self.conns.get_mut(&id.get()).unwrap();
+                        conn.handle_send_complete(own).unwrap();
+                    }
+                }
                 other => panic!("{other:?}"),
             }
         }
     }
 
+    fn conn(&mut self, id: StreamId) -> &mut Conn {
+        self.conns.get_mut(&id.get()).unwrap()
+    }
+
+    /// Closes stream `id` here: its connection goes, its CLOSE goes out.
+    fn close(&mut self, id: StreamId) {
+        self.conns.remove(&id.get());
+        self.mux.close(id);
+    }
+
     fn write(&mut self, id: StreamId, data: &[u8]) -> usize {
         let buf = self.sends.get_mut(&id.get()).unwrap();
-        match self.mux.conn_mut(id).unwrap().write(buf, data) {
+        match self.conns.get_mut(&id.get()).unwrap().write(buf, data) {
             Ok(n) => n,
             Err(WriteError::Blocked) => 0,
             Err(e) => panic!("{e:?}"),
@@ -137,7 +216,7 @@ impl End {
         let ring = &self.rings[&self.ring_of[&id.get()]];
         let mut b = [0u8; 3000];
         loop {
-            match self.mux.conn_mut(id).unwrap().read(ring, &mut b) {
+            match self.conns.get_mut(&id.get()).unwrap().read(ring, &mut b) {
                 Ok(0) => return true,
                 Ok(n) => out.extend_from_slice(&b[..n]),
                 Err(ReadError::Blocked) => return false,
@@ -196,14 +275,14 @@ impl Link {
         moved
     }
 
-    fn settle(&mut self) -> [Vec<ControlEvent>; 2] {
+    fn settle(&mut self) -> [Vec<Said>; 2] {
         for _ in 0..1000 {
             if !self.round() {
                 break;
             }
         }
-        let ev = |e: &mut End| std::iter::from_fn(|| e.mux.poll_event()).collect();
-        [ev(&mut self.ends[0]), ev(&mut self.ends[1])]
+        let [a, b] = &mut self.ends;
+        [std::mem::take(&mut a.said), std::mem::take(&mut b.said)]
     }
 
     /// A opens a stream with a ring of `a_ring`, B accepts with `b_ring`: (A's id, B's id).
@@ -213,14 +292,18 @@ impl Link {
         let a_id = self.ends[0].mux.open(params(a_ring), at, 42, dest).unwrap();
         self.ends[0].adopt(a_id, rk, 4096);
         let [_, b_ev] = self.settle();
-        let [ControlEvent::Incoming(open)] = &b_ev[..] else {
+        let [Said::Incoming(open)] = &b_ev[..] else {
             panic!("{b_ev:?}")
         };
         let (rk, at) = self.ends[1].ring(b_ring);
-        let b_id = self.ends[1].mux.accept(open, params(b_ring), at).unwrap();
+        let (b_id, conn) = self.ends[1].mux.accept(open, params(b_ring), at).unwrap();
+        self.ends[1].conns.insert(b_id.get(), conn);
         self.ends[1].adopt(b_id, rk, 4096);
         let [a_ev, _] = self.settle();
-        assert!(matches!(a_ev[..], [ControlEvent::Accepted(_)]), "{a_ev:?}");
+        assert!(
+            matches!(a_ev[..], [Said::Opened(id)] if id == a_id),
+            "{a_ev:?}"
+        );
         (a_id, b_id)
     }
 }
@@ -290,24 +373,38 @@ fn streams_share_a_queue_pair_and_each_arrives_intact() {
     }
     // Close every stream from both ends: FINs, then CLOSE records; nothing left.
     for &(a, b) in &ids {
-        l.ends[0].mux.conn_mut(a).unwrap().shutdown_write();
-        l.ends[1].mux.conn_mut(b).unwrap().shutdown_write();
+        l.ends[0].conn(a).shutdown_write();
+        l.ends[1].conn(b).shutdown_write();
     }
     for _ in 0..200 {
         l.round();
         for &(a, b) in &ids {
             for (e, id) in [(0, a), (1, b)] {
                 let mut sink = Vec::new();
-                if l.ends[e].mux.conn_mut(id).is_some() {
+                if l.ends[e].conns.contains_key(&id.get()) {
                     l.ends[e].read(id, &mut sink);
-                    if l.ends[e].mux.conn_mut(id).unwrap().is_finished() {
-                        l.ends[e].mux.close(id);
+                    if l.ends[e].conn(id).is_finished() {
+                        l.ends[e].close(id);
                     }
                 }
             }
         }
     }
-    l.settle();
+    let said = l.settle();
+    // Each end heard the peer's CLOSE of every stream.
+    for (e, said) in said.iter().enumerate() {
+        let mut closed: Vec<u16> = said
+            .iter()
+            .filter_map(|s| match s {
+                Said::PeerClosed(id) => Some(id.get()),
+                _ => None,
+            })
+            .collect();
+        closed.sort_unstable();
+        let mut want: Vec<u16> = ids.iter().map(|p| [p.0, p.1][e].get()).collect();
+        want.sort_unstable();
+        assert_eq!(closed, want, "end {e}");
+    }
     assert_eq!(l.ends[0].mux.streams(), 0);
     assert_eq!(l.ends[1].mux.streams(), 0);
     assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
@@ -351,5 +448,60 @@ fn a_foreign_immediate_fails_the_link() {
     let ring0 = l.ends[1].rings[&CONTROL_RKEY].clone();
     assert!(l.ends[1].mux.handle_imm(raw, 10, &ring0).is_err());
     assert!(l.ends[1].mux.error().is_some());
+    // A send completion of a stream that is not open, and one of no stream at all.
+    let mut m = Link::new();
+    assert!(m.ends[0].mux.handle_send_complete(3 << 48 | 1).is_err());
     assert!(l.ends[1].mux.handle_send_complete(99).is_err());
+}
+
+#[test]
+fn a_link_whose_queues_are_full_refuses_the_next_stream() {
+    let mut l = Link::new();
+    // Stream 0 takes 8 of each queue; each stream 8 more: (256 - 8) / 8 = 31 fit.
+    let opened: Vec<_> = (0..31).map(|_| l.open(4096, 4096)).collect();
+    assert_eq!(l.ends[0].mux.streams(), 31);
+    let dest = "10.0.0.2:80".parse().unwrap();
+    let (_, at) = l.ends[0].ring(4096);
+    assert!(l.ends[0].mux.open(params(4096), at, 1, dest).is_err());
+    // The peer opening one more is refused by B, not failed.
+    let (_, at) = l.ends[1].ring(4096);
+    let b_id = l.ends[1].mux.open(params(4096), at, 2, dest);
+    assert!(b_id.is_err(), "B's own queues are as full");
+    // One closes at both ends: its shares return, and a stream fits again.
+    let (a, b) = opened[5];
+    l.ends[0].close(a);
+    l.ends[1].close(b);
+    l.settle();
+    assert_eq!(l.ends[0].mux.streams(), 30);
+    l.open(4096, 4096);
+    assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
+}
+
+#[test]
+fn an_open_the_acceptor_cannot_fit_is_refused() {
+    let mut l = Link::new();
+    let dest = "10.0.0.2:80".parse().unwrap();
+    let (_, at) = l.ends[0].ring(4096);
+    let mut big = params(4096);
+    big.recv_credits = 200;
+    let a_id = l.ends[0].mux.open(big, at, 1, dest).unwrap();
+    let [_, b_ev] = l.settle();
+    let [Said::Incoming(open)] = &b_ev[..] else {
+        panic!("{b_ev:?}")
+    };
+    // B's side would take 200 receives more than B's queue holds beside what it has.
+    let mut mine = params(4096);
+    mine.recv_credits = 249;
+    let (_, at) = l.ends[1].ring(4096);
+    assert!(l.ends[1].mux.accept(open, mine, at).is_err());
+    let [a_ev, _] = l.settle();
+    assert!(
+        matches!(a_ev[..], [Said::Refused(id, RefuseReason::NoResources)] if id == a_id),
+        "{a_ev:?}"
+    );
+    assert_eq!(
+        l.ends[0].mux.streams(),
+        0,
+        "a refused stream's shares return"
+    );
 }

@@ -8,8 +8,9 @@
 //!
 //! - [`Control`]: one end's control plane: records queued into stream 0 and those read from
 //!   it, applied to the stream table as events for the driver.
-//! - [`Mux`]: one end's data plane: stream 0 and the streams as `Conn`s on one queue pair
-//!   (immediates routed by stream, tagged work requests, turns, receive shares).
+//! - [`Mux`]: one end's data plane: stream 0, the stream table and the queue pair's shares
+//!   (immediates and completions routed by stream, tagged work requests, each stream's share
+//!   of the receive and send queues); the streams' `Conn`s are the driver's.
 //! - [`imm`]: the immediate of a stream on a link (its id and a lone connection's meaning),
 //!   and the [`Codec`](imm::Codec) a [`Conn`](super::Conn) speaks.
 //! - [`record`]: the control records of a link's stream 0 (OPEN, ACCEPT, REFUSE, CLOSE,
@@ -34,6 +35,6 @@ mod streams;
 mod streams_tests;
 
 pub use control::{Control, ControlError, ControlEvent};
-pub use mux::{Mux, MuxError, RingAt, WR_STREAM_SHIFT};
+pub use mux::{tag, untag, LinkEvent, Mux, MuxError, RingAt, WR_STREAM_SHIFT};
 pub use slots::{SlabId, Slot, Slots, SlotsError};
 pub use streams::{LinkError, NoId, Streams};

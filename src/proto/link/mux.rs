@@ -1,14 +1,21 @@
-//! One end of a link's data plane: stream 0 and the link's streams as [`Conn`]s over one
-//! queue pair (PROTOCOL.md §14). Immediates are routed by their stream id, work request ids
-//! carry the stream's id in their high bits, streams take turns for the send queue, and
-//! the receive queue is kept at the sum of the streams' shares.
+//! One end of a link's data plane: stream 0, the stream table and the link's queues
+//! (PROTOCOL.md §14). Each stream's [`Conn`] is the driver's (the engine keeps it in the
+//! stream the program holds); the mux says which stream a completion is for, makes the
+//! `Conn` of a stream the peer opened or accepted, and keeps the link's queues shared
+//! fairly: every stream has a share of the receive queue (its `recv_credits`) and of the
+//! send queue (its `send_queue_depth`), the queue pair holds the sum, and a stream that
+//! would not fit is refused. A stream can so hold no more of either queue than its share:
+//! one bulk stream delays another's small message by at most its own share of the send
+//! queue, and one stream's unread bytes never take another's receives.
 //!
-//! The driver's loop: post what [`Mux::receives_to_post`] says (before anything else: a
-//! stream's share must be posted before the OPEN or ACCEPT that announces it leaves), post
-//! what [`Mux::poll_write`] gives, hand each receive completion to [`Mux::handle_imm`] and
-//! each send completion to [`Mux::handle_send_complete`], in the CQ's order. Stream 0's
-//! records are applied as they arrive, so an ACCEPT opens its stream before the peer's first
-//! bytes on it are looked at. Any protocol error fails the whole link.
+//! The driver's loop: post the receives [`Mux::receives_to_post`] says (first: a stream's
+//! share must be posted before the OPEN or ACCEPT that announces it leaves), post stream 0's
+//! [`Mux::poll_control_write`] and the streams' own writes tagged with [`tag`], and hand
+//! the completions over in the CQ's order: each receive to [`Mux::handle_imm`] (and to the
+//! stream it names), each send completion to [`Mux::handle_send_complete`]. After a
+//! completion of stream 0, take the events ([`Mux::poll_event`]) before the next
+//! completion: an ACCEPT opens its stream before the peer's first bytes on it are looked at.
+//! Any protocol error fails the whole link.
 
 use super::control::{Control, ControlError, ControlEvent};
 use super::imm::{decode, StreamId};
@@ -45,50 +52,104 @@ pub enum MuxError {
     Completion(u64),
 }
 
+/// What the peer said on stream 0, applied to the link, for the driver.
+#[derive(Debug)]
+pub enum LinkEvent {
+    /// The peer asks for a stream: answer with [`Mux::accept`] or [`Mux::refuse`].
+    Incoming(Open),
+    /// Our OPEN of stream `mine` was accepted: its connection, the driver's from now.
+    Opened {
+        /// Our id of the stream.
+        mine: StreamId,
+        /// Its connection (speaking the link's immediates).
+        conn: Box<Conn>,
+    },
+    /// Our OPEN of stream `mine` was refused; the id is free again.
+    Refused {
+        /// Our id of the stream.
+        mine: StreamId,
+        /// Why.
+        reason: RefuseReason,
+    },
+    /// The peer sends nothing more for stream `mine` (its CLOSE).
+    PeerClosed {
+        /// Our id of the stream.
+        mine: StreamId,
+    },
+    /// The peer means to tear the idle link down: no new stream either way.
+    Goodbye,
+}
+
+/// One stream's shares of the link's queues.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Share {
+    recvs: u32,
+    sends: u32,
+}
+
+impl Share {
+    fn of(p: &Params) -> Share {
+        Share {
+            recvs: p.recv_credits,
+            sends: p.send_queue_depth,
+        }
+    }
+}
+
 /// One end's streams on a link.
 #[derive(Debug)]
 pub struct Mux {
     control: Conn,
     plane: Control,
-    /// Entry `i`: stream `i + 1` and its receive share.
-    conns: Vec<Option<(Conn, u32)>>,
+    /// Entry `i`: the shares of stream `i + 1`, while its id is taken here.
+    shares: Vec<Option<Share>>,
+    /// Stream 0's shares and every stream's, summed.
+    used: Share,
+    /// What the queue pair holds: the most `used` may reach.
+    capacity: Share,
     /// Streams we opened and the peer has not answered: their params.
     opening: Vec<(StreamId, Params)>,
-    /// Round-robin cursor over `conns`.
-    turn: usize,
     /// Receives on the queue pair: posted and not consumed.
     posted: u32,
-    /// Control stream's receive share.
-    control_share: u32,
-    /// Work requests the queue pair's send queue holds.
-    sq_capacity: u32,
-    /// What stream 0 said, applied here, for the driver.
-    events: VecDeque<ControlEvent>,
+    events: VecDeque<LinkEvent>,
     failed: Option<MuxError>,
 }
 
 impl Mux {
-    /// The streams of a link whose stream 0 is `control` (made with
-    /// [`Conn::on_link`] and ids 0, its receive share `control_share`), on a queue pair
-    /// whose send queue holds `sq_capacity` work requests, giving out at most `max_streams`
-    /// stream ids.
-    pub fn new(control: Conn, control_share: u32, sq_capacity: u32, max_streams: u16) -> Mux {
-        Mux {
+    /// The streams of a link whose stream 0 is `control` (made with [`Conn::on_link`], ids 0,
+    /// with `control_params`), on a queue pair whose receive and send queues hold
+    /// `rq_capacity` and `sq_capacity` work requests, giving out at most `max_streams` ids.
+    /// `None` if stream 0 alone does not fit the queues.
+    pub fn new(
+        control: Conn,
+        control_params: &Params,
+        rq_capacity: u32,
+        sq_capacity: u32,
+        max_streams: u16,
+    ) -> Option<Mux> {
+        let used = Share::of(control_params);
+        if used.recvs > rq_capacity || used.sends > sq_capacity {
+            return None;
+        }
+        Some(Mux {
             control,
             plane: Control::new(max_streams),
-            conns: Vec::new(),
+            shares: Vec::new(),
+            used,
+            capacity: Share {
+                recvs: rq_capacity,
+                sends: sq_capacity,
+            },
             opening: Vec::new(),
-            turn: 0,
             posted: 0,
-            control_share,
-            sq_capacity,
             events: VecDeque::new(),
             failed: None,
-        }
+        })
     }
 
-    /// Opens a stream to `dest` with our side `params` (ring at `ring`): our id of it. It is
-    /// usable once [`ControlEvent::Accepted`] says so.
+    /// Opens a stream to `dest` with our side `params` (ring at `ring`): our id of it. Its
+    /// connection comes with [`LinkEvent::Opened`]. `Exhausted` when no id is left or its
+    /// shares would not fit the queues.
     pub fn open(
         &mut self,
         params: Params,
@@ -96,6 +157,9 @@ impl Mux {
         conn_id: u64,
         dest: SocketAddr,
     ) -> Result<StreamId, NoId> {
+        if !self.fits(&params) {
+            return Err(NoId::Exhausted);
+        }
         let open = Open {
             opener: StreamId::CONTROL,
             recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
@@ -106,13 +170,21 @@ impl Mux {
             dest,
         };
         let mine = self.plane.open(open)?;
+        // Its receives are posted before the OPEN leaves: the peer may write at once.
+        self.take_share(mine, Share::of(&params));
         self.opening.push((mine, params));
         Ok(mine)
     }
 
     /// Accepts the peer's `open` with our side `params` (ring at `ring`): our id of the new
-    /// stream, usable at once. With no id to give, the OPEN is refused.
-    pub fn accept(&mut self, open: &Open, params: Params, ring: RingAt) -> Result<StreamId, NoId> {
+    /// stream and its connection, usable at once. With no id to give or no room in the
+    /// queues, the OPEN is refused.
+    pub fn accept(
+        &mut self,
+        open: &Open,
+        params: Params,
+        ring: RingAt,
+    ) -> Result<(StreamId, Conn), NoId> {
         let ours = Accept {
             opener: StreamId::CONTROL,
             acceptor: StreamId::CONTROL,
@@ -129,17 +201,26 @@ impl Mux {
             open.recv_credits,
             open.conn_id,
         );
-        // A config the connection refuses is refused before an id is taken.
-        if Conn::on_link(&params, &peer, StreamId::CONTROL, open.opener).is_err() {
+        // A config the connection refuses, or shares that do not fit, are refused before an
+        // id is taken.
+        if !self.fits(&params)
+            || Conn::on_link(&params, &peer, StreamId::CONTROL, open.opener).is_err()
+        {
             self.plane.refuse(open.opener, RefuseReason::NoResources);
             return Err(NoId::Exhausted);
         }
         let mine = self.plane.accept(open, ours)?;
         match Conn::on_link(&params, &peer, mine, open.opener) {
-            Ok(conn) => self.put(mine, conn, params.recv_credits),
-            Err(_) => self.plane.close(mine), // not reached: the same config passed above
+            Ok(conn) => {
+                self.take_share(mine, Share::of(&params));
+                Ok((mine, conn))
+            }
+            // Not reached: the same config passed above.
+            Err(_) => {
+                self.plane.close(mine);
+                Err(NoId::Exhausted)
+            }
         }
-        Ok(mine)
     }
 
     /// Refuses the peer's OPEN of its stream `theirs`.
@@ -147,32 +228,25 @@ impl Mux {
         self.plane.refuse(theirs, reason);
     }
 
-    /// We are done with stream `mine` (its connection finished): its CLOSE goes out, and its
-    /// connection goes once the peer's CLOSE came too.
+    /// We are done with stream `mine` (its connection finished, or the driver gave it up):
+    /// its CLOSE goes out, and its shares return once the peer's CLOSE came too.
     pub fn close(&mut self, mine: StreamId) {
         self.plane.close(mine);
-        self.drop_if_free(mine);
-    }
-
-    /// Stream `mine`'s connection, while it is open here.
-    pub fn conn_mut(&mut self, mine: StreamId) -> Option<&mut Conn> {
-        let i = usize::from(mine.get()).checked_sub(1)?;
-        self.conns.get_mut(i)?.as_mut().map(|(c, _)| c)
+        self.free_if_done(mine);
     }
 
     /// Receives to post now so that the queue holds every stream's share.
     pub fn receives_to_post(&mut self) -> u32 {
-        let want = self.shares();
-        let n = want.saturating_sub(self.posted);
+        let n = self.used.recvs.saturating_sub(self.posted);
         self.posted += n;
         n
     }
 
-    /// The next work request to post: stream 0's first (records go out before data, which
-    /// may depend on them), then the streams in turn. `control_send` is stream 0's send
-    /// buffer. None while receives are owed ([`receives_to_post`](Self::receives_to_post)).
-    pub fn poll_write(&mut self, control_send: &mut [u8]) -> Option<Write> {
-        if self.failed.is_some() || self.posted < self.shares() {
+    /// Stream 0's next work request (tagged): the records queued go into `control_send`,
+    /// stream 0's send buffer, first. None while receives are owed
+    /// ([`receives_to_post`](Self::receives_to_post)) or the link failed.
+    pub fn poll_control_write(&mut self, control_send: &mut [u8]) -> Option<Write> {
+        if self.failed.is_some() || self.posted < self.used.recvs {
             return None;
         }
         self.plane.flush(&mut self.control, control_send);
@@ -180,36 +254,20 @@ impl Mux {
             self.fail(MuxError::Control(e));
             return None;
         }
-        // A burst is at most two work requests; the send queue is shared.
-        if self.outstanding() + 2 > u64::from(self.sq_capacity) {
-            return None;
-        }
-        if let Some(w) = self.control.poll_write() {
-            return Some(tag(StreamId::CONTROL, w));
-        }
-        let n = self.conns.len();
-        for k in 0..n {
-            let i = (self.turn + k) % n;
-            if let Some((c, _)) = self.conns[i].as_mut() {
-                if let Some(w) = c.poll_write() {
-                    self.turn = i + 1;
-                    let id = StreamId::new(i as u16 + 1)?;
-                    return Some(tag(id, w));
-                }
-            }
-        }
-        None
+        self.control.poll_write().map(|w| tag(StreamId::CONTROL, w))
     }
 
     /// A receive completed with immediate `raw` carrying `byte_len` bytes; `control_ring`
-    /// is stream 0's ring. The receive is consumed: post what
+    /// is stream 0's ring. `Some(id)`: it is stream `id`'s, whose connection must now take
+    /// `(raw, byte_len)`; `None`: stream 0's, handled (see [`poll_event`]
+    /// (Self::poll_event)). Either way the receive is consumed: post what
     /// [`receives_to_post`](Self::receives_to_post) says.
     pub fn handle_imm(
         &mut self,
         raw: u32,
         byte_len: u32,
         control_ring: &[u8],
-    ) -> Result<(), MuxError> {
+    ) -> Result<Option<StreamId>, MuxError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
@@ -217,47 +275,48 @@ impl Mux {
         let Ok((id, _)) = decode(raw) else {
             return Err(self.fail(MuxError::Immediate(raw)));
         };
-        if id == StreamId::CONTROL {
-            if let Err(e) = self.control.handle_imm(raw, byte_len) {
-                return Err(self.fail(MuxError::Stream(0, e)));
-            }
-            if let Err(e) = self.plane.receive(&mut self.control, control_ring) {
-                return Err(self.fail(MuxError::Control(e)));
-            }
-            self.take_control_events();
-            return Ok(());
+        if id != StreamId::CONTROL {
+            return match self.plane.streams().accepts_input(id) {
+                Ok(()) if self.share(id).is_some() => Ok(Some(id)),
+                _ => Err(self.fail(MuxError::Immediate(raw))),
+            };
         }
-        if self.plane.streams().accepts_input(id).is_err() {
-            return Err(self.fail(MuxError::Immediate(raw)));
+        if let Err(e) = self.control.handle_imm(raw, byte_len) {
+            return Err(self.fail(MuxError::Stream(0, e)));
         }
-        let Some(conn) = self.conn_mut(id) else {
-            return Err(self.fail(MuxError::Immediate(raw)));
-        };
-        if let Err(e) = conn.handle_imm(raw, byte_len) {
-            return Err(self.fail(MuxError::Stream(id.get(), e)));
+        if let Err(e) = self.plane.receive(&mut self.control, control_ring) {
+            return Err(self.fail(MuxError::Control(e)));
         }
-        Ok(())
+        self.take_control_events();
+        Ok(None)
     }
 
-    /// A signaled work request `wr_id` (as [`poll_write`](Self::poll_write) tagged it)
-    /// completed.
-    pub fn handle_send_complete(&mut self, wr_id: u64) -> Result<(), MuxError> {
-        let stream = (wr_id >> WR_STREAM_SHIFT) as u16;
-        let own = WrId(wr_id & WR_MASK);
-        let conn = match StreamId::new(stream) {
-            Some(StreamId::CONTROL) => Some(&mut self.control),
-            Some(id) => self.conn_mut(id),
-            None => None,
-        };
-        match conn.map(|c| c.handle_send_complete(own)) {
-            Some(Ok(())) => Ok(()),
+    /// A signaled work request `wr_id` (as [`tag`] made it) completed: `Some((id, own))` if
+    /// it is stream `id`'s (its connection takes `own`), `None` if stream 0's (handled).
+    pub fn handle_send_complete(
+        &mut self,
+        wr_id: u64,
+    ) -> Result<Option<(StreamId, WrId)>, MuxError> {
+        let (id, own) = untag(wr_id);
+        match id {
+            Some(StreamId::CONTROL) => match self.control.handle_send_complete(own) {
+                Ok(()) => Ok(None),
+                Err(_) => Err(self.fail(MuxError::Completion(wr_id))),
+            },
+            Some(id) if self.share(id).is_some() => Ok(Some((id, own))),
             _ => Err(self.fail(MuxError::Completion(wr_id))),
         }
     }
 
     /// The next thing the peer said on stream 0.
-    pub fn poll_event(&mut self) -> Option<ControlEvent> {
+    pub fn poll_event(&mut self) -> Option<LinkEvent> {
         self.events.pop_front()
+    }
+
+    /// Fails the link (a stream's connection refused what its peer sent): every stream on
+    /// it goes with it. Returns the first failure.
+    pub fn fail(&mut self, e: MuxError) -> MuxError {
+        *self.failed.get_or_insert(e)
     }
 
     /// Why the link failed, if it did.
@@ -265,9 +324,9 @@ impl Mux {
         self.failed
     }
 
-    /// Streams open or closing here (stream 0 aside).
+    /// Streams whose id is taken here (opening, open or closing; stream 0 aside).
     pub fn streams(&self) -> usize {
-        self.conns.iter().flatten().count()
+        self.shares.iter().flatten().count()
     }
 
     /// Stream 0's connection (its driver reads nothing from it: the records are the mux's).
@@ -275,81 +334,108 @@ impl Mux {
         &self.control
     }
 
-    /// Applies what stream 0 said to the streams (an ACCEPT makes the stream's
-    /// connection) and leaves the events for the driver, in order.
+    /// Whether a stream with `params` would fit the link's queues now.
+    fn fits(&self, p: &Params) -> bool {
+        let s = Share::of(p);
+        self.used.recvs + s.recvs <= self.capacity.recvs
+            && self.used.sends + s.sends <= self.capacity.sends
+    }
+
+    fn share(&self, id: StreamId) -> Option<Share> {
+        let i = usize::from(id.get()).checked_sub(1)?;
+        *self.shares.get(i)?
+    }
+
+    fn take_share(&mut self, mine: StreamId, s: Share) {
+        let i = usize::from(mine.get()) - 1;
+        if self.shares.len() <= i {
+            self.shares.resize(i + 1, None);
+        }
+        if let Some(old) = self.shares[i].replace(s) {
+            self.used.recvs -= old.recvs; // not reached: an id is taken once
+            self.used.sends -= old.sends;
+        }
+        self.used.recvs += s.recvs;
+        self.used.sends += s.sends;
+    }
+
+    /// Returns stream `mine`'s shares once its id is free (both CLOSEs passed, or refused).
+    /// Its receives stay posted and count for the next stream's share.
+    fn free_if_done(&mut self, mine: StreamId) {
+        if self.plane.streams().theirs(mine).is_some() || self.opening_id(mine) {
+            return;
+        }
+        let i = usize::from(mine.get()) - 1;
+        if let Some(s) = self.shares.get_mut(i).and_then(Option::take) {
+            self.used.recvs -= s.recvs;
+            self.used.sends -= s.sends;
+        }
+    }
+
+    fn opening_id(&self, mine: StreamId) -> bool {
+        self.opening.iter().any(|(id, _)| *id == mine)
+    }
+
+    /// Applies what stream 0 said (an ACCEPT makes the stream's connection, a REFUSE frees
+    /// its shares) and leaves the events for the driver, in order.
     fn take_control_events(&mut self) {
         while let Some(ev) = self.plane.poll_event() {
-            match &ev {
+            let ev = match ev {
                 ControlEvent::Accepted(acc) => {
-                    if let Some(i) = self.opening.iter().position(|(id, _)| *id == acc.opener) {
-                        let (mine, params) = self.opening.swap_remove(i);
-                        let peer = hello(
-                            acc.ring_addr,
-                            acc.ring_rkey,
-                            acc.ring_size,
-                            acc.recv_credits,
-                            acc.conn_id,
-                        );
-                        match Conn::on_link(&params, &peer, mine, acc.acceptor) {
-                            Ok(c) => self.put(mine, c, params.recv_credits),
-                            // Our own params were checked when the OPEN went out; the peer's
-                            // hello was checked by the record parser.
-                            Err(_) => self.plane.close(mine),
+                    let Some(i) = self.opening.iter().position(|(id, _)| *id == acc.opener) else {
+                        continue; // not reached: the stream table checked the ACCEPT
+                    };
+                    let (mine, params) = self.opening.swap_remove(i);
+                    let peer = hello(
+                        acc.ring_addr,
+                        acc.ring_rkey,
+                        acc.ring_size,
+                        acc.recv_credits,
+                        acc.conn_id,
+                    );
+                    match Conn::on_link(&params, &peer, mine, acc.acceptor) {
+                        Ok(conn) => LinkEvent::Opened {
+                            mine,
+                            conn: Box::new(conn),
+                        },
+                        // Our own params were checked when the OPEN went out; the peer's
+                        // hello was checked by the record parser.
+                        Err(_) => {
+                            self.plane.close(mine);
+                            continue;
                         }
                     }
                 }
-                ControlEvent::Refused { mine, .. } => {
-                    self.opening.retain(|(id, _)| id != mine);
+                ControlEvent::Refused { mine, reason } => {
+                    self.opening.retain(|(id, _)| *id != mine);
+                    self.free_if_done(mine);
+                    LinkEvent::Refused { mine, reason }
                 }
-                ControlEvent::PeerClosed { mine } => self.drop_if_free(*mine),
-                ControlEvent::Incoming(_) | ControlEvent::Goodbye => {}
-            }
+                ControlEvent::PeerClosed { mine } => {
+                    self.free_if_done(mine);
+                    LinkEvent::PeerClosed { mine }
+                }
+                ControlEvent::Incoming(open) => LinkEvent::Incoming(open),
+                ControlEvent::Goodbye => LinkEvent::Goodbye,
+            };
             self.events.push_back(ev);
         }
-    }
-
-    fn put(&mut self, mine: StreamId, conn: Conn, share: u32) {
-        let i = usize::from(mine.get()) - 1;
-        if self.conns.len() <= i {
-            self.conns.resize_with(i + 1, || None);
-        }
-        self.conns[i] = Some((conn, share));
-    }
-
-    /// Drops stream `mine`'s connection once its id is free (both CLOSEs passed).
-    fn drop_if_free(&mut self, mine: StreamId) {
-        if self.plane.streams().theirs(mine).is_none() {
-            if let Some(slot) = usize::from(mine.get())
-                .checked_sub(1)
-                .and_then(|i| self.conns.get_mut(i))
-            {
-                *slot = None;
-            }
-        }
-    }
-
-    fn shares(&self) -> u32 {
-        self.control_share + self.conns.iter().flatten().map(|(_, s)| s).sum::<u32>()
-    }
-
-    /// Work requests posted and not yet retired, over every stream.
-    fn outstanding(&self) -> u64 {
-        let of = |c: &Conn| {
-            let k = c.counters();
-            k.wrs_posted - k.wrs_retired
-        };
-        of(&self.control) + self.conns.iter().flatten().map(|(c, _)| of(c)).sum::<u64>()
-    }
-
-    fn fail(&mut self, e: MuxError) -> MuxError {
-        *self.failed.get_or_insert(e)
     }
 }
 
 /// A write of stream `id`, its work request id tagged with the stream's.
-fn tag(id: StreamId, mut w: Write) -> Write {
+pub fn tag(id: StreamId, mut w: Write) -> Write {
     w.wr_id = WrId(u64::from(id.get()) << WR_STREAM_SHIFT | (w.wr_id.0 & WR_MASK));
     w
+}
+
+/// The stream a tagged work request id belongs to (`None`: no stream id fits), and the
+/// stream's own id of it.
+pub fn untag(wr_id: u64) -> (Option<StreamId>, WrId) {
+    let id = u16::try_from(wr_id >> WR_STREAM_SHIFT)
+        .ok()
+        .and_then(StreamId::new);
+    (id, WrId(wr_id & WR_MASK))
 }
 
 /// The peer's side of a stream as a hello ([`Conn::on_link`] takes one).
