@@ -8,8 +8,9 @@
 
 use rsock_core::proto::link::imm::StreamId;
 use rsock_core::proto::link::record::{Open, RefuseReason};
-use rsock_core::proto::link::{tag, untag, LinkEvent, Mux, RingAt};
+use rsock_core::proto::link::{tag, untag, widen, LinkEvent, Mux, RingAt, WR_STREAM_SHIFT};
 use rsock_core::proto::wire::{Hello, HelloKind};
+use rsock_core::proto::WrId;
 use rsock_core::proto::{Conn, Params, ReadError, WriteError};
 use rsock_core::transport::mem::fabric::{Cqe, Landing, Qp, Wr};
 use std::collections::{HashMap, VecDeque};
@@ -185,6 +186,7 @@ impl End {
                 Cqe::Sent { wr_id } => {
                     if let Some((id, own)) = self.mux.handle_send_complete(wr_id).unwrap() {
                         let conn = self.conns.get_mut(&id.get()).unwrap();
+                        let own = widen(own, conn.counters().wrs_retired);
                         conn.handle_send_complete(own).unwrap();
                     }
                 }
@@ -504,4 +506,38 @@ fn an_open_the_acceptor_cannot_fit_is_refused() {
         0,
         "a refused stream's shares return"
     );
+}
+
+#[test]
+fn a_work_request_id_survives_its_tag_however_long_the_stream_lives() {
+    let id = StreamId::new(32767).unwrap();
+    let wrap = 1u64 << WR_STREAM_SHIFT;
+    for (retired, own) in [
+        (0, 0),
+        (5, 9),
+        (wrap - 2, wrap + 3),
+        (7 * wrap + 1, 7 * wrap + 1),
+    ] {
+        let w = rsock_core::proto::Write {
+            wr_id: WrId(own),
+            local_offset: 0,
+            len: 0,
+            remote_offset: 0,
+            remote_addr: 0,
+            rkey: 0,
+            imm: None,
+            inline: false,
+            signaled: true,
+        };
+        let tagged = tag(id, w).wr_id.0;
+        assert!(
+            tagged < 1 << 59,
+            "the driver's top bits stay free: {tagged:#x}"
+        );
+        let (got, low) = untag(tagged);
+        assert_eq!(got, Some(id));
+        assert_eq!(widen(low, retired), WrId(own), "retired {retired}");
+    }
+    // The driver's flag bits are no stream's.
+    assert_eq!(untag(1 << 62 | 5 << WR_STREAM_SHIFT).0, None);
 }

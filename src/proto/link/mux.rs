@@ -26,9 +26,12 @@ use crate::proto::{Conn, Params, ProtocolError, WrId, Write};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-/// Bits of a work request id below the stream's id: the stream's own id of the request.
-pub const WR_STREAM_SHIFT: u32 = 48;
+/// Bits of a work request id below the stream's id: the stream's own id of the request
+/// (see [`widen`]). The stream's id takes the 15 bits above; the 5 top bits are the
+/// driver's (its flags: a receive, a signaled write, a probe).
+pub const WR_STREAM_SHIFT: u32 = 44;
 const WR_MASK: u64 = (1 << WR_STREAM_SHIFT) - 1;
+const WR_STREAM_MASK: u64 = 0x7fff;
 
 /// Where a stream's receive ring lies, as the peer addresses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,18 +294,22 @@ impl Mux {
         Ok(None)
     }
 
-    /// A signaled work request `wr_id` (as [`tag`] made it) completed: `Some((id, own))` if
-    /// it is stream `id`'s (its connection takes `own`), `None` if stream 0's (handled).
+    /// A signaled work request `wr_id` (as [`tag`] made it) completed: `Some((id, low))` if
+    /// it is stream `id`'s (its connection takes [`widen`]`(low, its retired count)`),
+    /// `None` if stream 0's (handled).
     pub fn handle_send_complete(
         &mut self,
         wr_id: u64,
     ) -> Result<Option<(StreamId, WrId)>, MuxError> {
         let (id, own) = untag(wr_id);
         match id {
-            Some(StreamId::CONTROL) => match self.control.handle_send_complete(own) {
-                Ok(()) => Ok(None),
-                Err(_) => Err(self.fail(MuxError::Completion(wr_id))),
-            },
+            Some(StreamId::CONTROL) => {
+                let own = widen(own, self.control.counters().wrs_retired);
+                match self.control.handle_send_complete(own) {
+                    Ok(()) => Ok(None),
+                    Err(_) => Err(self.fail(MuxError::Completion(wr_id))),
+                }
+            }
             Some(id) if self.share(id).is_some() => Ok(Some((id, own))),
             _ => Err(self.fail(MuxError::Completion(wr_id))),
         }
@@ -429,13 +436,21 @@ pub fn tag(id: StreamId, mut w: Write) -> Write {
     w
 }
 
-/// The stream a tagged work request id belongs to (`None`: no stream id fits), and the
-/// stream's own id of it.
+/// The stream a tagged work request id belongs to (`None`: the driver's flag bits are set,
+/// or no stream id fits), and the low bits of the stream's own id of it ([`widen`] them).
 pub fn untag(wr_id: u64) -> (Option<StreamId>, WrId) {
-    let id = u16::try_from(wr_id >> WR_STREAM_SHIFT)
-        .ok()
-        .and_then(StreamId::new);
+    let id = (wr_id >> WR_STREAM_SHIFT <= WR_STREAM_MASK)
+        .then(|| StreamId::new((wr_id >> WR_STREAM_SHIFT) as u16))
+        .flatten();
     (id, WrId(wr_id & WR_MASK))
+}
+
+/// A stream's own work request id from its low bits `low` (as [`untag`] gives them): the
+/// first id at or after `retired` (the stream's work requests retired so far) with those
+/// bits. A stream's signaled writes complete in order and fewer than 2^44 are ever in
+/// flight, so this is exact however long the stream lives.
+pub fn widen(low: WrId, retired: u64) -> WrId {
+    WrId(retired + (low.0.wrapping_sub(retired) & WR_MASK))
 }
 
 /// The peer's side of a stream as a hello ([`Conn::on_link`] takes one).
