@@ -70,6 +70,11 @@ pub struct Config {
     /// (a fork child) takes it over from its owner — the queue pair moves to it; 0 keeps
     /// the owner relaying it instead.
     pub takeover: bool,
+    /// `RSOCK_LINKS` (default 0, being built): 1 carries the connections between two
+    /// processes as streams of one shared link (one queue pair): the first connect to a
+    /// destination sets the link up, later ones open a stream on it without rdma_cm.
+    /// Not yet for programs that fork with connections open or pass them to other processes.
+    pub links: bool,
     /// `RSOCK_CONFIG` (default `/etc/rsock.conf` if it exists; empty: none): the rules file.
     pub rules_path: Option<PathBuf>,
     /// The rules of [`Config::rules_path`], in file order.
@@ -201,6 +206,7 @@ impl Default for Config {
                 .collect(),
             rdma: true,
             takeover: true,
+            links: false,
             rules_path: None,
             rules: Vec::new(),
             prog: String::new(),
@@ -232,6 +238,7 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_EXCLUDE",
     "RSOCK_RDMA",
     "RSOCK_TAKEOVER",
+    "RSOCK_LINKS",
     "RSOCK_CONFIG",
     // Not a setting: the exec hooks name the streams they pass to the new image with it.
     "RSOCK_PASSED_FDS",
@@ -272,6 +279,7 @@ impl Config {
                 "RSOCK_STATS_KEEP" => set_bool(&mut c.stats_keep, v, &mut bad),
                 "RSOCK_RDMA" => set_bool(&mut c.rdma, v, &mut bad),
                 "RSOCK_TAKEOVER" => set_bool(&mut c.takeover, v, &mut bad),
+                "RSOCK_LINKS" => set_bool(&mut c.links, v, &mut bad),
                 "RSOCK_CONFIG" => config_path = Some(value.clone()),
                 "RSOCK_LOG" if v.is_empty() => {}
                 "RSOCK_LOG" => c.log_path = Some(PathBuf::from(value.as_os_str())),

@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x06";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x07";
 
 /// The layout version: the last byte of [`MAGIC`].
 pub const VERSION: u8 = MAGIC[7];
@@ -146,6 +146,11 @@ pub struct Counters {
     pub connects_refused: AtomicU64,
     /// Connects that failed otherwise (unreachable, timed out, ...).
     pub connects_failed: AtomicU64,
+    /// Links set up (engine/link.rs), either end.
+    pub links: AtomicU64,
+    /// Streams opened or accepted over a link (no rdma_cm connection of their own; also
+    /// counted in `conns`).
+    pub link_streams: AtomicU64,
 }
 
 /// Start of the region.
@@ -446,6 +451,18 @@ pub fn count_growth(ring: bool) {
             &h.counters.grown_rings
         } else {
             &h.counters.grown_send
+        };
+        c.fetch_add(1, Relaxed);
+    }
+}
+
+/// Counts a link set up (`stream`: false) or a stream opened or accepted on one.
+pub fn count_link(stream: bool) {
+    if let Some(h) = region() {
+        let c = if stream {
+            &h.counters.link_streams
+        } else {
+            &h.counters.links
         };
         c.fetch_add(1, Relaxed);
     }

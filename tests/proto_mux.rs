@@ -541,3 +541,42 @@ fn a_work_request_id_survives_its_tag_however_long_the_stream_lives() {
     // The driver's flag bits are no stream's.
     assert_eq!(untag(1 << 62 | 5 << WR_STREAM_SHIFT).0, None);
 }
+
+#[test]
+fn hundreds_of_streams_open_and_close_one_after_another() {
+    let mut l = Link::new();
+    for k in 0..400 {
+        let (a, b) = l.open(4096, 4096);
+        // A byte each way, FIN each way, then both ends close.
+        assert_eq!(l.ends[0].write(a, &[k as u8]), 1);
+        l.settle();
+        let mut got = Vec::new();
+        l.ends[1].read(b, &mut got);
+        assert_eq!(got, [k as u8], "stream {k}");
+        assert_eq!(l.ends[1].write(b, &got), 1);
+        l.ends[0].conn(a).shutdown_write();
+        l.settle();
+        let mut back = Vec::new();
+        l.ends[0].read(a, &mut back);
+        assert_eq!(back, [k as u8], "stream {k} back");
+        l.ends[1].conn(b).shutdown_write();
+        l.settle();
+        for (e, id) in [(0, a), (1, b)] {
+            let mut sink = Vec::new();
+            assert!(
+                l.ends[e].read(id, &mut sink),
+                "stream {k}: end {e} saw no FIN"
+            );
+            l.settle();
+            assert!(
+                l.ends[e].conn(id).is_finished(),
+                "stream {k}: end {e} not finished"
+            );
+            l.ends[e].close(id);
+        }
+        l.settle();
+        assert_eq!(l.ends[0].mux.streams(), 0, "stream {k}");
+        assert_eq!(l.ends[1].mux.streams(), 0, "stream {k}");
+    }
+    assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
+}

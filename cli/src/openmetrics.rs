@@ -78,7 +78,7 @@ pub fn render(procs: &[Snapshot]) -> String {
             s.connects_failed
         );
     }
-    let simple: [Family; 7] = [
+    let simple: [Family; 9] = [
         (
             "rsock_listens",
             "counter",
@@ -108,6 +108,18 @@ pub fn render(procs: &[Snapshot]) -> String {
             "counter",
             "Send buffers grown to their full size.",
             |s| s.grown_send,
+        ),
+        (
+            "rsock_links",
+            "counter",
+            "Links set up (one queue pair carrying many connections).",
+            |s| s.links,
+        ),
+        (
+            "rsock_link_streams",
+            "counter",
+            "Connections opened or accepted over a link.",
+            |s| s.link_streams,
         ),
         (
             "rsock_open_connections",
@@ -167,6 +179,8 @@ mod tests {
             listens: 1,
             connects_refused: 3,
             connects_failed: 0,
+            links: 0,
+            link_streams: 0,
             log: (None, 0, 0),
             sockets: Vec::new(),
             listeners: Vec::new(),
@@ -207,6 +221,6 @@ mod tests {
                 assert!(line.starts_with(family), "{line} outside {family}");
             }
         }
-        assert_eq!(seen.len(), 12);
+        assert_eq!(seen.len(), 14);
     }
 }

@@ -341,6 +341,13 @@ pub fn print_human(s: &Snapshot) {
             s.grown_send
         );
     }
+    if s.links > 0 {
+        outln!(
+            "  links: {} set up, {} connections over them",
+            s.links,
+            s.link_streams
+        );
+    }
     for c in &s.sockets {
         outln!(
             "  fd {:<5} {:<5} {} -> {} tx {} rx {}{}",

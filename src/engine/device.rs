@@ -196,7 +196,16 @@ impl Engine {
                 Some(s) => s.on_completion(wc),
                 None => match lock(&self.early).get_mut(&wc.qp_num()) {
                     Some(kept) => kept.push(wc.copied()),
-                    None => log::trace!("completion for unknown qp {} ignored", wc.qp_num()),
+                    None => {
+                        // Not under the links' lock: the link may fail and leave the list.
+                        let link = lock(&self.links).by_qp(wc.qp_num());
+                        match link {
+                            Some(l) => l.on_completion(self, wc),
+                            None => {
+                                log::trace!("completion for unknown qp {} ignored", wc.qp_num())
+                            }
+                        }
+                    }
                 },
             }
         }
@@ -215,6 +224,10 @@ impl Engine {
                     if let Some(s) = s {
                         s.on_fatal("its queue pair failed (async event)");
                     }
+                    let l = lock(&self.links).by_qp(qpn);
+                    if let Some(l) = l {
+                        l.fail("its queue pair failed (async event)");
+                    }
                 }
                 rdma::AsyncEvent::DeviceFatal(t) => {
                     self.fail_device(&d, &format!("async event {t} (CQ or device failed)"));
@@ -228,10 +241,10 @@ impl Engine {
     /// Ends every stream on `d` (ECONNRESET): its CQ, device or port is gone.
     fn fail_device(&self, d: &Dev, why: &str) {
         log::warn!("rdma device: {why}: its connections are reset");
-        let streams: Vec<Arc<Stream>> = lock(&self.streams_by_qp)
-            .values()
+        let streams: Vec<Arc<Stream>> = self
+            .all_streams()
+            .into_iter()
             .filter(|s| std::ptr::eq(Arc::as_ptr(&s.dev), d))
-            .cloned()
             .collect();
         for s in streams {
             s.on_fatal(why);

@@ -116,7 +116,7 @@ impl Engine {
 /// inside the reentrancy guard). `on_helper`: the helper thread drains, so it answers other
 /// processes' requests here itself.
 fn drain_streams(e: &'static Engine, on_helper: bool) {
-    let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
+    let streams: Vec<Arc<Stream>> = e.all_streams();
     let deadline = std::time::Instant::now() + e.linger();
     // A stream the program let go of while another process holds its A (passed with
     // SCM_RIGHTS, or a fork child's that it has yet to use) is that process's to use: it

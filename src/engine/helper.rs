@@ -87,9 +87,7 @@ fn run(engine: &'static Engine) {
             engine.progress_devices(true);
             let now = Instant::now();
             next_tick = now + Duration::from_millis(TICK_MS as u64);
-            let streams: Vec<Arc<super::Stream>> =
-                lock(&engine.streams_by_qp).values().cloned().collect();
-            streams.iter().for_each(|s| s.tick(now));
+            engine.all_streams().iter().for_each(|s| s.tick(now));
         }
     }
 }
@@ -128,7 +126,14 @@ fn cm_events(engine: &'static Engine) {
         };
         let s = lock(&engine.streams_by_token).get(&ev.token).cloned();
         let Some(s) = s else {
-            log::trace!("cm event {} for unknown token {}", ev.name(), ev.token);
+            let link = lock(&engine.links).by_token(ev.token);
+            match link {
+                Some(l) if ev.kind == EventKind::Disconnected || ev.kind.is_failure() => {
+                    engine.progress_all(&l.dev);
+                    l.fail(&format!("{} from the peer", ev.name()));
+                }
+                _ => log::trace!("cm event {} for unknown token {}", ev.name(), ev.token),
+            }
             continue;
         };
         match ev.kind {

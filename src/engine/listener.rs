@@ -220,12 +220,28 @@ impl Listener {
         lock(&self.queue).items.len() + self.pending.load(Relaxed) < self.backlog
     }
 
+    /// Whether a link's stream may be queued: as many as the backlog and the connect
+    /// requests deferred beyond it may be (a link's OPEN is answered at once, so it is not
+    /// deferred; the accept queue holds it instead).
+    pub(super) fn has_room_for_link_stream(&self) -> bool {
+        lock(&self.queue).items.len() + self.pending.load(Relaxed) < self.backlog + MAX_DEFERRED
+    }
+
     /// Accepts `inc` as a stream that joins this listener's queue once established.
     fn accept_request(&self, engine: &'static Engine, inc: rdma::Incoming) {
+        // A link (engine/link.rs) carries this listener's streams, accepted as it opens them.
+        if super::link::is_link_request(inc.event.private_data()) {
+            return super::link::accept_link(engine, self.token, inc);
+        }
         super::setup::accept_request(engine, self.sizes, inc, |s| {
             s.pending_for.store(self.token, Relaxed);
             self.pending.fetch_add(1, Relaxed);
         });
+    }
+
+    /// Queues `s` for `accept()` (a stream a link's peer opened).
+    pub(super) fn push_stream(&self, s: Arc<Stream>) {
+        self.push(Accepted::Rdma(s));
     }
 
     fn push(&self, a: Accepted) {

@@ -24,6 +24,7 @@ mod handover_state;
 mod helper;
 mod holders;
 pub mod ipc;
+mod link;
 pub mod listener;
 mod liveness;
 mod peeked;
@@ -75,6 +76,12 @@ pub struct Engine {
     /// Events of every connected (or accepting) id.
     ch: Arc<EventChannel>,
     streams_by_qp: Mutex<QpMap<Arc<Stream>>>,
+    /// Links (engine/link.rs): their streams are routed through them, not by QP.
+    links: Mutex<link::Links>,
+    /// Destinations the links reach.
+    link_hints: Mutex<link::LinkHints>,
+    /// Held while a link is set up (connectors to one destination share the first link).
+    link_making: Mutex<()>,
     streams_by_token: Mutex<HashMap<u64, Arc<Stream>>>,
     listeners: Mutex<HashMap<u64, Arc<Listener>>>,
     /// Connect requests deferred by all listeners (a full accept queue; listener.rs).
@@ -120,7 +127,21 @@ impl Engine {
         opts_fd: c_int,
         sizes: BufSizes,
     ) -> Result<Arc<Stream>, crate::stats::Cause> {
-        setup::connect(self, dest, opts_fd, sizes)
+        match link::connect(self, dest, opts_fd) {
+            link::Outcome::Stream(s) => Ok(s),
+            link::Outcome::Fail(cause) => Err(cause),
+            link::Outcome::NotHere => setup::connect(self, dest, opts_fd, sizes),
+        }
+    }
+
+    /// Every stream of this process: those on their own queue pair and those on links.
+    pub(super) fn all_streams(&self) -> Vec<Arc<Stream>> {
+        let mut v: Vec<Arc<Stream>> = lock(&self.streams_by_qp).values().cloned().collect();
+        let links = lock(&self.links).all();
+        for l in links {
+            v.extend(l.members());
+        }
+        v
     }
 
     /// How long a closed stream may take to deliver its queued bytes.

@@ -63,7 +63,20 @@ impl Engine {
         self.route_qp(s, None);
     }
 
+    /// Registers a new stream of a link (its completions come through the link).
+    pub(super) fn register_member(&self, s: &Arc<Stream>) {
+        ACTIVE_STREAMS.fetch_add(1, Relaxed);
+        lock(&self.streams_by_token).insert(s.token, s.clone());
+        crate::stats::count_link(true);
+    }
+
     pub(super) fn unregister(&self, s: &Stream) {
+        if s.on_link {
+            if lock(&self.streams_by_token).remove(&s.token).is_some() {
+                ACTIVE_STREAMS.fetch_sub(1, Relaxed);
+            }
+            return;
+        }
         if lock(&self.streams_by_qp).remove(&s.qp_num()).is_some() {
             ACTIVE_STREAMS.fetch_sub(1, Relaxed);
         }

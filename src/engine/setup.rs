@@ -8,7 +8,7 @@
 //! with our Reject message (or none, for a foreign magic) and the program falls back to TCP.
 
 use super::steps::Steps;
-use super::stream::{Parts, Stream};
+use super::stream::{Parts, Stream, StreamBuf, StreamQp};
 use super::Engine;
 use crate::proto::{self, Hello, HelloError, HelloKind, Reject, RejectReason};
 use crate::rdma::{
@@ -243,10 +243,10 @@ pub(super) fn connect(
     })?;
     rc.id_mut().migrate(&engine.ch).map_err(fail)?;
     let parts = Parts {
-        rc,
+        rc: StreamQp::Own(rc),
         proto: conn,
-        ring: m.ring,
-        send: m.send,
+        ring: StreamBuf::Own(m.ring),
+        send: StreamBuf::Own(m.send),
         local,
         peer: dest,
         opts_fd,
@@ -266,7 +266,7 @@ pub(super) fn connect(
 }
 
 /// The address `fd` was explicitly bound to, if any.
-fn bound_addr(fd: libc::c_int) -> Option<SocketAddr> {
+pub(super) fn bound_addr(fd: libc::c_int) -> Option<SocketAddr> {
     let mut a = [0u8; 28];
     let mut len = a.len() as libc::socklen_t;
     // SAFETY: valid buffer of len bytes.
@@ -424,10 +424,10 @@ pub(super) fn accept_request(
     }
     steps.mark("accept");
     let parts = Parts {
-        rc,
+        rc: StreamQp::Own(rc),
         proto: conn,
-        ring: m.ring,
-        send: m.send,
+        ring: StreamBuf::Own(m.ring),
+        send: StreamBuf::Own(m.send),
         local,
         peer: peer_addr,
         opts_fd,

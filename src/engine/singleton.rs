@@ -4,13 +4,13 @@
 use super::exit::drain_at_exit_c;
 use super::registry::{QpMap, ACTIVE_STREAMS};
 use super::tags::{TAG_CM, TAG_IPC, TAG_WAKE};
-use super::{active, ipc, lock, spin, stream, takeover, Engine, Stream};
+use super::{active, ipc, lock, spin, stream, takeover, Engine};
 use crate::config::Config;
 use crate::negcache::NegCache;
 use crate::rdma::{self, EventChannel};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 /// Whether this process's engine (if any) is its own — false in a fork child of a process
@@ -130,8 +130,7 @@ pub fn before_fork() {
     if !active() {
         return;
     }
-    let streams: Vec<Arc<Stream>> = lock(&e.streams_by_qp).values().cloned().collect();
-    streams.iter().for_each(|s| s.share());
+    e.all_streams().iter().for_each(|s| s.share());
 }
 
 /// In a fork child: the parent's streams are not this process's to drive or wait for.
@@ -203,6 +202,9 @@ impl Engine {
             cfg: Config::get(),
             ch,
             streams_by_qp: Mutex::new(QpMap::default()),
+            links: Mutex::new(Default::default()),
+            link_hints: Mutex::new(Default::default()),
+            link_making: Mutex::new(()),
             streams_by_token: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),
             deferred: std::sync::atomic::AtomicUsize::new(0),
@@ -244,6 +246,7 @@ impl Engine {
     /// something still uses it (then it is only retired, as before).
     pub fn abandon_for_new_credentials(&'static self) -> bool {
         let idle = lock(&self.streams_by_qp).is_empty()
+            && lock(&self.links).is_empty()
             && lock(&self.streams_by_token).is_empty()
             && lock(&self.listeners).is_empty()
             && lock(&self.tended).is_empty()

@@ -18,6 +18,7 @@
 
 mod close;
 mod completions;
+mod dev_qp;
 mod doorbell;
 mod grow;
 mod handover;
@@ -46,6 +47,7 @@ use super::spin::Budget;
 use super::Dev;
 use crate::proto::{self, Readiness};
 use crate::readiness::Doorbell;
+pub use dev_qp::{LinkEnd, LinkSlot, StreamBuf, StreamQp};
 use grow::{buf_sizes, Rate};
 use libc::c_int;
 use life::Lifecycle;
@@ -62,7 +64,7 @@ pub(crate) const PROTO_SIGNALED: u64 = 1 << 62;
 /// wr_id of receive WRs (their completions are told apart by the verbs layer's flag).
 const RECV_WR: u64 = 0;
 /// wr_id of a keepalive probe (a zero-length WRITE the protocol does not account).
-const PROBE_WR: u64 = 1 << 61;
+pub(crate) const PROBE_WR: u64 = 1 << 61;
 
 pub use crate::proto::Want;
 
@@ -74,6 +76,8 @@ pub struct Stream<P: Port = Dev> {
     pub(super) dev: Arc<P>,
     /// The QP's number (a resume moves the stream to a new QP).
     qp_num: AtomicU32,
+    /// It is a stream of a link (engine/link.rs): its queue pair is shared.
+    pub(super) on_link: bool,
     pub token: u64,
     /// The connection's id from the handshake (a resume proves itself with it).
     pub conn_id: u64,
@@ -239,6 +243,7 @@ impl<P: Port> Stream<P> {
             &super::ipc::stream_name(&owner, p.token),
         );
         let qp_num = AtomicU32::new(p.rc.qp_num());
+        let on_link = p.rc.is_shared();
         let sizes = AtomicU64::new(buf_sizes(&p.ring, &p.send).packed());
         let s = Arc::new(Stream {
             inner: Mutex::new(Inner {
@@ -269,6 +274,7 @@ impl<P: Port> Stream<P> {
             bell,
             dev,
             qp_num,
+            on_link,
             token: p.token,
             conn_id: p.conn_id,
             sizes,

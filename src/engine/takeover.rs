@@ -26,7 +26,7 @@ use super::handover_state::{BadState, Exported};
 use super::ipc::{self, Reply, Request};
 use super::lock;
 use super::setup::{self, BufSizes};
-use super::stream::{Parts, Stream};
+use super::stream::{Parts, Stream, StreamBuf, StreamQp};
 use crate::proto::{self, Hello, HelloKind};
 use crate::rdma::{self, ConnParam, Device};
 use crate::readiness::Doorbell;
@@ -241,10 +241,10 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     let app = dup_hidden(fd);
     let opts_fd = dup_hidden(st.opts_fd);
     let parts = Parts {
-        rc,
+        rc: StreamQp::Own(rc),
         proto: conn,
-        ring: m.ring,
-        send: m.send,
+        ring: StreamBuf::Own(m.ring),
+        send: StreamBuf::Own(m.send),
         local: st.local,
         peer: st.peer,
         opts_fd,

@@ -75,6 +75,9 @@ pub enum HelloKind {
     Accept,
     /// Sent by the active side to continue a connection whose peer moved (PROTOCOL.md §11).
     Resume,
+    /// Sent by the active side to set up a link: a queue pair whose stream is the link's
+    /// control stream (stream 0), carrying the streams later opened on it (PROTOCOL.md §14).
+    Link,
 }
 
 impl HelloKind {
@@ -83,6 +86,7 @@ impl HelloKind {
             HelloKind::Connect => KIND_CONNECT,
             HelloKind::Accept => KIND_ACCEPT,
             HelloKind::Resume => KIND_RESUME,
+            HelloKind::Link => KIND_LINK,
         }
     }
 }
@@ -91,6 +95,7 @@ const KIND_CONNECT: u8 = 1;
 const KIND_ACCEPT: u8 = 2;
 const KIND_REJECT: u8 = 3;
 const KIND_RESUME: u8 = 4;
+const KIND_LINK: u8 = 5;
 
 /// Why a hello could not be used. The driver falls back to kernel TCP on any of these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +204,7 @@ impl Hello {
             KIND_CONNECT => HelloKind::Connect,
             KIND_ACCEPT => HelloKind::Accept,
             KIND_RESUME => HelloKind::Resume,
+            KIND_LINK => HelloKind::Link,
             KIND_REJECT => return Err(HelloError::Rejected(Reject::parse_body(buf, len)?)),
             other => return Err(HelloError::UnknownKind(other)),
         };

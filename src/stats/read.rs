@@ -43,6 +43,10 @@ pub struct Snapshot {
     pub connects_refused: u64,
     /// Connects that failed otherwise.
     pub connects_failed: u64,
+    /// Links set up, and streams opened or accepted on them.
+    pub links: u64,
+    /// See `links`.
+    pub link_streams: u64,
     /// The log level in force (`None`: not known yet), where the log goes and the pid in
     /// its file's name (see [`super::control`]).
     pub log: (Option<log::LevelFilter>, u32, u32),
@@ -123,6 +127,8 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         listens: h.counters.listens.load(Relaxed),
         connects_refused: h.counters.connects_refused.load(Relaxed),
         connects_failed: h.counters.connects_failed.load(Relaxed),
+        links: h.counters.links.load(Relaxed),
+        link_streams: h.counters.link_streams.load(Relaxed),
         log: (
             super::control::decode(h.log.level.load(Relaxed)),
             h.log.target.load(Relaxed),
@@ -324,7 +330,7 @@ impl Snapshot {
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"links\":{{\"made\":{},\"streams\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -340,6 +346,8 @@ impl Snapshot {
             self.listens,
             self.connects_refused,
             self.connects_failed,
+            self.links,
+            self.link_streams,
             self.log_json(),
             socks.join(","),
             listeners.join(",")

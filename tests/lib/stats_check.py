@@ -6,9 +6,9 @@ usage: stats_check.py JSONFILE EXPR...
 Each EXPR is a Python expression evaluated with these names bound:
   procs     the list of process objects (as parsed from JSON)
   nproc     len(procs)
-  conns, tx, rx, fallback, waits, grown
+  conns, tx, rx, fallback, waits, grown, links
             the per-path / per-reason counters summed over all processes, with attribute
-            access: conns.tcp, rx.tcp, fallback.no_device, waits.woke_late, ...
+            access: conns.tcp, rx.tcp, fallback.no_device, waits.woke_late, links.made, ...
   sockets   all live-connection entries of all processes, concatenated
   comms     sorted list of the processes' comm names
   alive     number of processes still alive
@@ -90,6 +90,7 @@ def main(argv):
         "fallback": summed(procs, "fallback"),
         "waits": summed(procs, "waits"),
         "grown": summed(procs, "grown"),
+        "links": summed(procs, "links"),
         "sockets": [s for p in procs for s in p.get("sockets", [])],
         "comms": sorted(p.get("comm", "") for p in procs),
         "alive": sum(1 for p in procs if p.get("alive")),

@@ -61,15 +61,18 @@ impl<P: Port> Stream<P> {
                 fail(inner, f, "send failed", wc);
                 return;
             }
+            let wr_id = rc.own_wr_id(wc.wr_id());
             if inner.live.any() {
                 inner.timers.heard(Instant::now());
-                if wc.wr_id() == PROBE_WR {
+                if wr_id == PROBE_WR {
                     inner.timers.probe_done();
                     inner.confirmed = inner.confirmed.max(inner.probe_covers);
                 }
             }
-            if wc.wr_id() & PROTO_SIGNALED != 0 && wc.wr_id() != rdma::DRAIN_SEND_WR_ID {
-                let id = WrId(wc.wr_id() & !PROTO_SIGNALED);
+            if wr_id & PROTO_SIGNALED != 0 && wr_id != rdma::DRAIN_SEND_WR_ID {
+                // A link's queue pair keeps only the id's low bits (proto/link/mux.rs).
+                let low = WrId(wr_id & !PROTO_SIGNALED);
+                let id = crate::proto::link::widen(low, inner.proto.counters().wrs_retired);
                 if let Err(e) = inner.proto.handle_send_complete(id) {
                     log::error!("rdma stream {}: completion out of order: {e:?}", self.peer);
                     fail(inner, Failure::Reset, "completion accounting", wc);
@@ -93,6 +96,19 @@ impl<P: Port> Stream<P> {
                 self.show(inner);
             }
         });
+    }
+
+    /// A link stream's peer sent its CLOSE: it sends nothing more. Unless FIN passed both
+    /// ways (an orderly end: the peer's CLOSE follows our FIN, maybe before our last
+    /// completions here), the peer gave the stream up: it is reset.
+    pub(in crate::engine) fn on_peer_closed(&self) {
+        let state = self.lock().proto.state();
+        if !matches!(
+            state,
+            proto::State::Closing | proto::State::Closed | proto::State::Reset
+        ) {
+            self.on_fatal("the peer closed the stream on the link");
+        }
     }
 
     /// The peer's side of the rdma_cm connection `id` went away (null: whichever this stream

@@ -3,7 +3,7 @@
 //! the staying peer it swaps its old QP for the one its resume made. The orchestration
 //! (ipc, listeners, threads) is in `engine/takeover.rs`.
 
-use super::{Port, Region, Stream};
+use super::{Port, QueuePair, Region, Stream};
 use crate::engine::handover_state::Exported;
 use crate::engine::ipc::Owner;
 use crate::proto::{self, Hello};
@@ -20,6 +20,11 @@ impl<P: Port> Stream<P> {
     pub(in crate::engine) fn start_move(&self, port: u16, deadline: Instant) -> Result<(), c_int> {
         let mut g = self.lock();
         let inner = &mut *g;
+        // A link's stream does not move to another queue pair (PROTOCOL.md §14): the taker
+        // relays it instead, at once (EBUSY would have it ask again).
+        if inner.rc.as_ref().is_some_and(|q| q.is_shared()) {
+            return Err(libc::EOPNOTSUPP);
+        }
         let busy = self.life().phase != super::Phase::Open
             || inner.proto.is_broken()
             || inner.closed_at.is_some()
@@ -96,9 +101,10 @@ impl Stream {
     pub(in crate::engine) fn resume_parts(&self) -> Option<(Arc<Pd>, QpCaps, Hello)> {
         let mut g = self.lock();
         let inner = &mut *g;
-        let rc = inner.rc.as_mut()?;
+        // A link stream's end does not move this way (PROTOCOL.md §14).
+        let rc = inner.rc.as_mut()?.own_mut()?;
         rc.id_mut().set_token(0);
-        let mr = inner.ring.mr();
+        let mr = inner.ring.own()?.mr();
         let hello = inner
             .proto
             .resume_hello(mr.iova(), mr.rkey().unwrap_or(0), self.conn_id);
@@ -111,7 +117,7 @@ impl Stream {
         &self,
         rc: rdma::RcQp,
         accept: &Hello,
-    ) -> Result<(Option<rdma::RcQp>, u32), String> {
+    ) -> Result<(Option<super::StreamQp>, u32), String> {
         let mut g = self.lock();
         let inner = &mut *g;
         if accept.conn_id != self.conn_id {
@@ -121,7 +127,7 @@ impl Stream {
         let old_qp = self.qp_num();
         self.qp_num
             .store(rc.qp_num(), std::sync::atomic::Ordering::Release);
-        let old = inner.rc.replace(rc);
+        let old = inner.rc.replace(super::StreamQp::Own(rc));
         inner.recvs_owed = 0;
         inner.resume_scheduled = false;
         self.pump(inner);

@@ -106,6 +106,20 @@ pub trait QueuePair: Send {
     fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()>;
     /// Accounts one completion of this QP (either queue).
     fn on_completion(&mut self, wc: &Wc);
+    /// Whether other streams share the queue pair (a link's): its completions come through
+    /// the link, not by the queue pair's number.
+    fn is_shared(&self) -> bool {
+        false
+    }
+    /// The stream will post nothing more and its peer nothing more to it (both ends
+    /// finished, or it was reset): a link frees its id for the next stream now, rather than
+    /// when the teardown gets to it.
+    fn stream_done(&mut self) {}
+    /// The stream's own id of a send completion's `wr_id` (a link's queue pair tags it with
+    /// the stream's id).
+    fn own_wr_id(&self, wr_id: u64) -> u64 {
+        wr_id
+    }
     /// The peer disconnected (the connection manager said so).
     fn set_disconnected(&mut self);
     /// Whether a connection manager event for `id` is about this queue pair (not one it
@@ -173,7 +187,7 @@ fn engine() -> Option<&'static Engine> {
 }
 
 impl Port for Dev {
-    type Qp = rdma::RcQp;
+    type Qp = super::dev_qp::StreamQp;
 
     fn progress(&self) -> usize {
         engine().map_or(0, |e| e.progress(self))

@@ -78,6 +78,11 @@ impl<P: Port> Stream<P> {
                 }
             }
         }
+        if inner.proto.is_finished() || inner.proto.failure().is_some() {
+            if let Some(rc) = inner.rc.as_mut() {
+                rc.stream_done();
+            }
+        }
         self.show(inner);
         self.update_demand(inner);
     }

@@ -331,6 +331,12 @@ impl Mux {
         self.failed
     }
 
+    /// Whether our id `mine` is taken (opening, open or closing: the peer may still write
+    /// into its ring until both CLOSEs passed).
+    pub fn holds(&self, mine: StreamId) -> bool {
+        self.share(mine).is_some()
+    }
+
     /// Streams whose id is taken here (opening, open or closing; stream 0 aside).
     pub fn streams(&self) -> usize {
         self.shares.iter().flatten().count()

@@ -1,0 +1,403 @@
+//! Links (issue #24; docs/DESIGN.md, "Links"; PROTOCOL.md §14): one RC queue pair between
+//! this process and a peer process, in a protection domain of its own, carrying many
+//! streams. The first connect to a destination sets the link up with rdma_cm (a hello of
+//! kind Link, whose stream is the link's control stream); every later connect to it opens
+//! a stream with an OPEN record and its ACCEPT — no rdma_cm, no queue pair, no
+//! registration. Each stream is an ordinary [`Stream`] whose queue pair is a [`Member`] of
+//! the link and whose buffers are slots of the link's two slabs.
+//!
+//! Here: the link and its driver, a thin loop over [`Mux`] — completions routed to the
+//! streams, stream 0's records acted on (an OPEN queued on a listener, an ACCEPT making the
+//! connector's stream), the link's failure ending every stream on it. `link/member.rs`: a
+//! stream's end of the link and its slots. `link/make.rs`: setting links up, and opening
+//! and accepting streams on them.
+//!
+//! Locking: a stream's lock may be held while taking the link's (a stream posts on the
+//! link); never the other way round: the driver lets go of the link before it hands a
+//! completion to a stream.
+
+mod make;
+mod member;
+
+pub(super) use make::{accept_link, is_link_request};
+pub use make::{connect, LinkHints, Outcome};
+pub use member::{Member, SlotBuf};
+
+use super::stream::{QueuePair, PROBE_WR, PROTO_SIGNALED};
+use super::{lock, Dev, Engine, Stream};
+use crate::proto::link::imm::StreamId;
+use crate::proto::link::{LinkEvent, Mux, Slot, Slots};
+use crate::rdma::{self, RegBuf, Wc};
+use crate::stats::Cause;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+/// wr_id bits the stream's driver uses (`engine/stream.rs`): a probe, a signaled write.
+const DRIVER_FLAGS: u64 = !((1 << 59) - 1);
+
+/// One link.
+pub struct Link {
+    /// Names its rdma_cm id (its events: a disconnect fails the link).
+    pub(super) token: u64,
+    pub(super) dev: Arc<Dev>,
+    qpn: u32,
+    /// The destination it was made for (a connector's), or the address it was accepted on.
+    pub dest: SocketAddr,
+    /// This end's and the peer's address (rdma_cm's): every stream on the link has them.
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    /// An accepted link's listener (its OPENs are for it), 0 for a connector's.
+    listener: u64,
+    st: Mutex<State>,
+    /// A connector waits here for the answer to its OPEN.
+    answered: Condvar,
+    failed: AtomicBool,
+}
+
+/// What stream 0 said, as the driver acts on it.
+enum Said {
+    Event(LinkEvent),
+    /// The peer's CLOSE, with the stream it closes (if it is still here).
+    PeerClosed(Option<Arc<Stream>>),
+}
+
+/// A link's slab of registered memory and which slots of it are taken.
+struct Slab {
+    buf: Arc<RegBuf>,
+    slots: Slots,
+}
+
+/// What a connector left for the answer to its OPEN: everything its stream is made of.
+struct Opening {
+    ring: SlotBuf,
+    send: SlotBuf,
+    opts_fd: libc::c_int,
+    token: u64,
+    conn_id: u64,
+    bell: (crate::readiness::Doorbell, crate::proto::Readiness),
+}
+
+struct State {
+    rc: rdma::RcQp,
+    mux: Mux,
+    rings: Slab,
+    sends: Slab,
+    /// Stream 0's ring and send buffer.
+    control_ring: Slot,
+    control_send: Slot,
+    /// The streams open here, by our id.
+    members: HashMap<u16, Weak<Stream>>,
+    opening: HashMap<u16, Opening>,
+    /// Answers to OPENs, for their connectors.
+    answers: HashMap<u16, Result<Arc<Stream>, Cause>>,
+    /// Slots of streams gone before their id was free (the peer may still write): given
+    /// back when it is.
+    quarantine: Vec<(StreamId, Slot, bool)>,
+}
+
+impl Link {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.st)
+    }
+
+    /// Whether the link failed (its streams were reset; it takes no new one).
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Acquire)
+    }
+
+    /// Whether a new stream fits: an id, and a ring and a send buffer in the slabs.
+    pub fn has_room(&self) -> bool {
+        let st = self.lock();
+        let fits = |s: &Slab| {
+            s.slots.allocated_bytes() + u64::from(make::STREAM_BUF)
+                <= u64::from(s.slots.slab_size())
+        };
+        !self.is_failed()
+            && st.mux.streams() < usize::from(make::MAX_STREAMS)
+            && fits(&st.rings)
+            && fits(&st.sends)
+    }
+
+    /// The streams of this link alive now.
+    pub(super) fn members(&self) -> Vec<Arc<Stream>> {
+        self.lock()
+            .members
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// One completion of the link's queue pair (the device's poll lock held).
+    pub(super) fn on_completion(self: &Arc<Self>, engine: &Engine, wc: &Wc) {
+        let mut target = None;
+        let mut events = Vec::new();
+        {
+            let mut g = self.lock();
+            let st = &mut *g;
+            st.rc.on_completion(wc);
+            if !wc.is_ok() {
+                drop(g);
+                if !self.is_failed() {
+                    self.fail(&format!("a work request failed (status {})", wc.status()));
+                }
+                return;
+            }
+            let routed = if wc.is_recv() {
+                let Some(imm) = wc.imm() else {
+                    drop(g);
+                    self.fail("a message without an immediate");
+                    return;
+                };
+                let rings = st.rings.buf.clone();
+                let r =
+                    st.mux
+                        .handle_imm(imm, wc.byte_len(), control_ring(&rings, st.control_ring));
+                let k = st.mux.receives_to_post();
+                if let Err(e) = st.rc.post_recvs(0, k) {
+                    log::warn!("rdma link to {}: receives: {e}", self.peer);
+                }
+                r.map(|id| id.map(|id| id.get()))
+            } else {
+                let wr_id = wc.wr_id();
+                if wr_id & PROBE_WR != 0 {
+                    Ok(Member::stream_of(wr_id))
+                } else if Member::stream_of(wr_id)
+                    .is_some_and(|id| StreamId::new(id).is_some_and(|id| !st.mux.holds(id)))
+                {
+                    // A stream gone since it posted (its id freed): ours, not the peer's.
+                    Ok(None)
+                } else if wr_id & PROTO_SIGNALED != 0 {
+                    st.mux
+                        .handle_send_complete(wr_id & !DRIVER_FLAGS)
+                        .map(|r| r.map(|(id, _)| id.get()))
+                } else {
+                    Ok(None) // the link's own marker
+                }
+            };
+            match routed {
+                Ok(Some(id)) => target = st.members.get(&id).and_then(Weak::upgrade),
+                Ok(None) => {
+                    while let Some(ev) = st.mux.poll_event() {
+                        events.push(match ev {
+                            // A CLOSE names our id, which an OPEN later in the same burst may
+                            // take again: the stream it closes is found now.
+                            LinkEvent::PeerClosed { mine } => Said::PeerClosed(
+                                st.members.get(&mine.get()).and_then(Weak::upgrade),
+                            ),
+                            other => Said::Event(other),
+                        });
+                    }
+                }
+                Err(e) => {
+                    drop(g);
+                    self.fail(&format!("protocol error: {e:?}"));
+                    return;
+                }
+            }
+            self.pump(st);
+        }
+        if let Some(s) = target {
+            s.on_completion(wc);
+        }
+        for said in events {
+            match said {
+                Said::Event(ev) => self.on_event(engine, ev),
+                // The peer is done with the stream: one not finished here is reset.
+                Said::PeerClosed(s) => {
+                    self.lock().free_quarantined(&self.dev);
+                    if let Some(s) = s {
+                        s.on_peer_closed();
+                    }
+                }
+            }
+        }
+    }
+
+    /// What stream 0 said, acted on in order (the device's poll lock held, so that a new
+    /// stream exists before the link's next completion is looked at).
+    fn on_event(self: &Arc<Self>, engine: &Engine, ev: LinkEvent) {
+        match ev {
+            LinkEvent::Incoming(open) => make::on_open(self, engine, open),
+            LinkEvent::Opened { mine, conn } => make::on_opened(self, engine, mine, *conn),
+            LinkEvent::Refused { mine, reason } => {
+                let mut st = self.lock();
+                // Its slots go back when it drops, which takes the lock: after it.
+                let opening = st.opening.remove(&mine.get());
+                if opening.is_some() {
+                    log::debug!("rdma link to {}: stream refused ({reason:?})", self.peer);
+                    st.answers.insert(mine.get(), Err(make::refused(reason)));
+                    self.answered.notify_all();
+                }
+                drop(st);
+                drop(opening);
+            }
+            // Taken in `on_completion` (see there).
+            LinkEvent::PeerClosed { .. } | LinkEvent::Goodbye => {}
+        }
+    }
+
+    /// Posts what the link owes: stream 0's receives and records (under its lock). Forgets
+    /// the streams whose id is free (both CLOSEs passed: nothing more comes for them).
+    fn pump(&self, st: &mut State) {
+        let mux = &st.mux;
+        st.members
+            .retain(|&id, _| StreamId::new(id).is_some_and(|id| mux.holds(id)));
+        if self.is_failed() {
+            return;
+        }
+        let k = st.mux.receives_to_post();
+        if let Err(e) = st.rc.post_recvs(0, k) {
+            log::warn!("rdma link to {}: receives: {e}", self.peer);
+        }
+        let send = st.control_send;
+        let buf = st.sends.buf.clone();
+        // SAFETY: stream 0's send slot lies inside the slab and is stream 0's alone; the
+        // control plane writes only into its free part (the NIC reads only what was posted).
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                buf.as_ptr().add(send.offset as usize),
+                send.len as usize,
+            )
+        };
+        while let Some(mut w) = st.mux.poll_control_write(bytes) {
+            w.local_offset += send.offset;
+            if let Err(e) = QueuePair::post(&mut st.rc, &w, &*buf) {
+                log::warn!("rdma link to {}: control post: {e}", self.peer);
+                return;
+            }
+        }
+    }
+
+    /// The link failed: every stream on it is reset, and it takes no new one.
+    pub(super) fn fail(&self, why: &str) {
+        if self.failed.swap(true, AcqRel) {
+            return;
+        }
+        log::info!(
+            "rdma link {} -> {}: {why}: its streams are reset",
+            self.local,
+            self.peer
+        );
+        let (members, opening) = {
+            let mut st = self.lock();
+            let _ = st.rc.disconnect();
+            let opening: Vec<(u16, Opening)> = st.opening.drain().collect();
+            for (id, _) in &opening {
+                st.answers.insert(*id, Err(make::refused_failed()));
+            }
+            self.answered.notify_all();
+            let members = st
+                .members
+                .values()
+                .filter_map(Weak::upgrade)
+                .collect::<Vec<_>>();
+            (members, opening)
+        };
+        drop(opening); // slots go back to the link, which takes its lock
+        for s in members {
+            s.on_fatal(&format!("its link failed ({why})"));
+        }
+        // No new stream finds it; it goes (its queue pair and memory) with its last stream.
+        if let Some(e) = crate::engine::get() {
+            lock(&e.links).remove(self);
+        }
+    }
+}
+
+/// Stream 0's ring `r` in the ring slab, read only where the protocol says bytes are
+/// complete.
+fn control_ring(slab: &RegBuf, r: Slot) -> &[u8] {
+    // SAFETY: inside the ring slab; the control plane reads only what the protocol gives
+    // out as received (the peer writes only the free part).
+    unsafe { std::slice::from_raw_parts(slab.as_ptr().add(r.offset as usize), r.len as usize) }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.dev.demand_down();
+    }
+}
+
+impl State {
+    /// The link's queues and stream 0's positions, for a log line.
+    fn describe(&self) -> String {
+        format!(
+            "streams {}, send queue room {}, receives posted {}, stream 0 {:?}, {} member(s)",
+            self.mux.streams(),
+            self.rc.sq_room(),
+            self.rc.rq_posted(),
+            self.mux.control().counters(),
+            self.members.len()
+        )
+    }
+
+    /// Gives back quarantined slots whose stream's id is free now.
+    fn free_quarantined(&mut self, _dev: &Arc<Dev>) {
+        let mut i = 0;
+        while i < self.quarantine.len() {
+            let (id, slot, ring) = self.quarantine[i];
+            if self.mux.holds(id) {
+                i += 1;
+                continue;
+            }
+            self.quarantine.swap_remove(i);
+            self.give_back(slot, ring);
+        }
+    }
+
+    /// Zeroes `slot` (a ring holds only zeros or its stream's bytes) and frees it.
+    fn give_back(&mut self, slot: Slot, ring: bool) {
+        let slab = if ring {
+            &mut self.rings
+        } else {
+            &mut self.sends
+        };
+        // SAFETY: inside the slab; nobody uses the slot now (its stream is gone and the
+        // peer is done with it).
+        unsafe {
+            std::ptr::write_bytes(
+                slab.buf.as_ptr().add(slot.offset as usize),
+                0,
+                slot.len as usize,
+            )
+        };
+        let _ = slab.slots.free(slot);
+    }
+}
+
+/// The links of this process, by queue pair number and by destination.
+#[derive(Default)]
+pub struct Links {
+    by_qp: HashMap<u32, Arc<Link>>,
+    by_token: HashMap<u64, Arc<Link>>,
+}
+
+impl Links {
+    pub(super) fn insert(&mut self, l: &Arc<Link>) {
+        self.by_qp.insert(l.qpn, l.clone());
+        self.by_token.insert(l.token, l.clone());
+    }
+
+    pub(super) fn remove(&mut self, l: &Link) {
+        self.by_qp.remove(&l.qpn);
+        self.by_token.remove(&l.token);
+    }
+
+    pub(super) fn by_qp(&self, qpn: u32) -> Option<Arc<Link>> {
+        self.by_qp.get(&qpn).cloned()
+    }
+
+    pub(super) fn by_token(&self, token: u64) -> Option<Arc<Link>> {
+        self.by_token.get(&token).cloned()
+    }
+
+    pub(super) fn all(&self) -> Vec<Arc<Link>> {
+        self.by_qp.values().cloned().collect()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_qp.is_empty()
+    }
+}

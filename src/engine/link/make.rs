@@ -1,0 +1,648 @@
+//! Setting links up (rdma_cm, a hello of kind Link, both ends), and the streams on them:
+//! a connector's OPEN and its answer, an acceptor's ACCEPT or REFUSE.
+
+use super::{Link, Member, Opening, Slab, SlotBuf, State};
+use crate::engine::setup::{bound_addr, opts_socket};
+use crate::engine::stream::{fresh_bell, Parts, StreamBuf, StreamQp};
+use crate::engine::{lock, Engine, Stream};
+use crate::proto::link::imm::StreamId;
+use crate::proto::link::record::{Open, RefuseReason};
+use crate::proto::link::{Mux, Slots};
+use crate::proto::{self, Conn, Hello, HelloKind, Params, Reject, RejectReason};
+use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps, RegBuf};
+use crate::stats::{Cause, Fallback};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Each slab: rings in one, send buffers in the other (only rings are the peer's to
+/// write).
+const SLAB: u32 = 1 << 20;
+/// A link stream's ring and send buffer (they do not grow on a link).
+pub(super) const STREAM_BUF: u32 = 32 * 1024;
+/// Stream 0's ring and send buffer.
+const CONTROL_BUF: u32 = 16 * 1024;
+/// Each stream's share of the link's queues, and stream 0's.
+const STREAM_RECVS: u32 = 16;
+const STREAM_SENDS: u32 = 16;
+/// Streams a link carries at most (the slabs hold as many, beside stream 0's slots).
+pub(super) const MAX_STREAMS: u16 = 30;
+/// The link's queues: every stream's share, a probe's slot each, and stream 0's.
+const LINK_RQ: u32 = STREAM_RECVS * (MAX_STREAMS as u32 + 1);
+const LINK_SQ: u32 = (STREAM_SENDS + 1) * (MAX_STREAMS as u32 + 1);
+
+/// Destinations the links of this process reach, and those whose peer refused a link.
+#[derive(Default)]
+pub struct LinkHints {
+    to: HashMap<SocketAddr, Vec<Weak<Link>>>,
+    refused: HashSet<SocketAddr>,
+}
+
+impl LinkHints {
+    /// A link to `dest` with room for a stream.
+    fn usable(&mut self, dest: SocketAddr) -> Option<Arc<Link>> {
+        let links = self.to.get_mut(&dest)?;
+        links.retain(|l| l.upgrade().is_some_and(|l| !l.is_failed()));
+        links
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|l| l.has_room())
+    }
+}
+
+/// The params of a stream on a link (stream 0's when `control`).
+fn stream_params(engine: &Engine, caps: &QpCaps, control: bool) -> Params {
+    let buf = if control { CONTROL_BUF } else { STREAM_BUF };
+    Params {
+        ring_size: buf,
+        recv_credits: STREAM_RECVS,
+        send_buf_size: buf,
+        send_queue_depth: STREAM_SENDS,
+        max_inline: engine.cfg.max_inline.min(caps.max_inline_data),
+        ring_grow_to: 0,
+        send_grow_to: 0,
+    }
+}
+
+/// What a connect over a link came to.
+pub enum Outcome {
+    /// The stream, on a link.
+    Stream(Arc<Stream>),
+    /// Not over a link: connect with rdma_cm as before (links off, the peer does not take
+    /// links, or did not take this stream).
+    NotHere,
+    /// The peer is unreachable or refused: fall back to TCP for this reason.
+    Fail(Cause),
+}
+
+/// Connects to `dest` over a link, setting one up if none reaches it yet.
+pub fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::c_int) -> Outcome {
+    // A program that bound its socket wants its own address; a link stream has the link's.
+    if !engine.cfg.links || bound_addr(opts_fd).is_some() {
+        return Outcome::NotHere;
+    }
+    let deadline = Instant::now() + Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
+    let link = {
+        // One link is made at a time: connectors to the same destination wait for it.
+        let _making = lock(&engine.link_making);
+        let usable = {
+            let mut h = lock(&engine.link_hints);
+            if h.refused.contains(&dest) {
+                return Outcome::NotHere;
+            }
+            h.usable(dest)
+        };
+        match usable {
+            Some(l) => l,
+            None => match make_link(engine, dest, deadline) {
+                Ok(l) => l,
+                Err(Some(c)) => return Outcome::Fail(c),
+                Err(None) => {
+                    lock(&engine.link_hints).refused.insert(dest);
+                    return Outcome::NotHere;
+                }
+            },
+        }
+    };
+    match open_stream(engine, &link, dest, opts_fd, deadline) {
+        Ok(s) => Outcome::Stream(s),
+        Err(why) => {
+            log::info!("rdma link to {dest}: stream not opened ({why:?}): rdma_cm instead");
+            Outcome::NotHere
+        }
+    }
+}
+
+/// Sets a link up to `dest`: `Err(None)` if the peer does not take links (an older
+/// rsock), `Err(Some(cause))` if RDMA does not reach it.
+fn make_link(
+    engine: &'static Engine,
+    dest: SocketAddr,
+    deadline: Instant,
+) -> Result<Arc<Link>, Option<Cause>> {
+    let fail = |e: rdma::Error| {
+        log::info!("rdma link to {dest}: {e}");
+        Some(crate::engine::setup::cause_of(&e))
+    };
+    let token = engine.token();
+    let left = deadline.saturating_duration_since(Instant::now());
+    let (id, dev) = rdma::resolve(None, dest, token, left).map_err(fail)?;
+    let d = engine.dev(&dev).map_err(fail)?;
+    let (pd, rings, sends) = memory(&dev).map_err(fail)?;
+    let mut rc = rdma::RcQp::new(id, &pd, link_caps(engine)).map_err(|(e, _)| fail(e))?;
+    let caps = rc.caps();
+    let params = stream_params(engine, &caps, true);
+    let (rings, sends, control_ring, control_send) = slabs(rings, sends).map_err(fail)?;
+    rc.post_recvs(0, params.recv_credits).map_err(fail)?;
+    let conn_id = crate::sys::unix::random_u64();
+    let mr = rings.buf.mr();
+    let hello = params.hello(
+        HelloKind::Link,
+        mr.iova() + u64::from(control_ring.offset),
+        mr.rkey().unwrap_or(0),
+        conn_id,
+    );
+    let bytes = hello.to_bytes();
+    let param = ConnParam {
+        private_data: &bytes[..hello.encoded_len()],
+        ..ConnParam::default()
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ev = rdma::connect_event(&mut rc, &param, left).map_err(fail)?;
+    let peer = match ev.kind {
+        EventKind::Established => {
+            Hello::parse_kind(ev.private_data(), HelloKind::Accept).map_err(|e| {
+                log::info!("rdma link to {dest}: the peer's answer: {e}");
+                None
+            })?
+        }
+        EventKind::Rejected => {
+            log::info!("rdma link to {dest}: the peer does not take links");
+            return Err(None);
+        }
+        _ => {
+            log::info!("rdma link to {dest}: {}", ev.name());
+            return Err(Some(Cause::from(Fallback::Unreachable)));
+        }
+    };
+    drop(ev);
+    let conn =
+        Conn::on_link(&params, &peer, StreamId::CONTROL, StreamId::CONTROL).map_err(|e| {
+            log::info!("rdma link to {dest}: the peer's hello: {e}");
+            None
+        })?;
+    rc.id_mut().migrate(&engine.ch).map_err(fail)?;
+    let local = rc.id().local_addr().unwrap_or(dest);
+    let link = build(
+        engine,
+        d,
+        rc,
+        conn,
+        &params,
+        (rings, sends),
+        (control_ring, control_send),
+        token,
+        dest,
+        local,
+        dest,
+        0,
+    )
+    .ok_or(None)?;
+    let mut h = lock(&engine.link_hints);
+    h.to.entry(dest).or_default().push(Arc::downgrade(&link));
+    log::info!("rdma link {local} -> {dest}: up (qp {})", link.qpn);
+    Ok(link)
+}
+
+/// A link's protection domain and slabs.
+fn memory(dev: &Arc<rdma::Device>) -> rdma::Result<(Arc<Pd>, RegBuf, RegBuf)> {
+    let pd = Pd::new(dev)?;
+    let rings = RegBuf::new(&pd, SLAB as usize, Access::RemoteWrite)?;
+    let sends = RegBuf::new(&pd, SLAB as usize, Access::LocalRead)?;
+    Ok((pd, rings, sends))
+}
+
+/// The slabs' allocators, with stream 0's slots taken.
+fn slabs(
+    rings: RegBuf,
+    sends: RegBuf,
+) -> rdma::Result<(Slab, Slab, proto::link::Slot, proto::link::Slot)> {
+    let slab = |buf: RegBuf| -> Option<(Slab, proto::link::Slot)> {
+        let mut slots = Slots::new(4096, SLAB, 1).ok()?;
+        slots.add_slab().ok()?;
+        let control = slots.alloc(CONTROL_BUF).ok()?;
+        Some((
+            Slab {
+                buf: Arc::new(buf),
+                slots,
+            },
+            control,
+        ))
+    };
+    let bad = || rdma::Error::from_errno("link slab", libc::EINVAL);
+    let (rings, cr) = slab(rings).ok_or_else(bad)?;
+    let (sends, cs) = slab(sends).ok_or_else(bad)?;
+    Ok((rings, sends, cr, cs))
+}
+
+fn link_caps(engine: &Engine) -> QpCaps {
+    QpCaps {
+        max_send_wr: LINK_SQ,
+        max_recv_wr: LINK_RQ,
+        max_send_sge: 1,
+        max_inline_data: engine.cfg.max_inline,
+    }
+}
+
+/// The link, registered with the engine.
+#[allow(clippy::too_many_arguments)]
+fn build(
+    engine: &'static Engine,
+    dev: Arc<crate::engine::Dev>,
+    rc: rdma::RcQp,
+    control: Conn,
+    params: &Params,
+    (rings, sends): (Slab, Slab),
+    (control_ring, control_send): (proto::link::Slot, proto::link::Slot),
+    token: u64,
+    dest: SocketAddr,
+    local: SocketAddr,
+    peer: SocketAddr,
+    listener: u64,
+) -> Option<Arc<Link>> {
+    let caps = rc.caps();
+    // A probe's slot per stream stays out of the shares.
+    let sq = caps.max_send_wr.saturating_sub(u32::from(MAX_STREAMS) + 1);
+    let mut mux = Mux::new(control, params, caps.max_recv_wr, sq, MAX_STREAMS)?;
+    let _ = mux.receives_to_post(); // stream 0's, posted before the handshake
+    let link = Arc::new(Link {
+        token,
+        dev,
+        qpn: rc.qp_num(),
+        dest,
+        local,
+        peer,
+        listener,
+        st: Mutex::new(State {
+            rc,
+            mux,
+            rings,
+            sends,
+            control_ring,
+            control_send,
+            members: HashMap::new(),
+            opening: HashMap::new(),
+            answers: HashMap::new(),
+            quarantine: Vec::new(),
+        }),
+        answered: Condvar::new(),
+        failed: AtomicBool::new(false),
+    });
+    lock(&engine.links).insert(&link);
+    // An OPEN may come at any time: the helper hears the link's completions while it lives.
+    link.dev.demand_up();
+    crate::stats::count_link(false);
+    engine.ensure_helper();
+    Some(link)
+}
+
+/// Whether a connect request asks for a link.
+pub(in crate::engine) fn is_link_request(private_data: &[u8]) -> bool {
+    matches!(Hello::parse(private_data), Ok(h) if h.kind == HelloKind::Link)
+}
+
+/// Passive side: a connect request of kind Link on `listener`: sets the link up and
+/// accepts, or rejects it ("no resources": the client then connects as before).
+pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc: rdma::Incoming) {
+    let rdma::Incoming {
+        mut id,
+        device,
+        event,
+    } = inc;
+    let from = id.peer_addr();
+    let no_room = Reject::new(RejectReason::NoResources).to_bytes();
+    let hello = match Hello::parse_kind(event.private_data(), HelloKind::Link) {
+        Ok(h) if engine.cfg.links => h,
+        _ => {
+            let _ = id.reject(&no_room);
+            return;
+        }
+    };
+    let token = engine.token();
+    id.set_token(token);
+    let refuse = |e: &rdma::Error| log::warn!("refusing an rdma link from {from:?}: {e}");
+    let made = engine.dev(&device).and_then(|d| Ok((d, memory(&device)?)));
+    let (d, (pd, rings, sends)) = match made {
+        Ok(x) => x,
+        Err(e) => {
+            refuse(&e);
+            let _ = id.reject(&no_room);
+            return;
+        }
+    };
+    let mut rc = match rdma::RcQp::new(id, &pd, link_caps(engine)) {
+        Ok(rc) => rc,
+        Err((e, mut id)) => {
+            refuse(&e);
+            let _ = id.reject(&no_room);
+            return;
+        }
+    };
+    let caps = rc.caps();
+    let params = stream_params(engine, &caps, true);
+    let built = slabs(rings, sends).and_then(|s| {
+        rc.post_recvs(0, params.recv_credits)?;
+        rc.id_mut().migrate(&engine.ch)?;
+        let conn = Conn::on_link(&params, &hello, StreamId::CONTROL, StreamId::CONTROL)
+            .map_err(|_| rdma::Error::from_errno("link hello", libc::EPROTO))?;
+        Ok((s, conn))
+    });
+    let ((rings, sends, cr, cs), conn) = match built {
+        Ok(x) => x,
+        Err(e) => {
+            refuse(&e);
+            let _ = rc.reject(&no_room);
+            return;
+        }
+    };
+    let mr = rings.buf.mr();
+    let ours = params
+        .hello(
+            HelloKind::Accept,
+            mr.iova() + u64::from(cr.offset),
+            mr.rkey().unwrap_or(0),
+            hello.conn_id,
+        )
+        .to_bytes();
+    let (Some(local), Some(peer)) = (rc.id().local_addr(), rc.id().peer_addr()) else {
+        let _ = rc.reject(&no_room);
+        return;
+    };
+    // Registered before the accept: the client may OPEN as soon as it is established.
+    let Some(link) = build(
+        engine,
+        d,
+        rc,
+        conn,
+        &params,
+        (rings, sends),
+        (cr, cs),
+        token,
+        local,
+        local,
+        peer,
+        listener,
+    ) else {
+        return;
+    };
+    let mut st = link.lock();
+    let r = st.rc.accept(&ConnParam {
+        private_data: &ours[..Hello::LEN],
+        ..ConnParam::default()
+    });
+    drop(st);
+    match r {
+        Ok(()) => log::info!("rdma link {local} <- {peer}: up (qp {})", link.qpn),
+        Err(e) => {
+            log::warn!("rdma link from {peer}: accept: {e}");
+            link.fail("accept failed");
+        }
+    }
+}
+
+/// Connector: opens a stream to `dest` on `link` and waits for the answer.
+fn open_stream(
+    engine: &'static Engine,
+    link: &Arc<Link>,
+    dest: SocketAddr,
+    opts_fd: libc::c_int,
+    deadline: Instant,
+) -> Result<Arc<Stream>, Cause> {
+    let bell = fresh_bell()
+        .map_err(|e| Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0)))?;
+    let token = engine.token();
+    let conn_id = crate::sys::unix::random_u64();
+    let mine = {
+        let mut st = link.lock();
+        let params = stream_params(engine, &st.rc.caps(), false);
+        let slots = (
+            SlotBuf::take(link, &mut st, params.ring_size, true),
+            SlotBuf::take(link, &mut st, params.send_buf_size, false),
+        );
+        let (ring, send) = match slots {
+            (Some(r), Some(s)) => (r, s),
+            unused => {
+                drop(st);
+                drop(unused); // a slot goes back to the link, which takes its lock
+                return Err(Cause::from(Fallback::Resources));
+            }
+        };
+        let at = ring.ring_at_in(&st);
+        let mine = match st.mux.open(params, at, conn_id, dest) {
+            Ok(id) => id,
+            Err(_) => {
+                drop(st);
+                drop((ring, send));
+                return Err(Cause::from(Fallback::Resources));
+            }
+        };
+        let (mut ring, mut send) = (ring, send);
+        ring.id = Some(mine);
+        send.id = Some(mine);
+        st.opening.insert(
+            mine.get(),
+            Opening {
+                ring,
+                send,
+                opts_fd,
+                token,
+                conn_id,
+                bell,
+            },
+        );
+        link.pump(&mut st);
+        log::debug!(
+            "rdma link to {}: OPEN of stream {} to {dest}",
+            link.peer,
+            mine.get()
+        );
+        mine
+    };
+    // The answer comes through whoever polls the CQ: make sure someone does.
+    engine.ensure_helper();
+    let mut st = link.lock();
+    loop {
+        if let Some(r) = st.answers.remove(&mine.get()) {
+            return r;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            log::warn!(
+                "rdma link to {}: no answer to the OPEN of stream {} ({})",
+                link.peer,
+                mine.get(),
+                st.describe()
+            );
+            // Its answer, if it comes, finds no opening: the stream is closed then.
+            let opening = st.opening.remove(&mine.get());
+            drop(st);
+            drop(opening); // its slots go back to the link, which takes the lock
+            return Err(Cause::errno(Fallback::Timeout, libc::ETIMEDOUT));
+        }
+        drop(st);
+        crate::engine::get().map(|e| e.progress(&link.dev));
+        st = link.lock();
+        if st.answers.contains_key(&mine.get()) {
+            continue;
+        }
+        let wait = left.min(Duration::from_millis(1));
+        st = link
+            .answered
+            .wait_timeout(st, wait)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+}
+
+/// Connector, on the poller: our OPEN of `mine` was accepted, `conn` its connection: the
+/// stream is made here, before the link's next completion (the peer may write at once).
+pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn: Conn) {
+    let opening = link.lock().opening.remove(&mine.get());
+    log::debug!(
+        "rdma link to {}: stream {} accepted{}",
+        link.peer,
+        mine.get(),
+        if opening.is_some() {
+            ""
+        } else {
+            " after its connector gave up"
+        }
+    );
+    let Some(o) = opening else {
+        // The connector gave up: close what the peer opened.
+        let mut st = link.lock();
+        st.mux.close(mine);
+        link.pump(&mut st);
+        return;
+    };
+    let parts = Parts {
+        rc: StreamQp::Link(Box::new(Member::new(link.clone(), mine))),
+        proto: conn,
+        ring: StreamBuf::Slot(Box::new(o.ring)),
+        send: StreamBuf::Slot(Box::new(o.send)),
+        local: link.local,
+        peer: link.dest,
+        opts_fd: o.opts_fd,
+        token: o.token,
+        conn_id: o.conn_id,
+        bell: Some(o.bell),
+    };
+    let r = match Stream::new(parts, link.dev.clone(), engine.spin_max(), engine.owner) {
+        Ok(s) => {
+            link.lock().members.insert(mine.get(), Arc::downgrade(&s));
+            engine.register_member(&s);
+            Ok(s)
+        }
+        Err(e) => Err(Cause::errno(
+            Fallback::Resources,
+            e.raw_os_error().unwrap_or(0),
+        )),
+    };
+    link.lock().answers.insert(mine.get(), r);
+    link.answered.notify_all();
+}
+
+/// Acceptor, on the poller: the peer asks for a stream.
+pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
+    let refuse = |reason| {
+        log::debug!(
+            "rdma link from {}: OPEN of stream {} refused ({reason:?})",
+            link.peer,
+            open.opener.get()
+        );
+        let mut st = link.lock();
+        st.mux.refuse(open.opener, reason);
+        link.pump(&mut st);
+    };
+    let listener = lock(&engine.listeners).get(&link.listener).cloned();
+    // A listener other processes accept through hands its streams over (take-over): not
+    // yet for a link's stream, so its connects come through rdma_cm.
+    let listener = listener.filter(|l| open.dest.port() == link.dest.port() && !l.shared());
+    let Some(listener) = listener else {
+        return refuse(RefuseReason::NotMine);
+    };
+    if !listener.has_room_for_link_stream() {
+        return refuse(RefuseReason::BacklogFull);
+    }
+    let opts_fd = opts_socket(&link.peer);
+    let bell = match fresh_bell() {
+        Ok(b) if opts_fd >= 0 => b,
+        _ => {
+            crate::sys::raw::close(opts_fd);
+            return refuse(RefuseReason::NoResources);
+        }
+    };
+    // Slots go back to the link when they drop, which takes its lock: a slot not used is
+    // dropped only after the lock is let go.
+    let taken = {
+        let mut st = link.lock();
+        let params = stream_params(engine, &st.rc.caps(), false);
+        let slots = (
+            SlotBuf::take(link, &mut st, params.ring_size, true),
+            SlotBuf::take(link, &mut st, params.send_buf_size, false),
+        );
+        match slots {
+            (Some(ring), Some(send)) => {
+                let at = ring.ring_at_in(&st);
+                match st.mux.accept(&open, params, at) {
+                    Ok((mine, conn)) => Ok((ring, send, mine, conn)),
+                    // Refused by the mux (no id or no room in the queues).
+                    Err(_) => Err((Some(ring), Some(send))),
+                }
+            }
+            unused => {
+                st.mux.refuse(open.opener, RefuseReason::NoResources);
+                Err(unused)
+            }
+        }
+    };
+    let (mut ring, mut send, mine, conn) = match taken {
+        Ok(x) => x,
+        Err(unused) => {
+            drop(unused);
+            crate::sys::raw::close(opts_fd);
+            let mut st = link.lock();
+            link.pump(&mut st);
+            return;
+        }
+    };
+    ring.id = Some(mine);
+    send.id = Some(mine);
+    log::debug!(
+        "rdma link from {}: OPEN of stream {} to {} accepted as {}",
+        link.peer,
+        open.opener.get(),
+        open.dest,
+        mine.get()
+    );
+    let parts = Parts {
+        rc: StreamQp::Link(Box::new(Member::new(link.clone(), mine))),
+        proto: conn,
+        ring: StreamBuf::Slot(Box::new(ring)),
+        send: StreamBuf::Slot(Box::new(send)),
+        local: SocketAddr::new(link.local.ip(), open.dest.port()),
+        peer: link.peer,
+        opts_fd,
+        token: engine.token(),
+        conn_id: open.conn_id,
+        bell: Some(bell),
+    };
+    match Stream::new(parts, link.dev.clone(), engine.spin_max(), engine.owner) {
+        Ok(s) => {
+            link.lock().members.insert(mine.get(), Arc::downgrade(&s));
+            engine.register_member(&s);
+            listener.push_stream(s);
+        }
+        Err(e) => {
+            // The member closes the stream (its CLOSE follows the ACCEPT).
+            log::warn!("rdma link from {}: stream: {e}", link.peer);
+        }
+    }
+    let mut st = link.lock();
+    link.pump(&mut st);
+}
+
+/// Why a connect over a link did not happen, for a refused OPEN.
+pub(super) fn refused(reason: RefuseReason) -> Cause {
+    match reason {
+        RefuseReason::BacklogFull | RefuseReason::NoResources => Cause::from(Fallback::Resources),
+        _ => Cause::from(Fallback::Rejected),
+    }
+}
+
+/// ... and for an OPEN whose link failed before the answer.
+pub(super) fn refused_failed() -> Cause {
+    Cause::errno(Fallback::Unreachable, libc::ECONNRESET)
+}

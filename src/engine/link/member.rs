@@ -1,0 +1,165 @@
+//! A stream's end of a link: its writes go out on the link's queue pair tagged with its id,
+//! its receives are its share of the link's receive queue, and its ring and send buffer are
+//! slots of the link's slabs, given back (zeroed) when the stream and its id are done.
+
+use super::{Link, State};
+use crate::engine::stream::{LinkEnd, LinkSlot, QueuePair};
+use crate::proto;
+use crate::proto::link::imm::StreamId;
+use crate::proto::link::{tag, Slot, WR_STREAM_SHIFT};
+use crate::rdma::{self, RemoteBuf};
+use std::sync::Arc;
+
+/// The stream id bits of a link's work request id.
+const STREAM_BITS: u64 = 0x7fff << WR_STREAM_SHIFT;
+
+/// A stream's queue pair on a link.
+pub struct Member {
+    link: Arc<Link>,
+    id: StreamId,
+    closed: bool,
+}
+
+impl Member {
+    pub(super) fn new(link: Arc<Link>, id: StreamId) -> Member {
+        Member {
+            link,
+            id,
+            closed: false,
+        }
+    }
+
+    /// The stream a tagged work request id belongs to.
+    pub(super) fn stream_of(wr_id: u64) -> Option<u16> {
+        let id = ((wr_id & STREAM_BITS) >> WR_STREAM_SHIFT) as u16;
+        (id != 0).then_some(id)
+    }
+}
+
+impl LinkEnd for Member {
+    fn qp_num(&self) -> u32 {
+        self.link.qpn
+    }
+
+    fn post(&mut self, w: &proto::Write, slot_offset: u32) -> rdma::Result<()> {
+        // After its CLOSE nothing may name the stream (the peer would fail the link).
+        if self.closed {
+            return Err(rdma::Error::from_errno("ibv_post_send", libc::ENOTCONN));
+        }
+        let mut w = tag(self.id, *w);
+        w.local_offset += slot_offset;
+        let mut st = self.link.lock();
+        let buf = st.sends.buf.clone();
+        QueuePair::post(&mut st.rc, &w, &*buf)
+    }
+
+    fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {
+        if self.closed {
+            return Err(rdma::Error::from_errno("ibv_post_send", libc::ENOTCONN));
+        }
+        let tagged = wr_id | u64::from(self.id.get()) << WR_STREAM_SHIFT;
+        QueuePair::post_probe(&mut self.link.lock().rc, tagged, remote)
+    }
+
+    fn post_recvs(&mut self) -> rdma::Result<()> {
+        let mut st = self.link.lock();
+        let k = st.mux.receives_to_post();
+        st.rc.post_recvs(0, k)
+    }
+
+    fn close(&mut self) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
+        log::debug!(
+            "rdma link to {}: CLOSE of stream {}",
+            self.link.peer,
+            self.id.get()
+        );
+        let mut st = self.link.lock();
+        st.mux.close(self.id);
+        st.free_quarantined(&self.link.dev);
+        self.link.pump(&mut st);
+    }
+
+    fn is_drained(&self) -> bool {
+        self.link.is_failed() || !self.link.lock().mux.holds(self.id)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.close(); // the link forgets the stream once its id is free
+    }
+}
+
+/// A stream's ring or send buffer: a slot of one of its link's slabs.
+pub struct SlotBuf {
+    link: Arc<Link>,
+    pub(super) slot: Slot,
+    ptr: *mut u8,
+    ring: bool,
+    /// The stream it is for (0 until the stream has an id).
+    pub(super) id: Option<StreamId>,
+}
+
+// SAFETY: a view of registered memory the link keeps alive; shared views only through
+// &self (the stream's lock orders them).
+unsafe impl Send for SlotBuf {}
+// SAFETY: as above.
+unsafe impl Sync for SlotBuf {}
+
+impl SlotBuf {
+    /// Takes a slot of `len` bytes of the link's ring slab (`ring`) or send slab.
+    pub(super) fn take(link: &Arc<Link>, st: &mut State, len: u32, ring: bool) -> Option<SlotBuf> {
+        let slab = if ring { &mut st.rings } else { &mut st.sends };
+        let slot = slab.slots.alloc(len).ok()?;
+        // SAFETY: the slot lies inside the slab (the allocator's offsets).
+        let ptr = unsafe { slab.buf.as_ptr().add(slot.offset as usize) };
+        Some(SlotBuf {
+            link: link.clone(),
+            slot,
+            ptr,
+            ring,
+            id: None,
+        })
+    }
+
+    /// Where the peer writes into this ring: the slab's rkey and the slot's address
+    /// (`st`: its link's state, locked by the caller).
+    pub(super) fn ring_at_in(&self, st: &State) -> crate::proto::link::RingAt {
+        let mr = st.rings.buf.mr();
+        crate::proto::link::RingAt {
+            rkey: mr.rkey().unwrap_or(0),
+            addr: mr.iova() + u64::from(self.slot.offset),
+        }
+    }
+}
+
+impl LinkSlot for SlotBuf {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn size(&self) -> usize {
+        self.slot.len as usize
+    }
+
+    fn offset(&self) -> u32 {
+        self.slot.offset
+    }
+}
+
+impl Drop for SlotBuf {
+    fn drop(&mut self) {
+        let mut st = self.link.lock();
+        match self.id {
+            // The peer may still write into a ring, and the NIC read a send buffer, until
+            // the stream's id is free.
+            Some(id) if st.mux.holds(id) => {
+                st.quarantine.push((id, self.slot, self.ring));
+            }
+            _ => st.give_back(self.slot, self.ring),
+        }
+    }
+}

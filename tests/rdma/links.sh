@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Links (issue #24, RSOCK_LINKS=1 at both ends): connections between two processes as streams
+# of one shared queue pair, in the Soft-RoCE guest.
+#
+# links_churn: examples/scale_conns, 200 connections one after another, each closed after its
+#   first byte each way. Asserts: every one verified and on RDMA at both ends, each end set
+#   up one link and carried all 200 over it (the shim's counters: links.made, link_streams),
+#   no RC QP left once both are gone.
+# links_parallel: the same with 16 connecting threads, 400 connections: every one verified
+#   and on RDMA; those a full link cannot take go through rdma_cm (counted, not failed).
+# links_interleaved: examples/many_conns, 20 connections at once each echoing 1 MiB of its
+#   own pattern through 32 KiB link rings (many credit rounds per stream, all streams' data
+#   interleaved on one queue pair): every byte verified per stream, all 20 on RDMA, at most
+#   one link each way (two RC QPs on the device while they run: the sampler), nothing left.
+# links_old_peer: the server takes no links (RSOCK_LINKS=0, as an older rsock): the client's
+#   link request is refused, and its connections go through rdma_cm as before — every one
+#   on RDMA, no link made at either end.
+# links_peer_killed: connections open on a link, then the server is killed (SIGKILL): the
+#   client's connections end with an error promptly (not a hang), and a new server on the
+#   same port is reached over a new link.
+#
+#   cargo build --release --workspace --examples
+#   tests/rdma-vm/run.sh -- tests/rdma/links.sh [PATTERN]
+set -u
+# shellcheck source=../lib/rdma_suite.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/rdma_suite.sh"
+need python3 rdma pgrep
+PATTERN=${1:-}
+MUT=0
+A=$RDMA_VM_ADDR
+EX=$T_EXAMPLES
+T=300
+CTO=10000
+RUN_ID=$(date -u +%Y%m%dT%H%M%S)
+KEEP_DIR=$T_ROOT/.cache/rdma-matrix-logs/links-$RUN_ID
+[ -x "$EX/scale_conns" ] || { echo "missing $EX/scale_conns (cargo build --release --examples)" >&2; exit 2; }
+ulimit -n 65536 2>/dev/null || true
+LINKS=(RSOCK_LINKS=1)
+
+cli_json() { json_get "$CELL_DIR/cli.json" "$1"; }
+
+# churn N PAR: scale_conns with every connection closed after its first byte each way, both
+# ends on links; the client's JSON in cli.json.
+churn() {
+    local n=$1 par=$2 rc=0
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" "$EX/scale_conns" server "$A:$PORT" "$n"
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "$EX/scale_conns" client "$A:$PORT" "$n" \
+        --par "$par" --close-each 1
+    bg_wait cli || rc=$?
+    grep '^{' cli.out | tail -n1 > cli.json
+    echo "# client: $(cat cli.json)"
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    [ "$(cli_json 'j["verified"]')" = "$n" ] || fail "$(cli_json 'j["verified"]') of $n connections verified"
+    expect_status srv 0
+    soft expect_stats "$CELL_DIR/cli" cli -D N="$n" 'nproc==1' 'conns.rdma==N' 'conns.tcp==0'
+    soft expect_stats "$CELL_DIR/srv" srv -D N="$n" 'nproc==1' 'conns.rdma==N' 'conns.tcp==0'
+}
+
+cell_links_churn() {
+    churn 200 1
+    soft expect_stats "$CELL_DIR/cli" cli-links 'links.made==1' 'links.streams==200'
+    soft expect_stats "$CELL_DIR/srv" srv-links 'links.made==1' 'links.streams==200'
+    expect_qps_released 30
+}
+
+cell_links_parallel() {
+    churn 400 16
+    soft expect_stats "$CELL_DIR/cli" cli-links 'links.made>=1' 'links.streams>=1'
+    expect_qps_released 30
+}
+
+cell_links_interleaved() {
+    local n=20 bytes=$((1 << 20)) rc=0
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" "$EX/many_conns" server "$A:$PORT" $n $bytes
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "$EX/many_conns" client "$A:$PORT" $n $bytes 3000
+    # While all are open: one link, so two RC QPs (one each end), not 2 x 20.
+    local most=0 q
+    for _ in $(seq 1 20); do
+        q=$(rc_qps)
+        [ "$q" -gt "$most" ] && most=$q
+        bg_alive cli || break
+        sleep 0.2
+    done
+    bg_wait cli || rc=$?
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.out | paste -sd' ')"
+    grep -q "^ok $n connections" cli.out || fail "client: $(tail -n2 cli.out | paste -sd' ')"
+    expect_status srv 0
+    echo "# device: at most $most RC QPs with $n connections open"
+    [ "$most" -ge 2 ] && [ "$most" -le 2 ] || soft fail "$most RC QPs seen with $n connections open, want 2 (one link)"
+    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'nproc==1' 'conns.rdma==N' 'links.made==1' 'links.streams==N'
+    soft expect_stats "$CELL_DIR/srv" srv -D N=$n 'nproc==1' 'conns.rdma==N' 'links.made==1' 'links.streams==N'
+    expect_qps_released 30
+}
+
+cell_links_old_peer() {
+    local n=20 rc=0
+    bg srv $T shimmed "$CELL_DIR/srv" RSOCK_LINKS=0 "$EX/scale_conns" server "$A:$PORT" $n
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "$EX/scale_conns" client "$A:$PORT" $n \
+        --par 1 --close-each 1
+    bg_wait cli || rc=$?
+    grep '^{' cli.out | tail -n1 > cli.json
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    [ "$(cli_json 'j["verified"]')" = "$n" ] || fail "$(cli_json 'j["verified"]') of $n connections verified"
+    expect_status srv 0
+    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'conns.rdma==N' 'conns.tcp==0' 'links.made==0' 'links.streams==0'
+    soft expect_stats "$CELL_DIR/srv" srv -D N=$n 'conns.rdma==N' 'links.made==0'
+    grep -q 'the peer does not take links' "$CELL_DIR/cli.log" ||
+        soft fail "the client's log does not say why no link: $(grep -m2 'link' "$CELL_DIR/cli.log" | paste -sd'|')"
+    expect_qps_released 30
+}
+
+cell_links_peer_killed() {
+    local n=4 rc=0 t0
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" "$EX/many_conns" server "$A:$PORT" $n $((64 << 20))
+    wait_dual srv
+    # Four connections stream 64 MiB each; the server dies under them.
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "$EX/many_conns" client "$A:$PORT" $n $((64 << 20))
+    wait_cond 60 'rc_qps_left' || fail "no QP came up"
+    sleep 2
+    local spid
+    spid=$(pgrep -n -f "many_conns server $A:$PORT")
+    [ -n "$spid" ] || fail "no server process"
+    kill -9 "$spid"
+    t0=$SECONDS
+    bg_wait cli || rc=$?
+    echo "# client ended $((SECONDS - t0)) s after the kill, status $rc: $(tail -n1 cli.out)"
+    [ $rc -ne 0 ] || fail "the client reports success although its server was killed"
+    [ $((SECONDS - t0)) -le 30 ] || soft fail "the client took $((SECONDS - t0)) s to see its connections end"
+    grep -q 'its link failed' "$CELL_DIR/cli.log" ||
+        soft fail "the client's log does not say the link failed: $(grep -m3 -E 'link|WARN' "$CELL_DIR/cli.log" | paste -sd'|')"
+    # A new server on the same port: reached over a new link.
+    bg srv2 $T shimmed "$CELL_DIR/srv2" "${LINKS[@]}" "$EX/scale_conns" server "$A:$PORT" 10
+    wait_dual srv2
+    rc=0
+    bg cli2 $T shimmed "$CELL_DIR/cli2" "${LINKS[@]}" "$EX/scale_conns" client "$A:$PORT" 10 \
+        --par 1 --close-each 1
+    bg_wait cli2 || rc=$?
+    [ $rc -eq 0 ] || fail "the second client exited $rc: $(tail -c 300 cli2.err | paste -sd' ')"
+    expect_status srv2 0
+    soft expect_stats "$CELL_DIR/cli2" cli2 'conns.rdma==10' 'links.made==1' 'links.streams==10'
+    expect_qps_released 30
+}
+
+CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed)
+for c in "${CELLS[@]}"; do
+    selected "$c" && run_cell "$c"
+done
+t_summary
