@@ -6,7 +6,7 @@ use super::tags::{TAG_ASYNC, TAG_DEV};
 use super::{lock, Engine, Stream};
 use crate::rdma::{self, Device, Wc};
 use libc::c_int;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A device in use, with the lock that serialises polling its shared CQ (so each stream
@@ -26,6 +26,13 @@ pub struct Dev {
     /// `listen_lock` only.
     listening: AtomicBool,
     listen_lock: Mutex<()>,
+    /// Links on this device (engine/link.rs): an OPEN may come on one at any time, so
+    /// someone must hear its completions — a program thread waiting in the shim, or else
+    /// the helper (see [`Dev::link_up`]).
+    links: AtomicUsize,
+    /// When a program thread last polled this CQ (µs since [`since_start`]), kept while
+    /// there are links.
+    app_polled: AtomicU64,
     /// The helper's epoll fd and this device's tag there.
     epfd: c_int,
     tag: u64,
@@ -65,6 +72,64 @@ impl Dev {
         self.demand.fetch_sub(1, SeqCst);
     }
 
+    /// A link is up on this device. Its completions are heard by the program's own waits
+    /// while it waits in the shim (a blocked call or a hooked poll/epoll sleeps on the
+    /// channel; a spinning one polls), and by the helper only while it does not: the helper
+    /// would otherwise wake for every message the program handles itself (a 64 B round trip
+    /// on a link took 5x its time so, measured 2026-11-28). The helper stops listening at an
+    /// event it finds the program busy, and listens again once the program has not polled
+    /// for [`LINK_QUIET`] ([`Dev::listen_if_quiet`]): an OPEN to an idle process waits that
+    /// long at most.
+    pub(crate) fn link_up(&self) {
+        self.links.fetch_add(1, SeqCst);
+        self.demand_up();
+        self.demand_down(); // listening now; from here on as the program's waits allow
+    }
+
+    /// A link on this device is gone.
+    pub(crate) fn link_down(&self) {
+        self.links.fetch_sub(1, SeqCst);
+    }
+
+    /// A thread polls this device: stamped if it is a program thread and there are links
+    /// (a poll that finds the CQ busy counts too: whoever holds it hands the completions on).
+    fn program_polls(&self) {
+        if self.links.load(Relaxed) > 0 && !ON_HELPER.with(|h| h.get()) {
+            self.app_polled.store(since_start(), Relaxed);
+        }
+    }
+
+    /// Whether a program thread handles this device's completions now: asleep on its
+    /// channel, or polled it lately.
+    fn program_hears(&self) -> bool {
+        self.sleepers.load(SeqCst) > 0
+            || since_start().saturating_sub(self.app_polled.load(Relaxed))
+                < LINK_QUIET.as_micros() as u64
+    }
+
+    /// Whether the helper must come back soon to see if the program went quiet (a device
+    /// with links the helper does not listen to).
+    pub(super) fn deaf_to_links(&self) -> bool {
+        self.links.load(SeqCst) > 0 && !self.listening.load(SeqCst)
+    }
+
+    /// Helper: a device with links whose program went quiet is listened to again (armed,
+    /// then polled: a completion from before the arm raised no event). True if it was.
+    pub(super) fn listen_if_quiet(&self) -> bool {
+        if !self.deaf_to_links() || self.program_hears() {
+            return false;
+        }
+        let _g = lock(&self.listen_lock);
+        if self.listening.load(SeqCst) {
+            return false;
+        }
+        self.set_listening(true);
+        if let Err(e) = self.dev.arm() {
+            log::error!("arming the CQ failed: {e}");
+        }
+        true
+    }
+
     /// A program thread starts or stops sleeping on the completion channel.
     pub(crate) fn sleeping(&self, on: bool) {
         if on {
@@ -80,10 +145,15 @@ impl Dev {
         if self.demand.load(SeqCst) > 0 {
             return;
         }
+        // A link's completions need someone: the helper, unless the program hears them.
+        let links_need_us = || self.links.load(SeqCst) > 0 && !self.program_hears();
+        if links_need_us() {
+            return;
+        }
         let _g = lock(&self.listen_lock);
         // A demand_up that raced with us either made demand non-zero before this check or
         // takes the lock after us and turns listening back on.
-        if self.demand.load(SeqCst) == 0 && self.listening.load(SeqCst) {
+        if self.demand.load(SeqCst) == 0 && self.listening.load(SeqCst) && !links_need_us() {
             self.set_listening(false);
         }
     }
@@ -117,6 +187,29 @@ impl Dev {
 /// Completions taken from a CQ per poll.
 const POLL_BATCH: usize = 32;
 
+/// How long a device with links may go unpolled by the program before the helper listens
+/// to it again.
+pub(super) const LINK_QUIET: std::time::Duration = std::time::Duration::from_millis(2);
+
+thread_local! {
+    /// This thread is the helper (its polls are not the program's: `Dev::link_up`).
+    static ON_HELPER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Called by the helper thread as it starts.
+pub(super) fn this_thread_is_the_helper() {
+    ON_HELPER.with(|h| h.set(true));
+}
+
+/// µs since the first call (a monotonic clock for [`Dev`]'s poll stamps).
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_micros() as u64
+}
+
 impl Engine {
     /// The engine's entry for `dev`, watched by the helper from now on.
     pub(super) fn dev(&self, dev: &Arc<Device>) -> Result<Arc<Dev>, rdma::Error> {
@@ -133,6 +226,8 @@ impl Engine {
             sleepers: AtomicUsize::new(0),
             listening: AtomicBool::new(true),
             listen_lock: Mutex::new(()),
+            links: AtomicUsize::new(0),
+            app_polled: AtomicU64::new(0),
             epfd: self.epfd,
             tag,
             wake_fd: self.wake_fd,
@@ -151,6 +246,7 @@ impl Engine {
     /// Polls `d`'s CQ once and hands each completion to its stream. Returns how many; 0 also
     /// when another thread is polling it. Never call with a stream lock held.
     pub fn progress(&self, d: &Dev) -> usize {
+        d.program_polls();
         match d.poll.try_lock() {
             Ok(g) => self.poll_locked(d, g),
             Err(_) => 0,
@@ -270,7 +366,8 @@ impl Engine {
     /// one event, for every waiter on the device's CQ). Without this a second thread
     /// blocked on another stream slept through its completions (an epoll wait, forever).
     fn rearm_if_listened(&self, d: &Dev) {
-        if d.demand.load(SeqCst) > 0 || d.sleepers.load(SeqCst) > 0 {
+        let links_heard = d.links.load(SeqCst) > 0 && d.listening.load(SeqCst);
+        if d.demand.load(SeqCst) > 0 || d.sleepers.load(SeqCst) > 0 || links_heard {
             self.sleep_armed(d);
         }
     }
@@ -279,6 +376,7 @@ impl Engine {
     /// before the arm raises no event, so it must be picked up now. Call right before
     /// sleeping on the completion channel or on a doorbell the helper rings.
     pub(crate) fn sleep_armed(&self, d: &Dev) {
+        d.program_polls();
         if let Err(e) = d.dev.arm() {
             log::error!("arming the CQ failed: {e}");
         }

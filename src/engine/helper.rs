@@ -20,6 +20,7 @@ fn run(engine: &'static Engine) {
     let Some(_guard) = crate::guard::enter() else {
         return;
     };
+    super::device::this_thread_is_the_helper();
     // SAFETY: epoll_event is plain data.
     let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
     let mut next_tick = Instant::now();
@@ -33,6 +34,13 @@ fn run(engine: &'static Engine) {
             TICK_MS
         } else {
             1000
+        };
+        // A device with links the program hears: back soon to see whether it went quiet.
+        let devices = engine.devices();
+        let timeout = if devices.iter().any(|d| d.deaf_to_links()) {
+            timeout.min(super::device::LINK_QUIET.as_millis() as i32)
+        } else {
+            timeout
         };
         // SAFETY: valid epoll fd and buffer.
         let n = unsafe {
@@ -78,6 +86,11 @@ fn run(engine: &'static Engine) {
             // The safety net for polled streams (see `WATCHED`); a try: never waits for a
             // program thread that is polling.
             engine.progress_devices(false);
+        }
+        for d in &devices {
+            if d.listen_if_quiet() {
+                engine.progress_all(d); // what landed before the arm raised no event
+            }
         }
         draining = engine.tend_streams();
         engine.expire_callers();

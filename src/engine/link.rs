@@ -90,8 +90,10 @@ struct State {
     /// The streams open here, by our id.
     members: HashMap<u16, Weak<Stream>>,
     opening: HashMap<u16, Opening>,
-    /// Answers to OPENs, for their connectors.
-    answers: HashMap<u16, Result<Arc<Stream>, Cause>>,
+    /// Answers to OPENs, for their connectors, by the stream's `conn_id` (not its id: a
+    /// refused id is free at once, and the next OPEN may take it before the first
+    /// connector has looked).
+    answers: HashMap<u64, Result<Arc<Stream>, Cause>>,
     /// Slots of streams gone before their id was free (the peer may still write): given
     /// back when it is.
     quarantine: Vec<(StreamId, Slot, bool)>,
@@ -225,9 +227,9 @@ impl Link {
                 let mut st = self.lock();
                 // Its slots go back when it drops, which takes the lock: after it.
                 let opening = st.opening.remove(&mine.get());
-                if opening.is_some() {
+                if let Some(o) = &opening {
                     log::debug!("rdma link to {}: stream refused ({reason:?})", self.peer);
-                    st.answers.insert(mine.get(), Err(make::refused(reason)));
+                    st.answers.insert(o.conn_id, Err(make::refused(reason)));
                     self.answered.notify_all();
                 }
                 drop(st);
@@ -284,8 +286,8 @@ impl Link {
             let mut st = self.lock();
             let _ = st.rc.disconnect();
             let opening: Vec<(u16, Opening)> = st.opening.drain().collect();
-            for (id, _) in &opening {
-                st.answers.insert(*id, Err(make::refused_failed()));
+            for (_, o) in &opening {
+                st.answers.insert(o.conn_id, Err(make::refused_failed()));
             }
             self.answered.notify_all();
             let members = st
@@ -316,7 +318,7 @@ fn control_ring(slab: &RegBuf, r: Slot) -> &[u8] {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        self.dev.demand_down();
+        self.dev.link_down();
     }
 }
 

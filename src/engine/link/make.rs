@@ -281,8 +281,8 @@ fn build(
         failed: AtomicBool::new(false),
     });
     lock(&engine.links).insert(&link);
-    // An OPEN may come at any time: the helper hears the link's completions while it lives.
-    link.dev.demand_up();
+    // An OPEN may come at any time: someone hears the link's completions while it lives.
+    link.dev.link_up();
     crate::stats::count_link(false);
     engine.ensure_helper();
     Some(link)
@@ -454,7 +454,7 @@ fn open_stream(
     engine.ensure_helper();
     let mut st = link.lock();
     loop {
-        if let Some(r) = st.answers.remove(&mine.get()) {
+        if let Some(r) = st.answers.remove(&conn_id) {
             return r;
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -465,8 +465,17 @@ fn open_stream(
                 mine.get(),
                 st.describe()
             );
-            // Its answer, if it comes, finds no opening: the stream is closed then.
-            let opening = st.opening.remove(&mine.get());
+            // Its answer, if it comes, finds no opening: the stream is closed then. (Ours
+            // only: unanswered, the id is still ours.)
+            let ours = st
+                .opening
+                .get(&mine.get())
+                .is_some_and(|o| o.conn_id == conn_id);
+            let opening = if ours {
+                st.opening.remove(&mine.get())
+            } else {
+                None
+            };
             drop(st);
             drop(opening); // its slots go back to the link, which takes the lock
             return Err(Cause::errno(Fallback::Timeout, libc::ETIMEDOUT));
@@ -474,7 +483,7 @@ fn open_stream(
         drop(st);
         crate::engine::get().map(|e| e.progress(&link.dev));
         st = link.lock();
-        if st.answers.contains_key(&mine.get()) {
+        if st.answers.contains_key(&conn_id) {
             continue;
         }
         let wait = left.min(Duration::from_millis(1));
@@ -507,6 +516,7 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
         link.pump(&mut st);
         return;
     };
+    let conn_id = o.conn_id;
     let parts = Parts {
         rc: StreamQp::Link(Box::new(Member::new(link.clone(), mine))),
         proto: conn,
@@ -530,7 +540,7 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
             e.raw_os_error().unwrap_or(0),
         )),
     };
-    link.lock().answers.insert(mine.get(), r);
+    link.lock().answers.insert(conn_id, r);
     link.answered.notify_all();
 }
 
