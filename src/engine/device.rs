@@ -30,9 +30,13 @@ pub struct Dev {
     /// someone must hear its completions — a program thread waiting in the shim, or else
     /// the helper (see [`Dev::link_up`]).
     links: AtomicUsize,
-    /// When a program thread last polled this CQ (µs since [`since_start`]), kept while
-    /// there are links.
-    app_polled: AtomicU64,
+    /// Polls of this CQ by program threads, counted while there are links (a count, not a
+    /// clock: reading the time is a syscall where the clock has no vDSO path, such as the
+    /// test bed's guests, and a spinning waiter polls in a tight loop) ...
+    app_polls: AtomicU64,
+    /// ... and the count the helper saw when it last looked: unchanged since, the program
+    /// has been quiet for that long.
+    helper_saw: AtomicU64,
     /// The helper's epoll fd and this device's tag there.
     epfd: c_int,
     tag: u64,
@@ -78,8 +82,8 @@ impl Dev {
     /// would otherwise wake for every message the program handles itself (a 64 B round trip
     /// on a link took 5x its time so, measured 2026-11-28). The helper stops listening at an
     /// event it finds the program busy, and listens again once the program has not polled
-    /// for [`LINK_QUIET`] ([`Dev::listen_if_quiet`]): an OPEN to an idle process waits that
-    /// long at most.
+    /// between two of the helper's looks, [`LINK_QUIET`] apart at most
+    /// ([`Dev::listen_if_quiet`]): an OPEN to an idle process waits about that long at most.
     pub(crate) fn link_up(&self) {
         self.links.fetch_add(1, SeqCst);
         self.demand_up();
@@ -95,16 +99,16 @@ impl Dev {
     /// (a poll that finds the CQ busy counts too: whoever holds it hands the completions on).
     fn program_polls(&self) {
         if self.links.load(Relaxed) > 0 && !ON_HELPER.with(|h| h.get()) {
-            self.app_polled.store(since_start(), Relaxed);
+            self.app_polls.fetch_add(1, Relaxed);
         }
     }
 
-    /// Whether a program thread handles this device's completions now: asleep on its
-    /// channel, or polled it lately.
+    /// Helper only: whether a program thread handles this device's completions now: asleep
+    /// on its channel, or polled it since the helper last asked.
     fn program_hears(&self) -> bool {
-        self.sleepers.load(SeqCst) > 0
-            || since_start().saturating_sub(self.app_polled.load(Relaxed))
-                < LINK_QUIET.as_micros() as u64
+        let polls = self.app_polls.load(Relaxed);
+        let polled = self.helper_saw.swap(polls, Relaxed) != polls;
+        self.sleepers.load(SeqCst) > 0 || polled
     }
 
     /// Whether the helper must come back soon to see if the program went quiet (a device
@@ -145,15 +149,15 @@ impl Dev {
         if self.demand.load(SeqCst) > 0 {
             return;
         }
-        // A link's completions need someone: the helper, unless the program hears them.
-        let links_need_us = || self.links.load(SeqCst) > 0 && !self.program_hears();
-        if links_need_us() {
+        // A link's completions need someone: the helper, unless the program hears them
+        // (asked once: the answer is "since the last time it was asked").
+        if self.links.load(SeqCst) > 0 && !self.program_hears() {
             return;
         }
         let _g = lock(&self.listen_lock);
         // A demand_up that raced with us either made demand non-zero before this check or
         // takes the lock after us and turns listening back on.
-        if self.demand.load(SeqCst) == 0 && self.listening.load(SeqCst) && !links_need_us() {
+        if self.demand.load(SeqCst) == 0 && self.listening.load(SeqCst) {
             self.set_listening(false);
         }
     }
@@ -187,8 +191,8 @@ impl Dev {
 /// Completions taken from a CQ per poll.
 const POLL_BATCH: usize = 32;
 
-/// How long a device with links may go unpolled by the program before the helper listens
-/// to it again.
+/// How often the helper looks whether the program still polls a device with links it does
+/// not listen to (two looks with no poll between: it listens again).
 pub(super) const LINK_QUIET: std::time::Duration = std::time::Duration::from_millis(2);
 
 thread_local! {
@@ -199,15 +203,6 @@ thread_local! {
 /// Called by the helper thread as it starts.
 pub(super) fn this_thread_is_the_helper() {
     ON_HELPER.with(|h| h.set(true));
-}
-
-/// µs since the first call (a monotonic clock for [`Dev`]'s poll stamps).
-fn since_start() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_micros() as u64
 }
 
 impl Engine {
@@ -227,7 +222,8 @@ impl Engine {
             listening: AtomicBool::new(true),
             listen_lock: Mutex::new(()),
             links: AtomicUsize::new(0),
-            app_polled: AtomicU64::new(0),
+            app_polls: AtomicU64::new(0),
+            helper_saw: AtomicU64::new(0),
             epfd: self.epfd,
             tag,
             wake_fd: self.wake_fd,

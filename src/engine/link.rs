@@ -228,7 +228,7 @@ impl Link {
                 // Its slots go back when it drops, which takes the lock: after it.
                 let opening = st.opening.remove(&mine.get());
                 if let Some(o) = &opening {
-                    log::debug!("rdma link to {}: stream refused ({reason:?})", self.peer);
+                    log::info!("rdma link to {}: stream refused ({reason:?})", self.peer);
                     st.answers.insert(o.conn_id, Err(make::refused(reason)));
                     self.answered.notify_all();
                 }
@@ -326,8 +326,11 @@ impl State {
     /// The link's queues and stream 0's positions, for a log line.
     fn describe(&self) -> String {
         format!(
-            "streams {}, send queue room {}, receives posted {}, stream 0 {:?}, {} member(s)",
+            "streams {}, slots {} + {} bytes, {} quarantined, send queue room {}, receives posted {}, stream 0 {:?}, {} member(s)",
             self.mux.streams(),
+            self.rings.slots.allocated_bytes(),
+            self.sends.slots.allocated_bytes(),
+            self.quarantine.len(),
             self.rc.sq_room(),
             self.rc.rq_posted(),
             self.mux.control().counters(),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// Each slab: rings in one, send buffers in the other (only rings are the peer's to
 /// write).
-const SLAB: u32 = 1 << 20;
+const SLAB: u32 = 2 << 20;
 /// A link stream's ring and send buffer (they do not grow on a link).
 pub(super) const STREAM_BUF: u32 = 32 * 1024;
 /// Stream 0's ring and send buffer.
@@ -28,7 +28,7 @@ const CONTROL_BUF: u32 = 16 * 1024;
 const STREAM_RECVS: u32 = 16;
 const STREAM_SENDS: u32 = 16;
 /// Streams a link carries at most (the slabs hold as many, beside stream 0's slots).
-pub(super) const MAX_STREAMS: u16 = 30;
+pub(super) const MAX_STREAMS: u16 = 62;
 /// The link's queues: every stream's share, a probe's slot each, and stream 0's.
 const LINK_RQ: u32 = STREAM_RECVS * (MAX_STREAMS as u32 + 1);
 const LINK_SQ: u32 = (STREAM_SENDS + 1) * (MAX_STREAMS as u32 + 1);
@@ -400,8 +400,10 @@ fn open_stream(
     opts_fd: libc::c_int,
     deadline: Instant,
 ) -> Result<Arc<Stream>, Cause> {
-    let bell = fresh_bell()
-        .map_err(|e| Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0)))?;
+    let bell = fresh_bell().map_err(|e| {
+        log::info!("rdma link to {}: doorbell: {e}", link.peer);
+        Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
+    })?;
     let token = engine.token();
     let conn_id = crate::sys::unix::random_u64();
     let mine = {
@@ -414,6 +416,11 @@ fn open_stream(
         let (ring, send) = match slots {
             (Some(r), Some(s)) => (r, s),
             unused => {
+                log::info!(
+                    "rdma link to {}: no slot for a stream ({})",
+                    link.peer,
+                    st.describe()
+                );
                 drop(st);
                 drop(unused); // a slot goes back to the link, which takes its lock
                 return Err(Cause::from(Fallback::Resources));
@@ -422,7 +429,12 @@ fn open_stream(
         let at = ring.ring_at_in(&st);
         let mine = match st.mux.open(params, at, conn_id, dest) {
             Ok(id) => id,
-            Err(_) => {
+            Err(e) => {
+                log::info!(
+                    "rdma link to {}: no stream id ({e:?}; {})",
+                    link.peer,
+                    st.describe()
+                );
                 drop(st);
                 drop((ring, send));
                 return Err(Cause::from(Fallback::Resources));
@@ -535,10 +547,13 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
             engine.register_member(&s);
             Ok(s)
         }
-        Err(e) => Err(Cause::errno(
-            Fallback::Resources,
-            e.raw_os_error().unwrap_or(0),
-        )),
+        Err(e) => {
+            log::info!("rdma link to {}: stream {}: {e}", link.peer, mine.get());
+            Err(Cause::errno(
+                Fallback::Resources,
+                e.raw_os_error().unwrap_or(0),
+            ))
+        }
     };
     link.lock().answers.insert(conn_id, r);
     link.answered.notify_all();
