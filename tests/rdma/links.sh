@@ -5,8 +5,8 @@
 # links_churn: examples/scale_conns, 200 connections one after another, each closed after its
 #   first byte each way. Asserts: every one verified and on RDMA at both ends, each end set
 #   up one link and carried at least 195 of them over it (the shim's counters: links.made,
-#   link_streams; a few open with `resources` in about half the runs and go through rdma_cm
-#   instead — not yet explained, see DESIGN "Links"), no RC QP left once both are gone.
+#   link_streams; a few opened with `resources` and went through rdma_cm in about half the
+#   runs of a 30-stream link — see DESIGN "Links"), no RC QP left once both are gone.
 # links_parallel: the same with 16 connecting threads, 400 connections: every one verified
 #   and on RDMA; those a full link cannot take go through rdma_cm (counted, not failed).
 # links_interleaved: examples/many_conns, 20 connections at once each echoing 1 MiB of its
