@@ -60,6 +60,12 @@ impl Dev {
         if self.demand.fetch_add(1, SeqCst) > 0 && self.listening.load(SeqCst) {
             return;
         }
+        self.listen();
+    }
+
+    /// The helper listens to this device from now on (armed; woken once to poll what
+    /// landed before the arm).
+    fn listen(&self) {
         let _g = lock(&self.listen_lock);
         if !self.listening.load(SeqCst) {
             self.set_listening(true);
@@ -86,8 +92,7 @@ impl Dev {
     /// ([`Dev::listen_if_quiet`]): an OPEN to an idle process waits about that long at most.
     pub(crate) fn link_up(&self) {
         self.links.fetch_add(1, SeqCst);
-        self.demand_up();
-        self.demand_down(); // listening now; from here on as the program's waits allow
+        self.listen(); // from here on as the program's waits allow
     }
 
     /// A link on this device is gone.
@@ -117,21 +122,11 @@ impl Dev {
         self.links.load(SeqCst) > 0 && !self.listening.load(SeqCst)
     }
 
-    /// Helper: a device with links whose program went quiet is listened to again (armed,
-    /// then polled: a completion from before the arm raised no event). True if it was.
-    pub(super) fn listen_if_quiet(&self) -> bool {
-        if !self.deaf_to_links() || self.program_hears() {
-            return false;
+    /// Helper: a device with links whose program went quiet is listened to again.
+    pub(super) fn listen_if_quiet(&self) {
+        if self.deaf_to_links() && !self.program_hears() {
+            self.listen();
         }
-        let _g = lock(&self.listen_lock);
-        if self.listening.load(SeqCst) {
-            return false;
-        }
-        self.set_listening(true);
-        if let Err(e) = self.dev.arm() {
-            log::error!("arming the CQ failed: {e}");
-        }
-        true
     }
 
     /// A program thread starts or stops sleeping on the completion channel.

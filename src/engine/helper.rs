@@ -88,9 +88,7 @@ fn run(engine: &'static Engine) {
             engine.progress_devices(false);
         }
         for d in &devices {
-            if d.listen_if_quiet() {
-                engine.progress_all(d); // what landed before the arm raised no event
-            }
+            d.listen_if_quiet(); // its wake makes the next pass poll what landed before
         }
         draining = engine.tend_streams();
         engine.expire_callers();

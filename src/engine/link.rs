@@ -26,16 +26,13 @@ pub use member::{Member, SlotBuf};
 use super::stream::{QueuePair, PROBE_WR, PROTO_SIGNALED};
 use super::{lock, Dev, Engine, Stream};
 use crate::proto::link::imm::StreamId;
-use crate::proto::link::{LinkEvent, Mux, Slot, Slots};
+use crate::proto::link::{untag, LinkEvent, Mux, Slot, Slots, WR_DRIVER_BITS};
 use crate::rdma::{self, RegBuf, Wc};
 use crate::stats::Cause;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-
-/// wr_id bits the stream's driver uses (`engine/stream.rs`): a probe, a signaled write.
-const DRIVER_FLAGS: u64 = !((1 << 59) - 1);
 
 /// One link.
 pub struct Link {
@@ -163,19 +160,16 @@ impl Link {
                 r.map(|id| id.map(|id| id.get()))
             } else {
                 let wr_id = wc.wr_id();
-                if wr_id & PROBE_WR != 0 {
-                    Ok(Member::stream_of(wr_id))
-                } else if Member::stream_of(wr_id)
-                    .is_some_and(|id| StreamId::new(id).is_some_and(|id| !st.mux.holds(id)))
-                {
+                let tagged = wr_id & !WR_DRIVER_BITS;
+                match untag(tagged).0 {
                     // A stream gone since it posted (its id freed): ours, not the peer's.
-                    Ok(None)
-                } else if wr_id & PROTO_SIGNALED != 0 {
-                    st.mux
-                        .handle_send_complete(wr_id & !DRIVER_FLAGS)
-                        .map(|r| r.map(|(id, _)| id.get()))
-                } else {
-                    Ok(None) // the link's own marker
+                    Some(id) if !id.is_control() && !st.mux.holds(id) => Ok(None),
+                    Some(id) if !id.is_control() && wr_id & PROBE_WR != 0 => Ok(Some(id.get())),
+                    _ if wr_id & PROTO_SIGNALED != 0 => st
+                        .mux
+                        .handle_send_complete(tagged)
+                        .map(|r| r.map(|(id, _)| id.get())),
+                    _ => Ok(None), // the link's own marker
                 }
             };
             match routed {
@@ -208,7 +202,7 @@ impl Link {
                 Said::Event(ev) => self.on_event(engine, ev),
                 // The peer is done with the stream: one not finished here is reset.
                 Said::PeerClosed(s) => {
-                    self.lock().free_quarantined(&self.dev);
+                    self.lock().free_quarantined();
                     if let Some(s) = s {
                         s.on_peer_closed();
                     }
@@ -339,7 +333,7 @@ impl State {
     }
 
     /// Gives back quarantined slots whose stream's id is free now.
-    fn free_quarantined(&mut self, _dev: &Arc<Dev>) {
+    fn free_quarantined(&mut self) {
         let mut i = 0;
         while i < self.quarantine.len() {
             let (id, slot, ring) = self.quarantine[i];

@@ -35,6 +35,9 @@ mod streams;
 mod streams_tests;
 
 pub use control::{Control, ControlError, ControlEvent};
-pub use mux::{tag, untag, widen, LinkEvent, Mux, MuxError, RingAt, WR_STREAM_SHIFT};
+pub use mux::{
+    tag, untag, widen, LinkEvent, Mux, MuxError, RingAt, WR_DRIVER_BITS, WR_STREAM_BITS,
+    WR_STREAM_SHIFT,
+};
 pub use slots::{SlabId, Slot, Slots, SlotsError};
 pub use streams::{LinkError, NoId, Streams};

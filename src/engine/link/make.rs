@@ -66,6 +66,20 @@ fn stream_params(engine: &Engine, caps: &QpCaps, control: bool) -> Params {
     }
 }
 
+/// A new stream's params and its ring and send buffer, if the slabs have room. A slot
+/// goes back to the link when it drops, which takes the link's lock: the caller drops an
+/// unused one only after letting go of `st`.
+fn stream_slots(
+    engine: &Engine,
+    link: &Arc<Link>,
+    st: &mut State,
+) -> (Params, (Option<SlotBuf>, Option<SlotBuf>)) {
+    let params = stream_params(engine, &st.rc.caps(), false);
+    let ring = SlotBuf::take(link, st, params.ring_size, true);
+    let send = SlotBuf::take(link, st, params.send_buf_size, false);
+    (params, (ring, send))
+}
+
 /// What a connect over a link came to.
 pub enum Outcome {
     /// The stream, on a link.
@@ -408,11 +422,7 @@ fn open_stream(
     let conn_id = crate::sys::unix::random_u64();
     let mine = {
         let mut st = link.lock();
-        let params = stream_params(engine, &st.rc.caps(), false);
-        let slots = (
-            SlotBuf::take(link, &mut st, params.ring_size, true),
-            SlotBuf::take(link, &mut st, params.send_buf_size, false),
-        );
+        let (params, slots) = stream_slots(engine, link, &mut st);
         let (ring, send) = match slots {
             (Some(r), Some(s)) => (r, s),
             unused => {
@@ -493,7 +503,7 @@ fn open_stream(
             return Err(Cause::errno(Fallback::Timeout, libc::ETIMEDOUT));
         }
         drop(st);
-        crate::engine::get().map(|e| e.progress(&link.dev));
+        engine.progress(&link.dev);
         st = link.lock();
         if st.answers.contains_key(&conn_id) {
             continue;
@@ -589,15 +599,9 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
             return refuse(RefuseReason::NoResources);
         }
     };
-    // Slots go back to the link when they drop, which takes its lock: a slot not used is
-    // dropped only after the lock is let go.
     let taken = {
         let mut st = link.lock();
-        let params = stream_params(engine, &st.rc.caps(), false);
-        let slots = (
-            SlotBuf::take(link, &mut st, params.ring_size, true),
-            SlotBuf::take(link, &mut st, params.send_buf_size, false),
-        );
+        let (params, slots) = stream_slots(engine, link, &mut st);
         match slots {
             (Some(ring), Some(send)) => {
                 let at = ring.ring_at_in(&st);

@@ -10,9 +10,6 @@ use crate::proto::link::{tag, Slot, WR_STREAM_SHIFT};
 use crate::rdma::{self, RemoteBuf};
 use std::sync::Arc;
 
-/// The stream id bits of a link's work request id.
-const STREAM_BITS: u64 = 0x7fff << WR_STREAM_SHIFT;
-
 /// A stream's queue pair on a link.
 pub struct Member {
     link: Arc<Link>,
@@ -27,12 +24,6 @@ impl Member {
             id,
             closed: false,
         }
-    }
-
-    /// The stream a tagged work request id belongs to.
-    pub(super) fn stream_of(wr_id: u64) -> Option<u16> {
-        let id = ((wr_id & STREAM_BITS) >> WR_STREAM_SHIFT) as u16;
-        (id != 0).then_some(id)
     }
 }
 
@@ -78,7 +69,7 @@ impl LinkEnd for Member {
         );
         let mut st = self.link.lock();
         st.mux.close(self.id);
-        st.free_quarantined(&self.link.dev);
+        st.free_quarantined();
         self.link.pump(&mut st);
     }
 

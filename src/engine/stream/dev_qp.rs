@@ -4,7 +4,7 @@
 //! [`LinkSlot`].
 
 use super::{QueuePair, Region};
-use crate::proto::{self, link::WR_STREAM_SHIFT};
+use crate::proto::{self, link::WR_STREAM_BITS};
 use crate::rdma::{self, RegBuf, RemoteBuf, Wc};
 use std::ops::Range;
 
@@ -163,7 +163,7 @@ impl QueuePair for StreamQp {
         match self {
             StreamQp::Own(_) => wr_id,
             // A link tags it with the stream's id (proto/link/mux.rs).
-            StreamQp::Link(_) => wr_id & !(0x7fff << WR_STREAM_SHIFT),
+            StreamQp::Link(_) => wr_id & !WR_STREAM_BITS,
         }
     }
 

@@ -32,6 +32,10 @@ use std::net::SocketAddr;
 pub const WR_STREAM_SHIFT: u32 = 44;
 const WR_MASK: u64 = (1 << WR_STREAM_SHIFT) - 1;
 const WR_STREAM_MASK: u64 = 0x7fff;
+/// The stream id's bits of a work request id.
+pub const WR_STREAM_BITS: u64 = WR_STREAM_MASK << WR_STREAM_SHIFT;
+/// The driver's bits of a work request id (above the stream id's).
+pub const WR_DRIVER_BITS: u64 = !(WR_MASK | WR_STREAM_BITS);
 
 /// Where a stream's receive ring lies, as the peer addresses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
