@@ -27,12 +27,13 @@ impl NegCache {
         NegCache::default()
     }
 
-    /// How `dest` failed RDMA, if it did less than its time-to-live ago.
-    pub fn failure(&self, dest: &SocketAddr, now: Instant) -> Option<Detail> {
+    /// How `dest` failed RDMA, if it did less than its time-to-live ago. `now` is read only
+    /// if `dest` is in the cache (the clock can be a syscall).
+    pub fn failure(&self, dest: &SocketAddr, now: impl FnOnce() -> Instant) -> Option<Detail> {
         let dest = &crate::addr::v4_of(*dest);
         let mut map = self.until.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(dest) {
-            Some(&(t, why)) if t > now => Some(why),
+            Some(&(t, why)) if t > now() => Some(why),
             Some(_) => {
                 map.remove(dest);
                 None
@@ -86,7 +87,7 @@ mod tests {
 
     impl NegCache {
         fn contains(&self, dest: &SocketAddr, now: Instant) -> bool {
-            self.failure(dest, now).is_some()
+            self.failure(dest, || now).is_some()
         }
     }
 
@@ -116,9 +117,9 @@ mod tests {
             event: None,
         };
         c.insert(a("10.0.0.1:80"), t0, Duration::from_secs(1), why);
-        assert_eq!(c.failure(&a("10.0.0.1:80"), t0), Some(why));
+        assert_eq!(c.failure(&a("10.0.0.1:80"), || t0), Some(why));
         assert_eq!(
-            c.failure(&a("10.0.0.1:80"), t0 + Duration::from_secs(1)),
+            c.failure(&a("10.0.0.1:80"), || t0 + Duration::from_secs(1)),
             None
         );
     }

@@ -12,7 +12,7 @@ use crate::fdtable;
 use crate::guard;
 use crate::init;
 use crate::rules::{Action, Role};
-use crate::socket::{Attachment, Pending, SocketState};
+use crate::socket::{Attachment, Known, Pending, SocketState};
 use crate::stats::{Cause, Fallback, Path};
 use crate::sys::fcntl::{dup_hidden, fd_flags};
 use crate::sys::raw::{errno, set_errno};
@@ -36,7 +36,14 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
         if let Some(_g) = guard::enter() {
             keep_errno(|| {
                 if init::enabled() {
-                    track(fd, |_| {});
+                    let family = if domain == libc::AF_INET {
+                        Known::INET4
+                    } else {
+                        Known::INET6
+                    };
+                    track(fd, |s| {
+                        s.set_known(family | Known::UNBOUND | Known::DEFAULT_OPTS)
+                    });
                     crate::stats::touch(); // the process shows in `rsock stat` from now on
                 }
             });
@@ -85,13 +92,17 @@ fn connect_rdma(
 ) -> Result<(), Cause> {
     // A connect the kernel refuses (the wrong family, or a v6-only socket to an IPv4-mapped
     // address) is the kernel's to answer, with its errno.
-    if !saddr::family_of(fd).is_some_and(|(v6, only)| crate::addr::connect_allowed(v6, only, dest))
-    {
+    let known = s.known();
+    let family = if known.has(Known::INET4) {
+        Some((false, false))
+    } else {
+        saddr::family_of(fd)
+    };
+    if !family.is_some_and(|(v6, only)| crate::addr::connect_allowed(v6, only, dest)) {
         return Err(Fallback::Unsupported.into());
     }
     let engine = engine::for_new().ok_or_else(no_engine_reason)?;
-    let now = Instant::now();
-    if let Some(first) = engine.negcache.failure(&dest, now) {
+    if let Some(first) = engine.negcache.failure(&dest, Instant::now) {
         return Err(Cause::new(Fallback::NegativeCache, first));
     }
     // A private copy of the program's socket: it keeps the socket's options.
@@ -99,14 +110,18 @@ fn connect_rdma(
     if opts_fd < 0 {
         return Err(Cause::errno(Fallback::Resources, errno()));
     }
-    let stream = match engine.connect(dest, opts_fd, sizes) {
+    let opts = engine::OptsSocket {
+        fd: opts_fd,
+        unbound: known.has(Known::UNBOUND),
+        default_opts: known.has(Known::DEFAULT_OPTS),
+    };
+    let stream = match engine.connect(dest, opts, sizes) {
         Ok(st) => st,
         Err(why) => {
             crate::sys::raw::close(opts_fd);
             if why.reason != Some(Fallback::Resources) {
-                engine
-                    .negcache
-                    .insert(dest, now, engine.neg_ttl(), why.detail);
+                let (now, ttl) = (Instant::now(), engine.neg_ttl());
+                engine.negcache.insert(dest, now, ttl, why.detail);
             }
             return Err(why);
         }
@@ -250,9 +265,12 @@ unsafe fn connect_again(
 }
 
 pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if fdtable::get(fd).is_some_and(|s| s.attachment().is_some()) {
-        set_errno(libc::EINVAL); // already connected or listening
-        return -1;
+    if let Some(s) = fdtable::get(fd) {
+        if s.attachment().is_some() {
+            set_errno(libc::EINVAL); // already connected or listening
+            return -1;
+        }
+        s.forget_known(Known::UNBOUND);
     }
     real::bind(fd, addr, len)
 }

@@ -11,7 +11,7 @@
 use super::ownership::share;
 use crate::engine::Stream;
 use crate::fdtable;
-use crate::socket::Attachment;
+use crate::socket::{Attachment, Known};
 use crate::sys::raw::set_errno;
 use crate::sys::real;
 use crate::sys::sockaddr as saddr;
@@ -84,32 +84,40 @@ pub unsafe fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     let Some(a) = viewed(fd) else {
-        return real::setsockopt(fd, level, name, val, len);
+        let r = real::setsockopt(fd, level, name, val, len);
+        if r == 0 && mirrored(level, name) {
+            // Before connect: the stream it becomes must read its options.
+            if let Some(s) = fdtable::get(fd) {
+                s.forget_known(Known::DEFAULT_OPTS);
+            }
+        }
+        return r;
     };
     let r = real::setsockopt(opts_fd(&a), level, name, val, len);
+    // Only the owner's copy is ever locked (a fork child's may have been locked by a
+    // parent thread at the fork); a child's option reaches the shared options socket.
     if let (0, Attachment::Stream(s)) = (r, &a) {
-        let mirrored = match level {
-            libc::SOL_SOCKET => matches!(
-                name,
-                libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_KEEPALIVE
-            ),
-            libc::IPPROTO_TCP => matches!(
-                name,
-                libc::TCP_KEEPIDLE
-                    | libc::TCP_KEEPINTVL
-                    | libc::TCP_KEEPCNT
-                    | libc::TCP_USER_TIMEOUT
-            ),
-            _ => false,
-        };
-        // Only the owner's copy is ever locked (a fork child's may have been locked by a
-        // parent thread at the fork); a child's option reaches the shared options socket.
-        if mirrored && s.owner().is_me() {
+        if mirrored(level, name) && s.owner().is_me() {
             let _g = crate::guard::enter();
-            s.load_options();
+            s.option_set(level, name);
         }
     }
     r
+}
+
+/// The options a stream follows itself (engine/stream/options.rs).
+fn mirrored(level: c_int, name: c_int) -> bool {
+    match level {
+        libc::SOL_SOCKET => matches!(
+            name,
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | libc::SO_KEEPALIVE | libc::SO_LINGER
+        ),
+        libc::IPPROTO_TCP => matches!(
+            name,
+            libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT | libc::TCP_USER_TIMEOUT
+        ),
+        _ => false,
+    }
 }
 
 #[inline]

@@ -90,26 +90,6 @@ impl Drop for Call<'_> {
     }
 }
 
-/// Whether the program set `SO_LINGER` on with a zero timeout (close means reset).
-fn linger_zero(opts_fd: c_int) -> bool {
-    let mut l = libc::linger {
-        l_onoff: 0,
-        l_linger: 0,
-    };
-    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
-    // SAFETY: valid out-buffer of len bytes.
-    let r = unsafe {
-        crate::sys::real::getsockopt(
-            opts_fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&mut l as *mut libc::linger).cast(),
-            &mut len,
-        )
-    };
-    r == 0 && l.l_onoff != 0 && l.l_linger == 0
-}
-
 impl Engine {
     /// The owner's program has no fd of `s` any more: finish it if no other process holds it
     /// either, else watch for the last holder to go (helper: `on_hold_event`, and its pass
@@ -137,11 +117,13 @@ impl Engine {
         if s.advance(Event::Close).is_none() {
             return; // closing already, or handed over
         }
-        self.unwatch(s.bell().shim_fd());
+        if s.hold_watched.load(Acquire) {
+            self.unwatch(s.bell().shim_fd());
+        }
         for fd in s.relay_fds() {
             self.unwatch(fd);
         }
-        s.app_closed(linger_zero(s.opts_fd));
+        s.app_closed(s.resets_on_close());
         self.retire(s.clone());
     }
 

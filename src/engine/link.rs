@@ -16,6 +16,7 @@
 //! link); never the other way round: the driver lets go of the link before it hands a
 //! completion to a stream.
 
+mod answer;
 mod make;
 mod member;
 
@@ -32,7 +33,7 @@ use crate::stats::Cause;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// One link.
 pub struct Link {
@@ -48,8 +49,6 @@ pub struct Link {
     /// An accepted link's listener (its OPENs are for it), 0 for a connector's.
     listener: u64,
     st: Mutex<State>,
-    /// A connector waits here for the answer to its OPEN.
-    answered: Condvar,
     failed: AtomicBool,
 }
 
@@ -70,7 +69,7 @@ struct Slab {
 struct Opening {
     ring: SlotBuf,
     send: SlotBuf,
-    opts_fd: libc::c_int,
+    opts: crate::engine::OptsSocket,
     token: u64,
     conn_id: u64,
     bell: (crate::readiness::Doorbell, crate::proto::Readiness),
@@ -91,6 +90,9 @@ struct State {
     /// refused id is free at once, and the next OPEN may take it before the first
     /// connector has looked).
     answers: HashMap<u64, Result<Arc<Stream>, Cause>>,
+    /// Connectors asleep on the device's completion channel, by `conn_id`, with the eventfd
+    /// that wakes them when another thread handled their answer.
+    sleepers: HashMap<u64, libc::c_int>,
     /// Slots of streams gone before their id was free (the peer may still write): given
     /// back when it is.
     quarantine: Vec<(StreamId, Slot, bool)>,
@@ -223,8 +225,7 @@ impl Link {
                 let opening = st.opening.remove(&mine.get());
                 if let Some(o) = &opening {
                     log::info!("rdma link to {}: stream refused ({reason:?})", self.peer);
-                    st.answers.insert(o.conn_id, Err(make::refused(reason)));
-                    self.answered.notify_all();
+                    st.answer(o.conn_id, Err(make::refused(reason)));
                 }
                 drop(st);
                 drop(opening);
@@ -281,9 +282,8 @@ impl Link {
             let _ = st.rc.disconnect();
             let opening: Vec<(u16, Opening)> = st.opening.drain().collect();
             for (_, o) in &opening {
-                st.answers.insert(o.conn_id, Err(make::refused_failed()));
+                st.answer(o.conn_id, Err(make::refused_failed()));
             }
-            self.answered.notify_all();
             let members = st
                 .members
                 .values()
@@ -317,6 +317,14 @@ impl Drop for Link {
 }
 
 impl State {
+    /// The answer to the OPEN of connector `conn_id`, woken if it sleeps.
+    fn answer(&mut self, conn_id: u64, r: Result<Arc<Stream>, Cause>) {
+        self.answers.insert(conn_id, r);
+        if let Some(&fd) = self.sleepers.get(&conn_id) {
+            crate::sys::raw::eventfd_add(fd);
+        }
+    }
+
     /// The link's queues and stream 0's positions, for a log line.
     fn describe(&self) -> String {
         format!(

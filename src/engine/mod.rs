@@ -57,7 +57,7 @@ pub use exit::{drain_at_exit, drain_at_exit_from_any_context};
 pub use holders::{listener_detached, stream_detached, Call};
 pub use listener::{Accepted, Listener, RdmaListen};
 pub use registry::active;
-pub use setup::{opts_socket, BufSizes};
+pub use setup::{opts_socket, BufSizes, OptsSocket};
 pub use singleton::{after_fork_child, before_fork, existing, for_new, get, is_owner_process};
 pub use stream::Stream;
 pub use takeover::{take_over, Inherited, TakeError};
@@ -120,17 +120,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Engine {
     /// Connects to `dest` over RDMA (blocking, bounded by `RSOCK_CONNECT_TIMEOUT_MS`).
-    /// `opts_fd` is a copy of the program's socket, kept for its options.
+    /// `opts` is a copy of the program's socket, kept for its options.
     pub fn connect(
         &'static self,
         dest: std::net::SocketAddr,
-        opts_fd: c_int,
+        opts: OptsSocket,
         sizes: BufSizes,
     ) -> Result<Arc<Stream>, crate::stats::Cause> {
-        match link::connect(self, dest, opts_fd) {
+        match link::connect(self, dest, opts) {
             link::Outcome::Stream(s) => Ok(s),
             link::Outcome::Fail(cause) => Err(cause),
-            link::Outcome::NotHere => setup::connect(self, dest, opts_fd, sizes),
+            link::Outcome::NotHere => setup::connect(self, dest, opts, sizes),
         }
     }
 

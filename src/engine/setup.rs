@@ -38,6 +38,28 @@ pub(super) struct Memory {
     pub cfg: proto::Params,
 }
 
+/// The copy of the program's socket a connect keeps for its options, and what the shim
+/// knows of the socket without asking the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct OptsSocket {
+    pub fd: libc::c_int,
+    /// The program did not bind it.
+    pub unbound: bool,
+    /// It holds the system's defaults for every option a stream mirrors.
+    pub default_opts: bool,
+}
+
+impl OptsSocket {
+    /// The address the program bound the socket to, if any.
+    pub(super) fn bound(&self) -> Option<SocketAddr> {
+        if self.unbound {
+            None
+        } else {
+            bound_addr(self.fd)
+        }
+    }
+}
+
 /// A connection's buffer sizes in bytes (`RSOCK_RING_SIZE`/`RSOCK_SEND_BUF`, or a rule's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufSizes {
@@ -176,11 +198,11 @@ pub fn opts_socket(peer: &SocketAddr) -> libc::c_int {
 }
 
 /// Connects to `dest` over RDMA within the configured time, or says why not.
-/// `opts_fd` is the program's original socket (kept for its options).
+/// `opts` is a copy of the program's socket (kept for its options).
 pub(super) fn connect(
     engine: &'static Engine,
     dest: SocketAddr,
-    opts_fd: libc::c_int,
+    opts: OptsSocket,
     sizes: BufSizes,
 ) -> Result<Arc<Stream>, Cause> {
     let mut steps = Steps::start();
@@ -192,7 +214,7 @@ pub(super) fn connect(
         cause_of(&e)
     };
     // A socket the program bound first keeps its local address (and port, if it chose one).
-    let src = bound_addr(opts_fd);
+    let src = opts.bound();
     let (id, dev) = rdma::resolve(src, dest, token, timeout).map_err(fail)?;
     steps.mark("resolve");
     let d = engine.dev(&dev).map_err(fail)?;
@@ -249,7 +271,8 @@ pub(super) fn connect(
         send: StreamBuf::Own(m.send),
         local,
         peer: dest,
-        opts_fd,
+        opts_fd: opts.fd,
+        opts_default: opts.default_opts,
         token,
         conn_id,
         bell: Some(bell),
@@ -431,6 +454,7 @@ pub(super) fn accept_request(
         local,
         peer: peer_addr,
         opts_fd,
+        opts_default: true, // made here; the listener's options come after
         token,
         conn_id,
         bell: Some(bell),

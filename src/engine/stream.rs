@@ -118,6 +118,9 @@ pub struct Stream<P: Port = Dev> {
     calls: AtomicU32,
     /// Keepalive or a user timeout is on: the helper ticks it (counted in [`TIMED`]).
     timed: AtomicBool,
+    /// The program set `SO_LINGER` on with a zero timeout: close resets (see
+    /// `resets_on_close`).
+    linger_zero: AtomicBool,
     /// Someone may look at the doorbell's A outside the shim's own data calls (the program
     /// polled it or put it in an epoll set, or another process holds it): readiness moves it
     /// on every change. Until then only a thread sleeping in [`wait`](Self::wait) needs it.
@@ -189,6 +192,9 @@ pub(super) struct Parts<P: Port = Dev> {
     pub local: SocketAddr,
     pub peer: SocketAddr,
     pub opts_fd: c_int,
+    /// `opts_fd` holds the system's defaults for every option the stream mirrors (a socket
+    /// the shim made, or a program's socket that set none of them): nothing to read.
+    pub opts_default: bool,
     pub token: u64,
     pub conn_id: u64,
     /// A taker's doorbell (the handed-over B and its own copy of A) and what that A shows;
@@ -232,6 +238,7 @@ impl<P: Port> Stream<P> {
         spin: Duration,
         owner: Owner,
     ) -> std::io::Result<Arc<Stream<P>>> {
+        let opts_default = p.opts_default;
         let (bell, shown) = match p.bell {
             Some(b) => b,
             None => fresh_bell()?,
@@ -293,11 +300,14 @@ impl<P: Port> Stream<P> {
             opts_closed: AtomicBool::new(false),
             calls: AtomicU32::new(0),
             timed: AtomicBool::new(false),
+            linger_zero: AtomicBool::new(false),
             hold_watched: AtomicBool::new(false),
             watched: AtomicBool::new(false),
             shared: AtomicBool::new(false),
         });
-        s.load_options();
+        if !opts_default {
+            s.load_options();
+        }
         s.with(|inner| s.pump(inner));
         Ok(s)
     }

@@ -248,6 +248,7 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
         local: st.local,
         peer: st.peer,
         opts_fd,
+        opts_default: false, // the program's socket, which may hold its settings
         token: st.token,
         conn_id,
         bell: Some((Doorbell::from_fds(app, bfd), shown)),

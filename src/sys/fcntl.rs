@@ -128,5 +128,8 @@ pub fn dup_lowest(fd: c_int, cloexec: bool) -> c_int {
 
 /// A private copy of `fd` (close-on-exec, out of the program's way), or -1.
 pub fn dup_hidden(fd: c_int) -> c_int {
-    raw::hide(dup_lowest(fd, true))
+    match raw::dup_high(fd) {
+        n if n >= 0 => n,
+        _ => dup_lowest(fd, true), // no high number free
+    }
 }

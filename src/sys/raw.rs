@@ -5,6 +5,7 @@
 //! shim does not hook (`openat`, `fstat`, `mmap`, ...) go through libc directly.
 
 use libc::{c_int, c_long};
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 
 /// The calling thread's errno.
 #[inline]
@@ -121,8 +122,14 @@ pub fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> c_int {
 
 /// Lowest fd number for the shim's own long-lived fds: near the top of the soft
 /// `RLIMIT_NOFILE`, so they never take the numbers a program expects `open`/`socket` to
-/// return next (programs may rely on getting the lowest free number).
-fn hidden_fd_base() -> c_int {
+/// return next (programs may rely on getting the lowest free number). Read once (a syscall
+/// per fd otherwise); a dup that finds it past a lowered limit reads it again.
+fn hidden_fd_base(fresh: bool) -> c_int {
+    static BASE: AtomicI32 = AtomicI32::new(0);
+    let cached = BASE.load(Relaxed);
+    if cached > 0 && !fresh {
+        return cached;
+    }
     let mut r = libc::rlimit {
         rlim_cur: 1024,
         rlim_max: 1024,
@@ -130,7 +137,9 @@ fn hidden_fd_base() -> c_int {
     // SAFETY: valid out-pointer.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
     let cur = r.rlim_cur.min(1 << 20) as c_int;
-    (cur - 96).max(cur / 2).max(3)
+    let base = (cur - 96).max(cur / 2).max(3);
+    BASE.store(base, Relaxed);
+    base
 }
 
 /// Moves a shim-internal `fd` to a high number (close-on-exec) and returns the new number;
@@ -152,16 +161,24 @@ pub fn hide(fd: c_int) -> c_int {
 }
 
 /// A close-on-exec copy of `fd` at a high number, or -1.
-fn dup_high(fd: c_int) -> c_int {
-    // SAFETY: F_DUPFD_CLOEXEC on an fd of the shim's, straight to the kernel (fcntl is hooked).
-    unsafe {
-        libc::syscall(
-            libc::SYS_fcntl,
-            fd as c_long,
-            libc::F_DUPFD_CLOEXEC as c_long,
-            hidden_fd_base() as c_long,
-        ) as c_int
+pub fn dup_high(fd: c_int) -> c_int {
+    let dup = |base: c_int| {
+        // SAFETY: F_DUPFD_CLOEXEC on an fd of the shim's, straight to the kernel (fcntl is
+        // hooked).
+        unsafe {
+            libc::syscall(
+                libc::SYS_fcntl,
+                fd as c_long,
+                libc::F_DUPFD_CLOEXEC as c_long,
+                base as c_long,
+            ) as c_int
+        }
+    };
+    let n = dup(hidden_fd_base(false));
+    if n < 0 && errno() == libc::EINVAL {
+        return dup(hidden_fd_base(true)); // the program lowered its limit
     }
+    n
 }
 
 /// Moves an fd that a library opened for the shim, and reads from `field` on every use (an
@@ -176,7 +193,7 @@ fn dup_high(fd: c_int) -> c_int {
 pub unsafe fn rehome(field: *mut c_int) {
     // SAFETY: valid per the contract.
     let old = unsafe { field.read_volatile() };
-    if old < 0 || old >= hidden_fd_base() {
+    if old < 0 || old >= hidden_fd_base(false) {
         return;
     }
     let saved = errno();

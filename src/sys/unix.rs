@@ -388,12 +388,19 @@ pub fn read_file(fd: c_int, most: usize) -> io::Result<Vec<u8>> {
     }
 }
 
-/// A 64-bit random number from the kernel (0 if it cannot give one).
+/// A 64-bit unpredictable number (a connection id, a name): see the body.
 pub fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: 8-byte out-buffer.
-    unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
-    v
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    // A keyed hash (SipHash, a PRF) of a counter and the pid under a key drawn once: as
+    // unpredictable as a draw without a syscall per value; the pid keeps a fork child's
+    // values apart from its parent's.
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Relaxed);
+    KEY.get_or_init(Default::default)
+        .hash_one((super::raw::pid(), n))
 }
 
 #[cfg(test)]

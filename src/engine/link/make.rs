@@ -1,8 +1,8 @@
 //! Setting links up (rdma_cm, a hello of kind Link, both ends), and the streams on them:
 //! a connector's OPEN and its answer, an acceptor's ACCEPT or REFUSE.
 
-use super::{Link, Member, Opening, Slab, SlotBuf, State};
-use crate::engine::setup::{bound_addr, opts_socket};
+use super::{answer, Link, Member, Opening, Slab, SlotBuf, State};
+use crate::engine::setup::{opts_socket, OptsSocket};
 use crate::engine::stream::{fresh_bell, Parts, StreamBuf, StreamQp};
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
@@ -14,7 +14,7 @@ use crate::stats::{Cause, Fallback};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Each slab: rings in one, send buffers in the other (only rings are the peer's to
@@ -92,9 +92,9 @@ pub enum Outcome {
 }
 
 /// Connects to `dest` over a link, setting one up if none reaches it yet.
-pub fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::c_int) -> Outcome {
+pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> Outcome {
     // A program that bound its socket wants its own address; a link stream has the link's.
-    if !engine.cfg.links || bound_addr(opts_fd).is_some() {
+    if !engine.cfg.links || opts.bound().is_some() {
         return Outcome::NotHere;
     }
     let deadline = Instant::now() + Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
@@ -120,7 +120,7 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts_fd: libc::c_int) 
             },
         }
     };
-    match open_stream(engine, &link, dest, opts_fd, deadline) {
+    match open_stream(engine, &link, dest, opts, deadline) {
         Ok(s) => Outcome::Stream(s),
         Err(why) => {
             log::info!("rdma link to {dest}: stream not opened ({why:?}): rdma_cm instead");
@@ -289,9 +289,9 @@ fn build(
             members: HashMap::new(),
             opening: HashMap::new(),
             answers: HashMap::new(),
+            sleepers: HashMap::new(),
             quarantine: Vec::new(),
         }),
-        answered: Condvar::new(),
         failed: AtomicBool::new(false),
     });
     lock(&engine.links).insert(&link);
@@ -411,7 +411,7 @@ fn open_stream(
     engine: &'static Engine,
     link: &Arc<Link>,
     dest: SocketAddr,
-    opts_fd: libc::c_int,
+    opts: OptsSocket,
     deadline: Instant,
 ) -> Result<Arc<Stream>, Cause> {
     let bell = fresh_bell().map_err(|e| {
@@ -458,7 +458,7 @@ fn open_stream(
             Opening {
                 ring,
                 send,
-                opts_fd,
+                opts,
                 token,
                 conn_id,
                 bell,
@@ -472,49 +472,7 @@ fn open_stream(
         );
         mine
     };
-    // The answer comes through whoever polls the CQ: make sure someone does.
-    engine.ensure_helper();
-    let mut st = link.lock();
-    loop {
-        if let Some(r) = st.answers.remove(&conn_id) {
-            return r;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            log::warn!(
-                "rdma link to {}: no answer to the OPEN of stream {} ({})",
-                link.peer,
-                mine.get(),
-                st.describe()
-            );
-            // Its answer, if it comes, finds no opening: the stream is closed then. (Ours
-            // only: unanswered, the id is still ours.)
-            let ours = st
-                .opening
-                .get(&mine.get())
-                .is_some_and(|o| o.conn_id == conn_id);
-            let opening = if ours {
-                st.opening.remove(&mine.get())
-            } else {
-                None
-            };
-            drop(st);
-            drop(opening); // its slots go back to the link, which takes the lock
-            return Err(Cause::errno(Fallback::Timeout, libc::ETIMEDOUT));
-        }
-        drop(st);
-        engine.progress(&link.dev);
-        st = link.lock();
-        if st.answers.contains_key(&conn_id) {
-            continue;
-        }
-        let wait = left.min(Duration::from_millis(1));
-        st = link
-            .answered
-            .wait_timeout(st, wait)
-            .map(|(g, _)| g)
-            .unwrap_or_else(|e| e.into_inner().0);
-    }
+    answer::wait(engine, link, conn_id, mine, deadline)
 }
 
 /// Connector, on the poller: our OPEN of `mine` was accepted, `conn` its connection: the
@@ -546,7 +504,8 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
         send: StreamBuf::Slot(Box::new(o.send)),
         local: link.local,
         peer: link.dest,
-        opts_fd: o.opts_fd,
+        opts_fd: o.opts.fd,
+        opts_default: o.opts.default_opts,
         token: o.token,
         conn_id: o.conn_id,
         bell: Some(o.bell),
@@ -565,8 +524,7 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
             ))
         }
     };
-    link.lock().answers.insert(conn_id, r);
-    link.answered.notify_all();
+    link.lock().answer(conn_id, r);
 }
 
 /// Acceptor, on the poller: the peer asks for a stream.
@@ -644,6 +602,7 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
         local: SocketAddr::new(link.local.ip(), open.dest.port()),
         peer: link.peer,
         opts_fd,
+        opts_default: true, // made here; the listener's options come after
         token: engine.token(),
         conn_id: open.conn_id,
         bell: Some(bell),

@@ -543,6 +543,7 @@ pub fn pair_with(config: &Params, spin: Duration) -> (Arc<Stream<MemPort>>, Arc<
             local: "10.0.0.1:1".parse().expect("addr"),
             peer: "10.0.0.2:2".parse().expect("addr"),
             opts_fd: opts_fd.0,
+            opts_default: false,
             token: side as u64 + 1,
             conn_id: 7,
             bell: None::<(Doorbell, proto::Readiness)>,

@@ -9,11 +9,25 @@ use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
 
 impl<P: Port> Stream<P> {
-    /// Re-reads SO_RCVTIMEO/SO_SNDTIMEO from the options socket (after a setsockopt).
-    /// Mirrors the options the driver honours from `opts_fd` (after the program set one):
-    /// SO_RCVTIMEO/SO_SNDTIMEO, keepalive and the user timeout.
+    /// Reads every option the stream mirrors from its options socket (a socket that may
+    /// hold the program's settings): SO_RCVTIMEO/SO_SNDTIMEO, keepalive and the user
+    /// timeout, and SO_LINGER.
     pub fn load_options(&self) {
         self.load_timeouts();
+        self.load_liveness();
+        self.load_linger();
+    }
+
+    /// The program set option `name` (one the stream mirrors): re-read what it changes.
+    pub fn option_set(&self, level: c_int, name: c_int) {
+        match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_RCVTIMEO | libc::SO_SNDTIMEO) => self.load_timeouts(),
+            (libc::SOL_SOCKET, libc::SO_LINGER) => self.load_linger(),
+            _ => self.load_liveness(),
+        }
+    }
+
+    fn load_liveness(&self) {
         let live = read_liveness(self.opts_fd);
         log::debug!("rdma stream {}: liveness {live:?}", self.peer);
         self.with(|inner| inner.live = live);
@@ -23,6 +37,21 @@ impl<P: Port> Stream<P> {
             } else {
                 TIMED.fetch_sub(1, AcqRel);
             }
+        }
+    }
+
+    fn load_linger(&self) {
+        self.linger_zero.store(linger_zero(self.opts_fd), Relaxed);
+    }
+
+    /// Whether closing the stream resets it (`SO_LINGER` on with a zero timeout). Read from
+    /// the options socket once another process may have set it there (a fork child's
+    /// setsockopt reaches the shared socket, not this process's copy of the stream).
+    pub fn resets_on_close(&self) -> bool {
+        if self.shared.load(Acquire) {
+            linger_zero(self.opts_fd)
+        } else {
+            self.linger_zero.load(Relaxed)
         }
     }
 
@@ -48,7 +77,7 @@ impl<P: Port> Stream<P> {
                 )
             };
         }
-        self.load_options();
+        self.load_liveness();
     }
 
     /// Helper, a few times a second while [`TIMED`]: keepalive probes and timeouts.
@@ -145,6 +174,26 @@ const LIVENESS_OPTIONS: [(c_int, c_int); 5] = [
     (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
     (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
 ];
+
+/// Whether socket `fd` has `SO_LINGER` on with a zero timeout.
+fn linger_zero(fd: c_int) -> bool {
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: valid out-buffer of len bytes.
+    let r = unsafe {
+        crate::sys::real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
 
 /// An int socket option of a kernel socket (0 if it cannot be read).
 fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> u32 {
