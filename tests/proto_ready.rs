@@ -143,3 +143,27 @@ fn readiness_bits_round_trip() {
         assert_eq!(Readiness::from_bits(b).bits(), b);
     }
 }
+
+/// What a link scrubs of a freed ring (engine/link.rs): after the peer's FIN, every byte it
+/// wrote was announced; after a reset it may have written more than it announced, so the
+/// whole ring is the answer (`None`).
+#[test]
+fn the_ring_bytes_written_are_known_after_a_fin_and_not_after_a_reset() {
+    let mut p = pair();
+    p.write(Side::A, b"hello").unwrap();
+    drive(&mut p);
+    assert_eq!(p.b.conn.ring_written(), None, "open: more may come");
+    p.a.conn.shutdown_write();
+    drive(&mut p);
+    assert_eq!(p.b.conn.ring_written(), Some(5));
+    let mut q = pair();
+    q.write(Side::A, b"hello").unwrap();
+    drive(&mut q);
+    q.a.conn.abort();
+    drive(&mut q);
+    assert_eq!(
+        q.b.conn.ring_written(),
+        None,
+        "reset: a burst may be cut short"
+    );
+}

@@ -42,6 +42,12 @@ fn run(engine: &'static Engine) {
         } else {
             timeout
         };
+        // A link holding CLOSEs back: back to send them when they have waited long enough.
+        let timeout = if super::link::closes_held() {
+            timeout.min(super::link::CLOSE_HELD.as_millis() as i32)
+        } else {
+            timeout
+        };
         // SAFETY: valid epoll fd and buffer.
         let n = unsafe {
             crate::sys::real::epoll_wait(engine.epfd, evs.as_mut_ptr(), evs.len() as i32, timeout)
@@ -89,6 +95,11 @@ fn run(engine: &'static Engine) {
         }
         for d in &devices {
             d.listen_if_quiet(); // its wake makes the next pass poll what landed before
+        }
+        if super::link::closes_held() {
+            let now = Instant::now();
+            let links = lock(&engine.links).all();
+            links.iter().for_each(|l| l.release_old_closes(now));
         }
         draining = engine.tend_streams();
         engine.expire_callers();

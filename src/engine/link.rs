@@ -32,8 +32,9 @@ use crate::rdma::{self, RegBuf, Wc};
 use crate::stats::Cause;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 /// One link.
 pub struct Link {
@@ -50,7 +51,16 @@ pub struct Link {
     listener: u64,
     st: Mutex<State>,
     failed: AtomicBool,
+    /// Since when (the helper's first look) it has held CLOSEs back, if it does.
+    closes_held: Mutex<Option<Instant>>,
 }
+
+/// Links holding CLOSEs back (`Mux::close_lazily`): the helper sends them once they have
+/// waited [`CLOSE_HELD`] for an OPEN or ACCEPT to ride with.
+static HOLDING: AtomicUsize = AtomicUsize::new(0);
+
+/// The longest a CLOSE waits for company (the peer's id and slots wait with it).
+pub(super) const CLOSE_HELD: Duration = Duration::from_millis(5);
 
 /// What stream 0 said, as the driver acts on it.
 enum Said {
@@ -95,7 +105,7 @@ struct State {
     sleepers: HashMap<u64, libc::c_int>,
     /// Slots of streams gone before their id was free (the peer may still write): given
     /// back when it is.
-    quarantine: Vec<(StreamId, Slot, bool)>,
+    quarantine: Vec<(StreamId, Slot, bool, u32)>,
 }
 
 impl Link {
@@ -293,7 +303,7 @@ impl Link {
         };
         drop(opening); // slots go back to the link, which takes its lock
         for s in members {
-            s.on_fatal(&format!("its link failed ({why})"));
+            s.on_link_failed(&format!("its link failed ({why})"));
         }
         // No new stream finds it; it goes (its queue pair and memory) with its last stream.
         if let Some(e) = crate::engine::get() {
@@ -313,6 +323,46 @@ fn control_ring(slab: &RegBuf, r: Slot) -> &[u8] {
 impl Drop for Link {
     fn drop(&mut self) {
         self.dev.link_down();
+        let since = self
+            .closes_held
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
+        if since.take().is_some() {
+            HOLDING.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// Whether any link holds CLOSEs back (the helper then looks every [`CLOSE_HELD`]).
+pub(super) fn closes_held() -> bool {
+    HOLDING.load(Relaxed) > 0
+}
+
+impl Link {
+    /// A stream's CLOSE was held back: the helper sends it if nothing takes it along.
+    fn holds_closes(&self) {
+        let mut since = lock(&self.closes_held);
+        if since.is_none() {
+            *since = Some(Instant::now());
+            HOLDING.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Helper: sends the CLOSEs held back since `CLOSE_HELD` before `now` or longer.
+    pub(super) fn release_old_closes(&self, now: Instant) {
+        let mut since = lock(&self.closes_held);
+        match *since {
+            Some(t) if now.duration_since(t) >= CLOSE_HELD => {
+                *since = None;
+                HOLDING.fetch_sub(1, Relaxed);
+            }
+            _ => return,
+        }
+        drop(since);
+        let mut st = self.lock();
+        if st.mux.release_closes() {
+            self.pump(&mut st);
+        }
     }
 }
 
@@ -344,18 +394,19 @@ impl State {
     fn free_quarantined(&mut self) {
         let mut i = 0;
         while i < self.quarantine.len() {
-            let (id, slot, ring) = self.quarantine[i];
+            let (id, slot, ring, dirty) = self.quarantine[i];
             if self.mux.holds(id) {
                 i += 1;
                 continue;
             }
             self.quarantine.swap_remove(i);
-            self.give_back(slot, ring);
+            self.give_back(slot, ring, dirty);
         }
     }
 
-    /// Zeroes `slot` (a ring holds only zeros or its stream's bytes) and frees it.
-    fn give_back(&mut self, slot: Slot, ring: bool) {
+    /// Zeroes the first `dirty` bytes of `slot` (where its stream's bytes are: the rest
+    /// holds zeros) and frees it: a slot holds only zeros when a stream takes it.
+    fn give_back(&mut self, slot: Slot, ring: bool, dirty: u32) {
         let slab = if ring {
             &mut self.rings
         } else {
@@ -367,7 +418,7 @@ impl State {
             std::ptr::write_bytes(
                 slab.buf.as_ptr().add(slot.offset as usize),
                 0,
-                slot.len as usize,
+                dirty.min(slot.len) as usize,
             )
         };
         let _ = slab.slots.free(slot);

@@ -52,7 +52,7 @@ use grow::{buf_sizes, Rate};
 use libc::c_int;
 use life::Lifecycle;
 pub use life::{Event, Life, Phase};
-pub use port::{Buf, Port, QueuePair, Region};
+pub use port::{Buf, Port, QueuePair, Region, Written};
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
@@ -214,7 +214,11 @@ impl<P: Port> Drop for Inner<P> {
             )
         };
         // Grown buffers are not what a new connection starts with: not worth keeping.
-        P::Qp::recycle(ring, send, !self.proto.buffers_grew());
+        let written = Written {
+            ring: self.proto.ring_written(),
+            send: self.proto.counters().tx_queued,
+        };
+        P::Qp::recycle(ring, send, !self.proto.buffers_grew(), written);
     }
 }
 

@@ -438,6 +438,14 @@ impl Conn {
         }
     }
 
+    /// How many bytes the peer wrote into the ring, counted from its start: all it announced,
+    /// once its FIN came and nothing went wrong; `None` when it may have written more than
+    /// it announced (a reset or failure can cut a burst short after its first write).
+    pub fn ring_written(&self) -> Option<u64> {
+        (self.fin_received && !self.peer_reset && self.failed.is_none())
+            .then(|| self.counters().rx_received_end)
+    }
+
     /// True when the driver may disconnect and free the memory: nothing more will be posted
     /// and every posted work request has completed (or the connection is reset).
     pub fn is_finished(&self) -> bool {

@@ -68,9 +68,14 @@ impl LinkEnd for Member {
             self.id.get()
         );
         let mut st = self.link.lock();
-        st.mux.close(self.id);
+        st.mux.close_lazily(self.id);
+        let held = st.mux.holds_closes();
         st.free_quarantined();
         self.link.pump(&mut st);
+        drop(st);
+        if held {
+            self.link.holds_closes();
+        }
     }
 
     fn is_drained(&self) -> bool {
@@ -92,6 +97,8 @@ pub struct SlotBuf {
     ring: bool,
     /// The stream it is for (0 until the stream has an id).
     pub(super) id: Option<StreamId>,
+    /// How many bytes from its start may hold a stream's bytes (scrubbed when it goes back).
+    dirty: u32,
 }
 
 // SAFETY: a view of registered memory the link keeps alive; shared views only through
@@ -113,6 +120,7 @@ impl SlotBuf {
             ptr,
             ring,
             id: None,
+            dirty: slot.len,
         })
     }
 
@@ -139,6 +147,10 @@ impl LinkSlot for SlotBuf {
     fn offset(&self) -> u32 {
         self.slot.offset
     }
+
+    fn written(&mut self, bytes: u64) {
+        self.dirty = self.dirty.min(bytes.min(u64::from(u32::MAX)) as u32);
+    }
 }
 
 impl Drop for SlotBuf {
@@ -148,9 +160,9 @@ impl Drop for SlotBuf {
             // The peer may still write into a ring, and the NIC read a send buffer, until
             // the stream's id is free.
             Some(id) if st.mux.holds(id) => {
-                st.quarantine.push((id, self.slot, self.ring));
+                st.quarantine.push((id, self.slot, self.ring, self.dirty));
             }
-            _ => st.give_back(self.slot, self.ring),
+            _ => st.give_back(self.slot, self.ring, self.dirty),
         }
     }
 }

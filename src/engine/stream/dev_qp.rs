@@ -3,7 +3,7 @@
 //! link's (a stream of a link, §14), which `engine/link` provides through [`LinkEnd`] and
 //! [`LinkSlot`].
 
-use super::{QueuePair, Region};
+use super::{QueuePair, Region, Written};
 use crate::proto::{self, link::WR_STREAM_BITS};
 use crate::rdma::{self, RegBuf, RemoteBuf, Wc};
 use std::ops::Range;
@@ -33,6 +33,9 @@ pub trait LinkSlot: Send + Sync {
     fn size(&self) -> usize;
     /// Where it starts in its slab.
     fn offset(&self) -> u32;
+    /// Only its first `bytes` were ever written (the rest holds zeros still): only those
+    /// need scrubbing when it goes back.
+    fn written(&mut self, bytes: u64);
 }
 
 /// A stream's queue pair on the device.
@@ -207,12 +210,18 @@ impl QueuePair for StreamQp {
 
     fn ring_switched(&self, _: &StreamBuf, _: Range<u64>) {}
 
-    fn recycle(ring: StreamBuf, send: StreamBuf, reusable: bool) {
+    fn recycle(ring: StreamBuf, send: StreamBuf, reusable: bool, written: Written) {
         match (ring, send) {
             (StreamBuf::Own(r), StreamBuf::Own(s)) => {
-                <rdma::RcQp as QueuePair>::recycle(r, s, reusable)
+                <rdma::RcQp as QueuePair>::recycle(r, s, reusable, written)
             }
-            // A slot goes back to its link when it drops.
+            // A slot goes back to its link when it drops, scrubbed as far as it was used.
+            (StreamBuf::Slot(mut r), StreamBuf::Slot(mut s)) => {
+                if let Some(n) = written.ring {
+                    r.written(n);
+                }
+                s.written(written.send);
+            }
             (r, s) => drop((r, s)),
         }
     }

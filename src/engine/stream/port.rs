@@ -10,6 +10,14 @@ use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
 use libc::c_int;
 use std::ops::Range;
 
+/// How many bytes from their start a freed stream's ring and send buffer were ever written
+/// (`None`: maybe all of it): a link scrubs only those before the next stream has them.
+#[derive(Clone, Copy, Debug)]
+pub struct Written {
+    pub ring: Option<u64>,
+    pub send: u64,
+}
+
 /// Memory a stream's ring or send buffer lives in (registered with the device, or plain).
 /// Its bytes are not Rust's alone: the peer's NIC writes a ring's free part and the local
 /// NIC reads a send buffer's in-flight part at any time, so the stream looks only at the
@@ -142,9 +150,10 @@ pub trait QueuePair: Send {
         let _ = (ring, held);
     }
     /// A freed stream's ring and send buffer, after its QP is gone: kept for the next
-    /// stream if `reusable` (the sizes a new one starts with), or freed.
-    fn recycle(ring: Self::Buf, send: Self::Buf, reusable: bool) {
-        let _ = reusable;
+    /// stream if `reusable` (the sizes a new one starts with), or freed. `written`: how
+    /// many bytes from their start were ever written (what must be scrubbed).
+    fn recycle(ring: Self::Buf, send: Self::Buf, reusable: bool, written: Written) {
+        let _ = (reusable, written);
         drop((ring, send));
     }
 }
@@ -317,7 +326,7 @@ impl QueuePair for rdma::RcQp {
         rdma::RcQp::is_drained(self)
     }
 
-    fn recycle(ring: RegBuf, send: RegBuf, reusable: bool) {
+    fn recycle(ring: RegBuf, send: RegBuf, reusable: bool, _: Written) {
         rdma::pool::give_back(ring, send, reusable);
     }
 }

@@ -70,6 +70,9 @@ pub struct Control {
     streams: Streams,
     /// Record bytes queued and not yet in stream 0's send buffer.
     out: VecDeque<u8>,
+    /// CLOSE records held back ([`close_lazily`](Self::close_lazily)), in the order queued:
+    /// they go into `out` before the next record, or when released.
+    lazy: Vec<u8>,
     /// Bytes read from stream 0 that do not make a whole record yet.
     partial: Vec<u8>,
     /// The peer's ids of OPENs not answered yet.
@@ -84,6 +87,7 @@ impl Control {
         Control {
             streams: Streams::new(max_streams),
             out: VecDeque::new(),
+            lazy: Vec::new(),
             partial: Vec::with_capacity(MAX_RECORD_LEN),
             pending: Vec::new(),
             events: VecDeque::new(),
@@ -146,6 +150,31 @@ impl Control {
         if let Some(peer) = self.streams.close(mine) {
             self.queue(&Record::Close { closer: mine, peer });
         }
+    }
+
+    /// As [`close`](Self::close), but the CLOSE waits for the next record queued (it rides
+    /// with the OPEN or ACCEPT of the connection that usually follows: one message, not
+    /// two) or for [`release_lazy`](Self::release_lazy). Either way it goes before any record
+    /// queued after it, so a later OPEN that takes the id again follows its CLOSE.
+    pub fn close_lazily(&mut self, mine: StreamId) {
+        if let Some(peer) = self.streams.close(mine) {
+            let mut b = [0u8; MAX_RECORD_LEN];
+            if let Some(n) = (Record::Close { closer: mine, peer }).write_to(&mut b) {
+                self.lazy.extend_from_slice(&b[..n]);
+            }
+        }
+    }
+
+    /// Sends the CLOSEs held back (moves them to the queue); whether there were any.
+    pub fn release_lazy(&mut self) -> bool {
+        let any = !self.lazy.is_empty();
+        self.out.extend(self.lazy.drain(..));
+        any
+    }
+
+    /// Whether CLOSEs are held back.
+    pub fn has_lazy(&self) -> bool {
+        !self.lazy.is_empty()
     }
 
     /// Says GOODBYE: no new stream from now on, either way.
@@ -294,6 +323,7 @@ impl Control {
     }
 
     fn queue(&mut self, record: &Record) {
+        self.release_lazy();
         let mut b = [0u8; MAX_RECORD_LEN];
         if let Some(n) = record.write_to(&mut b) {
             self.out.extend(&b[..n]);

@@ -242,6 +242,28 @@ impl Mux {
         self.free_if_done(mine);
     }
 
+    /// As [`close`](Self::close), the CLOSE held back until the next record or
+    /// [`release_closes`](Self::release_closes) ([`Control::close_lazily`]) — unless half the
+    /// ids are taken: the peer's ids and slots for our closed streams come back only with it.
+    pub fn close_lazily(&mut self, mine: StreamId) {
+        self.plane.close_lazily(mine);
+        self.free_if_done(mine);
+        let ids = self.plane.streams();
+        if ids.in_use() * 2 > usize::from(ids.max()) {
+            self.plane.release_lazy();
+        }
+    }
+
+    /// Sends the CLOSEs held back; whether there were any.
+    pub fn release_closes(&mut self) -> bool {
+        self.plane.release_lazy()
+    }
+
+    /// Whether CLOSEs are held back.
+    pub fn holds_closes(&self) -> bool {
+        self.plane.has_lazy()
+    }
+
     /// Receives to post now so that the queue holds every stream's share.
     pub fn receives_to_post(&mut self) -> u32 {
         let n = self.used.recvs.saturating_sub(self.posted);

@@ -263,6 +263,11 @@ impl Streams {
         self.goodbye = true;
     }
 
+    /// The most ids in use at once.
+    pub fn max(&self) -> u16 {
+        self.max
+    }
+
     /// Ids in use: opening, open or waiting for a CLOSE.
     pub fn in_use(&self) -> usize {
         self.in_use
