@@ -25,6 +25,7 @@ fn run(engine: &'static Engine) {
     let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
     let mut next_tick = Instant::now();
     let mut draining = false;
+    let mut busy_passes = 0u32;
     loop {
         let timed = TIMED.load(Relaxed) > 0;
         let watched = WATCHED.load(Relaxed) > 0;
@@ -96,10 +97,12 @@ fn run(engine: &'static Engine) {
         for d in &devices {
             d.listen_if_quiet(); // its wake makes the next pass poll what landed before
         }
-        if super::link::closes_held() {
-            let now = Instant::now();
+        busy_passes = if n > 0 { busy_passes + 1 } else { 0 };
+        if super::link::closes_held()
+            && (n == 0 || busy_passes % super::link::CLOSE_HELD_PASSES == 0)
+        {
             let links = lock(&engine.links).all();
-            links.iter().for_each(|l| l.release_old_closes(now));
+            links.iter().for_each(|l| l.release_closes());
         }
         draining = engine.tend_streams();
         engine.expire_callers();

@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One link.
 pub struct Link {
@@ -51,16 +51,22 @@ pub struct Link {
     listener: u64,
     st: Mutex<State>,
     failed: AtomicBool,
-    /// Since when (the helper's first look) it has held CLOSEs back, if it does.
-    closes_held: Mutex<Option<Instant>>,
+    /// It holds CLOSEs back (counted in [`HOLDING`]).
+    closes_held: AtomicBool,
 }
 
-/// Links holding CLOSEs back (`Mux::close_lazily`): the helper sends them once they have
-/// waited [`CLOSE_HELD`] for an OPEN or ACCEPT to ride with.
+/// Links holding CLOSEs back (`Mux::close_lazily`): the helper sends them when it has
+/// been quiet for [`CLOSE_HELD`] (no OPEN or ACCEPT came for them to ride with), or every
+/// [`CLOSE_HELD_PASSES`] of its busy passes — a pass count, not the clock, which can be a
+/// syscall.
 static HOLDING: AtomicUsize = AtomicUsize::new(0);
 
-/// The longest a CLOSE waits for company (the peer's id and slots wait with it).
+/// How long the helper waits, while CLOSEs are held, before it sends them (the peer's ids
+/// and slots wait with them).
 pub(super) const CLOSE_HELD: Duration = Duration::from_millis(5);
+
+/// ... and after how many passes with events, if it is never quiet that long.
+pub(super) const CLOSE_HELD_PASSES: u32 = 64;
 
 /// What stream 0 said, as the driver acts on it.
 enum Said {
@@ -323,11 +329,7 @@ fn control_ring(slab: &RegBuf, r: Slot) -> &[u8] {
 impl Drop for Link {
     fn drop(&mut self) {
         self.dev.link_down();
-        let since = self
-            .closes_held
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner());
-        if since.take().is_some() {
+        if *self.closes_held.get_mut() {
             HOLDING.fetch_sub(1, Relaxed);
         }
     }
@@ -341,24 +343,17 @@ pub(super) fn closes_held() -> bool {
 impl Link {
     /// A stream's CLOSE was held back: the helper sends it if nothing takes it along.
     fn holds_closes(&self) {
-        let mut since = lock(&self.closes_held);
-        if since.is_none() {
-            *since = Some(Instant::now());
+        if !self.closes_held.swap(true, AcqRel) {
             HOLDING.fetch_add(1, Relaxed);
         }
     }
 
-    /// Helper: sends the CLOSEs held back since `CLOSE_HELD` before `now` or longer.
-    pub(super) fn release_old_closes(&self, now: Instant) {
-        let mut since = lock(&self.closes_held);
-        match *since {
-            Some(t) if now.duration_since(t) >= CLOSE_HELD => {
-                *since = None;
-                HOLDING.fetch_sub(1, Relaxed);
-            }
-            _ => return,
+    /// Helper: sends the CLOSEs held back.
+    pub(super) fn release_closes(&self) {
+        if !self.closes_held.swap(false, AcqRel) {
+            return;
         }
-        drop(since);
+        HOLDING.fetch_sub(1, Relaxed);
         let mut st = self.lock();
         if st.mux.release_closes() {
             self.pump(&mut st);

@@ -34,6 +34,9 @@ impl Engine {
     /// closes or drains (the helper comes back sooner then).
     pub(super) fn tend_streams(&'static self) -> bool {
         let list: Vec<Arc<Stream>> = lock(&self.tended).values().cloned().collect();
+        if list.is_empty() {
+            return false; // no clock read (a syscall where the clock has no vDSO path)
+        }
         let draining = list.iter().any(|s| s.life().released());
         if draining {
             self.progress_devices(true); // completions the drains wait for
@@ -48,7 +51,7 @@ impl Engine {
                 Visit::Close => self.close_unheld(&s), // the last holder went
                 Visit::Untend => self.untend(&s),
                 Visit::Reap => {
-                    if s.reap_step(self.linger(), Instant::now()) {
+                    if s.reap_step(self.linger(), now) {
                         self.unregister(&s);
                         s.destroy();
                         self.untend(&s);

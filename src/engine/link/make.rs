@@ -293,7 +293,7 @@ fn build(
             quarantine: Vec::new(),
         }),
         failed: AtomicBool::new(false),
-        closes_held: Mutex::new(None),
+        closes_held: AtomicBool::new(false),
     });
     lock(&engine.links).insert(&link);
     // An OPEN may come at any time: someone hears the link's completions while it lives.

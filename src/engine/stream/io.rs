@@ -25,7 +25,8 @@ impl<P: Port> Stream<P> {
         let peek = flags & libc::MSG_PEEK != 0;
         let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !nonblock;
         let mut done = 0usize;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // Taken at the first wait: a call that does not block reads no clock.
+        let mut deadline = None;
         loop {
             {
                 let mut g = self.lock();
@@ -81,7 +82,8 @@ impl<P: Port> Stream<P> {
                 }
                 return Err(libc::EAGAIN);
             }
-            if let Err(e) = self.wait(Want::Read, deadline) {
+            let d = *deadline.get_or_insert_with(|| timeout.map(|t| Instant::now() + t));
+            if let Err(e) = self.wait(Want::Read, d) {
                 return if done > 0 { Ok(done) } else { Err(e) }; // EINTR, or SO_RCVTIMEO's EAGAIN
             }
         }
@@ -98,7 +100,8 @@ impl<P: Port> Stream<P> {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking.load(Relaxed);
         let mut done = 0usize;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // Taken at the first wait: a call that does not block reads no clock.
+        let mut deadline = None;
         loop {
             {
                 let mut g = self.lock();
@@ -164,7 +167,8 @@ impl<P: Port> Stream<P> {
                     Err(libc::EAGAIN)
                 };
             }
-            if let Err(e) = self.wait(Want::Write, deadline) {
+            let d = *deadline.get_or_insert_with(|| timeout.map(|t| Instant::now() + t));
+            if let Err(e) = self.wait(Want::Write, d) {
                 return if done > 0 { Ok(done) } else { Err(e) };
             }
         }
