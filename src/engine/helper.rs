@@ -30,7 +30,14 @@ fn run(engine: &'static Engine) {
         let timed = TIMED.load(Relaxed) > 0;
         let watched = WATCHED.load(Relaxed) > 0;
         let timeout = if draining {
-            50
+            // A link stream's slots come back when it is reaped: look soon, or a busy link
+            // runs out of them (3 of 400 sequential connections did with 50 ms, measured
+            // 2026-11-28).
+            if lock(&engine.links).is_empty() {
+                50
+            } else {
+                5
+            }
         } else if timed || watched || engine.callers_waiting() {
             TICK_MS
         } else {
