@@ -106,7 +106,7 @@ fn run(engine: &'static Engine) {
         }
         busy_passes = if n > 0 { busy_passes + 1 } else { 0 };
         if super::link::closes_held()
-            && (n == 0 || busy_passes % super::link::CLOSE_HELD_PASSES == 0)
+            && (n == 0 || busy_passes.is_multiple_of(super::link::CLOSE_HELD_PASSES))
         {
             let links = lock(&engine.links).all();
             links.iter().for_each(|l| l.release_closes());
