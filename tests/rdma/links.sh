@@ -5,8 +5,9 @@
 # links_churn: examples/scale_conns, 200 connections one after another, each closed after its
 #   first byte each way. Asserts: every one verified and on RDMA at both ends, each end set
 #   up one link and carried at least 195 of them over it (the shim's counters: links.made,
-#   link_streams; a few opened with `resources` and went through rdma_cm in about half the
-#   runs of a 30-stream link — see DESIGN "Links"), no RC QP left once both are gone.
+#   link_streams; an acceptor short of slots while closed streams await their reaping
+#   refuses an OPEN, which then goes through rdma_cm — see DESIGN "Links"), no RC QP left
+#   once both are gone.
 # links_parallel: the same with 16 connecting threads, 400 connections: every one verified
 #   and on RDMA; those a full link cannot take go through rdma_cm (counted, not failed).
 # links_interleaved: examples/many_conns, 20 connections at once each echoing 1 MiB of its
