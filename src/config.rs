@@ -75,6 +75,9 @@ pub struct Config {
     /// destination sets the link up, later ones open a stream on it without rdma_cm.
     /// Not yet for programs that fork with connections open or pass them to other processes.
     pub links: bool,
+    /// `RSOCK_LINK_IDLE_MS` (default 60000, 0: never): a link with no stream for this long
+    /// is closed (its queue pair and pinned memory freed); the next connect sets one up.
+    pub link_idle_ms: u32,
     /// `RSOCK_CONFIG` (default `/etc/rsock.conf` if it exists; empty: none): the rules file.
     pub rules_path: Option<PathBuf>,
     /// The rules of [`Config::rules_path`], in file order.
@@ -207,6 +210,7 @@ impl Default for Config {
             rdma: true,
             takeover: true,
             links: false,
+            link_idle_ms: 60_000,
             rules_path: None,
             rules: Vec::new(),
             prog: String::new(),
@@ -239,6 +243,7 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_RDMA",
     "RSOCK_TAKEOVER",
     "RSOCK_LINKS",
+    "RSOCK_LINK_IDLE_MS",
     "RSOCK_CONFIG",
     // Not a setting: the exec hooks name the streams they pass to the new image with it.
     "RSOCK_PASSED_FDS",
@@ -296,6 +301,7 @@ impl Config {
                     set_u32(&mut c.connect_timeout_ms, v, 1, 60_000, &mut bad)
                 }
                 "RSOCK_NEG_CACHE_MS" => set_u32(&mut c.neg_cache_ms, v, 0, 86_400_000, &mut bad),
+                "RSOCK_LINK_IDLE_MS" => set_u32(&mut c.link_idle_ms, v, 0, 86_400_000, &mut bad),
                 "RSOCK_RING_SIZE" => set_u32(&mut c.ring_size, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_SEND_BUF" => set_u32(&mut c.send_buf, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_BUF_START" => set_u32(&mut c.buf_start, v, 4096, 1 << 30, &mut bad),

@@ -111,6 +111,13 @@ fn run(engine: &'static Engine) {
             let links = lock(&engine.links).all();
             links.iter().for_each(|l| l.release_closes());
         }
+        if engine.cfg.link_idle_ms > 0
+            && (n == 0 || busy_passes.is_multiple_of(super::link::CLOSE_HELD_PASSES))
+        {
+            let idle = Duration::from_millis(u64::from(engine.cfg.link_idle_ms));
+            let links = lock(&engine.links).all();
+            links.iter().for_each(|l| l.close_if_idle(idle));
+        }
         draining = engine.tend_streams();
         engine.expire_callers();
         if timed && Instant::now() >= next_tick {

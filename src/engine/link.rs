@@ -53,6 +53,8 @@ pub struct Link {
     failed: AtomicBool,
     /// It holds CLOSEs back (counted in [`HOLDING`]).
     closes_held: AtomicBool,
+    /// Since when it has carried no stream (the helper's look: `close_if_idle`).
+    idle_since: Mutex<Option<std::time::Instant>>,
 }
 
 /// Links holding CLOSEs back (`Mux::close_lazily`): the helper sends them when it has
@@ -288,11 +290,6 @@ impl Link {
         if self.failed.swap(true, AcqRel) {
             return;
         }
-        log::info!(
-            "rdma link {} -> {}: {why}: its streams are reset",
-            self.local,
-            self.peer
-        );
         let (members, opening) = {
             let mut st = self.lock();
             let _ = st.rc.disconnect();
@@ -308,6 +305,15 @@ impl Link {
             (members, opening)
         };
         drop(opening); // slots go back to the link, which takes its lock
+        log::info!(
+            "rdma link {} -> {}: {why}{}",
+            self.local,
+            self.peer,
+            match members.len() {
+                0 => String::new(),
+                n => format!(": its {n} stream(s) are reset"),
+            }
+        );
         for s in members {
             s.on_link_failed(&format!("its link failed ({why})"));
         }
@@ -345,6 +351,36 @@ impl Link {
     fn holds_closes(&self) {
         if !self.closes_held.swap(true, AcqRel) {
             HOLDING.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Helper, on a quiet pass: closes the link once it has carried no stream for `idle`
+    /// (`RSOCK_LINK_IDLE_MS`; its queue pair, protection domain and 4 MiB of pinned memory
+    /// go). Idle from the first quiet pass that finds it so: a clock read only then.
+    pub(super) fn close_if_idle(&self, idle: Duration) {
+        let unused = {
+            let st = self.lock();
+            st.mux.streams() == 0 && st.opening.is_empty() && st.quarantine.is_empty()
+        };
+        let mut since = lock(&self.idle_since);
+        if !unused {
+            *since = None;
+            return;
+        }
+        let now = std::time::Instant::now();
+        match *since {
+            None => *since = Some(now),
+            Some(t) if now.duration_since(t) >= idle => {
+                drop(since);
+                // Our GOODBYE first: the peer opens no stream on it from now on (one whose
+                // OPEN crossed it is refused, and goes through rdma_cm).
+                let mut st = self.lock();
+                st.mux.goodbye();
+                self.pump(&mut st);
+                drop(st);
+                self.fail(&format!("no stream for {} ms: closed", idle.as_millis()));
+            }
+            Some(_) => {}
         }
     }
 

@@ -20,6 +20,10 @@
 # links_peer_killed: connections open on a link, then the server is killed (SIGKILL): the
 #   client's connections end with an error promptly (not a hang), and a new server on the
 #   same port is reached over a new link.
+# links_idle: RSOCK_LINK_IDLE_MS=1500 at both ends; 5 connections, then none for 8 s with
+#   both processes alive: the link is closed (no RC QP left on the device, the log says
+#   why), and 5 more connections set a new link up — every echo verified, all 10 on RDMA
+#   over links (links.made==2, links.streams==10).
 #
 #   cargo build --release --workspace --examples
 #   tests/rdma-vm/run.sh -- tests/rdma/links.sh [PATTERN]
@@ -146,7 +150,26 @@ cell_links_peer_killed() {
     expect_qps_released 30
 }
 
-CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed)
+cell_links_idle() {
+    local rc=0 idle=(RSOCK_LINK_IDLE_MS=1500)
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" "${idle[@]}" python3 "$T_ROOT/tests/rdma/links/idle.py" server "$A" "$PORT"
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "${idle[@]}" python3 "$T_ROOT/tests/rdma/links/idle.py" client "$A" "$PORT" 5 8
+    wait_cond 60 'grep -q "^idle" cli.out' || fail "the first connections did not end: $(tail -c 300 cli.err | paste -sd' ')"
+    echo "# RC QPs with the link up and no connection: $(rc_qps)"
+    wait_cond 7 'no_rc_qps' || fail "the idle link stays: $(rc_qps) RC QPs 7 s after the last connection"
+    echo "# the link closed while both processes live"
+    bg_wait cli || rc=$?
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    grep -q '^ok' cli.out || fail "client: $(tail -n2 cli.out | paste -sd' ')"
+    grep -q 'no stream for 1500 ms: closed' "$CELL_DIR/cli.log" "$CELL_DIR/srv.log" ||
+        soft fail "no log says the link closed for want of streams: $(grep -h -m3 'rdma link' "$CELL_DIR"/*.log | paste -sd'|')"
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==10' 'conns.tcp==0' 'links.made==2' 'links.streams==10'
+    bg_stop srv
+    expect_qps_released 30
+}
+
+CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

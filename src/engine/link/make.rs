@@ -294,6 +294,7 @@ fn build(
         }),
         failed: AtomicBool::new(false),
         closes_held: AtomicBool::new(false),
+        idle_since: Mutex::new(None),
     });
     lock(&engine.links).insert(&link);
     // An OPEN may come at any time: someone hears the link's completions while it lives.
@@ -423,6 +424,11 @@ fn open_stream(
     let conn_id = crate::sys::unix::random_u64();
     let mine = {
         let mut st = link.lock();
+        // Failed or closed since the hint found it: `fail` answers only the openings it
+        // finds under this lock.
+        if link.is_failed() {
+            return Err(Cause::from(Fallback::Resources));
+        }
         let (params, slots) = stream_slots(engine, link, &mut st);
         let (ring, send) = match slots {
             (Some(r), Some(s)) => (r, s),

@@ -254,6 +254,12 @@ impl Mux {
         }
     }
 
+    /// Says GOODBYE: no new stream on this link from now on, either way (before the link is
+    /// closed for want of streams).
+    pub fn goodbye(&mut self) {
+        self.plane.goodbye();
+    }
+
     /// Sends the CLOSEs held back; whether there were any.
     pub fn release_closes(&mut self) -> bool {
         self.plane.release_lazy()
