@@ -138,6 +138,26 @@ impl Dev {
         }
     }
 
+    /// Helper, woken by a completion event: whether to leave it to a program thread asleep
+    /// on the channel, which handles every completion it finds (no stream needs the helper
+    /// itself). The helper then stops listening: both were woken, and the helper handling
+    /// it made two thread hops of one (measured in the two-guest bed: a link's ACCEPT taken
+    /// by the helper, which then woke the connector). If that thread leaves without taking
+    /// the event, the helper listens again within [`LINK_QUIET`] (`listen_if_quiet`).
+    pub(super) fn leave_to_sleepers(&self) -> bool {
+        if self.demand.load(SeqCst) > 0 || self.sleepers.load(SeqCst) == 0 {
+            return false;
+        }
+        let _g = lock(&self.listen_lock);
+        if self.demand.load(SeqCst) > 0 {
+            return false;
+        }
+        if self.listening.load(SeqCst) {
+            self.set_listening(false);
+        }
+        true
+    }
+
     /// Helper, after a completion event: stops listening when no stream needs it
     /// (`demand_up` turns it back on).
     pub(super) fn stop_listening_if_idle(&self) {

@@ -146,6 +146,9 @@ fn completions(engine: &Engine, i: usize) {
     let Some(d) = lock(&engine.devices).get(i).cloned() else {
         return;
     };
+    if d.leave_to_sleepers() {
+        return;
+    }
     // Re-armed there while some stream needs its completions seen between calls (a
     // doorbell another process polls, a relay, output waiting for credits).
     engine.on_cq_event(&d, usize::MAX);

@@ -53,8 +53,9 @@ pub struct Link {
     failed: AtomicBool,
     /// It holds CLOSEs back (counted in [`HOLDING`]).
     closes_held: AtomicBool,
-    /// Since when it has carried no stream (the helper's look: `close_if_idle`).
-    idle_since: Mutex<Option<std::time::Instant>>,
+    /// Since when it has carried no stream (the helper's look: `close_if_idle`), and how
+    /// many streams it had opened then (one opened since: not idle).
+    idle_since: Mutex<Option<(std::time::Instant, u64)>>,
 }
 
 /// Links holding CLOSEs back (`Mux::close_lazily`): the helper sends them when it has
@@ -111,6 +112,8 @@ struct State {
     /// Connectors asleep on the device's completion channel, by `conn_id`, with the eventfd
     /// that wakes them when another thread handled their answer.
     sleepers: HashMap<u64, libc::c_int>,
+    /// Streams opened or accepted on it so far.
+    opened: u64,
     /// Slots of streams gone before their id was free (the peer may still write): given
     /// back when it is.
     quarantine: Vec<(StreamId, Slot, bool, u32)>,
@@ -358,19 +361,18 @@ impl Link {
     /// (`RSOCK_LINK_IDLE_MS`; its queue pair, protection domain and 4 MiB of pinned memory
     /// go). Idle from the first quiet pass that finds it so: a clock read only then.
     pub(super) fn close_if_idle(&self, idle: Duration) {
-        let unused = {
+        let (unused, opened) = {
             let st = self.lock();
-            st.mux.streams() == 0 && st.opening.is_empty() && st.quarantine.is_empty()
+            let unused = st.mux.streams() == 0 && st.opening.is_empty() && st.quarantine.is_empty();
+            (unused, st.opened)
         };
         let mut since = lock(&self.idle_since);
-        if !unused {
-            *since = None;
-            return;
-        }
-        let now = std::time::Instant::now();
         match *since {
-            None => *since = Some(now),
-            Some(t) if now.duration_since(t) >= idle => {
+            // Unused at two looks, and no stream in between.
+            Some((t, n)) if unused && n == opened => {
+                if std::time::Instant::now().duration_since(t) < idle {
+                    return;
+                }
                 drop(since);
                 // Our GOODBYE first: the peer opens no stream on it from now on (one whose
                 // OPEN crossed it is refused, and goes through rdma_cm).
@@ -380,7 +382,8 @@ impl Link {
                 drop(st);
                 self.fail(&format!("no stream for {} ms: closed", idle.as_millis()));
             }
-            Some(_) => {}
+            _ if unused => *since = Some((std::time::Instant::now(), opened)),
+            _ => *since = None,
         }
     }
 

@@ -289,6 +289,7 @@ fn build(
             members: HashMap::new(),
             opening: HashMap::new(),
             answers: HashMap::new(),
+            opened: 0,
             sleepers: HashMap::new(),
             quarantine: Vec::new(),
         }),
@@ -444,6 +445,7 @@ fn open_stream(
             }
         };
         let at = ring.ring_at_in(&st);
+        st.opened += 1;
         let mine = match st.mux.open(params, at, conn_id, dest) {
             Ok(id) => id,
             Err(e) => {
@@ -570,6 +572,7 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
         match slots {
             (Some(ring), Some(send)) => {
                 let at = ring.ring_at_in(&st);
+                st.opened += 1;
                 match st.mux.accept(&open, params, at) {
                     Ok((mine, conn)) => Ok((ring, send, mine, conn)),
                     // Refused by the mux (no id or no room in the queues).
