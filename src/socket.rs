@@ -145,16 +145,12 @@ pub struct Socket {
 
 /// Facts about a program's socket that the shim learnt as the program made it, and keeps
 /// while the program changes nothing that would falsify them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Known(u32);
 
 impl Known {
-    /// Nothing known: ask the kernel.
-    pub const NOTHING: Known = Known(0);
-    /// An AF_INET socket.
+    /// An AF_INET socket (for AF_INET6 the kernel still says: `IPV6_V6ONLY` may change).
     pub const INET4: Known = Known(1);
-    /// An AF_INET6 socket (its `IPV6_V6ONLY` is still the kernel's to say).
-    pub const INET6: Known = Known(2);
     /// Not bound by the program.
     pub const UNBOUND: Known = Known(4);
     /// The system's defaults for every option an RDMA stream mirrors (timeouts, keepalive,

@@ -36,14 +36,11 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
         if let Some(_g) = guard::enter() {
             keep_errno(|| {
                 if init::enabled() {
-                    let family = if domain == libc::AF_INET {
-                        Known::INET4
-                    } else {
-                        Known::INET6
-                    };
-                    track(fd, |s| {
-                        s.set_known(family | Known::UNBOUND | Known::DEFAULT_OPTS)
-                    });
+                    let mut known = Known::UNBOUND | Known::DEFAULT_OPTS;
+                    if domain == libc::AF_INET {
+                        known = known | Known::INET4;
+                    }
+                    track(fd, |s| s.set_known(known));
                     crate::stats::touch(); // the process shows in `rsock stat` from now on
                 }
             });

@@ -105,18 +105,8 @@ fn run(engine: &'static Engine) {
             d.listen_if_quiet(); // its wake makes the next pass poll what landed before
         }
         busy_passes = if n > 0 { busy_passes + 1 } else { 0 };
-        if super::link::closes_held()
-            && (n == 0 || busy_passes.is_multiple_of(super::link::CLOSE_HELD_PASSES))
-        {
-            let links = lock(&engine.links).all();
-            links.iter().for_each(|l| l.release_closes());
-        }
-        if engine.cfg.link_idle_ms > 0
-            && (n == 0 || busy_passes.is_multiple_of(super::link::CLOSE_HELD_PASSES))
-        {
-            let idle = Duration::from_millis(u64::from(engine.cfg.link_idle_ms));
-            let links = lock(&engine.links).all();
-            links.iter().for_each(|l| l.close_if_idle(idle));
+        if n == 0 || busy_passes.is_multiple_of(super::link::LOOK_EVERY_BUSY) {
+            super::link::look_after(engine);
         }
         draining = engine.tend_streams();
         engine.expire_callers();

@@ -60,16 +60,32 @@ pub struct Link {
 
 /// Links holding CLOSEs back (`Mux::close_lazily`): the helper sends them when it has
 /// been quiet for [`CLOSE_HELD`] (no OPEN or ACCEPT came for them to ride with), or every
-/// [`CLOSE_HELD_PASSES`] of its busy passes — a pass count, not the clock, which can be a
-/// syscall.
+/// [`LOOK_EVERY_BUSY`] of its busy passes ([`look_after`]).
 static HOLDING: AtomicUsize = AtomicUsize::new(0);
 
 /// How long the helper waits, while CLOSEs are held, before it sends them (the peer's ids
 /// and slots wait with them).
 pub(super) const CLOSE_HELD: Duration = Duration::from_millis(5);
 
-/// ... and after how many passes with events, if it is never quiet that long.
-pub(super) const CLOSE_HELD_PASSES: u32 = 64;
+/// The helper looks after the links on a quiet pass, or after this many passes with events
+/// if it is never quiet — a pass count, not the clock, which can be a syscall.
+pub(super) const LOOK_EVERY_BUSY: u32 = 64;
+
+/// Helper, on a quiet pass (or every [`LOOK_EVERY_BUSY`] busy ones): sends the CLOSEs links
+/// hold back, and closes links idle for `RSOCK_LINK_IDLE_MS`.
+pub(super) fn look_after(engine: &Engine) {
+    let idle_ms = engine.cfg.link_idle_ms;
+    if !closes_held() && idle_ms == 0 {
+        return;
+    }
+    let links = lock(&engine.links).all();
+    for l in &links {
+        l.release_closes();
+        if idle_ms > 0 {
+            l.close_if_idle(Duration::from_millis(u64::from(idle_ms)));
+        }
+    }
+}
 
 /// What stream 0 said, as the driver acts on it.
 enum Said {
@@ -227,7 +243,7 @@ impl Link {
                 Said::PeerClosed(s) => {
                     self.lock().free_quarantined();
                     if let Some(s) = s {
-                        s.on_peer_closed();
+                        s.end_on_link("the peer closed the stream on the link");
                     }
                 }
             }
@@ -318,7 +334,7 @@ impl Link {
             }
         );
         for s in members {
-            s.on_link_failed(&format!("its link failed ({why})"));
+            s.end_on_link(&format!("its link failed ({why})"));
         }
         // No new stream finds it; it goes (its queue pair and memory) with its last stream.
         if let Some(e) = crate::engine::get() {

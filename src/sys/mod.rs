@@ -12,5 +12,6 @@ pub mod process;
 pub mod raw;
 pub mod real;
 pub mod sockaddr;
+pub mod sockopt;
 pub mod unix;
 pub use errno::errno_name;

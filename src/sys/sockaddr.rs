@@ -116,21 +116,7 @@ pub fn peer_of(fd: libc::c_int) -> Option<SocketAddr> {
 /// The family of socket `fd` as (AF_INET6, `IPV6_V6ONLY`); `None` if it is neither an
 /// AF_INET nor an AF_INET6 socket (or not a socket).
 pub fn family_of(fd: libc::c_int) -> Option<(bool, bool)> {
-    let int_opt = |level, name| {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as socklen_t;
-        // SAFETY: v is an int of len bytes; the kernel writes at most len.
-        let r = unsafe {
-            super::real::getsockopt(
-                fd,
-                level,
-                name,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(v)
-    };
+    let int_opt = |level, name| super::sockopt::get(fd, level, name, 0 as libc::c_int);
     match int_opt(libc::SOL_SOCKET, libc::SO_DOMAIN)? {
         libc::AF_INET => Some((false, false)),
         libc::AF_INET6 => Some((true, int_opt(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)? != 0)),

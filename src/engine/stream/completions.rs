@@ -98,27 +98,18 @@ impl<P: Port> Stream<P> {
         });
     }
 
-    /// A link stream's link failed: reset, unless FIN already passed both ways (nothing
-    /// more was to come; the program still reads what it has, then the end of stream) —
-    /// such a stream's CLOSE may be held back a while (`Mux::close_lazily`), or the peer's
-    /// process gone right after its last FIN.
-    pub(in crate::engine) fn on_link_failed(&self, why: &str) {
-        let state = self.lock().proto.state();
-        if !matches!(state, proto::State::Closing | proto::State::Closed) {
-            self.on_fatal(why);
-        }
-    }
-
-    /// A link stream's peer sent its CLOSE: it sends nothing more. Unless FIN passed both
-    /// ways (an orderly end: the peer's CLOSE follows our FIN, maybe before our last
-    /// completions here), the peer gave the stream up: it is reset.
-    pub(in crate::engine) fn on_peer_closed(&self) {
+    /// A link stream's peer sent its CLOSE (`why`: "the peer closed the stream on the
+    /// link"), or its link failed: it gets nothing more. Unless FIN passed both ways (an
+    /// orderly end: the program still reads what it has, then the end of stream — the
+    /// peer's CLOSE may follow our FIN before our last completions here, or be held back a
+    /// while, `Mux::close_lazily`), the stream is reset.
+    pub(in crate::engine) fn end_on_link(&self, why: &str) {
         let state = self.lock().proto.state();
         if !matches!(
             state,
             proto::State::Closing | proto::State::Closed | proto::State::Reset
         ) {
-            self.on_fatal("the peer closed the stream on the link");
+            self.on_fatal(why);
         }
     }
 

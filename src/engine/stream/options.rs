@@ -4,6 +4,7 @@
 use super::liveness::{self, Action};
 use super::{Port, QueuePair, Stream, PROBE_WR, TIMED};
 use crate::proto::Failure;
+use crate::sys::sockopt;
 use libc::c_int;
 use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
@@ -127,26 +128,13 @@ impl<P: Port> Stream<P> {
             .into_iter()
             .enumerate()
         {
-            let mut tv = libc::timeval {
+            let zero = libc::timeval {
                 tv_sec: 0,
                 tv_usec: 0,
             };
-            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-            // SAFETY: valid out-buffer of len bytes.
-            let r = unsafe {
-                crate::sys::real::getsockopt(
-                    self.opts_fd,
-                    libc::SOL_SOCKET,
-                    name,
-                    (&mut tv as *mut libc::timeval).cast(),
-                    &mut len,
-                )
-            };
-            let us = if r == 0 {
+            let us = sockopt::get(self.opts_fd, libc::SOL_SOCKET, name, zero).map_or(0, |tv| {
                 tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64
-            } else {
-                0
-            };
+            });
             self.timeouts_us[i].store(us, Relaxed);
         }
     }
@@ -177,37 +165,17 @@ const LIVENESS_OPTIONS: [(c_int, c_int); 5] = [
 
 /// Whether socket `fd` has `SO_LINGER` on with a zero timeout.
 fn linger_zero(fd: c_int) -> bool {
-    let mut l = libc::linger {
+    let off = libc::linger {
         l_onoff: 0,
         l_linger: 0,
     };
-    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
-    // SAFETY: valid out-buffer of len bytes.
-    let r = unsafe {
-        crate::sys::real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&mut l as *mut libc::linger).cast(),
-            &mut len,
-        )
-    };
-    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+    sockopt::get(fd, libc::SOL_SOCKET, libc::SO_LINGER, off)
+        .is_some_and(|l| l.l_onoff != 0 && l.l_linger == 0)
 }
 
 /// An int socket option of a kernel socket (0 if it cannot be read).
 fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> u32 {
-    let mut v: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: valid out-buffer of len bytes.
-    let r = unsafe {
-        crate::sys::real::getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut len)
-    };
-    if r == 0 {
-        v.max(0) as u32
-    } else {
-        0
-    }
+    sockopt::get(fd, level, name, 0 as c_int).map_or(0, |v| v.max(0) as u32)
 }
 
 /// Keepalive and user timeout of a kernel socket (its effective values: the system's
