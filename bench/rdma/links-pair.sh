@@ -19,13 +19,7 @@ SRV=$RDMA_VM_PEER # node 0's view; node 1 listens on its own address
 [ "$RDMA_VM_NODE" = 1 ] && SRV=$RDMA_VM_SELF
 ulimit -l unlimited
 ulimit -n 65536 2>/dev/null || true
-env_of() { # MODE DIR
-  case $1 in
-    tcp) echo env ;;
-    links) echo env LD_PRELOAD=$B/librsock.so RSOCK_LINKS=1 RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=20000 ;;
-    nolinks) echo env LD_PRELOAD=$B/librsock.so RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=20000 ;;
-  esac
-}
+. bench/rdma/links-lib.sh
 run=0
 one() { # MODE PAR [keep] EXTRA...
   local mode=$1 par=$2; shift 2
@@ -34,7 +28,7 @@ one() { # MODE PAR [keep] EXTRA...
   [ "${1:-}" = keep ] && { n=20; shift; }
   rm -rf "$d"; mkdir -p "$d"
   if [ "$RDMA_VM_NODE" = 1 ]; then
-    $(env_of "$mode" "$d") timeout 300 "$E/scale_conns" server "$SRV:$port" "$n" > /tmp/srv.out 2>&1 &
+    $(links_env "$mode" "$d" 20000) timeout 300 "$E/scale_conns" server "$SRV:$port" "$n" > /tmp/srv.out 2>&1 &
     local sp=$!
     sleep 2
     pair_signal "up-$run"
@@ -43,28 +37,10 @@ one() { # MODE PAR [keep] EXTRA...
     return
   fi
   pair_wait "up-$run" 120 || exit 1
-  $(env_of "$mode" "$d") timeout 300 "$E/scale_conns" client "$SRV:$port" "$n" --par "$par" "$@" > /tmp/cli.out 2>&1
+  $(links_env "$mode" "$d" 20000) timeout 300 "$E/scale_conns" client "$SRV:$port" "$n" --par "$par" "$@" > /tmp/cli.out 2>&1
   local rc=$?
   pair_signal "done-$run"
-  python3 - "$mode" "$par" "$rc" "$*" <<'PY'
-import json, sys
-mode, par, rc, extra = sys.argv[1:]
-lines = [l for l in open('/tmp/cli.out') if l.startswith('{')]
-if not lines:
-    print(f"{mode:8} par={par:>2} {extra:18} rc={rc} no result"); sys.exit()
-j = json.loads(lines[-1])
-print(f"{mode:8} par={par:>2} {extra:18} rc={rc} ok={j['ok']} setup/s={j['setup_per_s']:8.1f} cpu_ms={j['cpu_ms_per_setup']:5.2f} connect_p50={j['connect_ms_p50']:6.2f} rtt_p50={j['rtt_us_p50']:8.1f}")
-PY
-  [ "$mode" != tcp ] && env -u LD_PRELOAD "$B/rsock" stat --dir "$d" --all --json | python3 -c '
-import sys, json
-for l in sys.stdin:
-    if l.strip():
-        p = json.loads(l); print("     ", p["comm"], "conns", p["conns"], "links", p.get("links"))'
+  links_report "$mode" "$par" "$rc" "$d" "$@"
 }
-for rep in 1 2; do
-  for par in 1 16; do
-    for mode in tcp nolinks links; do one $mode $par --close-each 1; done
-  done
-done
-for mode in tcp nolinks links; do one $mode 1 keep --rtt 2000; done
+links_plan
 pair_barrier end 600

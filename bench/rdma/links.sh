@@ -14,37 +14,19 @@ A=${RDMA_VM_ADDR:-10.77.0.1}
 N=400
 ulimit -l unlimited
 port=7700
-one() { # MODE PAR EXTRA...
+. bench/rdma/links-lib.sh
+one() { # MODE PAR [keep] EXTRA...
   local mode=$1 par=$2; shift 2
   port=$((port+1))
-  d=/tmp/st-$mode-$port; rm -rf $d; mkdir -p $d
-  case $mode in
-    tcp) pre=(env);;
-    links) pre=(env LD_PRELOAD=$B/librsock.so RSOCK_LINKS=1 ${XENV:-} RSOCK_STATS_DIR=$d RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=10000);;
-    nolinks) pre=(env LD_PRELOAD=$B/librsock.so RSOCK_STATS_DIR=$d RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=10000);;
-  esac
-  local n=$N; [ "$1" = keep ] && { n=20; shift; }
-  "${pre[@]}" timeout 120 $E/scale_conns server $A:$port $n > /tmp/srv.out 2>&1 &
-  sp=$!
+  local d=/tmp/st-$mode-$port n=$N rc
+  rm -rf "$d"; mkdir -p "$d"
+  [ "${1:-}" = keep ] && { n=20; shift; }
+  $(links_env "$mode" "$d" 10000) timeout 120 "$E/scale_conns" server "$A:$port" "$n" > /tmp/srv.out 2>&1 &
+  local sp=$!
   sleep 1
-  "${pre[@]}" timeout 120 $E/scale_conns client $A:$port $n --par $par "$@" > /tmp/cli.out 2>&1
+  $(links_env "$mode" "$d" 10000) timeout 120 "$E/scale_conns" client "$A:$port" "$n" --par "$par" "$@" > /tmp/cli.out 2>&1
   rc=$?
-  wait $sp
-  python3 - "$mode" "$par" "$rc" "$*" <<'PY'
-import json, sys
-mode, par, rc, extra = sys.argv[1:]
-j = json.loads([l for l in open('/tmp/cli.out') if l.startswith('{')][-1])
-print(f"{mode:8} par={par:>2} {extra:18} rc={rc} ok={j['ok']} setup/s={j['setup_per_s']:8.1f} cpu_ms={j['cpu_ms_per_setup']:5.2f} connect_p50={j['connect_ms_p50']:6.2f} rtt_p50={j['rtt_us_p50']:8.1f} qps={j['rc_qps']}")
-PY
-  [ $mode != tcp ] && env -u LD_PRELOAD $B/rsock stat --dir $d --all --json | python3 -c '
-import sys, json
-for l in sys.stdin:
-    if l.strip():
-        p = json.loads(l); print("     ", p["comm"], "conns", p["conns"], "links", p.get("links"))'
+  wait "$sp"
+  links_report "$mode" "$par" "$rc" "$d" "$@"
 }
-for rep in 1 2; do
-  for par in 1 16; do
-    for mode in tcp nolinks links; do one $mode $par --close-each 1; done
-  done
-done
-for mode in tcp nolinks links; do one $mode 1 keep --rtt 2000; done
+links_plan
