@@ -78,6 +78,11 @@ pub struct Config {
     /// `RSOCK_LINK_IDLE_MS` (default 60000, 0: never): a link with no stream for this long
     /// is closed (its queue pair and pinned memory freed); the next connect sets one up.
     pub link_idle_ms: u32,
+    /// `RSOCK_LINK_GRANTS` (default 8, 0: none, at most 32): streams a link's accepting end
+    /// keeps ready for the connecting end (GRANT, PROTOCOL.md §14), each a 32 KiB ring and
+    /// send buffer of the link's slabs: a connect that takes one writes at once, without
+    /// waiting for an answer. 0 at either end: every stream waits for its ACCEPT.
+    pub link_grants: u32,
     /// `RSOCK_CONFIG` (default `/etc/rsock.conf` if it exists; empty: none): the rules file.
     pub rules_path: Option<PathBuf>,
     /// The rules of [`Config::rules_path`], in file order.
@@ -211,6 +216,7 @@ impl Default for Config {
             takeover: true,
             links: false,
             link_idle_ms: 60_000,
+            link_grants: 8,
             rules_path: None,
             rules: Vec::new(),
             prog: String::new(),
@@ -244,6 +250,7 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_TAKEOVER",
     "RSOCK_LINKS",
     "RSOCK_LINK_IDLE_MS",
+    "RSOCK_LINK_GRANTS",
     "RSOCK_CONFIG",
     // Not a setting: the exec hooks name the streams they pass to the new image with it.
     "RSOCK_PASSED_FDS",
@@ -302,6 +309,7 @@ impl Config {
                 }
                 "RSOCK_NEG_CACHE_MS" => set_u32(&mut c.neg_cache_ms, v, 0, 86_400_000, &mut bad),
                 "RSOCK_LINK_IDLE_MS" => set_u32(&mut c.link_idle_ms, v, 0, 86_400_000, &mut bad),
+                "RSOCK_LINK_GRANTS" => set_u32(&mut c.link_grants, v, 0, 32, &mut bad),
                 "RSOCK_RING_SIZE" => set_u32(&mut c.ring_size, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_SEND_BUF" => set_u32(&mut c.send_buf, v, 4096, 1 << 30, &mut bad),
                 "RSOCK_BUF_START" => set_u32(&mut c.buf_start, v, 4096, 1 << 30, &mut bad),

@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x07";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x08";
 
 /// The layout version: the last byte of [`MAGIC`].
 pub const VERSION: u8 = MAGIC[7];
@@ -151,6 +151,9 @@ pub struct Counters {
     /// Streams opened or accepted over a link (no rdma_cm connection of their own; also
     /// counted in `conns`).
     pub link_streams: AtomicU64,
+    /// Of those, streams opened or accepted on a grant: the connector wrote without waiting
+    /// for an answer.
+    pub link_granted: AtomicU64,
 }
 
 /// Start of the region.
@@ -465,6 +468,13 @@ pub fn count_link(stream: bool) {
             &h.counters.links
         };
         c.fetch_add(1, Relaxed);
+    }
+}
+
+/// Counts a stream opened or accepted on a grant (no answer waited for).
+pub fn count_granted() {
+    if let Some(h) = region() {
+        h.counters.link_granted.fetch_add(1, Relaxed);
     }
 }
 

@@ -3,7 +3,7 @@
 //! opening, accepting, refusing and closing streams, and failing on a malformed record.
 
 use rsock_core::proto::link::imm::StreamId;
-use rsock_core::proto::link::record::{Accept, Open, RefuseReason};
+use rsock_core::proto::link::record::{Accept, Grant, Open, RefuseReason};
 use rsock_core::proto::link::{Control, ControlError, ControlEvent, NoId};
 use rsock_core::proto::Params;
 use rsock_core::transport::mem::{Pair, Side};
@@ -79,12 +79,23 @@ impl Link {
 fn open_to(port: u16) -> Open {
     Open {
         opener: StreamId::CONTROL, // set by Control::open
+        granted: None,
         recv_credits: 16,
         ring_size: 32 * 1024,
         ring_rkey: 0x1234,
         ring_addr: 0x8000,
         conn_id: 0xfeed + u64::from(port),
         dest: format!("10.0.0.1:{port}").parse().unwrap(),
+    }
+}
+
+fn grant() -> Grant {
+    Grant {
+        acceptor: StreamId::CONTROL, // set by Control::grant
+        recv_credits: 16,
+        ring_size: 32 * 1024,
+        ring_rkey: 0x4321,
+        ring_addr: 0x10000,
     }
 }
 
@@ -277,6 +288,11 @@ mod random {
         Answer(usize, bool),
         /// End `.0` closes one of its open streams.
         Close(usize, usize),
+        /// End B grants A a stream (only the accepting end of a link grants, as rsock's:
+        /// two ends that each granted their last id to the other could open nothing more).
+        Grant,
+        /// End `.0` opens a stream on a grant of the other's, if it holds one.
+        OpenGranted(usize),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -285,6 +301,8 @@ mod random {
             4 => Just(Step::Round),
             3 => (0..2usize, prop::bool::weighted(0.2)).prop_map(|(e, r)| Step::Answer(e, r)),
             2 => (0..2usize, any::<usize>()).prop_map(|(e, k)| Step::Close(e, k)),
+            1 => Just(Step::Grant),
+            2 => Just(Step::OpenGranted(0)),
         ]
     }
 
@@ -325,6 +343,7 @@ mod random {
                         }
                     }
                     ControlEvent::Accepted(acc) => self.open[e].push(acc.opener),
+                    ControlEvent::IncomingGranted { mine, .. } => self.open[e].push(mine),
                     ControlEvent::Refused { .. } | ControlEvent::PeerClosed { .. } => {}
                     ControlEvent::Goodbye => prop_assert!(false, "nobody said goodbye"),
                 }
@@ -353,6 +372,16 @@ mod random {
                     if !self.open[e].is_empty() {
                         let mine = self.open[e].swap_remove(k % self.open[e].len());
                         self.link.ends[e].close(mine);
+                    }
+                }
+                Step::Grant => {
+                    let _ = self.link.ends[1].grant(grant());
+                }
+                Step::OpenGranted(e) => {
+                    let c = &mut self.link.ends[e];
+                    if let Ok((mine, _, open)) = c.open_granted(open_to(80)) {
+                        c.send_open(&open);
+                        self.open[e].push(mine);
                     }
                 }
             }
@@ -395,9 +424,17 @@ mod random {
             for s in steps {
                 w.apply(s)?;
             }
-            // Settle: answer everything (accepting), then close everything, until quiet.
+            // Settle: take every grant, answer everything (accepting), then close
+            // everything, until quiet.
             for _ in 0..200 {
                 for e in 0..2 {
+                    while w.link.ends[e].next_grant().is_some() {
+                        let before = w.link.ends[e].grants_held();
+                        w.apply(Step::OpenGranted(e))?;
+                        if w.link.ends[e].grants_held() == before {
+                            break; // no id left here: a close frees one
+                        }
+                    }
                     w.apply(Step::Answer(e, false))?;
                     while !w.open[e].is_empty() {
                         w.apply(Step::Close(e, 0))?;
@@ -406,7 +443,7 @@ mod random {
                 for _ in 0..4 {
                     w.apply(Step::Round)?;
                 }
-                let quiet = w.link.ends.iter().all(|c| c.queued() == 0)
+                let quiet = w.link.ends.iter().all(|c| c.queued() == 0 && c.grants_held() == 0)
                     && w.link.wire.a.in_flight() == 0
                     && w.link.wire.b.in_flight() == 0
                     && w.open.iter().all(|o| o.is_empty());

@@ -56,6 +56,8 @@ struct End {
 #[derive(Debug)]
 enum Said {
     Incoming(Open),
+    /// The peer's OPEN took our grant: its connection is kept.
+    IncomingGranted(Open, StreamId),
     Opened(StreamId),
     Refused(StreamId, RefuseReason),
     PeerClosed(StreamId),
@@ -175,6 +177,10 @@ impl End {
                                         Said::Opened(mine)
                                     }
                                     LinkEvent::Incoming(open) => Said::Incoming(open),
+                                    LinkEvent::IncomingGranted { open, mine, conn } => {
+                                        self.conns.insert(mine.get(), *conn);
+                                        Said::IncomingGranted(open, mine)
+                                    }
                                     LinkEvent::Refused { mine, reason } => {
                                         Said::Refused(mine, reason)
                                     }
@@ -330,6 +336,39 @@ impl Link {
             "{a_ev:?}"
         );
         (a_id, b_id)
+    }
+}
+
+impl Link {
+    /// B grants A `n` streams with rings of `ring` bytes: B's ids.
+    fn grant(&mut self, n: usize, ring: u32) -> Vec<StreamId> {
+        let ids = (0..n)
+            .map(|_| {
+                let (rk, at) = self.ends[1].ring(ring);
+                let id = self.ends[1].mux.grant(params(ring), at).unwrap();
+                self.ends[1].adopt(id, rk, 4096);
+                id
+            })
+            .collect();
+        let said = self.settle();
+        assert!(said.iter().all(Vec::is_empty), "{said:?}");
+        assert_eq!(self.ends[0].mux.grants_held(), n);
+        assert_eq!(self.ends[1].mux.grants_out(), n);
+        ids
+    }
+
+    /// A opens a stream on B's oldest grant and announces it at once: A's id.
+    fn open_granted(&mut self, ring: u32) -> StreamId {
+        let (rk, at) = self.ends[0].ring(ring);
+        let dest = "10.0.0.2:80".parse().unwrap();
+        let a = &mut self.ends[0];
+        assert!(a.mux.can_open_granted(&params(ring)));
+        let (id, conn) = a.mux.open_granted(params(ring), at, 43, dest).unwrap();
+        a.conns.insert(id.get(), conn);
+        a.adopt(id, rk, 4096);
+        assert!(a.mux.announce(id).is_some());
+        assert!(a.mux.announce(id).is_none(), "announced twice");
+        id
     }
 }
 
@@ -672,4 +711,144 @@ fn closes_held_back_ride_with_the_next_open() {
     let again: Vec<_> = (0..7).map(|_| l.open(4096, 4096)).collect();
     assert_eq!(again.len(), 7);
     assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
+}
+
+#[test]
+fn a_granted_stream_carries_bytes_before_any_answer() {
+    let mut l = Link::new();
+    let granted = l.grant(3, 8192);
+    // A opens two streams on grants and writes on them at once: no round trip between.
+    let ids: Vec<StreamId> = (0..2).map(|_| l.open_granted(16384)).collect();
+    let data: Vec<Vec<u8>> = (0..2)
+        .map(|k| pattern(30_000 + k * 7_000, k as u8))
+        .collect();
+    let mut sent = [0usize; 2];
+    for (k, &id) in ids.iter().enumerate() {
+        sent[k] += l.ends[0].write(id, &data[k]);
+        assert!(sent[k] > 0);
+    }
+    l.ends[0].post();
+    assert_eq!(l.ends[0].mux.streams(), 2);
+    assert_eq!(l.ends[0].mux.grants_held(), 1);
+    // B hears both OPENs (each took the oldest grant, in order) before their bytes.
+    l.round();
+    let said = std::mem::take(&mut l.ends[1].said);
+    let took: Vec<(u16, u16)> = said
+        .iter()
+        .map(|s| match s {
+            Said::IncomingGranted(open, mine) => {
+                assert_eq!(open.granted, Some(*mine));
+                (open.opener.get(), mine.get())
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        took,
+        vec![
+            (ids[0].get(), granted[0].get()),
+            (ids[1].get(), granted[1].get())
+        ]
+    );
+    assert_eq!(l.ends[1].mux.grants_out(), 1);
+    let mut got = [Vec::new(), Vec::new()];
+    let echo: Vec<Vec<u8>> = (0..2).map(|k| pattern(5_000, 50 + k as u8)).collect();
+    let mut echoed = [Vec::new(), Vec::new()];
+    let mut echo_sent = [0usize; 2];
+    for _ in 0..2000 {
+        for (k, &id) in ids.iter().enumerate() {
+            let from = sent[k];
+            sent[k] += l.ends[0].write(id, &data[k][from..]);
+            l.ends[1].read(granted[k], &mut got[k]);
+            if got[k].len() == data[k].len() {
+                let from = echo_sent[k];
+                echo_sent[k] += l.ends[1].write(granted[k], &echo[k][from..]);
+            }
+            l.ends[0].read(id, &mut echoed[k]);
+        }
+        l.round();
+        if (0..2).all(|k| got[k].len() == data[k].len() && echoed[k].len() == echo[k].len()) {
+            break;
+        }
+    }
+    for k in 0..2 {
+        assert_eq!(got[k].len(), data[k].len(), "stream {k}, A to B: bytes");
+        assert!(got[k] == data[k], "stream {k}, A to B: bytes differ");
+        assert!(
+            echoed[k] == echo[k],
+            "stream {k}, B to A: {} bytes",
+            echoed[k].len()
+        );
+    }
+    // No ACCEPT ever came: A heard nothing on stream 0 after the grants.
+    assert!(l.ends[0].said.is_empty(), "{:?}", l.ends[0].said);
+}
+
+#[test]
+fn an_open_on_an_id_never_granted_fails_the_link() {
+    let mut l = Link::new();
+    l.grant(1, 8192);
+    // A takes the grant; B meanwhile forgets it was granted: its table says no.
+    let id = l.open_granted(8192);
+    let mut other = Link::new();
+    std::mem::swap(&mut l.ends[1].mux, &mut other.ends[1].mux);
+    l.ends[0].write(id, b"x");
+    l.ends[0].post();
+    let (a, b) = split(&mut l.ends, 0);
+    while let Some((wr, payload)) = a.wire.pop_front() {
+        let mut land = Land {
+            rings: &mut b.rings,
+            payload: &payload,
+        };
+        a.qp.execute(&mut b.qp, &wr, &mut land).unwrap();
+    }
+    let ring0 = &b.rings[&CONTROL_RKEY];
+    let mut failed = None;
+    while let Some(c) = b.qp.poll() {
+        if let Cqe::Recv { imm, byte_len } = c {
+            b.mux.receives_to_post();
+            if let Err(e) = b.mux.handle_imm(imm, byte_len, ring0) {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let e = failed.expect("the link failed");
+    assert!(format!("{e:?}").contains("NotGranted"), "{e:?}");
+}
+
+#[test]
+fn no_grant_is_taken_without_one_or_after_goodbye() {
+    let mut l = Link::new();
+    assert_eq!(l.ends[0].mux.grants_held(), 0);
+    assert!(!l.ends[0].mux.can_open_granted(&params(8192)));
+    let (_, at) = l.ends[0].ring(8192);
+    let dest = "10.0.0.2:80".parse().unwrap();
+    assert!(l.ends[0]
+        .mux
+        .open_granted(params(8192), at, 1, dest)
+        .is_none());
+    assert_eq!(l.ends[0].mux.streams(), 0);
+    // Grants given, then B says GOODBYE: A may take none of them.
+    l.grant(2, 8192);
+    l.ends[1].mux.goodbye();
+    let said = l.settle();
+    assert!(matches!(said[0][..], [Said::Goodbye]), "{said:?}");
+    assert!(!l.ends[0].mux.can_open_granted(&params(8192)));
+    assert_eq!(l.ends[0].mux.grants_held(), 0);
+}
+
+#[test]
+fn a_granted_open_after_the_acceptors_goodbye_is_still_taken() {
+    let mut l = Link::new();
+    l.grant(1, 8192);
+    let id = l.open_granted(8192);
+    // B says GOODBYE as A's OPEN is on its way: the grant holds.
+    l.ends[1].mux.goodbye();
+    let said = l.settle();
+    assert!(
+        matches!(said[1][..], [Said::IncomingGranted(o, _)] if o.opener == id),
+        "{said:?}"
+    );
+    assert!(matches!(said[0][..], [Said::Goodbye]), "{said:?}");
 }

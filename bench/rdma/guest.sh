@@ -58,7 +58,7 @@ fi
 RSP=${RSPRELOAD:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
 A=$RDMA_VM_ADDR
 for f in "$SO" "$PP" "$RSOCK" "$RDMAPP"; do
-  [[ -x $f || -f $f ]] || { echo "missing $f: cargo build --release --workspace --examples" >&2; exit 2; }
+  [[ -x $f || -f $f ]] || { echo "missing $f: cargo build --release --workspace --lib --bins --examples" >&2; exit 2; }
 done
 for c in ib_write_lat ib_write_bw ib_send_lat rstream iperf3 $( ((SMOKE)) || echo strace); do
   command -v "$c" >/dev/null || { echo "missing $c (tests/rdma-vm/setup.sh installs the bed's packages; bench/rdma/run.sh installs strace)" >&2; exit 2; }

@@ -1,5 +1,6 @@
-# Shared by bench/rdma/links.sh (one guest) and links-pair.sh (two guests): the three modes,
-# the report of one run, and the plan of runs. The caller defines `one MODE PAR [keep]
+# Shared by bench/rdma/links.sh (one guest) and links-pair.sh (two guests): the modes, the
+# report of one run, and the plan of runs (MODES: the modes compared, default
+# "tcp nolinks links"; links-nogrant is links with RSOCK_LINK_GRANTS=0). The caller defines `one MODE PAR [keep]
 # EXTRA...` (run the server and client of one measurement) and sets B (target/release).
 
 # links_env MODE STATS_DIR CONNECT_TIMEOUT_MS: the env command that runs a program in MODE.
@@ -7,6 +8,7 @@ links_env() {
   case $1 in
     tcp) echo env ;;
     links) echo env LD_PRELOAD=$B/librsock.so RSOCK_LINKS=1 ${XENV:-} RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$3 ;;
+    links-nogrant) echo env LD_PRELOAD=$B/librsock.so RSOCK_LINKS=1 RSOCK_LINK_GRANTS=0 RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$3 ;;
     nolinks) echo env LD_PRELOAD=$B/librsock.so RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$3 ;;
   esac
 }
@@ -20,9 +22,9 @@ import json, sys
 mode, par, rc, extra = sys.argv[1:]
 lines = [l for l in open('/tmp/cli.out') if l.startswith('{')]
 if not lines:
-    print(f"{mode:8} par={par:>2} {extra:18} rc={rc} no result"); sys.exit()
+    print(f"{mode:13} par={par:>2} {extra:18} rc={rc} no result"); sys.exit()
 j = json.loads(lines[-1])
-print(f"{mode:8} par={par:>2} {extra:18} rc={rc} ok={j['ok']} setup/s={j['setup_per_s']:8.1f} cpu_ms={j['cpu_ms_per_setup']:5.2f} connect_p50={j['connect_ms_p50']:6.2f} rtt_p50={j['rtt_us_p50']:8.1f} qps={j['rc_qps']}")
+print(f"{mode:13} par={par:>2} {extra:18} rc={rc} ok={j['ok']} setup/s={j['setup_per_s']:8.1f} cpu_ms={j['cpu_ms_per_setup']:5.2f} connect_p50={j['connect_ms_p50']:6.2f} rtt_p50={j['rtt_us_p50']:8.1f} qps={j['rc_qps']}")
 PY
   [ "$mode" != tcp ] && env -u LD_PRELOAD "$B/rsock" stat --dir "$d" --all --json | python3 -c '
 import sys, json
@@ -32,14 +34,14 @@ for l in sys.stdin:
   return 0
 }
 
-# links_plan: churn, one after another and from 16 threads, three modes in turn, twice;
+# links_plan: churn, one after another and from 16 threads, the modes in turn, twice;
 # then the round trip on one of 20 open connections.
 links_plan() {
-  local rep par mode
+  local rep par mode modes=${MODES:-tcp nolinks links}
   for rep in 1 2; do
     for par in 1 16; do
-      for mode in tcp nolinks links; do one $mode $par --close-each 1; done
+      for mode in $modes; do one $mode $par --close-each 1; done
     done
   done
-  for mode in tcp nolinks links; do one $mode 1 keep --rtt 2000; done
+  for mode in $modes; do one $mode 1 keep --rtt 2000; done
 }

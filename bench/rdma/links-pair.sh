@@ -5,7 +5,7 @@
 # connections), for kernel TCP, rsock with a QP per connection and rsock on links, in turn,
 # twice, in one boot. Prints one line per run and each rsock client's counters.
 #
-#   cargo build --release --workspace --examples
+#   cargo build --release --workspace --lib --bins --examples
 #   tests/rdma-vm/run.sh --topology pair --timeout 1800 -- bench/rdma/links-pair.sh
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2

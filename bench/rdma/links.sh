@@ -5,7 +5,7 @@
 # (RSOCK_LINKS=1), in turn, twice, in one boot of the Soft-RoCE bed. Prints one line per run
 # (examples/scale_conns' JSON, summarised) and each rsock process's counters.
 #
-#   cargo build --release --workspace --examples
+#   cargo build --release --workspace --lib --bins --examples
 #   tests/rdma-vm/run.sh -- bench/rdma/links.sh
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -78,7 +78,7 @@ pub fn render(procs: &[Snapshot]) -> String {
             s.connects_failed
         );
     }
-    let simple: [Family; 9] = [
+    let simple: [Family; 10] = [
         (
             "rsock_listens",
             "counter",
@@ -120,6 +120,12 @@ pub fn render(procs: &[Snapshot]) -> String {
             "counter",
             "Connections opened or accepted over a link.",
             |s| s.link_streams,
+        ),
+        (
+            "rsock_link_granted",
+            "counter",
+            "Connections over a link opened or accepted on a grant (no answer waited for).",
+            |s| s.link_granted,
         ),
         (
             "rsock_open_connections",
@@ -181,6 +187,7 @@ mod tests {
             connects_failed: 0,
             links: 0,
             link_streams: 0,
+            link_granted: 0,
             log: (None, 0, 0),
             sockets: Vec::new(),
             listeners: Vec::new(),
@@ -221,6 +228,6 @@ mod tests {
                 assert!(line.starts_with(family), "{line} outside {family}");
             }
         }
-        assert_eq!(seen.len(), 14);
+        assert_eq!(seen.len(), 15);
     }
 }

@@ -343,9 +343,10 @@ pub fn print_human(s: &Snapshot) {
     }
     if s.links > 0 {
         outln!(
-            "  links: {} set up, {} connections over them",
+            "  links: {} set up, {} connections over them ({} on a grant)",
             s.links,
-            s.link_streams
+            s.link_streams,
+            s.link_granted
         );
     }
     for c in &s.sockets {

@@ -17,9 +17,12 @@
 //! completion to a stream.
 
 mod answer;
+mod grant;
 mod make;
 mod member;
+mod parts;
 
+pub(super) use answer::sleep_on_device;
 pub(super) use make::{accept_link, is_link_request};
 pub use make::{connect, LinkHints, Outcome};
 pub use member::{Member, SlotBuf};
@@ -27,9 +30,10 @@ pub use member::{Member, SlotBuf};
 use super::stream::{QueuePair, PROBE_WR, PROTO_SIGNALED};
 use super::{lock, Dev, Engine, Stream};
 use crate::proto::link::imm::StreamId;
+use crate::proto::link::record::RefuseReason;
 use crate::proto::link::{untag, LinkEvent, Mux, Slot, Slots, WR_DRIVER_BITS};
 use crate::rdma::{self, RegBuf, Wc};
-use crate::stats::Cause;
+use crate::stats::{Cause, Fallback};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
@@ -49,6 +53,9 @@ pub struct Link {
     pub peer: SocketAddr,
     /// An accepted link's listener (its OPENs are for it), 0 for a connector's.
     listener: u64,
+    /// Streams this end keeps granted to the peer (an accepted link whose peer takes
+    /// grants: `RSOCK_LINK_GRANTS`), 0 for none.
+    grant_pool: u32,
     st: Mutex<State>,
     failed: AtomicBool,
     /// It holds CLOSEs back (counted in [`HOLDING`]).
@@ -121,6 +128,8 @@ struct State {
     /// The streams open here, by our id.
     members: HashMap<u16, Weak<Stream>>,
     opening: HashMap<u16, Opening>,
+    /// Streams granted to the peer and not taken yet: their ring and send buffer, by our id.
+    granted: HashMap<u16, (SlotBuf, SlotBuf)>,
     /// Answers to OPENs, for their connectors, by the stream's `conn_id` (not its id: a
     /// refused id is free at once, and the next OPEN may take it before the first
     /// connector has looked).
@@ -149,11 +158,11 @@ impl Link {
     pub fn has_room(&self) -> bool {
         let st = self.lock();
         let fits = |s: &Slab| {
-            s.slots.allocated_bytes() + u64::from(make::STREAM_BUF)
+            s.slots.allocated_bytes() + u64::from(parts::STREAM_BUF)
                 <= u64::from(s.slots.slab_size())
         };
         !self.is_failed()
-            && st.mux.streams() < usize::from(make::MAX_STREAMS)
+            && st.mux.streams() < usize::from(parts::MAX_STREAMS)
             && fits(&st.rings)
             && fits(&st.sends)
     }
@@ -255,6 +264,9 @@ impl Link {
     fn on_event(self: &Arc<Self>, engine: &Engine, ev: LinkEvent) {
         match ev {
             LinkEvent::Incoming(open) => make::on_open(self, engine, open),
+            LinkEvent::IncomingGranted { open, mine, conn } => {
+                grant::on_open_granted(self, engine, open, mine, *conn)
+            }
             LinkEvent::Opened { mine, conn } => make::on_opened(self, engine, mine, *conn),
             LinkEvent::Refused { mine, reason } => {
                 let mut st = self.lock();
@@ -262,7 +274,7 @@ impl Link {
                 let opening = st.opening.remove(&mine.get());
                 if let Some(o) = &opening {
                     log::info!("rdma link to {}: stream refused ({reason:?})", self.peer);
-                    st.answer(o.conn_id, Err(make::refused(reason)));
+                    st.answer(o.conn_id, Err(refused(reason)));
                 }
                 drop(st);
                 drop(opening);
@@ -309,21 +321,22 @@ impl Link {
         if self.failed.swap(true, AcqRel) {
             return;
         }
-        let (members, opening) = {
+        let (members, opening, granted) = {
             let mut st = self.lock();
             let _ = st.rc.disconnect();
             let opening: Vec<(u16, Opening)> = st.opening.drain().collect();
+            let granted: Vec<_> = st.granted.drain().collect();
             for (_, o) in &opening {
-                st.answer(o.conn_id, Err(make::refused_failed()));
+                st.answer(o.conn_id, Err(refused_failed()));
             }
             let members = st
                 .members
                 .values()
                 .filter_map(Weak::upgrade)
                 .collect::<Vec<_>>();
-            (members, opening)
+            (members, opening, granted)
         };
-        drop(opening); // slots go back to the link, which takes its lock
+        drop((opening, granted)); // slots go back to the link, which takes its lock
         log::info!(
             "rdma link {} -> {}: {why}{}",
             self.local,
@@ -341,6 +354,19 @@ impl Link {
             lock(&e.links).remove(self);
         }
     }
+}
+
+/// Why a connect over a link did not happen, for a refused OPEN.
+fn refused(reason: RefuseReason) -> Cause {
+    match reason {
+        RefuseReason::BacklogFull | RefuseReason::NoResources => Cause::from(Fallback::Resources),
+        _ => Cause::from(Fallback::Rejected),
+    }
+}
+
+/// ... and for an OPEN whose link failed before the answer.
+fn refused_failed() -> Cause {
+    Cause::errno(Fallback::Unreachable, libc::ECONNRESET)
 }
 
 /// Stream 0's ring `r` in the ring slab, read only where the protocol says bytes are
@@ -379,6 +405,8 @@ impl Link {
     pub(super) fn close_if_idle(&self, idle: Duration) {
         let (unused, opened) = {
             let st = self.lock();
+            // Streams granted to the peer keep it: the peer may take one at any time, and
+            // closes the link itself when it has no use for it.
             let unused = st.mux.streams() == 0 && st.opening.is_empty() && st.quarantine.is_empty();
             (unused, st.opened)
         };
@@ -499,6 +527,14 @@ impl Links {
 
     pub(super) fn by_token(&self, token: u64) -> Option<Arc<Link>> {
         self.by_token.get(&token).cloned()
+    }
+
+    /// The device of a link accepted on listener `token`, if any: its OPENs come there.
+    pub(super) fn dev_of_listener(&self, token: u64) -> Option<Arc<Dev>> {
+        self.by_qp
+            .values()
+            .find(|l| l.listener == token && !l.is_failed())
+            .map(|l| l.dev.clone())
     }
 
     pub(super) fn all(&self) -> Vec<Arc<Link>> {

@@ -335,7 +335,29 @@ impl Listener {
             if self.nonblocking.load(Relaxed) {
                 return Err(libc::EAGAIN);
             }
-            crate::sys::unix::wait(self.bell.app_fd(), libc::POLLIN, 1000); // then re-check
+            let link_dev = lock(&engine.links).dev_of_listener(self.token);
+            match link_dev {
+                Some(dev) => self.wait_on_link(engine, &dev),
+                None => {
+                    crate::sys::unix::wait(self.bell.app_fd(), libc::POLLIN, 1000);
+                }
+            }
+        }
+    }
+
+    /// `accept()`'s wait while links came in on this listener: their streams arrive as
+    /// OPENs on the link's queue pair, which this thread polls for the spin budget and then
+    /// sleeps on, beside the doorbell. An OPEN handled by the helper instead would reach
+    /// the program one thread hop later, on every connection.
+    fn wait_on_link(&self, engine: &Engine, dev: &Arc<super::Dev>) {
+        let queued = || !lock(&self.queue).items.is_empty();
+        let mut spin = engine.poll_budget.spin();
+        while !queued() && spin.go_on() {
+            engine.progress(dev);
+            std::hint::spin_loop();
+        }
+        if !queued() {
+            super::link::sleep_on_device(engine, dev, self.bell.app_fd(), 1000, queued);
         }
     }
 

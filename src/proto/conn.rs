@@ -419,6 +419,33 @@ impl Conn {
                 && self.rx.update_due(self.credit_bytes_held()))
     }
 
+    /// Whether `len` bytes written now would all go out at the next
+    /// [`poll_write`](Self::poll_write)s: nothing is waiting before them, and the peer's
+    /// credits and the send queue take them even as two bursts (a write may wrap the send
+    /// buffer) after a credit return. A link's control stream asks before an OPEN whose
+    /// stream writes at once: its data must not pass the OPEN.
+    pub fn sends_now(&self, len: usize) -> bool {
+        let len = len as u64;
+        let idle = self.failed.is_none()
+            && !self.peer_reset
+            && !self.reset_sent
+            && !self.reset_queued
+            && self.transport.is_none()
+            && !self.write_shut
+            && !self.migrating()
+            && !self.switch_owed
+            && self.all_posted();
+        idle && self.tx.wrs() >= super::credits::CONTROL_RESERVE + 3
+            && self.tx.bytes_after(self.tx_posted) >= len
+            && self.writable() as u64 >= len
+            && self.sq_room(3)
+    }
+
+    /// Whether every byte written has been handed out in work requests.
+    pub fn all_posted(&self) -> bool {
+        self.planned.is_empty() && self.tx_queued == self.tx_posted
+    }
+
     /// Where the peer's ring is now: its address and rkey (a zero-length probe names it).
     pub fn peer_ring(&self) -> (u64, u32) {
         (self.peer_ring_addr, self.peer_rkey)

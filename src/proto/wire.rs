@@ -31,6 +31,11 @@ pub const MIN_RECV_CREDITS: u32 = 4;
 /// Most posted receives a peer may advertise.
 pub const MAX_RECV_CREDITS: u32 = 1 << 16;
 
+/// Hello flag of a link's hellos (kind link, and the accept that answers one): the sender
+/// takes GRANT records and OPENs on them (PROTOCOL.md §14). A peer that does not know it
+/// ignores it (and grants nothing).
+pub const FLAG_LINK_GRANTS: u16 = 1;
+
 /// Byte ranges of the fields; see `docs/PROTOCOL.md` §2.
 pub mod field {
     use core::ops::Range;

@@ -47,6 +47,8 @@ pub struct Snapshot {
     pub links: u64,
     /// See `links`.
     pub link_streams: u64,
+    /// Of `link_streams`, those opened or accepted on a grant.
+    pub link_granted: u64,
     /// The log level in force (`None`: not known yet), where the log goes and the pid in
     /// its file's name (see [`super::control`]).
     pub log: (Option<log::LevelFilter>, u32, u32),
@@ -129,6 +131,7 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         connects_failed: h.counters.connects_failed.load(Relaxed),
         links: h.counters.links.load(Relaxed),
         link_streams: h.counters.link_streams.load(Relaxed),
+        link_granted: h.counters.link_granted.load(Relaxed),
         log: (
             super::control::decode(h.log.level.load(Relaxed)),
             h.log.target.load(Relaxed),
@@ -330,7 +333,7 @@ impl Snapshot {
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"links\":{{\"made\":{},\"streams\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"links\":{{\"made\":{},\"streams\":{},\"granted\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -348,6 +351,7 @@ impl Snapshot {
             self.connects_failed,
             self.links,
             self.link_streams,
+            self.link_granted,
             self.log_json(),
             socks.join(","),
             listeners.join(",")

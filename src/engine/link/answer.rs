@@ -4,8 +4,7 @@
 
 use super::{Link, State};
 use crate::engine::stream::Asleep;
-use crate::engine::Engine;
-use crate::engine::Stream;
+use crate::engine::{Dev, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::stats::{Cause, Fallback};
 use crate::sys::raw;
@@ -53,36 +52,52 @@ pub(super) fn wait(
             }
             left
         };
-        let asleep = Asleep::new(&*link.dev);
-        engine.sleep_armed(&link.dev); // polls once more: what landed before the arm
-        if link.lock().answers.contains_key(&conn_id) {
-            continue;
-        }
         // Without an eventfd, an answer another thread handles is seen at the next look.
         let most = if waker.is_some() { 200 } else { 1 };
-        let mut p = [
-            libc::pollfd {
-                fd: link.dev.dev.comp_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: waker.unwrap_or(-1),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        let ms = left.as_millis().clamp(1, most) as libc::c_int;
-        // SAFETY: two valid pollfds (a negative fd is ignored).
-        unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
-        drop(asleep);
-        if p[0].revents & libc::POLLIN != 0 {
-            engine.on_cq_event(&link.dev, 1);
-        }
-        if p[1].revents & libc::POLLIN != 0 {
-            raw::eventfd_take(p[1].fd);
+        let ms = left.as_millis().clamp(1, most) as c_int;
+        let answered = || link.lock().answers.contains_key(&conn_id);
+        if sleep_on_device(engine, &link.dev, waker.unwrap_or(-1), ms, answered) {
+            raw::eventfd_take(waker.unwrap_or(-1));
         }
     }
+}
+
+/// Sleeps on `dev`'s completion channel and on `fd` (ignored if negative) for at most
+/// `ms`, unless `done` says the wait is over once the CQ is armed (what landed before the
+/// arm is handled then). A completion event is handled here: the thread counts as one
+/// asleep on the device meanwhile, so the helper leaves the device's events to it rather
+/// than handing them on with a thread hop. Whether `fd` became readable.
+pub(in crate::engine) fn sleep_on_device(
+    engine: &Engine,
+    dev: &Arc<Dev>,
+    fd: c_int,
+    ms: c_int,
+    done: impl Fn() -> bool,
+) -> bool {
+    let asleep = Asleep::new(&**dev);
+    engine.sleep_armed(dev); // polls once more: what landed before the arm
+    if done() {
+        return false;
+    }
+    let mut p = [
+        libc::pollfd {
+            fd: dev.dev.comp_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfds (a negative fd is ignored).
+    unsafe { crate::sys::real::poll(p.as_mut_ptr(), 2, ms) };
+    drop(asleep);
+    if p[0].revents & libc::POLLIN != 0 {
+        engine.on_cq_event(dev, 1);
+    }
+    p[1].revents & libc::POLLIN != 0
 }
 
 /// Connector: its OPEN of `mine` went unanswered until its deadline.

@@ -1,13 +1,18 @@
 //! Setting links up (rdma_cm, a hello of kind Link, both ends), and the streams on them:
 //! a connector's OPEN and its answer, an acceptor's ACCEPT or REFUSE.
 
-use super::{answer, Link, Member, Opening, Slab, SlotBuf, State};
+use super::parts::{
+    accepted_stream, connector_stream, stream_params, stream_slots, CONTROL_BUF, MAX_STREAMS,
+    STREAM_RECVS, STREAM_SENDS,
+};
+use super::{answer, Link, Opening, Slab, State};
 use crate::engine::setup::{opts_socket, OptsSocket};
-use crate::engine::stream::{fresh_bell, Parts, StreamBuf, StreamQp};
+use crate::engine::stream::fresh_bell;
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::record::{Open, RefuseReason};
 use crate::proto::link::{Mux, Slots};
+use crate::proto::wire::FLAG_LINK_GRANTS;
 use crate::proto::{self, Conn, Hello, HelloKind, Params, Reject, RejectReason};
 use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps, RegBuf};
 use crate::stats::{Cause, Fallback};
@@ -20,15 +25,6 @@ use std::time::{Duration, Instant};
 /// Each slab: rings in one, send buffers in the other (only rings are the peer's to
 /// write).
 const SLAB: u32 = 2 << 20;
-/// A link stream's ring and send buffer (they do not grow on a link).
-pub(super) const STREAM_BUF: u32 = 32 * 1024;
-/// Stream 0's ring and send buffer.
-const CONTROL_BUF: u32 = 16 * 1024;
-/// Each stream's share of the link's queues, and stream 0's.
-const STREAM_RECVS: u32 = 16;
-const STREAM_SENDS: u32 = 16;
-/// Streams a link carries at most (the slabs hold as many, beside stream 0's slots).
-pub(super) const MAX_STREAMS: u16 = 62;
 /// The link's queues: every stream's share, a probe's slot each, and stream 0's.
 const LINK_RQ: u32 = STREAM_RECVS * (MAX_STREAMS as u32 + 1);
 const LINK_SQ: u32 = (STREAM_SENDS + 1) * (MAX_STREAMS as u32 + 1);
@@ -50,34 +46,6 @@ impl LinkHints {
             .filter_map(Weak::upgrade)
             .find(|l| l.has_room())
     }
-}
-
-/// The params of a stream on a link (stream 0's when `control`).
-fn stream_params(engine: &Engine, caps: &QpCaps, control: bool) -> Params {
-    let buf = if control { CONTROL_BUF } else { STREAM_BUF };
-    Params {
-        ring_size: buf,
-        recv_credits: STREAM_RECVS,
-        send_buf_size: buf,
-        send_queue_depth: STREAM_SENDS,
-        max_inline: engine.cfg.max_inline.min(caps.max_inline_data),
-        ring_grow_to: 0,
-        send_grow_to: 0,
-    }
-}
-
-/// A new stream's params and its ring and send buffer, if the slabs have room. A slot
-/// goes back to the link when it drops, which takes the link's lock: the caller drops an
-/// unused one only after letting go of `st`.
-fn stream_slots(
-    engine: &Engine,
-    link: &Arc<Link>,
-    st: &mut State,
-) -> (Params, (Option<SlotBuf>, Option<SlotBuf>)) {
-    let params = stream_params(engine, &st.rc.caps(), false);
-    let ring = SlotBuf::take(link, st, params.ring_size, true);
-    let send = SlotBuf::take(link, st, params.send_buf_size, false);
-    (params, (ring, send))
 }
 
 /// What a connect over a link came to.
@@ -152,12 +120,15 @@ fn make_link(
     rc.post_recvs(0, params.recv_credits).map_err(fail)?;
     let conn_id = crate::sys::unix::random_u64();
     let mr = rings.buf.mr();
-    let hello = params.hello(
+    let mut hello = params.hello(
         HelloKind::Link,
         mr.iova() + u64::from(control_ring.offset),
         mr.rkey().unwrap_or(0),
         conn_id,
     );
+    if engine.cfg.link_grants > 0 {
+        hello.flags |= FLAG_LINK_GRANTS;
+    }
     let bytes = hello.to_bytes();
     let param = ConnParam {
         private_data: &bytes[..hello.encoded_len()],
@@ -201,7 +172,7 @@ fn make_link(
         dest,
         local,
         dest,
-        0,
+        (0, 0),
     )
     .ok_or(None)?;
     let mut h = lock(&engine.link_hints);
@@ -264,7 +235,7 @@ fn build(
     dest: SocketAddr,
     local: SocketAddr,
     peer: SocketAddr,
-    listener: u64,
+    (listener, grant_pool): (u64, u32),
 ) -> Option<Arc<Link>> {
     let caps = rc.caps();
     // A probe's slot per stream stays out of the shares.
@@ -279,6 +250,7 @@ fn build(
         local,
         peer,
         listener,
+        grant_pool,
         st: Mutex::new(State {
             rc,
             mux,
@@ -288,6 +260,7 @@ fn build(
             control_send,
             members: HashMap::new(),
             opening: HashMap::new(),
+            granted: HashMap::new(),
             answers: HashMap::new(),
             opened: 0,
             sleepers: HashMap::new(),
@@ -365,14 +338,22 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
         }
     };
     let mr = rings.buf.mr();
-    let ours = params
-        .hello(
-            HelloKind::Accept,
-            mr.iova() + u64::from(cr.offset),
-            mr.rkey().unwrap_or(0),
-            hello.conn_id,
-        )
-        .to_bytes();
+    // Grants only to a peer that takes them (an older one would fail the link on a GRANT).
+    let grant_pool = if hello.flags & FLAG_LINK_GRANTS != 0 {
+        engine.cfg.link_grants
+    } else {
+        0
+    };
+    let mut ours = params.hello(
+        HelloKind::Accept,
+        mr.iova() + u64::from(cr.offset),
+        mr.rkey().unwrap_or(0),
+        hello.conn_id,
+    );
+    if grant_pool > 0 {
+        ours.flags |= FLAG_LINK_GRANTS;
+    }
+    let ours = ours.to_bytes();
     let (Some(local), Some(peer)) = (rc.id().local_addr(), rc.id().peer_addr()) else {
         let _ = rc.reject(&no_room);
         return;
@@ -390,7 +371,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
         local,
         local,
         peer,
-        listener,
+        (listener, grant_pool),
     ) else {
         return;
     };
@@ -421,6 +402,10 @@ fn open_stream(
         log::info!("rdma link to {}: doorbell: {e}", link.peer);
         Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
     })?;
+    let bell = match super::grant::open(engine, link, dest, &opts, bell, deadline) {
+        Ok(r) => return r,
+        Err(bell) => bell, // no grant to take: open and wait for the answer
+    };
     let token = engine.token();
     let conn_id = crate::sys::unix::random_u64();
     let mine = {
@@ -506,33 +491,7 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
         return;
     };
     let conn_id = o.conn_id;
-    let parts = Parts {
-        rc: StreamQp::Link(Box::new(Member::new(link.clone(), mine))),
-        proto: conn,
-        ring: StreamBuf::Slot(Box::new(o.ring)),
-        send: StreamBuf::Slot(Box::new(o.send)),
-        local: link.local,
-        peer: link.dest,
-        opts_fd: o.opts.fd,
-        opts_default: o.opts.default_opts,
-        token: o.token,
-        conn_id: o.conn_id,
-        bell: Some(o.bell),
-    };
-    let r = match Stream::new(parts, link.dev.clone(), engine.spin_max(), engine.owner) {
-        Ok(s) => {
-            link.lock().members.insert(mine.get(), Arc::downgrade(&s));
-            engine.register_member(&s);
-            Ok(s)
-        }
-        Err(e) => {
-            log::info!("rdma link to {}: stream {}: {e}", link.peer, mine.get());
-            Err(Cause::errno(
-                Fallback::Resources,
-                e.raw_os_error().unwrap_or(0),
-            ))
-        }
-    };
+    let r = connector_stream(link, engine, mine, conn, o);
     link.lock().answer(conn_id, r);
 }
 
@@ -604,43 +563,20 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
         open.dest,
         mine.get()
     );
-    let parts = Parts {
-        rc: StreamQp::Link(Box::new(Member::new(link.clone(), mine))),
-        proto: conn,
-        ring: StreamBuf::Slot(Box::new(ring)),
-        send: StreamBuf::Slot(Box::new(send)),
-        local: SocketAddr::new(link.local.ip(), open.dest.port()),
-        peer: link.peer,
-        opts_fd,
-        opts_default: true, // made here; the listener's options come after
-        token: engine.token(),
-        conn_id: open.conn_id,
-        bell: Some(bell),
-    };
-    match Stream::new(parts, link.dev.clone(), engine.spin_max(), engine.owner) {
-        Ok(s) => {
-            link.lock().members.insert(mine.get(), Arc::downgrade(&s));
-            engine.register_member(&s);
-            listener.push_stream(s);
-        }
-        Err(e) => {
-            // The member closes the stream (its CLOSE follows the ACCEPT).
-            log::warn!("rdma link from {}: stream: {e}", link.peer);
-        }
+    if let Some(s) = accepted_stream(
+        link,
+        engine,
+        &open,
+        mine,
+        conn,
+        (ring, send),
+        (opts_fd, bell),
+    ) {
+        listener.push_stream(s);
     }
     let mut st = link.lock();
+    let unused = super::grant::refill(link, engine, listener.shared(), &mut st);
     link.pump(&mut st);
-}
-
-/// Why a connect over a link did not happen, for a refused OPEN.
-pub(super) fn refused(reason: RefuseReason) -> Cause {
-    match reason {
-        RefuseReason::BacklogFull | RefuseReason::NoResources => Cause::from(Fallback::Resources),
-        _ => Cause::from(Fallback::Rejected),
-    }
-}
-
-/// ... and for an OPEN whose link failed before the answer.
-pub(super) fn refused_failed() -> Cause {
-    Cause::errno(Fallback::Unreachable, libc::ECONNRESET)
+    drop(st);
+    drop(unused); // a slot goes back to the link, which takes its lock
 }

@@ -11,7 +11,7 @@
 //! order on the queue pair, and so must the driver).
 
 use super::imm::StreamId;
-use super::record::{Accept, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN};
+use super::record::{Accept, Grant, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN};
 use super::streams::{LinkError, NoId, Streams};
 use crate::proto::{Conn, ReadError, WriteError};
 use core::fmt;
@@ -22,6 +22,13 @@ use std::collections::VecDeque;
 pub enum ControlEvent {
     /// The peer asks for a stream: answer with [`Control::accept`] or [`Control::refuse`].
     Incoming(Open),
+    /// The peer's OPEN took our granted stream `mine`: open at both ends, no answer goes.
+    IncomingGranted {
+        /// The OPEN (its `granted` is `mine`).
+        open: Open,
+        /// Our id of the stream.
+        mine: StreamId,
+    },
     /// Our OPEN was accepted: stream `accept.opener` is open, the peer's ring is
     /// `accept`'s.
     Accepted(Accept),
@@ -77,6 +84,8 @@ pub struct Control {
     partial: Vec<u8>,
     /// The peer's ids of OPENs not answered yet.
     pending: Vec<StreamId>,
+    /// Streams the peer granted us, not taken yet, oldest first.
+    grants: VecDeque<Grant>,
     events: VecDeque<ControlEvent>,
     failed: Option<ControlError>,
 }
@@ -90,6 +99,7 @@ impl Control {
             lazy: Vec::new(),
             partial: Vec::with_capacity(MAX_RECORD_LEN),
             pending: Vec::new(),
+            grants: VecDeque::new(),
             events: VecDeque::new(),
             failed: None,
         }
@@ -101,6 +111,49 @@ impl Control {
         open.opener = mine;
         self.queue(&Record::Open(open));
         Ok(mine)
+    }
+
+    /// Grants the peer a stream ready for it (`grant.acceptor` is set here): our id of it.
+    pub fn grant(&mut self, mut grant: Grant) -> Result<StreamId, NoId> {
+        let mine = self.streams.grant()?;
+        grant.acceptor = mine;
+        self.queue(&Record::Grant(grant));
+        Ok(mine)
+    }
+
+    /// The oldest grant of the peer's, if any and no GOODBYE passed.
+    pub fn next_grant(&self) -> Option<&Grant> {
+        self.grants
+            .front()
+            .filter(|_| !self.streams.saying_goodbye())
+    }
+
+    /// Grants of the peer's not taken yet.
+    pub fn grants_held(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// Opens a stream on the peer's oldest grant (see [`next_grant`](Self::next_grant)):
+    /// takes an id for it, open at once (no answer comes), and the grant. The OPEN that takes
+    /// it (`open` with `opener` and `granted` set here) is returned, not queued: the driver
+    /// queues it with [`send_open`](Self::send_open) once it is ready for the peer's bytes.
+    pub fn open_granted(&mut self, mut open: Open) -> Result<(StreamId, Grant, Open), NoId> {
+        let grant = *self.next_grant().ok_or(NoId::Exhausted)?;
+        let mine = self.streams.open_granted(grant.acceptor)?;
+        self.grants.pop_front();
+        open.opener = mine;
+        open.granted = Some(grant.acceptor);
+        Ok((mine, grant, open))
+    }
+
+    /// Queues an OPEN [`open_granted`](Self::open_granted) made.
+    pub fn send_open(&mut self, open: &Open) {
+        self.queue(&Record::Open(*open));
+    }
+
+    /// Bytes of CLOSE records held back: they go with the next record queued.
+    pub fn lazy_len(&self) -> usize {
+        self.lazy.len()
     }
 
     /// Accepts the peer's `open` (an [`ControlEvent::Incoming`]) with our side of the stream
@@ -181,6 +234,7 @@ impl Control {
     pub fn goodbye(&mut self) {
         if !self.streams.saying_goodbye() {
             self.streams.say_goodbye();
+            self.grants.clear();
             self.queue(&Record::Goodbye);
         }
     }
@@ -279,6 +333,13 @@ impl Control {
                 if self.pending.contains(&theirs) || self.streams.uses_theirs(theirs) {
                     return Err(link(LinkError::DuplicateOpen(theirs.get())));
                 }
+                if let Some(mine) = open.granted {
+                    // A grant holds even across a GOODBYE the OPEN crossed: it was given.
+                    self.streams.on_open_granted(theirs, mine).map_err(link)?;
+                    self.events
+                        .push_back(ControlEvent::IncomingGranted { open, mine });
+                    return Ok(());
+                }
                 self.pending.push(theirs);
                 if self.streams.saying_goodbye() {
                     self.refuse(theirs, RefuseReason::LinkClosing);
@@ -306,7 +367,19 @@ impl Control {
             }
             Record::Goodbye => {
                 self.streams.say_goodbye();
+                self.grants.clear();
                 self.events.push_back(ControlEvent::Goodbye);
+            }
+            Record::Grant(grant) => {
+                let theirs = grant.acceptor;
+                if self.grants.iter().any(|g| g.acceptor == theirs)
+                    || self.streams.uses_theirs(theirs)
+                {
+                    return Err(link(LinkError::DuplicateGrant(theirs.get())));
+                }
+                if !self.streams.saying_goodbye() {
+                    self.grants.push_back(grant);
+                }
             }
         }
         Ok(())

@@ -19,7 +19,7 @@
 
 use super::control::{Control, ControlError, ControlEvent};
 use super::imm::{decode, StreamId};
-use super::record::{Accept, Open, RefuseReason};
+use super::record::{Accept, Grant, Open, RefuseReason, MAX_RECORD_LEN};
 use super::streams::NoId;
 use crate::proto::wire::{Hello, HelloKind};
 use crate::proto::{Conn, Params, ProtocolError, WrId, Write};
@@ -64,6 +64,16 @@ pub enum MuxError {
 pub enum LinkEvent {
     /// The peer asks for a stream: answer with [`Mux::accept`] or [`Mux::refuse`].
     Incoming(Open),
+    /// The peer's OPEN took our granted stream `mine`: its connection, the driver's from
+    /// now (no answer goes; a stream the driver does not want it closes).
+    IncomingGranted {
+        /// The OPEN.
+        open: Open,
+        /// Our id of the stream.
+        mine: StreamId,
+        /// Its connection (speaking the link's immediates).
+        conn: Box<Conn>,
+    },
     /// Our OPEN of stream `mine` was accepted: its connection, the driver's from now.
     Opened {
         /// Our id of the stream.
@@ -116,6 +126,10 @@ pub struct Mux {
     capacity: Share,
     /// Streams we opened and the peer has not answered: their params.
     opening: Vec<(StreamId, Params)>,
+    /// Streams we granted and the peer has not taken: their params.
+    granted: Vec<(StreamId, Params)>,
+    /// OPENs of streams taken on the peer's grants, held until the driver announces them.
+    unannounced: Vec<Open>,
     /// Receives on the queue pair: posted and not consumed.
     posted: u32,
     events: VecDeque<LinkEvent>,
@@ -148,6 +162,8 @@ impl Mux {
                 sends: sq_capacity,
             },
             opening: Vec::new(),
+            granted: Vec::new(),
+            unannounced: Vec::new(),
             posted: 0,
             events: VecDeque::new(),
             failed: None,
@@ -169,6 +185,7 @@ impl Mux {
         }
         let open = Open {
             opener: StreamId::CONTROL,
+            granted: None,
             recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
             ring_size: params.ring_size,
             ring_rkey: ring.rkey,
@@ -181,6 +198,115 @@ impl Mux {
         self.take_share(mine, Share::of(&params));
         self.opening.push((mine, params));
         Ok(mine)
+    }
+
+    /// Grants the peer a stream with our side `params` (ring at `ring`), which its next OPEN
+    /// may take without waiting for an answer: our id of it. `Exhausted` when no id is left
+    /// or its shares would not fit the queues.
+    pub fn grant(&mut self, params: Params, ring: RingAt) -> Result<StreamId, NoId> {
+        if !self.fits(&params) {
+            return Err(NoId::Exhausted);
+        }
+        let grant = Grant {
+            acceptor: StreamId::CONTROL,
+            recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
+            ring_size: params.ring_size,
+            ring_rkey: ring.rkey,
+            ring_addr: ring.addr,
+        };
+        let mine = self.plane.grant(grant)?;
+        // Its receives are posted before the GRANT leaves: the peer may write after its OPEN.
+        self.take_share(mine, Share::of(&params));
+        self.granted.push((mine, params));
+        Ok(mine)
+    }
+
+    /// Streams we granted that the peer has not taken yet.
+    pub fn grants_out(&self) -> usize {
+        self.granted.len()
+    }
+
+    /// Grants of the peer's not taken yet.
+    pub fn grants_held(&self) -> usize {
+        self.plane.grants_held()
+    }
+
+    /// Whether a grant of the peer's may be taken now ([`open_granted`](Self::open_granted)
+    /// would succeed for params that fit).
+    pub fn can_open_granted(&self, params: &Params) -> bool {
+        self.failed.is_none()
+            && self.plane.next_grant().is_some()
+            && self.fits(params)
+            && self
+                .control
+                .sends_now(self.control_backlog() + MAX_RECORD_LEN)
+    }
+
+    /// Opens a stream to `dest` on the peer's oldest grant, with our side `params` (ring at
+    /// `ring`): our id of it and its connection, open at once. Its OPEN is held until
+    /// [`announce`](Self::announce): the peer writes as soon as it has it, so the driver
+    /// first makes the stream ready for its bytes. `None` unless
+    /// [`can_open_granted`](Self::can_open_granted).
+    pub fn open_granted(
+        &mut self,
+        params: Params,
+        ring: RingAt,
+        conn_id: u64,
+        dest: SocketAddr,
+    ) -> Option<(StreamId, Conn)> {
+        if !self.can_open_granted(&params) {
+            return None;
+        }
+        let open = Open {
+            opener: StreamId::CONTROL,
+            granted: None,
+            recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
+            ring_size: params.ring_size,
+            ring_rkey: ring.rkey,
+            ring_addr: ring.addr,
+            conn_id,
+            dest,
+        };
+        let (mine, g, open) = self.plane.open_granted(open).ok()?;
+        self.take_share(mine, Share::of(&params));
+        self.unannounced.push(open);
+        let peer = hello(
+            g.ring_addr,
+            g.ring_rkey,
+            g.ring_size,
+            g.recv_credits,
+            conn_id,
+        );
+        match Conn::on_link(&params, &peer, mine, g.acceptor) {
+            Ok(conn) => Some((mine, conn)),
+            // Not reached: our params fit a link stream, the grant passed the parser.
+            Err(_) => {
+                self.close(mine);
+                None
+            }
+        }
+    }
+
+    /// Queues the OPEN of a stream [`open_granted`](Self::open_granted) made: the position in
+    /// stream 0 its last byte has, for [`control_posted`](Self::control_posted) to pass
+    /// before the stream writes (its bytes must not overtake its OPEN). `None` if it was
+    /// announced already.
+    pub fn announce(&mut self, mine: StreamId) -> Option<u64> {
+        let i = self.unannounced.iter().position(|o| o.opener == mine)?;
+        let open = self.unannounced.swap_remove(i);
+        self.plane.send_open(&open);
+        Some(self.control.counters().tx_queued + self.plane.queued() as u64)
+    }
+
+    /// Record bytes that go out before an OPEN queued now: those queued, the CLOSEs held
+    /// back, and the OPENs of streams not announced yet.
+    fn control_backlog(&self) -> usize {
+        self.plane.queued() + self.plane.lazy_len() + self.unannounced.len() * MAX_RECORD_LEN
+    }
+
+    /// How far stream 0 has been handed out in work requests.
+    pub fn control_posted(&self) -> u64 {
+        self.control.counters().tx_posted
     }
 
     /// Accepts the peer's `open` with our side `params` (ring at `ring`): our id of the new
@@ -238,6 +364,7 @@ impl Mux {
     /// We are done with stream `mine` (its connection finished, or the driver gave it up):
     /// its CLOSE goes out, and its shares return once the peer's CLOSE came too.
     pub fn close(&mut self, mine: StreamId) {
+        self.announce(mine); // the peer must know a stream before its CLOSE
         self.plane.close(mine);
         self.free_if_done(mine);
     }
@@ -246,6 +373,7 @@ impl Mux {
     /// [`release_closes`](Self::release_closes) ([`Control::close_lazily`]) — unless half the
     /// ids are taken: the peer's ids and slots for our closed streams come back only with it.
     pub fn close_lazily(&mut self, mine: StreamId) {
+        self.announce(mine);
         self.plane.close_lazily(mine);
         self.free_if_done(mine);
         let ids = self.plane.streams();
@@ -407,7 +535,8 @@ impl Mux {
     /// Returns stream `mine`'s shares once its id is free (both CLOSEs passed, or refused).
     /// Its receives stay posted and count for the next stream's share.
     fn free_if_done(&mut self, mine: StreamId) {
-        if self.plane.streams().theirs(mine).is_some() || self.opening_id(mine) {
+        let granted = self.granted.iter().any(|(id, _)| *id == mine);
+        if self.plane.streams().theirs(mine).is_some() || self.opening_id(mine) || granted {
             return;
         }
         let i = usize::from(mine.get()) - 1;
@@ -461,6 +590,31 @@ impl Mux {
                     LinkEvent::PeerClosed { mine }
                 }
                 ControlEvent::Incoming(open) => LinkEvent::Incoming(open),
+                ControlEvent::IncomingGranted { open, mine } => {
+                    let Some(i) = self.granted.iter().position(|(id, _)| *id == mine) else {
+                        continue; // not reached: the stream table checked the grant
+                    };
+                    let (_, params) = self.granted.swap_remove(i);
+                    let peer = hello(
+                        open.ring_addr,
+                        open.ring_rkey,
+                        open.ring_size,
+                        open.recv_credits,
+                        open.conn_id,
+                    );
+                    match Conn::on_link(&params, &peer, mine, open.opener) {
+                        Ok(conn) => LinkEvent::IncomingGranted {
+                            open,
+                            mine,
+                            conn: Box::new(conn),
+                        },
+                        // Our params were checked when granted, the OPEN by the parser.
+                        Err(_) => {
+                            self.plane.close(mine);
+                            continue;
+                        }
+                    }
+                }
                 ControlEvent::Goodbye => LinkEvent::Goodbye,
             };
             self.events.push_back(ev);

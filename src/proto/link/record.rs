@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! len:16 | kind:8 | flags:8 (0) | body       len = the whole record, header included
-//! 1 OPEN 56   2 ACCEPT 36   3 REFUSE 8   4 CLOSE 8   5 GOODBYE 4
+//! 1 OPEN 56   2 ACCEPT 36   3 REFUSE 8   4 CLOSE 8   5 GOODBYE 4   6 GRANT 24
 //! ```
+//!
+//! The one flag: an OPEN's bit 0, GRANTED (it takes a stream the answerer granted ahead).
 //!
 //! The control stream is a byte stream, so [`Record::parse`] is incremental: it judges a
 //! header from its 4 bytes alone (a length other than its kind's is refused before any more
@@ -34,12 +36,17 @@ const KIND_ACCEPT: u8 = 2;
 const KIND_REFUSE: u8 = 3;
 const KIND_CLOSE: u8 = 4;
 const KIND_GOODBYE: u8 = 5;
+const KIND_GRANT: u8 = 6;
+
+/// An OPEN's flag: it takes a stream granted ahead (its acceptor id is set).
+const FLAG_GRANTED: u8 = 1;
 
 const OPEN_LEN: usize = 56;
 const ACCEPT_LEN: usize = 36;
 const REFUSE_LEN: usize = 8;
 const CLOSE_LEN: usize = 8;
 const GOODBYE_LEN: usize = HEADER_LEN;
+const GRANT_LEN: usize = 24;
 
 const FAMILY_V4: u8 = 4;
 const FAMILY_V6: u8 = 6;
@@ -54,7 +61,8 @@ mod at {
     pub const OPEN_RECV_CREDITS: usize = 6;
     pub const OPEN_RING_SIZE: usize = 8;
     pub const OPEN_RING_RKEY: usize = 12;
-    pub const OPEN_RESERVED: usize = 16; // 4 bytes
+    pub const OPEN_GRANTED: usize = 16; // 2 bytes: the granted id, or 0
+    pub const OPEN_RESERVED: usize = 18; // 2 bytes
     pub const OPEN_RING_ADDR: usize = 20;
     pub const OPEN_CONN_ID: usize = 28;
     pub const OPEN_PORT: usize = 36;
@@ -77,6 +85,12 @@ mod at {
 
     pub const CLOSE_CLOSER: usize = 4;
     pub const CLOSE_PEER: usize = 6;
+
+    pub const GRANT_ACCEPTOR: usize = 4;
+    pub const GRANT_RECV_CREDITS: usize = 6;
+    pub const GRANT_RING_SIZE: usize = 8;
+    pub const GRANT_RING_RKEY: usize = 12;
+    pub const GRANT_RING_ADDR: usize = 16;
 }
 
 /// One control record.
@@ -102,6 +116,8 @@ pub enum Record {
     },
     /// The sender means to tear the idle link down.
     Goodbye,
+    /// The sender has a stream ready for the receiver to open without an answer.
+    Grant(Grant),
 }
 
 /// An OPEN: a new stream to `dest`, and where the answerer writes its bytes.
@@ -109,6 +125,9 @@ pub enum Record {
 pub struct Open {
     /// The opener's id of the new stream (not the control stream's).
     pub opener: StreamId,
+    /// The answerer's id of a stream it granted ahead, which this OPEN takes (no ACCEPT
+    /// follows); `None`: the answerer is asked, and answers ACCEPT or REFUSE.
+    pub granted: Option<StreamId>,
     /// Receives the opener posted for the stream: the answerer's message credits.
     pub recv_credits: u16,
     /// Size of the opener's receive ring for the stream.
@@ -142,6 +161,23 @@ pub struct Accept {
     pub ring_addr: u64,
     /// The OPEN's `conn_id`, echoed.
     pub conn_id: u64,
+}
+
+/// A GRANT: a stream the answerer made ready ahead (its id, ring and receives) for an OPEN
+/// to the listener the link came in on; the opener writes into it as soon as it sent the
+/// OPEN that takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grant {
+    /// The answerer's id of the stream.
+    pub acceptor: StreamId,
+    /// Receives the answerer posted for the stream: the opener's message credits.
+    pub recv_credits: u16,
+    /// Size of the answerer's receive ring for the stream.
+    pub ring_size: u32,
+    /// Remote key of the memory region the ring is in.
+    pub ring_rkey: u32,
+    /// Address of the ring's byte 0 in that region.
+    pub ring_addr: u64,
 }
 
 /// Why an answerer refused an OPEN.
@@ -248,6 +284,7 @@ impl Record {
             Record::Refuse { .. } => REFUSE_LEN,
             Record::Close { .. } => CLOSE_LEN,
             Record::Goodbye => GOODBYE_LEN,
+            Record::Grant(_) => GRANT_LEN,
         }
     }
 
@@ -264,6 +301,10 @@ impl Record {
         match *self {
             Record::Open(o) => {
                 put(out, at::OPEN_OPENER, &o.opener.get().to_be_bytes());
+                if let Some(g) = o.granted {
+                    out[at::FLAGS] = FLAG_GRANTED;
+                    put(out, at::OPEN_GRANTED, &g.get().to_be_bytes());
+                }
                 put(out, at::OPEN_RECV_CREDITS, &o.recv_credits.to_be_bytes());
                 put(out, at::OPEN_RING_SIZE, &o.ring_size.to_be_bytes());
                 put(out, at::OPEN_RING_RKEY, &o.ring_rkey.to_be_bytes());
@@ -299,6 +340,13 @@ impl Record {
                 put(out, at::CLOSE_PEER, &peer.get().to_be_bytes());
             }
             Record::Goodbye => {}
+            Record::Grant(g) => {
+                put(out, at::GRANT_ACCEPTOR, &g.acceptor.get().to_be_bytes());
+                put(out, at::GRANT_RECV_CREDITS, &g.recv_credits.to_be_bytes());
+                put(out, at::GRANT_RING_SIZE, &g.ring_size.to_be_bytes());
+                put(out, at::GRANT_RING_RKEY, &g.ring_rkey.to_be_bytes());
+                put(out, at::GRANT_RING_ADDR, &g.ring_addr.to_be_bytes());
+            }
         }
         Some(len)
     }
@@ -318,12 +366,15 @@ impl Record {
         if usize::from(len) != expected {
             return Err(RecordError::BadLength { kind, len });
         }
-        check_reserved(header, at::FLAGS, 1)?;
+        let granted = kind == KIND_OPEN && header[at::FLAGS] == FLAG_GRANTED;
+        if !granted {
+            check_reserved(header, at::FLAGS, 1)?;
+        }
         let Some(rec) = buf.get(..expected) else {
             return Ok(None);
         };
         let record = match kind {
-            KIND_OPEN => Record::Open(parse_open(rec)?),
+            KIND_OPEN => Record::Open(parse_open(rec, granted)?),
             KIND_ACCEPT => {
                 check_reserved(rec, at::ACCEPT_RESERVED, 2)?;
                 Record::Accept(Accept {
@@ -349,6 +400,13 @@ impl Record {
                 peer: id_at(rec, at::CLOSE_PEER)?,
             },
             KIND_GOODBYE => Record::Goodbye,
+            KIND_GRANT => Record::Grant(Grant {
+                acceptor: id_at(rec, at::GRANT_ACCEPTOR)?,
+                recv_credits: u16_at(rec, at::GRANT_RECV_CREDITS),
+                ring_size: u32_at(rec, at::GRANT_RING_SIZE),
+                ring_rkey: u32_at(rec, at::GRANT_RING_RKEY),
+                ring_addr: u64_at(rec, at::GRANT_RING_ADDR),
+            }),
             _ => return Err(RecordError::UnknownKind(kind)),
         };
         record.check()?;
@@ -361,6 +419,9 @@ impl Record {
         match *self {
             Record::Open(o) => {
                 check_id(o.opener)?;
+                if let Some(g) = o.granted {
+                    check_id(g)?;
+                }
                 check_stream(o.recv_credits, o.ring_size, o.ring_addr)?;
                 if o.dest.port() == 0 {
                     return Err(RecordError::BadPort);
@@ -375,6 +436,10 @@ impl Record {
             Record::Refuse { opener, .. } => check_id(opener),
             Record::Close { closer, peer } => check_id(closer).and(check_id(peer)),
             Record::Goodbye => Ok(()),
+            Record::Grant(g) => {
+                check_id(g.acceptor)?;
+                check_stream(g.recv_credits, g.ring_size, g.ring_addr)
+            }
         }
     }
 
@@ -385,6 +450,7 @@ impl Record {
             Record::Refuse { .. } => KIND_REFUSE,
             Record::Close { .. } => KIND_CLOSE,
             Record::Goodbye => KIND_GOODBYE,
+            Record::Grant(_) => KIND_GRANT,
         }
     }
 }
@@ -397,12 +463,21 @@ fn kind_len(kind: u8) -> Option<usize> {
         KIND_REFUSE => Some(REFUSE_LEN),
         KIND_CLOSE => Some(CLOSE_LEN),
         KIND_GOODBYE => Some(GOODBYE_LEN),
+        KIND_GRANT => Some(GRANT_LEN),
         _ => None,
     }
 }
 
-fn parse_open(rec: &[u8]) -> Result<Open, RecordError> {
-    check_reserved(rec, at::OPEN_RESERVED, 4)?;
+/// An OPEN; `granted`: its GRANTED flag is set (its granted id is then 1..=MAX_STREAM, and
+/// 0 otherwise).
+fn parse_open(rec: &[u8], granted: bool) -> Result<Open, RecordError> {
+    let granted = if granted {
+        Some(id_at(rec, at::OPEN_GRANTED)?)
+    } else {
+        check_reserved(rec, at::OPEN_GRANTED, 2)?;
+        None
+    };
+    check_reserved(rec, at::OPEN_RESERVED, 2)?;
     check_reserved(rec, at::OPEN_RESERVED2, 1)?;
     let mut octets = [0u8; 16];
     octets.copy_from_slice(&rec[at::OPEN_ADDR..at::OPEN_ADDR + 16]);
@@ -416,6 +491,7 @@ fn parse_open(rec: &[u8]) -> Result<Open, RecordError> {
     };
     Ok(Open {
         opener: id_at(rec, at::OPEN_OPENER)?,
+        granted,
         recv_credits: u16_at(rec, at::OPEN_RECV_CREDITS),
         ring_size: u32_at(rec, at::OPEN_RING_SIZE),
         ring_rkey: u32_at(rec, at::OPEN_RING_RKEY),

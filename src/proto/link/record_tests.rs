@@ -4,7 +4,7 @@
 
 use super::imm::StreamId;
 use super::record::{
-    Accept, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN, MAX_RING_SIZE,
+    Accept, Grant, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN, MAX_RING_SIZE,
     MIN_RECV_CREDITS, MIN_RING_SIZE,
 };
 use proptest::prelude::*;
@@ -17,6 +17,7 @@ fn id(n: u16) -> StreamId {
 fn open() -> Open {
     Open {
         opener: id(5),
+        granted: None,
         recv_credits: 16,
         ring_size: 32 * 1024,
         ring_rkey: 0xdead_beef,
@@ -34,7 +35,8 @@ const OPEN_BYTES: [u8; 56] = [
     0x00, 0x10, // recv credits 16
     0x00, 0x00, 0x80, 0x00, // ring size 32 KiB
     0xde, 0xad, 0xbe, 0xef, // ring rkey
-    0x00, 0x00, 0x00, 0x00, // reserved
+    0x00, 0x00, // granted id: none
+    0x00, 0x00, // reserved
     0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x80, 0x00, // ring addr
     0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, // conn id
     0x1f, 0x90, // port 8080
@@ -48,6 +50,7 @@ const OPEN_BYTES: [u8; 56] = [
 fn open_v6() -> Open {
     Open {
         opener: id(0x7fff),
+        granted: None,
         recv_credits: 0xffff,
         ring_size: MAX_RING_SIZE,
         ring_rkey: 1,
@@ -63,7 +66,7 @@ const OPEN_V6_BYTES: [u8; 56] = [
     0xff, 0xff, // recv credits 65535
     0x40, 0x00, 0x00, 0x00, // ring size 1 GiB
     0x00, 0x00, 0x00, 0x01, // ring rkey
-    0x00, 0x00, 0x00, 0x00, // reserved
+    0x00, 0x00, 0x00, 0x00, // granted id: none; reserved
     0xff, 0xff, 0xff, 0xff, 0xbf, 0xff, 0xff, 0xff, // ring addr: its end is 2^64 - 1
     0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // conn id
     0x01, 0xbb, // port 443
@@ -196,6 +199,83 @@ fn every_refuse_reason_has_its_code() {
     }
 }
 
+/// A GRANT: stream 9 of the answerer, 16 receives, a 32 KiB ring at `0x20000`.
+const GRANT_BYTES: [u8; 24] = [
+    0x00, 0x18, 0x06, 0x00, // len 24, GRANT, flags
+    0x00, 0x09, // acceptor id 9
+    0x00, 0x10, // recv credits 16
+    0x00, 0x00, 0x80, 0x00, // ring size 32 KiB
+    0xde, 0xad, 0xbe, 0xef, // ring rkey
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, // ring addr
+];
+
+fn grant() -> Grant {
+    Grant {
+        acceptor: id(9),
+        recv_credits: 16,
+        ring_size: 32 * 1024,
+        ring_rkey: 0xdead_beef,
+        ring_addr: 0x2_0000,
+    }
+}
+
+#[test]
+fn grant_and_granted_open_golden_bytes() {
+    let mut out = [0u8; MAX_RECORD_LEN];
+    assert_eq!(Record::Grant(grant()).write_to(&mut out), Some(24));
+    assert_eq!(out[..24], GRANT_BYTES);
+    assert_eq!(
+        Record::parse(&GRANT_BYTES),
+        Ok(Some((Record::Grant(grant()), 24)))
+    );
+    // An OPEN that takes stream 9: flag GRANTED, the id at offset 16.
+    let o = Open {
+        granted: Some(id(9)),
+        ..open()
+    };
+    let bytes = patched(&patched(&OPEN_BYTES, 3, &[1]), 16, &[0, 9]);
+    assert_eq!(Record::Open(o).write_to(&mut out), Some(56));
+    assert_eq!(out[..56], bytes[..]);
+    assert_eq!(Record::parse(&bytes), Ok(Some((Record::Open(o), 56))));
+    use RecordError::*;
+    for (what, b, e) in [
+        ("granted id 0", patched(&bytes, 16, &[0, 0]), BadStreamId(0)),
+        (
+            "an id without the flag",
+            patched(&OPEN_BYTES, 16, &[0, 9]),
+            ReservedBits(17),
+        ),
+        (
+            "reserved after the id",
+            patched(&bytes, 18, &[0, 1]),
+            ReservedBits(19),
+        ),
+        ("flag 2", patched(&OPEN_BYTES, 3, &[2]), ReservedBits(3)),
+        (
+            "GRANTED on a GRANT",
+            patched(&GRANT_BYTES, 3, &[1]),
+            ReservedBits(3),
+        ),
+        (
+            "GRANT of id 0",
+            patched(&GRANT_BYTES, 4, &[0, 0]),
+            BadStreamId(0),
+        ),
+        (
+            "GRANT of 3 receives",
+            patched(&GRANT_BYTES, 6, &[0, 3]),
+            BadRecvCredits(3),
+        ),
+        (
+            "GRANT one byte long",
+            patched(&GRANT_BYTES, 0, &[0, 25]),
+            BadLength { kind: 6, len: 25 },
+        ),
+    ] {
+        assert_eq!(Record::parse(&b), Err(e), "{what}");
+    }
+}
+
 #[test]
 fn ipv4_mapped_destination_stays_ipv6() {
     let mapped: Ipv6Addr = "::ffff:192.0.2.10".parse().unwrap();
@@ -239,7 +319,7 @@ fn every_refusal() {
     use RecordError::*;
     let cases: Vec<(&str, Vec<u8>, RecordError)> = vec![
         ("kind 0", patched(&GOODBYE_BYTES, 2, &[0]), UnknownKind(0)),
-        ("kind 6", patched(&GOODBYE_BYTES, 2, &[6]), UnknownKind(6)),
+        ("kind 7", patched(&GOODBYE_BYTES, 2, &[7]), UnknownKind(7)),
         (
             "kind 255",
             patched(&OPEN_BYTES, 2, &[255]),
@@ -276,7 +356,7 @@ fn every_refusal() {
             ReservedBits(3),
         ),
         (
-            "OPEN reserved u32",
+            "OPEN reserved u16",
             patched(&OPEN_BYTES, 18, &[1]),
             ReservedBits(18),
         ),
@@ -499,7 +579,7 @@ fn a_wrong_length_is_refused_from_the_header_alone() {
         Err(RecordError::UnknownKind(9))
     );
     assert_eq!(
-        Record::parse(&[0x00, 0x38, 0x01, 0x01]),
+        Record::parse(&[0x00, 0x38, 0x01, 0x02]),
         Err(RecordError::ReservedBits(3))
     );
     // With the right length, the same header waits for its body.
@@ -539,35 +619,69 @@ fn reason() -> impl Strategy<Value = RefuseReason> {
 fn record() -> impl Strategy<Value = Record> {
     let credits = MIN_RECV_CREDITS..=u16::MAX;
     prop_oneof![
-        (stream_id(), credits.clone(), ring(), any::<u64>(), dest()).prop_map(
-            |(opener, recv_credits, (ring_size, ring_rkey, ring_addr), conn_id, dest)| {
-                Record::Open(Open {
+        (
+            stream_id(),
+            prop::option::of(stream_id()),
+            credits.clone(),
+            ring(),
+            any::<u64>(),
+            dest()
+        )
+            .prop_map(
+                |(
                     opener,
+                    granted,
                     recv_credits,
-                    ring_size,
-                    ring_rkey,
-                    ring_addr,
+                    (ring_size, ring_rkey, ring_addr),
                     conn_id,
                     dest,
-                })
-            }
-        ),
-        (stream_id(), stream_id(), credits, ring(), any::<u64>()).prop_map(
-            |(opener, acceptor, recv_credits, (ring_size, ring_rkey, ring_addr), conn_id)| {
-                Record::Accept(Accept {
-                    opener,
+                )| {
+                    Record::Open(Open {
+                        opener,
+                        granted,
+                        recv_credits,
+                        ring_size,
+                        ring_rkey,
+                        ring_addr,
+                        conn_id,
+                        dest,
+                    })
+                }
+            ),
+        (
+            stream_id(),
+            stream_id(),
+            credits.clone(),
+            ring(),
+            any::<u64>()
+        )
+            .prop_map(
+                |(opener, acceptor, recv_credits, (ring_size, ring_rkey, ring_addr), conn_id)| {
+                    Record::Accept(Accept {
+                        opener,
+                        acceptor,
+                        recv_credits,
+                        ring_size,
+                        ring_rkey,
+                        ring_addr,
+                        conn_id,
+                    })
+                }
+            ),
+        (stream_id(), reason()).prop_map(|(opener, reason)| Record::Refuse { opener, reason }),
+        (stream_id(), stream_id()).prop_map(|(closer, peer)| Record::Close { closer, peer }),
+        Just(Record::Goodbye),
+        (stream_id(), credits, ring()).prop_map(
+            |(acceptor, recv_credits, (ring_size, ring_rkey, ring_addr))| {
+                Record::Grant(Grant {
                     acceptor,
                     recv_credits,
                     ring_size,
                     ring_rkey,
                     ring_addr,
-                    conn_id,
                 })
             }
         ),
-        (stream_id(), reason()).prop_map(|(opener, reason)| Record::Refuse { opener, reason }),
-        (stream_id(), stream_id()).prop_map(|(closer, peer)| Record::Close { closer, peer }),
-        Just(Record::Goodbye),
     ]
 }
 
@@ -592,12 +706,12 @@ proptest! {
 
     /// Arbitrary bodies under a header that fits its kind, so the body checks are reached.
     #[test]
-    fn arbitrary_bodies_parse_canonically(kind in 1u8..=5,
+    fn arbitrary_bodies_parse_canonically(kind in 1u8..=6, flags in 0u8..=1,
                                           body in prop::collection::vec(any::<u8>(), 0..60)) {
         // The length of each kind, from PROTOCOL.md §14's tables.
-        let len: u16 = [0, 56, 36, 8, 8, 4][usize::from(kind)];
+        let len: u16 = [0, 56, 36, 8, 8, 4, 24][usize::from(kind)];
         let mut buf = len.to_be_bytes().to_vec();
-        buf.extend([kind, 0]);
+        buf.extend([kind, flags]);
         buf.extend(body);
         parses_canonically(&buf)?;
     }

@@ -7,7 +7,8 @@
 //! ```text
 //! Free -> Opening (we sent OPEN) -> Open (ACCEPT came) -> Closing -> Free
 //!      \                       \-> Free (REFUSE came)
-//!       -> Open (the peer's OPEN, we ACCEPT)
+//!      |-> Open (the peer's OPEN, we ACCEPT; or we OPEN a stream the peer granted)
+//!       -> Granted (we sent GRANT) -> Open (the peer's OPEN took it)
 //! ```
 //!
 //! An id is free again only once both ends said CLOSE for it: the peer's CLOSE proves it
@@ -28,6 +29,8 @@ enum Entry {
     Free,
     /// We sent OPEN with this id; no answer yet.
     Opening,
+    /// We granted the peer a stream with this id (GRANT); its OPEN takes it.
+    Granted,
     /// Both ends know the stream: the peer calls it `theirs`.
     Open {
         theirs: StreamId,
@@ -60,6 +63,10 @@ pub enum LinkError {
     ControlId,
     /// The peer opened with an id it already uses for another open stream.
     DuplicateOpen(u16),
+    /// The peer's OPEN took an id of ours we did not grant (or granted and saw taken).
+    NotGranted(u16),
+    /// The peer granted an id it already granted, or still uses for a stream with us.
+    DuplicateGrant(u16),
 }
 
 impl fmt::Display for LinkError {
@@ -75,6 +82,8 @@ impl fmt::Display for LinkError {
             }
             LinkError::ControlId => f.write_str("stream id 0 (the control stream) opened"),
             LinkError::DuplicateOpen(id) => write!(f, "the peer opened its stream {id} twice"),
+            LinkError::NotGranted(id) => write!(f, "the peer took stream {id}, not granted"),
+            LinkError::DuplicateGrant(id) => write!(f, "the peer granted its stream {id} twice"),
         }
     }
 }
@@ -146,6 +155,44 @@ impl Streams {
         };
         *self.entry_mut(mine) = Entry::Open { theirs };
         Ok(Ok(mine))
+    }
+
+    /// An id to grant the peer (we then send GRANT with it): its OPEN will take it.
+    pub fn grant(&mut self) -> Result<StreamId, NoId> {
+        if self.goodbye {
+            return Err(NoId::Closing);
+        }
+        let id = self.take_free().ok_or(NoId::Exhausted)?;
+        *self.entry_mut(id) = Entry::Granted;
+        Ok(id)
+    }
+
+    /// An id for a stream we open on the peer's grant of its stream `theirs` (we then send
+    /// OPEN naming both): open at once, no answer comes.
+    pub fn open_granted(&mut self, theirs: StreamId) -> Result<StreamId, NoId> {
+        if self.goodbye {
+            return Err(NoId::Closing);
+        }
+        let id = self.take_free().ok_or(NoId::Exhausted)?;
+        *self.entry_mut(id) = Entry::Open { theirs };
+        Ok(id)
+    }
+
+    /// The peer's OPEN of its stream `theirs` took our granted `mine`: open at both ends.
+    pub fn on_open_granted(&mut self, theirs: StreamId, mine: StreamId) -> Result<(), LinkError> {
+        if theirs.get() == 0 {
+            return Err(LinkError::ControlId);
+        }
+        if self.uses_theirs(theirs) {
+            return Err(LinkError::DuplicateOpen(theirs.get()));
+        }
+        match self.get(mine) {
+            Some(Entry::Granted) => {
+                *self.entry_mut(mine) = Entry::Open { theirs };
+                Ok(())
+            }
+            _ => Err(LinkError::NotGranted(mine.get())),
+        }
     }
 
     /// The peer accepted our stream `mine`, calling it `theirs`.

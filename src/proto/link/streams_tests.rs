@@ -27,6 +27,46 @@ fn ids_are_given_lowest_first_and_reused_after_both_closes() {
 }
 
 #[test]
+fn a_granted_id_is_taken_once_by_an_open_naming_it() {
+    let (mut acceptor, mut opener) = (Streams::new(10), Streams::new(10));
+    let g = acceptor.grant().unwrap();
+    // Granted, not open: nothing may arrive for it yet, and it is not the peer's to close.
+    assert_eq!(acceptor.accepts_input(g), Err(LinkError::NotOpen(g.get())));
+    assert_eq!(acceptor.theirs(g), None);
+    let mine = opener.open_granted(g).unwrap();
+    assert_eq!(opener.theirs(mine), Some(g));
+    assert_eq!(opener.accepts_input(mine), Ok(()));
+    acceptor.on_open_granted(mine, g).unwrap();
+    assert_eq!(acceptor.theirs(g), Some(mine));
+    // A second OPEN on it, or one on an id never granted: the peer breaks the link.
+    assert_eq!(
+        acceptor.on_open_granted(id(9), g),
+        Err(LinkError::NotGranted(g.get()))
+    );
+    assert_eq!(
+        acceptor.on_open_granted(id(9), id(5)),
+        Err(LinkError::NotGranted(5))
+    );
+    let g2 = acceptor.grant().unwrap();
+    assert_eq!(
+        acceptor.on_open_granted(mine, g2),
+        Err(LinkError::DuplicateOpen(mine.get()))
+    );
+    // It closes as any stream: free at both ends once both CLOSEs passed.
+    assert_eq!(opener.close(mine), Some(g));
+    acceptor.on_close(mine, g).unwrap();
+    assert_eq!(acceptor.close(g), Some(mine));
+    opener.on_close(g, mine).unwrap();
+    assert!(opener.is_idle());
+    assert_eq!(acceptor.in_use(), 1, "the second grant is still out");
+    // After GOODBYE no grant is given or taken.
+    acceptor.say_goodbye();
+    opener.say_goodbye();
+    assert_eq!(acceptor.grant(), Err(NoId::Closing));
+    assert_eq!(opener.open_granted(g), Err(NoId::Closing));
+}
+
+#[test]
 fn the_peer_may_close_first() {
     let mut a = Streams::new(10);
     let mine = a.on_open(id(4)).unwrap().unwrap();
