@@ -162,6 +162,7 @@ impl Link {
                 <= u64::from(s.slots.slab_size())
         };
         !self.is_failed()
+            && !st.mux.closing()
             && st.mux.streams() < usize::from(parts::MAX_STREAMS)
             && fits(&st.rings)
             && fits(&st.sends)
@@ -405,9 +406,15 @@ impl Link {
     pub(super) fn close_if_idle(&self, idle: Duration) {
         let (unused, opened) = {
             let st = self.lock();
-            // Streams granted to the peer keep it: the peer may take one at any time, and
-            // closes the link itself when it has no use for it.
-            let unused = st.mux.streams() == 0 && st.opening.is_empty() && st.quarantine.is_empty();
+            // Streams granted to the peer keep it (the peer may take one at any time, and
+            // closes the link itself when it has no use for it), unless GOODBYE voided them.
+            let granted = if st.mux.closing() {
+                st.mux.grants_out()
+            } else {
+                0
+            };
+            let unused =
+                st.mux.streams() == granted && st.opening.is_empty() && st.quarantine.is_empty();
             (unused, st.opened)
         };
         let mut since = lock(&self.idle_since);
@@ -420,15 +427,21 @@ impl Link {
                 drop(since);
                 // Our GOODBYE first: the peer opens no stream on it from now on (one whose
                 // OPEN crossed it is refused, and goes through rdma_cm).
-                let mut st = self.lock();
-                st.mux.goodbye();
-                self.pump(&mut st);
-                drop(st);
+                self.goodbye();
                 self.fail(&format!("no stream for {} ms: closed", idle.as_millis()));
             }
             _ if unused => *since = Some((std::time::Instant::now(), opened)),
             _ => *since = None,
         }
+    }
+
+    /// Says GOODBYE: the peer opens no stream on the link from now on, and takes none of the
+    /// streams granted to it (its OPEN that crossed the GOODBYE is still taken, and reset
+    /// if nobody listens). The link goes once its streams are done and it is idle.
+    pub(super) fn goodbye(&self) {
+        let mut st = self.lock();
+        st.mux.goodbye();
+        self.pump(&mut st);
     }
 
     /// Helper: sends the CLOSEs held back.
@@ -527,6 +540,12 @@ impl Links {
 
     pub(super) fn by_token(&self, token: u64) -> Option<Arc<Link>> {
         self.by_token.get(&token).cloned()
+    }
+
+    /// The links accepted on listener `token`.
+    pub(super) fn of_listener(&self, token: u64) -> Vec<Arc<Link>> {
+        let links = self.by_qp.values();
+        links.filter(|l| l.listener == token).cloned().collect()
     }
 
     /// The device of a link accepted on listener `token`, if any: its OPENs come there.

@@ -448,6 +448,12 @@ impl Listener {
         if lock(&engine.listeners).remove(&self.token).is_some() {
             OWNED.fetch_sub(1, Relaxed);
         }
+        // Links that came in here open no stream any more: they say GOODBYE, which voids
+        // the streams granted to their peers (a connect takes none of them from now on).
+        let links = lock(&engine.links).of_listener(self.token);
+        for l in links {
+            l.goodbye();
+        }
         let items: Vec<Accepted> = {
             let mut q = lock(&self.queue);
             q.closed = true;

@@ -24,8 +24,15 @@
 #   both processes alive: the link is closed (no RC QP left on the device, the log says
 #   why), and 5 more connections set a new link up — every echo verified, all 10 on RDMA
 #   over links (links.made==2, links.streams==10).
+# links_listener_gone: 5 connections over a link, then the server closes its listener (the
+#   process and the link live on): 5 connects must each be refused at once (ECONNREFUSED,
+#   not a connect that succeeds on a stream granted ahead and is then reset), and once the
+#   server listens again 5 more connections work (over a new link).
 #
-#   cargo build --release --workspace --examples
+# links_churn and links_parallel also assert that connections took streams granted ahead
+# (links.granted: no answer waited for; PROTOCOL.md §14, GRANT).
+#
+#   cargo build --release --workspace --lib --bins --examples
 #   tests/rdma-vm/run.sh -- tests/rdma/links.sh [PATTERN]
 set -u
 # shellcheck source=../lib/rdma_suite.sh
@@ -65,14 +72,14 @@ churn() {
 
 cell_links_churn() {
     churn 200 1
-    soft expect_stats "$CELL_DIR/cli" cli-links 'links.made==1' 'links.streams>=195'
-    soft expect_stats "$CELL_DIR/srv" srv-links 'links.made==1' 'links.streams>=195'
+    soft expect_stats "$CELL_DIR/cli" cli-links 'links.made==1' 'links.streams>=195' 'links.granted>=190'
+    soft expect_stats "$CELL_DIR/srv" srv-links 'links.made==1' 'links.streams>=195' 'links.granted>=190'
     expect_qps_released 30
 }
 
 cell_links_parallel() {
     churn 400 16
-    soft expect_stats "$CELL_DIR/cli" cli-links 'links.made>=1' 'links.streams>=1'
+    soft expect_stats "$CELL_DIR/cli" cli-links 'links.made>=1' 'links.streams>=1' 'links.granted>=1'
     expect_qps_released 30
 }
 
@@ -169,7 +176,25 @@ cell_links_idle() {
     expect_qps_released 30
 }
 
-CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle)
+cell_links_listener_gone() {
+    local rc=0 sync=/tmp/links-gone-$PORT
+    rm -f "$sync".*
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" python3 "$T_ROOT/tests/rdma/links/gone.py" server "$A" "$PORT" 5 "$sync"
+    wait_dual srv
+    # Without the negative cache: a refused connect would send the next ones to kernel TCP
+    # for its time (the last five are to be over RDMA, on a new link).
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" RSOCK_NEG_CACHE_MS=0 python3 "$T_ROOT/tests/rdma/links/gone.py" client "$A" "$PORT" 5 "$sync"
+    bg_wait cli || rc=$?
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    grep -q '^refused' cli.out || fail "client: $(tail -n2 cli.out | paste -sd' ')"
+    grep -q '^ok' cli.out || fail "client: $(tail -n2 cli.out | paste -sd' ')"
+    expect_status srv 0
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==10' 'links.made==2' 'links.streams==10' 'links.granted>=4'
+    rm -f "$sync".*
+    expect_qps_released 30
+}
+
+CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

@@ -143,10 +143,19 @@ fn make_link(
                 None
             })?
         }
-        EventKind::Rejected => {
-            log::info!("rdma link to {dest}: the peer does not take links");
-            return Err(None);
-        }
+        // An rsock peer said no (an older one, or one with links off): not to links, for
+        // good. A reject without its word is the destination's kernel (nobody listens
+        // there, now): the connect goes on as without links, and a later one tries again.
+        EventKind::Rejected => match Hello::parse(ev.private_data()) {
+            Err(proto::HelloError::Rejected(_)) => {
+                log::info!("rdma link to {dest}: the peer does not take links");
+                return Err(None);
+            }
+            _ => {
+                log::info!("rdma link to {dest}: refused (no rsock listener there)");
+                return Err(Some(Cause::from(Fallback::Rejected)));
+            }
+        },
         _ => {
             log::info!("rdma link to {dest}: {}", ev.name());
             return Err(Some(Cause::from(Fallback::Unreachable)));

@@ -388,6 +388,11 @@ impl Mux {
         self.plane.goodbye();
     }
 
+    /// Whether GOODBYE was sent or received: no new stream either way.
+    pub fn closing(&self) -> bool {
+        self.plane.streams().saying_goodbye()
+    }
+
     /// Sends the CLOSEs held back; whether there were any.
     pub fn release_closes(&mut self) -> bool {
         self.plane.release_lazy()
