@@ -62,8 +62,11 @@ impl Doorbell {
                 4,
             )
         };
-        fcntl::change_nonblock(app, nonblock)?;
-        fcntl::change_cloexec(app, true)?;
+        // A is close-on-exec (made so, and moved with F_DUPFD_CLOEXEC) and blocking (made
+        // without SOCK_NONBLOCK): only a nonblocking one needs a call.
+        if nonblock {
+            fcntl::set_only_nonblock(app);
+        }
         Ok(d)
     }
 
@@ -102,6 +105,14 @@ impl Doorbell {
     /// Sets or clears `O_NONBLOCK` on A's file (shared by every fd of A).
     pub fn set_file_nonblocking(&self, on: bool) -> io::Result<()> {
         fcntl::change_nonblock(self.app_fd(), on)
+    }
+
+    /// As [`set_file_nonblocking`](Self::set_file_nonblocking), for a doorbell made by
+    /// `new(false)` whose A nobody else holds yet (it is blocking: only `on` needs a call).
+    pub fn set_fresh_nonblocking(&self, on: bool) {
+        if on {
+            fcntl::set_only_nonblock(self.app_fd());
+        }
     }
 
     /// The doorbell's own fd of A, or -1 after [`release_app`](Self::release_app).

@@ -125,10 +125,8 @@ fn connect_rdma(
     };
     let (nonblock, cloexec) = fd_flags(fd);
     stream.set_nonblocking(nonblock);
-    let installed = stream
-        .bell()
-        .set_file_nonblocking(nonblock)
-        .and_then(|_| swap_file(s, fd, || stream.bell().install_at(fd, cloexec)));
+    stream.bell().set_fresh_nonblocking(nonblock); // a new stream's: nobody holds A yet
+    let installed = swap_file(s, fd, || stream.bell().install_at(fd, cloexec));
     if let Err(e) = installed {
         log::warn!("fd {fd}: cannot install the RDMA doorbell ({e}); using kernel TCP");
         stream.app_closed(true);

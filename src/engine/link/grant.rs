@@ -168,18 +168,21 @@ pub(super) fn open(
     }
     link.pump(&mut st);
     drop(st);
+    let stream = match made {
+        Ok(s) => s,
+        Err(c) => return Ok(Err(c)),
+    };
     if link.is_failed() {
-        return Ok(Err(refused_failed())); // its stream missed the reset: dropped
+        // It failed before the stream was a member, so the reset missed it.
+        stream.app_closed(true);
+        engine.retire(stream);
+        return Ok(Err(refused_failed()));
     }
     log::debug!(
         "rdma link to {}: OPEN of stream {} to {dest} on a grant",
         link.peer,
         mine.get()
     );
-    let stream = match made {
-        Ok(s) => s,
-        Err(c) => return Ok(Err(c)),
-    };
     crate::stats::count_granted();
     if let Some(end) = end {
         wait_posted(engine, link, end, deadline);
