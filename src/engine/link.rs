@@ -254,6 +254,9 @@ impl Link {
                     self.lock().free_quarantined();
                     if let Some(s) = s {
                         s.end_on_link("the peer closed the stream on the link");
+                        if let Some(e) = crate::engine::get() {
+                            e.reap_now(&s);
+                        }
                     }
                 }
             }
@@ -479,6 +482,12 @@ impl State {
             self.mux.control().counters(),
             self.members.len()
         )
+    }
+
+    /// Whether more than half the ring slab is taken (streams open, granted, or waiting
+    /// for their CLOSEs): CLOSEs are then not held back.
+    fn slots_tight(&self) -> bool {
+        self.rings.slots.allocated_bytes() * 2 > u64::from(self.rings.slots.slab_size())
     }
 
     /// Gives back quarantined slots whose stream's id is free now.

@@ -63,6 +63,21 @@ impl Engine {
         draining
     }
 
+    /// Frees `s` now if the helper would at its next pass: a link stream whose id the
+    /// peer's CLOSE just freed (its slots then go back at once, not after the helper's next
+    /// look: a churning link ran out of slots held by streams awaiting their reaping).
+    pub(super) fn reap_now(&'static self, s: &Arc<Stream>) {
+        if !lock(&self.tended).contains_key(&key(s)) || visit(s.life(), || true) != Visit::Reap {
+            return;
+        }
+        if s.reap_step(self.linger(), Instant::now()) {
+            self.unregister(s);
+            s.destroy();
+            self.untend(s);
+            log::debug!("rdma stream {} -> {} closed and freed", s.local, s.peer);
+        }
+    }
+
     fn untend(&self, s: &Arc<Stream>) {
         lock(&self.tended).remove(&key(s));
     }

@@ -544,11 +544,25 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
                 match st.mux.accept(&open, params, at) {
                     Ok((mine, conn)) => Ok((ring, send, mine, conn)),
                     // Refused by the mux (no id or no room in the queues).
-                    Err(_) => Err((Some(ring), Some(send))),
+                    Err(_) => {
+                        log::debug!(
+                            "rdma link from {}: no id or queue room ({})",
+                            link.peer,
+                            st.describe()
+                        );
+                        st.mux.release_closes(); // what we hold back keeps the peer's too
+                        Err((Some(ring), Some(send)))
+                    }
                 }
             }
             unused => {
+                log::debug!(
+                    "rdma link from {}: no slot for a stream ({})",
+                    link.peer,
+                    st.describe()
+                );
                 st.mux.refuse(open.opener, RefuseReason::NoResources);
+                st.mux.release_closes();
                 Err(unused)
             }
         }

@@ -69,6 +69,11 @@ impl LinkEnd for Member {
         );
         let mut st = self.link.lock();
         st.mux.close_lazily(self.id);
+        // The peer's slots for our closed streams come back only with our CLOSEs (and ours
+        // with its): once half our slots are taken, none is held back.
+        if st.slots_tight() {
+            st.mux.release_closes();
+        }
         let held = st.mux.holds_closes();
         st.free_quarantined();
         self.link.pump(&mut st);
