@@ -39,9 +39,13 @@ pub(super) fn refill(
         return unused;
     }
     while st.mux.grants_out() < pool {
-        let (params, (ring, send)) = stream_slots(engine, link, st);
-        let (Some(mut ring), Some(mut send)) = (ring, send) else {
-            break; // the slot taken, if one was, drops with the pair (after the lock: below)
+        let (params, slots) = stream_slots(engine, link, st);
+        let (mut ring, mut send) = match slots {
+            (Some(r), Some(s)) => (r, s),
+            (r, s) => {
+                unused.extend(r.into_iter().chain(s)); // dropped by the caller, unlocked
+                break;
+            }
         };
         let at = ring.ring_at_in(st);
         match st.mux.grant(params, at) {
@@ -75,7 +79,14 @@ pub(super) fn on_open_granted(
     let listener = listener.filter(|l| open.dest.port() == link.dest.port() && !l.shared());
     let opts_fd = opts_socket(&link.peer);
     let bell = fresh_bell().ok().filter(|_| opts_fd >= 0);
-    let (Some(listener), Some((ring, send)), Some(bell)) = (listener, slots, bell) else {
+    let ready = match (listener, slots, bell) {
+        (Some(l), Some(s), Some(b)) => Some((l, s, b)),
+        (_, slots, bell) => {
+            drop((slots, bell)); // unlocked: a slot goes back to the link, which locks it
+            None
+        }
+    };
+    let Some((listener, (ring, send), bell)) = ready else {
         log::info!(
             "rdma link from {}: the OPEN of granted stream {} to {} finds no listener or no resources: closed",
             link.peer,
@@ -136,10 +147,14 @@ pub(super) fn open(
     if link.is_failed() || st.mux.grants_held() == 0 {
         return Err(bell);
     }
-    let (params, (ring, send)) = stream_slots(engine, link, &mut st);
-    let (Some(mut ring), Some(mut send)) = (ring, send) else {
-        drop(st);
-        return Err(bell); // the slot taken, if one was, drops before: after the lock
+    let (params, slots) = stream_slots(engine, link, &mut st);
+    let (mut ring, mut send) = match slots {
+        (Some(r), Some(s)) => (r, s),
+        unused => {
+            drop(st);
+            drop(unused); // a slot goes back to the link, which takes its lock
+            return Err(bell);
+        }
     };
     let conn_id = crate::sys::unix::random_u64();
     let at = ring.ring_at_in(&st);
