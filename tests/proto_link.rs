@@ -80,6 +80,7 @@ fn open_to(port: u16) -> Open {
     Open {
         opener: StreamId::CONTROL, // set by Control::open
         granted: None,
+        from_port: 0,
         recv_credits: 16,
         ring_size: 32 * 1024,
         ring_rkey: 0x1234,

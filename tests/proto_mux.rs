@@ -312,7 +312,10 @@ impl Link {
     fn open(&mut self, a_ring: u32, b_ring: u32) -> (StreamId, StreamId) {
         let (rk, at) = self.ends[0].ring(a_ring);
         let dest = "10.0.0.2:80".parse().unwrap();
-        let a_id = self.ends[0].mux.open(params(a_ring), at, 42, dest).unwrap();
+        let a_id = self.ends[0]
+            .mux
+            .open(params(a_ring), at, 42, (dest, 40_001))
+            .unwrap();
         self.ends[0].adopt(a_id, rk, 4096);
         // A CLOSE held back rides with the OPEN or ACCEPT: its PeerClosed comes first.
         let not_closes = |ev: Vec<Said>| -> Vec<Said> {
@@ -325,6 +328,7 @@ impl Link {
         let [Said::Incoming(open)] = &b_ev[..] else {
             panic!("{b_ev:?}")
         };
+        assert_eq!(open.from_port, 40_001);
         let (rk, at) = self.ends[1].ring(b_ring);
         let (b_id, conn) = self.ends[1].mux.accept(open, params(b_ring), at).unwrap();
         self.ends[1].conns.insert(b_id.get(), conn);
@@ -363,7 +367,10 @@ impl Link {
         let dest = "10.0.0.2:80".parse().unwrap();
         let a = &mut self.ends[0];
         assert!(a.mux.can_open_granted(&params(ring)));
-        let (id, conn) = a.mux.open_granted(params(ring), at, 43, dest).unwrap();
+        let (id, conn) = a
+            .mux
+            .open_granted(params(ring), at, 43, (dest, 40_002))
+            .unwrap();
         a.conns.insert(id.get(), conn);
         a.adopt(id, rk, 4096);
         assert!(a.mux.announce(id).is_some());
@@ -526,10 +533,10 @@ fn a_link_whose_queues_are_full_refuses_the_next_stream() {
     assert_eq!(l.ends[0].mux.streams(), 31);
     let dest = "10.0.0.2:80".parse().unwrap();
     let (_, at) = l.ends[0].ring(4096);
-    assert!(l.ends[0].mux.open(params(4096), at, 1, dest).is_err());
+    assert!(l.ends[0].mux.open(params(4096), at, 1, (dest, 0)).is_err());
     // The peer opening one more is refused by B, not failed.
     let (_, at) = l.ends[1].ring(4096);
-    let b_id = l.ends[1].mux.open(params(4096), at, 2, dest);
+    let b_id = l.ends[1].mux.open(params(4096), at, 2, (dest, 0));
     assert!(b_id.is_err(), "B's own queues are as full");
     // One closes at both ends: its shares return, and a stream fits again.
     let (a, b) = opened[5];
@@ -548,7 +555,7 @@ fn an_open_the_acceptor_cannot_fit_is_refused() {
     let (_, at) = l.ends[0].ring(4096);
     let mut big = params(4096);
     big.recv_credits = 200;
-    let a_id = l.ends[0].mux.open(big, at, 1, dest).unwrap();
+    let a_id = l.ends[0].mux.open(big, at, 1, (dest, 0)).unwrap();
     let [_, b_ev] = l.settle();
     let [Said::Incoming(open)] = &b_ev[..] else {
         panic!("{b_ev:?}")
@@ -738,6 +745,7 @@ fn a_granted_stream_carries_bytes_before_any_answer() {
         .map(|s| match s {
             Said::IncomingGranted(open, mine) => {
                 assert_eq!(open.granted, Some(*mine));
+                assert_eq!(open.from_port, 40_002, "the opener's port for the stream");
                 (open.opener.get(), mine.get())
             }
             other => panic!("{other:?}"),
@@ -823,10 +831,10 @@ fn no_grant_is_taken_without_one_or_after_goodbye() {
     assert_eq!(l.ends[0].mux.grants_held(), 0);
     assert!(!l.ends[0].mux.can_open_granted(&params(8192)));
     let (_, at) = l.ends[0].ring(8192);
-    let dest = "10.0.0.2:80".parse().unwrap();
+    let dest: std::net::SocketAddr = "10.0.0.2:80".parse().unwrap();
     assert!(l.ends[0]
         .mux
-        .open_granted(params(8192), at, 1, dest)
+        .open_granted(params(8192), at, 1, (dest, 0))
         .is_none());
     assert_eq!(l.ends[0].mux.streams(), 0);
     // Grants given, then B says GOODBYE: A may take none of them.

@@ -56,6 +56,8 @@ pub struct Link {
     /// Streams this end keeps granted to the peer (an accepted link whose peer takes
     /// grants: `RSOCK_LINK_GRANTS`), 0 for none.
     grant_pool: u32,
+    /// The peer shows the port an OPEN carries as its stream's (a connector's link).
+    peer_shows_ports: bool,
     st: Mutex<State>,
     failed: AtomicBool,
     /// It holds CLOSEs back (counted in [`HOLDING`]).
@@ -111,6 +113,8 @@ struct Slab {
 struct Opening {
     ring: SlotBuf,
     send: SlotBuf,
+    /// The stream's local address (the link's, with a port of its own if it has one).
+    local: SocketAddr,
     opts: crate::engine::OptsSocket,
     token: u64,
     conn_id: u64,

@@ -36,6 +36,11 @@ pub const MAX_RECV_CREDITS: u32 = 1 << 16;
 /// ignores it (and grants nothing).
 pub const FLAG_LINK_GRANTS: u16 = 1;
 
+/// Hello flag of the accept that answers a link hello: the sender takes OPENs that carry
+/// the opener's port for the stream (PROTOCOL.md §14, `from_port`; an older answerer
+/// refuses a nonzero one as a reserved byte).
+pub const FLAG_LINK_PORTS: u16 = 2;
+
 /// Byte ranges of the fields; see `docs/PROTOCOL.md` §2.
 pub mod field {
     use core::ops::Range;

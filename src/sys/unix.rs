@@ -57,6 +57,33 @@ pub fn listen_abstract(name: &[u8]) -> io::Result<c_int> {
     Ok(fd)
 }
 
+/// Binds the unbound TCP socket `fd` to `ip` and an ephemeral port the kernel picks (an
+/// IPv4 address as IPv4-mapped on an IPv6 socket): the port, reserved while `fd` stays
+/// open. `None` if it cannot be bound.
+pub fn bind_ephemeral(fd: c_int, ip: std::net::IpAddr) -> Option<u16> {
+    use std::net::{IpAddr, SocketAddr};
+    let try_bind = |ip: IpAddr| {
+        let (a, len) = super::sockaddr::encode(&SocketAddr::new(ip, 0));
+        // SAFETY: a holds a sockaddr of len bytes.
+        unsafe { real::bind(fd, a.as_ptr().cast::<sockaddr>(), len) == 0 }
+    };
+    let bound =
+        try_bind(ip) || matches!(ip, IpAddr::V4(v4) if try_bind(IpAddr::V6(v4.to_ipv6_mapped())));
+    if !bound {
+        return None;
+    }
+    // SAFETY: sockaddr_storage is plain data, aligned for every address type.
+    let mut a: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    let at = (&mut a as *mut libc::sockaddr_storage).cast::<sockaddr>();
+    // SAFETY: a is a valid buffer of len bytes.
+    if unsafe { real::getsockname(fd, at, &mut len) } != 0 {
+        return None;
+    }
+    // SAFETY: getsockname wrote len bytes of a socket address into a.
+    unsafe { super::sockaddr::read(at, len) }.map(|s| s.port())
+}
+
 /// Names the (unnamed) socket `fd` with the abstract `name`.
 pub fn bind_abstract(fd: c_int, name: &[u8]) -> io::Result<()> {
     let (a, len) = abstract_addr(name);

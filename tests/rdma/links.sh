@@ -29,6 +29,10 @@
 #   process and the link live on): 5 connects must each be refused at once (ECONNREFUSED,
 #   not a connect that succeeds on a stream granted ahead and is then reset), and once the
 #   server listens again 5 more connections work (over a new link).
+# links_ports: 10 connections open together over one link: each one's local port at the
+#   client (getsockname) is the peer port the server sees (getpeername, accept), and no two
+#   are alike — as kernel TCP's ephemeral ports (the opener reserves one per stream and
+#   names it in its OPEN).
 #
 # links_churn and links_parallel also assert that connections took streams granted ahead
 # (links.granted: no answer waited for; PROTOCOL.md §14, GRANT).
@@ -195,7 +199,22 @@ cell_links_listener_gone() {
     expect_qps_released 30
 }
 
-CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone)
+cell_links_ports() {
+    local rc=0 n=10
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" python3 "$T_ROOT/tests/rdma/links/ports.py" server "$A" "$PORT" $n
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" python3 "$T_ROOT/tests/rdma/links/ports.py" client "$A" "$PORT" $n
+    bg_wait cli || rc=$?
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    grep -q '^ok' cli.out || fail "client: $(tail -n2 cli.out | paste -sd' ')"
+    echo "# ports: $(cut -c4- cli.out)"
+    expect_status srv 0
+    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'conns.rdma==N' 'links.made==1' 'links.streams==N'
+    soft expect_stats "$CELL_DIR/srv" srv -D N=$n 'conns.rdma==N' 'links.made==1' 'links.streams==N'
+    expect_qps_released 30
+}
+
+CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone links_ports)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

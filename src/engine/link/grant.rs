@@ -127,7 +127,8 @@ pub(super) fn on_open_granted(
     drop(unused);
 }
 
-/// Connector: opens a stream to `dest` on a grant of the peer's (its doorbell `bell`), if
+/// Connector: opens a stream to `dest` on a grant of the peer's (its doorbell `bell`, its
+/// local address and port for the OPEN `(local, from_port)`), if
 /// the link holds one and its control stream can send the OPEN at once. `Err(bell)`: no
 /// grant to take (open and wait for the answer instead). The stream is made and registered
 /// before its OPEN is queued (the peer writes as soon as it has it), and is returned once
@@ -137,7 +138,7 @@ pub(super) fn open(
     link: &Arc<Link>,
     dest: SocketAddr,
     opts: &OptsSocket,
-    bell: Bell,
+    (bell, (local, from_port)): (Bell, (SocketAddr, u16)),
     deadline: Instant,
 ) -> Result<Result<Arc<Stream>, Cause>, Bell> {
     if link.grant_pool != 0 || engine.cfg.link_grants == 0 {
@@ -158,7 +159,7 @@ pub(super) fn open(
     };
     let conn_id = crate::sys::unix::random_u64();
     let at = ring.ring_at_in(&st);
-    let Some((mine, conn)) = st.mux.open_granted(params, at, conn_id, dest) else {
+    let Some((mine, conn)) = st.mux.open_granted(params, at, conn_id, (dest, from_port)) else {
         drop(st);
         drop((ring, send));
         return Err(bell);
@@ -170,6 +171,7 @@ pub(super) fn open(
     let o = Opening {
         ring,
         send,
+        local,
         opts: *opts,
         token: engine.token(),
         conn_id,

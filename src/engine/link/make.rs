@@ -2,8 +2,8 @@
 //! a connector's OPEN and its answer, an acceptor's ACCEPT or REFUSE.
 
 use super::parts::{
-    accepted_stream, connector_stream, stream_params, stream_slots, CONTROL_BUF, MAX_STREAMS,
-    STREAM_RECVS, STREAM_SENDS,
+    accepted_stream, connector_stream, stream_local, stream_params, stream_slots, CONTROL_BUF,
+    MAX_STREAMS, STREAM_RECVS, STREAM_SENDS,
 };
 use super::{answer, Link, Opening, Slab, State};
 use crate::engine::setup::{opts_socket, OptsSocket};
@@ -12,7 +12,7 @@ use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::record::{Open, RefuseReason};
 use crate::proto::link::{Mux, Slots};
-use crate::proto::wire::FLAG_LINK_GRANTS;
+use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_PORTS};
 use crate::proto::{self, Conn, Hello, HelloKind, Params, Reject, RejectReason};
 use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps, RegBuf};
 use crate::stats::{Cause, Fallback};
@@ -181,7 +181,7 @@ fn make_link(
         dest,
         local,
         dest,
-        (0, 0),
+        (0, 0, peer.flags & FLAG_LINK_PORTS != 0),
     )
     .ok_or(None)?;
     let mut h = lock(&engine.link_hints);
@@ -244,7 +244,7 @@ fn build(
     dest: SocketAddr,
     local: SocketAddr,
     peer: SocketAddr,
-    (listener, grant_pool): (u64, u32),
+    (listener, grant_pool, peer_shows_ports): (u64, u32, bool),
 ) -> Option<Arc<Link>> {
     let caps = rc.caps();
     // A probe's slot per stream stays out of the shares.
@@ -260,6 +260,7 @@ fn build(
         peer,
         listener,
         grant_pool,
+        peer_shows_ports,
         st: Mutex::new(State {
             rc,
             mux,
@@ -359,6 +360,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
         mr.rkey().unwrap_or(0),
         hello.conn_id,
     );
+    ours.flags |= FLAG_LINK_PORTS;
     if grant_pool > 0 {
         ours.flags |= FLAG_LINK_GRANTS;
     }
@@ -380,7 +382,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
         local,
         local,
         peer,
-        (listener, grant_pool),
+        (listener, grant_pool, false),
     ) else {
         return;
     };
@@ -411,7 +413,15 @@ fn open_stream(
         log::info!("rdma link to {}: doorbell: {e}", link.peer);
         Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
     })?;
-    let bell = match super::grant::open(engine, link, dest, &opts, bell, deadline) {
+    let (local, from_port) = stream_local(link, &opts);
+    let bell = match super::grant::open(
+        engine,
+        link,
+        dest,
+        &opts,
+        (bell, (local, from_port)),
+        deadline,
+    ) {
         Ok(r) => return r,
         Err(bell) => bell, // no grant to take: open and wait for the answer
     };
@@ -440,7 +450,7 @@ fn open_stream(
         };
         let at = ring.ring_at_in(&st);
         st.opened += 1;
-        let mine = match st.mux.open(params, at, conn_id, dest) {
+        let mine = match st.mux.open(params, at, conn_id, (dest, from_port)) {
             Ok(id) => id,
             Err(e) => {
                 log::info!(
@@ -461,6 +471,7 @@ fn open_stream(
             Opening {
                 ring,
                 send,
+                local,
                 opts,
                 token,
                 conn_id,

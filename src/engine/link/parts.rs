@@ -3,6 +3,7 @@
 
 use super::{Link, Member, Opening, SlotBuf, State};
 use crate::engine::stream::{Parts, StreamBuf, StreamQp};
+use crate::engine::OptsSocket;
 use crate::engine::{Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::record::Open;
@@ -49,6 +50,17 @@ pub(super) fn stream_slots(
     (params, (ring, send))
 }
 
+/// Connector: the local address of a new stream — the link's, with a port of its own
+/// (reserved by binding the copy of the program's socket the stream keeps) when the peer
+/// shows it — and that port for the OPEN (0: none).
+pub(super) fn stream_local(link: &Link, opts: &OptsSocket) -> (SocketAddr, u16) {
+    let own = link.peer_shows_ports && opts.fd >= 0 && !link.local.ip().is_unspecified();
+    match own.then(|| crate::sys::unix::bind_ephemeral(opts.fd, link.local.ip())) {
+        Some(Some(port)) => (SocketAddr::new(link.local.ip(), port), port),
+        _ => (link.local, 0),
+    }
+}
+
 /// Connector: its stream `mine` on the link, made of what it left in `o` and the
 /// connection `conn`, and registered (its completions find it from now on).
 pub(super) fn connector_stream(
@@ -63,7 +75,7 @@ pub(super) fn connector_stream(
         proto: conn,
         ring: StreamBuf::Slot(Box::new(o.ring)),
         send: StreamBuf::Slot(Box::new(o.send)),
-        local: link.local,
+        local: o.local,
         peer: link.dest,
         opts_fd: o.opts.fd,
         opts_default: o.opts.default_opts,
@@ -104,7 +116,10 @@ pub(super) fn accepted_stream(
         ring: StreamBuf::Slot(Box::new(ring)),
         send: StreamBuf::Slot(Box::new(send)),
         local: SocketAddr::new(link.local.ip(), open.dest.port()),
-        peer: link.peer,
+        peer: match open.from_port {
+            0 => link.peer,
+            port => SocketAddr::new(link.peer.ip(), port),
+        },
         opts_fd,
         opts_default: true, // made here; the listener's options come after
         token: engine.token(),

@@ -170,15 +170,15 @@ impl Mux {
         })
     }
 
-    /// Opens a stream to `dest` with our side `params` (ring at `ring`): our id of it. Its
-    /// connection comes with [`LinkEvent::Opened`]. `Exhausted` when no id is left or its
-    /// shares would not fit the queues.
+    /// Opens a stream to `dest` with our side `params` (ring at `ring`; `from_port`: our
+    /// port for it, or 0): our id of it. Its connection comes with [`LinkEvent::Opened`].
+    /// `Exhausted` when no id is left or its shares would not fit the queues.
     pub fn open(
         &mut self,
         params: Params,
         ring: RingAt,
         conn_id: u64,
-        dest: SocketAddr,
+        (dest, from_port): (SocketAddr, u16),
     ) -> Result<StreamId, NoId> {
         if !self.fits(&params) {
             return Err(NoId::Exhausted);
@@ -186,6 +186,7 @@ impl Mux {
         let open = Open {
             opener: StreamId::CONTROL,
             granted: None,
+            from_port,
             recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
             ring_size: params.ring_size,
             ring_rkey: ring.rkey,
@@ -243,7 +244,7 @@ impl Mux {
     }
 
     /// Opens a stream to `dest` on the peer's oldest grant, with our side `params` (ring at
-    /// `ring`): our id of it and its connection, open at once. Its OPEN is held until
+    /// `ring`; `from_port` as for [`open`](Self::open)): our id of it and its connection, open at once. Its OPEN is held until
     /// [`announce`](Self::announce): the peer writes as soon as it has it, so the driver
     /// first makes the stream ready for its bytes. `None` unless
     /// [`can_open_granted`](Self::can_open_granted).
@@ -252,7 +253,7 @@ impl Mux {
         params: Params,
         ring: RingAt,
         conn_id: u64,
-        dest: SocketAddr,
+        (dest, from_port): (SocketAddr, u16),
     ) -> Option<(StreamId, Conn)> {
         if !self.can_open_granted(&params) {
             return None;
@@ -260,6 +261,7 @@ impl Mux {
         let open = Open {
             opener: StreamId::CONTROL,
             granted: None,
+            from_port,
             recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
             ring_size: params.ring_size,
             ring_rkey: ring.rkey,

@@ -62,7 +62,7 @@ mod at {
     pub const OPEN_RING_SIZE: usize = 8;
     pub const OPEN_RING_RKEY: usize = 12;
     pub const OPEN_GRANTED: usize = 16; // 2 bytes: the granted id, or 0
-    pub const OPEN_RESERVED: usize = 18; // 2 bytes
+    pub const OPEN_PORT_FROM: usize = 18; // 2 bytes: the opener's port for the stream, or 0
     pub const OPEN_RING_ADDR: usize = 20;
     pub const OPEN_CONN_ID: usize = 28;
     pub const OPEN_PORT: usize = 36;
@@ -128,6 +128,9 @@ pub struct Open {
     /// The answerer's id of a stream it granted ahead, which this OPEN takes (no ACCEPT
     /// follows); `None`: the answerer is asked, and answers ACCEPT or REFUSE.
     pub granted: Option<StreamId>,
+    /// The opener's port for the stream (its program's local port: the answerer shows it as
+    /// the stream's peer port), or 0: the link's.
+    pub from_port: u16,
     /// Receives the opener posted for the stream: the answerer's message credits.
     pub recv_credits: u16,
     /// Size of the opener's receive ring for the stream.
@@ -305,6 +308,7 @@ impl Record {
                     out[at::FLAGS] = FLAG_GRANTED;
                     put(out, at::OPEN_GRANTED, &g.get().to_be_bytes());
                 }
+                put(out, at::OPEN_PORT_FROM, &o.from_port.to_be_bytes());
                 put(out, at::OPEN_RECV_CREDITS, &o.recv_credits.to_be_bytes());
                 put(out, at::OPEN_RING_SIZE, &o.ring_size.to_be_bytes());
                 put(out, at::OPEN_RING_RKEY, &o.ring_rkey.to_be_bytes());
@@ -477,7 +481,6 @@ fn parse_open(rec: &[u8], granted: bool) -> Result<Open, RecordError> {
         check_reserved(rec, at::OPEN_GRANTED, 2)?;
         None
     };
-    check_reserved(rec, at::OPEN_RESERVED, 2)?;
     check_reserved(rec, at::OPEN_RESERVED2, 1)?;
     let mut octets = [0u8; 16];
     octets.copy_from_slice(&rec[at::OPEN_ADDR..at::OPEN_ADDR + 16]);
@@ -492,6 +495,7 @@ fn parse_open(rec: &[u8], granted: bool) -> Result<Open, RecordError> {
     Ok(Open {
         opener: id_at(rec, at::OPEN_OPENER)?,
         granted,
+        from_port: u16_at(rec, at::OPEN_PORT_FROM),
         recv_credits: u16_at(rec, at::OPEN_RECV_CREDITS),
         ring_size: u32_at(rec, at::OPEN_RING_SIZE),
         ring_rkey: u32_at(rec, at::OPEN_RING_RKEY),
