@@ -597,6 +597,15 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
         open.dest,
         mine.get()
     );
+    // The ACCEPT, and the grants that ride with it, go out before the program can see the
+    // stream: its first bytes must not overtake the ACCEPT (the peer would fail the link).
+    // The peer's first bytes cannot come before the stream exists: this runs on the
+    // poller, which looks at the link's next completion only after it.
+    let mut st = link.lock();
+    let unused = super::grant::refill(link, engine, listener.shared(), &mut st);
+    link.pump(&mut st);
+    drop(st);
+    drop(unused); // a slot goes back to the link, which takes its lock
     if let Some(s) = accepted_stream(
         link,
         engine,
@@ -608,9 +617,4 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
     ) {
         listener.push_stream(s);
     }
-    let mut st = link.lock();
-    let unused = super::grant::refill(link, engine, listener.shared(), &mut st);
-    link.pump(&mut st);
-    drop(st);
-    drop(unused); // a slot goes back to the link, which takes its lock
 }
