@@ -553,6 +553,25 @@ impl Mux {
         }
     }
 
+    /// Stream `mine`'s connection, the peer's side being `peer`; one that cannot be made
+    /// (not reached: our params were checked when the stream was opened or granted, the
+    /// peer's by the record parser) is closed.
+    fn conn_of(
+        &mut self,
+        params: &Params,
+        peer: &Hello,
+        mine: StreamId,
+        theirs: StreamId,
+    ) -> Option<Box<Conn>> {
+        match Conn::on_link(params, peer, mine, theirs) {
+            Ok(conn) => Some(Box::new(conn)),
+            Err(_) => {
+                self.plane.close(mine);
+                None
+            }
+        }
+    }
+
     fn opening_id(&self, mine: StreamId) -> bool {
         self.opening.iter().any(|(id, _)| *id == mine)
     }
@@ -563,10 +582,9 @@ impl Mux {
         while let Some(ev) = self.plane.poll_event() {
             let ev = match ev {
                 ControlEvent::Accepted(acc) => {
-                    let Some(i) = self.opening.iter().position(|(id, _)| *id == acc.opener) else {
+                    let Some(params) = take_params(&mut self.opening, acc.opener) else {
                         continue; // not reached: the stream table checked the ACCEPT
                     };
-                    let (mine, params) = self.opening.swap_remove(i);
                     let peer = hello(
                         acc.ring_addr,
                         acc.ring_rkey,
@@ -574,18 +592,11 @@ impl Mux {
                         acc.recv_credits,
                         acc.conn_id,
                     );
-                    match Conn::on_link(&params, &peer, mine, acc.acceptor) {
-                        Ok(conn) => LinkEvent::Opened {
-                            mine,
-                            conn: Box::new(conn),
-                        },
-                        // Our own params were checked when the OPEN went out; the peer's
-                        // hello was checked by the record parser.
-                        Err(_) => {
-                            self.plane.close(mine);
-                            continue;
-                        }
-                    }
+                    let mine = acc.opener;
+                    let Some(conn) = self.conn_of(&params, &peer, mine, acc.acceptor) else {
+                        continue;
+                    };
+                    LinkEvent::Opened { mine, conn }
                 }
                 ControlEvent::Refused { mine, reason } => {
                     self.opening.retain(|(id, _)| *id != mine);
@@ -598,10 +609,9 @@ impl Mux {
                 }
                 ControlEvent::Incoming(open) => LinkEvent::Incoming(open),
                 ControlEvent::IncomingGranted { open, mine } => {
-                    let Some(i) = self.granted.iter().position(|(id, _)| *id == mine) else {
+                    let Some(params) = take_params(&mut self.granted, mine) else {
                         continue; // not reached: the stream table checked the grant
                     };
-                    let (_, params) = self.granted.swap_remove(i);
                     let peer = hello(
                         open.ring_addr,
                         open.ring_rkey,
@@ -609,24 +619,22 @@ impl Mux {
                         open.recv_credits,
                         open.conn_id,
                     );
-                    match Conn::on_link(&params, &peer, mine, open.opener) {
-                        Ok(conn) => LinkEvent::IncomingGranted {
-                            open,
-                            mine,
-                            conn: Box::new(conn),
-                        },
-                        // Our params were checked when granted, the OPEN by the parser.
-                        Err(_) => {
-                            self.plane.close(mine);
-                            continue;
-                        }
-                    }
+                    let Some(conn) = self.conn_of(&params, &peer, mine, open.opener) else {
+                        continue;
+                    };
+                    LinkEvent::IncomingGranted { open, mine, conn }
                 }
                 ControlEvent::Goodbye => LinkEvent::Goodbye,
             };
             self.events.push_back(ev);
         }
     }
+}
+
+/// Takes stream `mine`'s params out of `list` (the streams opening, or granted).
+fn take_params(list: &mut Vec<(StreamId, Params)>, mine: StreamId) -> Option<Params> {
+    let i = list.iter().position(|(id, _)| *id == mine)?;
+    Some(list.swap_remove(i).1)
 }
 
 /// A write of stream `id`, its work request id tagged with the stream's.
