@@ -2,8 +2,8 @@
 //! a connector's OPEN and its answer, an acceptor's ACCEPT or REFUSE.
 
 use super::parts::{
-    accepted_stream, connector_stream, stream_local, stream_params, stream_slots, CONTROL_BUF,
-    MAX_STREAMS, STREAM_RECVS, STREAM_SENDS,
+    connector_stream, stream_local, stream_params, stream_slots, CONTROL_BUF, MAX_STREAMS,
+    STREAM_RECVS, STREAM_SENDS,
 };
 use super::{answer, Link, Opening, Slab, State};
 use crate::engine::setup::{opts_socket, OptsSocket};
@@ -597,24 +597,15 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
         open.dest,
         mine.get()
     );
-    // The ACCEPT, and the grants that ride with it, go out before the program can see the
-    // stream: its first bytes must not overtake the ACCEPT (the peer would fail the link).
-    // The peer's first bytes cannot come before the stream exists: this runs on the
-    // poller, which looks at the link's next completion only after it.
-    let mut st = link.lock();
-    let unused = super::grant::refill(link, engine, listener.shared(), &mut st);
-    link.pump(&mut st);
-    drop(st);
-    drop(unused); // a slot goes back to the link, which takes its lock
-    if let Some(s) = accepted_stream(
+    let shared = listener.shared();
+    let slots = (ring, send);
+    super::grant::queue_accepted(
         link,
         engine,
-        &open,
-        mine,
-        conn,
-        (ring, send),
+        shared,
+        (&open, mine, conn),
+        slots,
         (opts_fd, bell),
-    ) {
-        listener.push_stream(s);
-    }
+        |s| listener.push_stream(s),
+    );
 }
