@@ -11,6 +11,8 @@ SYNC.again exists, N more connections. Prints "ok" at the end.
 """
 import os, socket, sys, threading, time
 
+from echo import burst, serve
+
 
 def wait_for(path, secs=60):
     end = time.monotonic() + secs
@@ -24,20 +26,14 @@ def touch(path):
     open(path, "w").close()
 
 
-def serve(c):
-    with c:
-        while True:
-            b = c.recv(4096)
-            if not b:
-                return
-            c.sendall(b)
-
-
-def listen_and_serve(addr, port, n):
+def listen_and_serve(addr, port, n, listening=lambda: None):
+    """Listens, calls `listening`, serves N connections (threads) and closes the listener:
+    the threads."""
     l = socket.socket()
     l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     l.bind((addr, port))
     l.listen(64)
+    listening()
     threads = []
     for _ in range(n):
         c, _ = l.accept()
@@ -53,34 +49,9 @@ def server(addr, port, n, sync):
     touch(sync + ".closed")
     wait_for(sync + ".refused")
     # The listener is made and listening before the client is told.
-    l = socket.socket()
-    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    l.bind((addr, port))
-    l.listen(64)
-    touch(sync + ".again")
-    threads = []
-    for _ in range(n):
-        c, _ = l.accept()
-        t = threading.Thread(target=serve, args=(c,))
-        t.start()
-        threads.append(t)
-    for t in first + threads:
+    again = listen_and_serve(addr, port, n, lambda: touch(sync + ".again"))
+    for t in first + again:
         t.join()
-
-
-def burst(addr, port, n, tag):
-    for i in range(n):
-        with socket.create_connection((addr, port)) as s:
-            msg = f"{tag}-{i:06d}-pattern"[:16].encode()
-            s.sendall(msg)
-            got = b""
-            while len(got) < len(msg):
-                b = s.recv(64)
-                if not b:
-                    raise SystemExit(f"connection {tag}{i}: end of stream after {got!r}")
-                got += b
-            if got != msg:
-                raise SystemExit(f"connection {tag}{i}: echoed {got!r}, sent {msg!r}")
 
 
 def client(addr, port, n, sync):

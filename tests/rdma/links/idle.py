@@ -8,14 +8,7 @@ then closed), prints "idle", sleeps PAUSE_S with no connection open, then N more
 """
 import socket, sys, threading, time
 
-
-def serve(c):
-    with c:
-        while True:
-            b = c.recv(4096)
-            if not b:
-                return
-            c.sendall(b)
+from echo import burst, serve
 
 
 def server(addr, port):
@@ -26,21 +19,6 @@ def server(addr, port):
     while True:
         c, _ = l.accept()
         threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-
-def burst(addr, port, n, tag):
-    for i in range(n):
-        with socket.create_connection((addr, port)) as s:
-            msg = f"{tag}-{i:06d}-pattern"[:16].encode()
-            s.sendall(msg)
-            got = b""
-            while len(got) < len(msg):
-                b = s.recv(64)
-                if not b:
-                    raise SystemExit(f"connection {tag}{i}: end of stream after {got!r}")
-                got += b
-            if got != msg:
-                raise SystemExit(f"connection {tag}{i}: echoed {got!r}, sent {msg!r}")
 
 
 def client(addr, port, n, pause):
