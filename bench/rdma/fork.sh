@@ -19,6 +19,10 @@
 #   bench/rdma/fork.sh [--smoke] [--out DIR] [--no-build]   on the host: builds, boots the bed
 #   tests/rdma-vm/run.sh -- bench/rdma/fork.sh [--smoke] [--out DIR]   (what the host does)
 #
+# PATHS (environment): which paths to run, default "tcp rsock"; also "links" (rsock with
+# RSOCK_LINKS=1) and "relay" (rsock with RSOCK_TAKEOVER=0). Every path but tcp is rsock's.
+# RUNS (environment): which measurements, default "pgbench pgbench-C wrk wrk-close handover".
+#
 # --smoke: seconds per measurement (pgbench -T 3, wrk -d 3s, 30 pings), no figures worth
 # reading. --out: where data.txt, logs/ and summary.md go (inside the project; default
 # .cache/rdma-bench-fork). Records in data.txt: `tps what=pgbench|pgbench-C path=P value=V`,
@@ -48,7 +52,7 @@ if [[ ${RDMA_VM:-} != 1 ]]; then
   mkdir -p "$OUT"
   args=(--out "$OUT")
   ((SMOKE)) && args+=(--smoke)
-  tests/rdma-vm/run.sh --timeout 1800 -- bench/rdma/fork.sh "${args[@]}"
+  tests/rdma-vm/run.sh --timeout 3000 -- env PATHS="${PATHS:-tcp rsock}" RUNS="${RUNS:-}" bench/rdma/fork.sh "${args[@]}"
   rc=$?
   [[ -s $OUT/summary.md ]] && cat "$OUT/summary.md"
   exit "$rc"
@@ -104,11 +108,19 @@ trap cleanup EXIT
 PORT=21000
 next_port() { PORT=$((PORT + 1)); }
 
+PATHS=${PATHS:-tcp rsock}
+RUNS=${RUNS:-pgbench pgbench-C wrk wrk-close handover}
+runs() { [[ " $RUNS " == *" $1 "* ]]; }
 # env_for PATH STATSNAME: the preload environment of an rsock process (empty for tcp).
 env_for() {
-  [[ $1 == rsock ]] || return 0
+  local extra=
+  case $1 in
+    tcp) return 0 ;;
+    links) extra=RSOCK_LINKS=1 ;;
+    relay) extra=RSOCK_TAKEOVER=0 ;;
+  esac
   mkdir -p "$OUT/stats/$2" && chmod 1777 "$OUT/stats/$2" # sticky: the shim makes no stats in a dir others may write in otherwise
-  echo env LD_PRELOAD="$SO" RSOCK_STATS_DIR="$OUT/stats/$2" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=5000
+  echo env LD_PRELOAD="$SO" RSOCK_STATS_DIR="$OUT/stats/$2" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=5000 $extra
 }
 # client_pre PATH: tcp clients run in namespace plain.
 client_pre() { [[ $1 == tcp ]] && echo in_plain; }
@@ -139,13 +151,13 @@ pgbench_run() { # PATH [-C]
   local log=$LOGS/$what-$path d=$W/$what-$path
   next_port
   pg_init "$d" || { fail "$what-$path" "initdb: $(tail -c 300 "$d/initdb.out")"; return; }
-  read -ra envs <<<"$(env_for "$path" "$what-srv")"
+  read -ra envs <<<"$(env_for "$path" "$what-srv-$path")"
   # shellcheck disable=SC2046 # pg_server_args prints words
   start_bg "$log-srv.log" "${envs[@]}" setpriv --reuid=postgres --regid=postgres --init-groups \
     "$(pg_bin)/postgres" $(pg_server_args "$d" "$A" "$PORT")
   local srv=$BG_PID
   wait_tcp_listen "$PORT" 60 || { fail "$what-$path" "postgres did not listen: $(tail -c 300 "$log-srv.log")"; stop_bg "$srv"; return; }
-  read -ra envs <<<"$(env_for "$path" "$what-cli")"
+  read -ra envs <<<"$(env_for "$path" "$what-cli-$path")"
   read -ra pre <<<"$(client_pre "$path")"
   local pg=(-h "$A" -p "$PORT" -U postgres)
   if ! "${pre[@]}" timeout 300 "${envs[@]}" pgbench -i -s 1 "${pg[@]}" postgres >"$log-init.log" 2>&1; then
@@ -160,7 +172,7 @@ pgbench_run() { # PATH [-C]
   failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$log.log")
   [[ ${failed:-0} == 0 ]] || fail "$what-$path" "$failed failed transactions"
   [[ -n $tps ]] || { fail "$what-$path" "no tps line"; return; }
-  if [[ $path == rsock ]]; then check_rdma "$what-rsock" "$what-cli" || return; fi
+  if [[ $path != tcp ]]; then check_rdma "$what-$path" "$what-cli-$path" || return; fi
   rec "tps what=$what path=$path value=$tps"
   say "  $what $path: $tps tps"
 }
@@ -175,11 +187,11 @@ wrk_run() { # PATH [close]
   mkdir -p "$d"
   nginx_conf "$d" "$A" "$PORT" off
   head -c 4096 /dev/urandom >"$d/www/4k.bin"
-  read -ra envs <<<"$(env_for "$path" "nginx-$what")"
+  read -ra envs <<<"$(env_for "$path" "nginx-$what-$path")"
   start_bg "$log-nginx.log" "${envs[@]}" nginx -p "$d" -c "$d/nginx.conf" -e "$d/nginx-error.log"
   local srv=$BG_PID
   wait_tcp_listen "$PORT" 60 || { fail "$what-$path" "nginx did not listen: $(tail -c 300 "$d/nginx-error.log")"; stop_bg "$srv"; return; }
-  read -ra envs <<<"$(env_for "$path" "$what")"
+  read -ra envs <<<"$(env_for "$path" "$what-$path")"
   read -ra pre <<<"$(client_pre "$path")"
   "${pre[@]}" timeout 120 "${envs[@]}" wrk -t 2 -c 8 -d "$WRK_D" --timeout 10s "${hdr[@]}" "http://$A:$PORT/4k.bin" >"$log.log" 2>&1
   local rc=$?
@@ -192,7 +204,7 @@ wrk_run() { # PATH [close]
     return
   fi
   [[ -z $errs ]] || say "  $what $path: $errs"
-  if [[ $path == rsock ]]; then check_rdma "$what-rsock" "$what" || return; fi
+  if [[ $path != tcp ]]; then check_rdma "$what-$path" "$what-$path" || return; fi
   rec "rps what=$what path=$path value=$rps errors=${errs// /_}"
   say "  $what $path: $rps req/s"
 }
@@ -203,11 +215,11 @@ handover_run() { # PATH FORK(0|1)
   local path=$1 fork=$2 envs=() pre=() log=$LOGS/handover-$1-$2 mode=fork
   ((fork)) || mode=nofork
   next_port
-  read -ra envs <<<"$(env_for "$path" "ho-srv-$mode")"
+  read -ra envs <<<"$(env_for "$path" "ho-srv-$mode-$path")"
   start_bg "$log-srv.log" "${envs[@]}" "$EX/fork_echo" "$A:$PORT" --mode "$mode" --max-conns "$PINGS" --timeout 30
   local srv=$BG_PID
   wait_tcp_listen "$PORT" 60 || { fail "handover-$path-$mode" "server did not listen"; stop_bg "$srv"; return; }
-  read -ra envs <<<"$(env_for "$path" "ho-cli-$mode")"
+  read -ra envs <<<"$(env_for "$path" "ho-cli-$mode-$path")"
   read -ra pre <<<"$(client_pre "$path")"
   "${pre[@]}" timeout 600 "${envs[@]}" "$EX/fork_client" "$A:$PORT" --op ping --conns "$PINGS" --timeout 30 >"$log.log" 2>&1
   local rc=$?
@@ -218,7 +230,7 @@ handover_run() { # PATH FORK(0|1)
     fail "handover-$path-$mode" "fork_client status $rc: $(grep -m3 -E 'FAIL|^ping' "$log.log" | tr '\n' ' ')"
     return
   fi
-  if [[ $path == rsock ]]; then check_rdma "handover-rsock-$mode" "ho-cli-$mode" || return; fi
+  if [[ $path != tcp ]]; then check_rdma "handover-$path-$mode" "ho-cli-$mode-$path" || return; fi
   local med p90
   med=$(sed -n 's/.* median_us=\([0-9]*\).*/\1/p' <<<"$line")
   p90=$(sed -n 's/.* p90_us=\([0-9]*\).*/\1/p' <<<"$line")
@@ -229,16 +241,16 @@ handover_run() { # PATH FORK(0|1)
 # ---- run ------------------------------------------------------------------------------------
 
 say "fork bench ($([[ $SMOKE == 1 ]] && echo smoke || echo full)); shim $(sha256sum "$SO" | cut -c1-16)"
-for p in tcp rsock; do
-  say "pgbench $p"; pgbench_run "$p"
-  say "pgbench -C $p"; pgbench_run "$p" -C
-  say "wrk + nginx $p"; wrk_run "$p"
-  say "wrk + nginx, Connection: close, $p"; wrk_run "$p" close
-  for f in 0 1; do handover_run "$p" "$f"; done
+for p in $PATHS; do
+  runs pgbench && { say "pgbench $p"; pgbench_run "$p"; }
+  runs pgbench-C && { say "pgbench -C $p"; pgbench_run "$p" -C; }
+  runs wrk && { say "wrk + nginx $p"; wrk_run "$p"; }
+  runs wrk-close && { say "wrk + nginx, Connection: close, $p"; wrk_run "$p" close; }
+  if runs handover; then for f in 0 1; do handover_run "$p" "$f"; done; fi
 done
 
 # summary.md: the figures and their ratios.
-python3 - "$DATA" "$OUT/summary.md" "$SMOKE" <<'PY'
+python3 - "$DATA" "$OUT/summary.md" "$SMOKE" $PATHS <<'PY'
 import sys
 recs = []
 for line in open(sys.argv[1]):
@@ -246,32 +258,35 @@ for line in open(sys.argv[1]):
     d = dict(x.split("=", 1) for x in kv if "=" in x)
     d["kind"] = kind
     recs.append(d)
+paths = sys.argv[4:]
 def get(kind, what, path, **kw):
     for r in recs:
         if r["kind"] == kind and r.get("what") == what and r.get("path") == path and all(r.get(k) == v for k, v in kw.items()):
             return float(r.get("value", r.get("median_us", "nan")))
     return None
-def ratio(a, b):
-    return f"{a / b:.2f}" if a is not None and b else "-"
-def fmt(x, unit=""):
-    return "-" if x is None else f"{x:,.0f}{unit}"
-out = ["# Fork benchmark (rsock vs kernel TCP, one boot)" + (" — smoke run, figures not meaningful" if sys.argv[3] == "1" else ""), "",
-       "| measurement | kernel TCP | rsock | rsock/tcp |", "|---|---:|---:|---:|"]
-a, b = get("tps", "pgbench", "tcp"), get("tps", "pgbench", "rsock")
-out.append(f"| pgbench -c 4 (tps) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
-a, b = get("tps", "pgbench-C", "tcp"), get("tps", "pgbench-C", "rsock")
-out.append(f"| pgbench -C -c 4, a connection per transaction (tps) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
-a, b = get("rps", "wrk", "tcp"), get("rps", "wrk", "rsock")
-out.append(f"| wrk → nginx 2 workers, 4 KiB (req/s) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
-a, b = get("rps", "wrk-close", "tcp"), get("rps", "wrk-close", "rsock")
-out.append(f"| the same, `Connection: close`: a connection per request (req/s) | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
-for f, name in (("0", "connect + 1-byte answer, no fork (median µs)"), ("1", "connect + answer from the forked child (median µs)")):
-    a, b = get("lat", "handover", "tcp", fork=f), get("lat", "handover", "rsock", fork=f)
-    out.append(f"| {name} | {fmt(a)} | {fmt(b)} | {ratio(b, a)} |")
-for p in ("tcp", "rsock"):
+def fmt(x):
+    return "-" if x is None else f"{x:,.0f}"
+def cell(x, tcp, p):
+    if x is None:
+        return "-"
+    return fmt(x) + (f" ({x / tcp:.2f}×)" if tcp and p != "tcp" else "")
+rows = [
+    ("pgbench -c 4 (tps)", lambda p: get("tps", "pgbench", p)),
+    ("pgbench -C -c 4, a connection per transaction (tps)", lambda p: get("tps", "pgbench-C", p)),
+    ("wrk → nginx 2 workers, 4 KiB (req/s)", lambda p: get("rps", "wrk", p)),
+    ("the same, `Connection: close`: a connection per request (req/s)", lambda p: get("rps", "wrk-close", p)),
+    ("connect + 1-byte answer, no fork (median µs)", lambda p: get("lat", "handover", p, fork="0")),
+    ("connect + answer from the forked child (median µs)", lambda p: get("lat", "handover", p, fork="1")),
+]
+def handover(p):
     a, b = get("lat", "handover", p, fork="0"), get("lat", "handover", p, fork="1")
-    if a is not None and b is not None:
-        out.append(f"| cost of the fork handover, {p} (µs) | | | {b - a:,.0f} |")
+    return None if a is None or b is None else b - a
+rows.append(("cost of the fork hand-over (µs, difference of the medians)", handover))
+out = ["# Fork benchmark (one boot; in brackets: the ratio to kernel TCP)" + (" — smoke run, figures not meaningful" if sys.argv[3] == "1" else ""), "",
+       "| measurement | " + " | ".join(paths) + " |", "|---|" + "---:|" * len(paths)]
+for name, f in rows:
+    tcp = f("tcp") if "tcp" in paths else None
+    out.append(f"| {name} | " + " | ".join(cell(f(p), tcp, p) for p in paths) + " |")
 fails = [l.strip() for l in open(sys.argv[1]) if l.startswith("fail ")]
 if fails:
     out += ["", "Failed measurements:", ""] + [f"- {f[5:]}" for f in fails]

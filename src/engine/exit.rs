@@ -2,7 +2,7 @@
 //! handed on, and every stream delivers what it holds, FIN included, bounded by the linger
 //! time — on the exiting thread, or for `_exit` on the helper thread.
 
-use super::{active, existing, get, listener, lock, Engine, Listener, Stream};
+use super::{active, existing, listener, lock, Engine, Listener, Stream};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,9 @@ pub fn drain_at_exit() {
     if !has_exit_work() || crate::sys::raw::in_vfork_child() {
         return; // a vfork child's exit must not touch its parent's streams
     }
-    let Some(e) = get() else { return };
+    // Never made here: a process without an engine of its own has nothing to drain (a fork
+    // child that only relayed its parent's streams would pay a whole engine to exit).
+    let Some(e) = existing() else { return };
     let Some(_g) = crate::guard::enter() else {
         return;
     }; // inside the shim (a signal handler?)

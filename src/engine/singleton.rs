@@ -137,6 +137,7 @@ pub fn before_fork() {
 pub fn after_fork_child() {
     super::steps::forked_now();
     ACTIVE_STREAMS.store(0, Relaxed);
+    super::listener::OWNED.store(0, Relaxed); // the parent's listeners are not handed on here
     stream::TIMED.store(0, Relaxed); // the parent's timed streams are not ticked here
     stream::WATCHED.store(0, Relaxed);
 

@@ -359,6 +359,11 @@ impl<P: Port> Stream<P> {
         }
     }
 
+    /// Whether it is a stream of a link (set when made: a fork child may read its copy).
+    pub fn is_on_link(&self) -> bool {
+        self.on_link
+    }
+
     /// The process whose engine drives this stream.
     pub fn owner(&self) -> Owner {
         Owner {

@@ -5,7 +5,6 @@
 //! writes is registered zero-based (its IOVA starts at 0), so what the peer is told — an
 //! offset range and an rkey — says nothing about this process's address space.
 
-use std::alloc::Layout;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -232,38 +231,39 @@ pub struct RegBuf {
     // Dropped by hand in Drop: deregister before freeing.
     mr: ManuallyDrop<Mr>,
     ptr: *mut u8,
-    layout: Layout,
+    size: usize,
 }
 
-// SAFETY: owns its allocation; the MR is Send.
+// SAFETY: owns its mapping; the MR is Send.
 unsafe impl Send for RegBuf {}
 // SAFETY: &RegBuf hands out only shared views and raw pointers.
 unsafe impl Sync for RegBuf {}
 
 impl RegBuf {
-    /// Allocates `len` bytes (rounded up to a page) and registers them
+    /// Maps `len` bytes (rounded up to a page), zeroed and left out of fork children
+    /// ([`crate::sys::mem::map_unforked`]), and registers them
     pub fn new(pd: &Arc<Pd>, len: usize, access: Access) -> Result<RegBuf> {
         let page = 4096;
         let size = len.max(1).div_ceil(page) * page;
-        let layout = Layout::from_size_align(size, page)
-            .map_err(|_| Error::new("RegBuf::new", libc::EINVAL, Reason::Other))?;
         reserve_pinned(size)?;
-        // SAFETY: non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            release_pinned(size);
-            return Err(Error::new("RegBuf::new", libc::ENOMEM, Reason::Resources));
-        }
-        // SAFETY: the allocation lives until Drop, which drops the MR first.
+        let ptr = match crate::sys::mem::map_unforked(size) {
+            Ok(p) => p,
+            Err(e) => {
+                release_pinned(size);
+                let errno = e.raw_os_error().unwrap_or(libc::ENOMEM);
+                return Err(Error::new("RegBuf::new", errno, Reason::Resources));
+            }
+        };
+        // SAFETY: the mapping lives until Drop, which drops the MR first.
         match unsafe { Mr::register(pd, ptr, size, access) } {
             Ok(mr) => Ok(RegBuf {
                 mr: ManuallyDrop::new(mr),
                 ptr,
-                layout,
+                size,
             }),
             Err(e) => {
-                // SAFETY: allocated above with this layout, never registered.
-                unsafe { std::alloc::dealloc(ptr, layout) };
+                // SAFETY: mapped above with this size, never registered.
+                unsafe { crate::sys::mem::unmap(ptr.cast(), size) };
                 release_pinned(size);
                 Err(e)
             }
@@ -282,7 +282,7 @@ impl RegBuf {
 
     /// Size in bytes (a multiple of the page size)
     pub fn len(&self) -> usize {
-        self.layout.size()
+        self.size
     }
 
     /// Always false (the size is at least one page)
@@ -293,13 +293,13 @@ impl RegBuf {
     /// The bytes. For a [`Access::RemoteWrite`] ring, only read a range the protocol says
     /// the peer has finished writing (a completion with immediate was seen for it).
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: owned allocation of len bytes.
+        // SAFETY: owned mapping of len bytes.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len()) }
     }
 
     /// The bytes, mutably. Don't change a range an outstanding WRITE is sending from.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: owned allocation of len bytes; &mut self excludes other views.
+        // SAFETY: owned mapping of len bytes; &mut self excludes other views.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len()) }
     }
 
@@ -327,11 +327,11 @@ impl Drop for RegBuf {
         unsafe {
             ManuallyDrop::drop(&mut self.mr);
             if released {
-                std::alloc::dealloc(self.ptr, self.layout);
+                crate::sys::mem::unmap(self.ptr.cast(), self.size);
             }
         }
         if released {
-            release_pinned(self.layout.size()); // else it stays pinned: still counted
+            release_pinned(self.size); // else it stays pinned: still counted
         }
     }
 }

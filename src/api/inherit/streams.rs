@@ -38,7 +38,9 @@ pub(super) fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     };
     // On stdio it is the inetd-style hand-off to a program that is about to exec (or was
     // exec'd): a relay end survives that, an owned stream would not.
-    if fds.iter().any(|&fd| fd <= 2) {
+    // A link's stream stays on its link's queue pair (the owner refuses to move it): asking,
+    // and making an engine to ask with, would only delay the relay.
+    if fds.iter().any(|&fd| fd <= 2) || st.is_on_link() {
         return adopt(s, st);
     }
     let mut facts = Inherited::of(st);
