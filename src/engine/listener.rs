@@ -328,6 +328,7 @@ impl Listener {
 
     /// The program's `accept()`: the next connection, waiting unless nonblocking.
     pub fn accept(&self, engine: &Engine) -> Result<Accepted, c_int> {
+        let mut spin = true;
         loop {
             if let Some(a) = self.try_pop(engine) {
                 return Ok(a);
@@ -337,7 +338,7 @@ impl Listener {
             }
             let link_dev = lock(&engine.links).dev_of_listener(self.token);
             match link_dev {
-                Some(dev) => self.wait_on_link(engine, &dev),
+                Some(dev) => self.wait_on_link(engine, &dev, std::mem::take(&mut spin)),
                 None => {
                     crate::sys::unix::wait(self.bell.app_fd(), libc::POLLIN, 1000);
                 }
@@ -348,11 +349,13 @@ impl Listener {
     /// `accept()`'s wait while links came in on this listener: their streams arrive as
     /// OPENs on the link's queue pair, which this thread polls for the spin budget and then
     /// sleeps on, beside the doorbell. An OPEN handled by the helper instead would reach
-    /// the program one thread hop later, on every connection.
-    fn wait_on_link(&self, engine: &Engine, dev: &Arc<super::Dev>) {
+    /// the program one thread hop later, on every connection. `spin` only on an accept's
+    /// first wait: a wake-up for another stream's completion (a fork child's relayed
+    /// stream, say) must not cost a spin each time.
+    fn wait_on_link(&self, engine: &Engine, dev: &Arc<super::Dev>, spin: bool) {
         let queued = || !lock(&self.queue).items.is_empty();
-        let mut spin = engine.poll_budget.spin();
-        while !queued() && spin.go_on() {
+        let mut budget = engine.poll_budget.spin();
+        while spin && !queued() && budget.go_on() {
             engine.progress(dev);
             std::hint::spin_loop();
         }
