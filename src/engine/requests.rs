@@ -152,9 +152,10 @@ impl Engine {
             }
             Some(Accepted::Rdma(s)) => {
                 // Never given to this process's program: the worker takes it over (given
-                // A and the facts), or only the relay holds it.
+                // A and the facts), or only the relay holds it (always for a link's
+                // stream, which does not move).
                 s.advance(Event::LetGo);
-                if taker.is_some() && self.cfg.takeover {
+                if taker.is_some() && self.cfg.takeover && !s.is_on_link() {
                     return self.hand_to_worker(&s);
                 }
                 self.relay_only(&s)

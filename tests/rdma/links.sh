@@ -33,6 +33,17 @@
 #   client (getsockname) is the peer port the server sees (getpeername, accept), and no two
 #   are alike — as kernel TCP's ephemeral ports (the opener reserves one per stream and
 #   names it in its OPEN).
+# links_fork: examples/fork_echo forking a child per connection, 6 connections of 1 MiB each
+#   way over one link (sha256 both ways): each child relays its stream through the parent
+#   (a link's stream never moves to another process's queue pair) and makes no RDMA engine
+#   of its own — neither to ask for a take-over nor at its exit (the server's debug log: one
+#   engine made, six relays).
+# links_prefork: nginx (master + 2 workers, as nobody, no accept_mutex), 12 GETs of a 64 KiB
+#   file, a connection each, one after another: every body verified (sha256), on RDMA, none
+#   served by the master. The link's first ACCEPT grants streams before any worker has
+#   accepted; the connections that take them must reach the workers (relayed by the
+#   master), not be reset once the listener is shared (wrk against nginx with links saw
+#   resets until 2026-11-28).
 #
 # links_churn and links_parallel also assert that connections took streams granted ahead
 # (links.granted: no answer waited for; PROTOCOL.md §14, GRANT).
@@ -42,7 +53,7 @@
 set -u
 # shellcheck source=../lib/rdma_suite.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/rdma_suite.sh"
-need python3 rdma pgrep
+need python3 rdma pgrep nginx
 PATTERN=${1:-}
 MUT=0
 A=$RDMA_VM_ADDR
@@ -214,7 +225,54 @@ cell_links_ports() {
     expect_qps_released 30
 }
 
-CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone links_ports)
+cell_links_fork() {
+    local rc=0 n=6 made
+    SHIM_LOG_LEVEL=debug bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" "$EX/fork_echo" "$A:$PORT" \
+        --mode fork --max-conns $n --timeout 60
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "$EX/fork_client" "$A:$PORT" --bytes $((1 << 20)) \
+        --conns $n --parallel 2 --timeout 60
+    bg_wait cli || rc=$?
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m2 FAIL cli.out | paste -sd' ')"
+    grep -q "^ok $n/$n connections" cli.out || fail "client: $(tail -n1 cli.out)"
+    expect_status srv 0
+    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'conns.rdma==N' 'links.made==1' 'links.streams==N'
+    # Each child relayed its stream through the parent, and made no RDMA engine of its own
+    # (not to ask for a take-over a link's stream never allows, nor at its exit).
+    [ "$(grep -c 'adopted from pid .* (relayed)' "$CELL_DIR/srv.log")" -eq $n ] ||
+        fail "not every child relayed its stream: $(grep -c 'adopted from pid' "$CELL_DIR/srv.log") of $n"
+    made=$(grep -c 'RDMA engine made' "$CELL_DIR/srv.log")
+    [ "$made" -eq 1 ] || fail "$made RDMA engines made in the server's processes, want 1 (the parent's)"
+    expect_qps_released 30
+}
+
+cell_links_prefork() {
+    local rc=0 n=12 main
+    # shellcheck source=fork/servers.sh
+    . "$T_ROOT/tests/rdma/fork/servers.sh"
+    nginx_conf "$CELL_DIR" "$A" "$PORT" off
+    head -c 65536 /dev/urandom > www/64k.bin
+    chmod 755 "$T_WORK" "$CELL_DIR" www && chmod 644 www/64k.bin # the workers run as nobody
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" nginx -p "$CELL_DIR" -c "$CELL_DIR/nginx.conf" \
+        -e "$CELL_DIR/nginx-error.log"
+    wait_dual srv
+    wait_until 30 test -s nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 nginx-error.log)"
+    main=$(cat nginx.pid)
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" python3 "$T_ROOT/tests/rdma/links/http_get.py" \
+        "$A" "$PORT" /64k.bin "$CELL_DIR/www/64k.bin" $n
+    bg_wait cli || rc=$?
+    bg_stop srv
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    grep -q "^ok $n" cli.out || fail "client: $(tail -n2 cli.out cli.err | paste -sd' ')"
+    echo "# requests per worker pid: $(awk '{ print $1 }' access.log | sort | uniq -c | paste -sd' ')"
+    grep -q "^$main " access.log && fail "the master served a request"
+    # The first connection's ACCEPT brought grants before any worker had accepted: the
+    # connections that took them reached a listener the workers share by then.
+    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'conns.rdma==N' 'links.made==1' 'links.granted>=1'
+    expect_qps_released 30
+}
+
+CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone links_ports links_fork links_prefork)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

@@ -76,7 +76,10 @@ pub(super) fn on_open_granted(
 ) {
     let slots = link.lock().granted.remove(&mine.get());
     let listener = lock(&engine.listeners).get(&link.listener).cloned();
-    let listener = listener.filter(|l| open.dest.port() == link.dest.port() && !l.shared());
+    // Taken even if other processes accept through the listener now (a prefork master's,
+    // once its workers accept): the connector's connect has returned, so refusing would
+    // reset a connection the program holds. The worker that accepts it gets it relayed.
+    let listener = listener.filter(|_| open.dest.port() == link.dest.port());
     let opts_fd = opts_socket(&link.peer);
     let bell = fresh_bell().ok().filter(|_| opts_fd >= 0);
     let ready = match (listener, slots, bell) {
