@@ -860,3 +860,48 @@ fn a_granted_open_after_the_acceptors_goodbye_is_still_taken() {
     );
     assert!(matches!(said[0][..], [Said::Goodbye]), "{said:?}");
 }
+
+#[test]
+fn an_answerers_bytes_that_overtake_its_accept_wait_for_it() {
+    // The ACCEPT waits on stream 0 (credits, say) while the new stream's first bytes go: the
+    // opener keeps them for the connection the ACCEPT makes, and does not fail the link.
+    let mut l = Link::new();
+    let (rk, at) = l.ends[0].ring(8192);
+    let dest = "10.0.0.2:80".parse().unwrap();
+    let a_id = l.ends[0]
+        .mux
+        .open(params(8192), at, 42, (dest, 40_001))
+        .unwrap();
+    l.ends[0].adopt(a_id, rk, 4096);
+    let [_, b_ev] = l.settle();
+    let [Said::Incoming(open)] = &b_ev[..] else {
+        panic!("{b_ev:?}")
+    };
+    let (rk, at) = l.ends[1].ring(8192);
+    let (b_id, conn) = l.ends[1].mux.accept(open, params(8192), at).unwrap();
+    let b = &mut l.ends[1];
+    b.conns.insert(b_id.get(), conn);
+    b.adopt(b_id, rk, 4096);
+    let hello = pattern(1500, 9);
+    assert_eq!(b.write(b_id, &hello), hello.len());
+    // The stream's writes are posted before stream 0's ACCEPT.
+    while let Some(w) = b.conns.get_mut(&b_id.get()).unwrap().poll_write() {
+        b.send(tag(b_id, w));
+    }
+    let [a_ev, _] = l.settle();
+    assert!(
+        matches!(a_ev[..], [Said::Opened(id)] if id == a_id),
+        "{a_ev:?}"
+    );
+    assert!(l.ends[0].mux.error().is_none());
+    let mut got = Vec::new();
+    l.ends[0].read(a_id, &mut got);
+    assert_eq!(got, hello);
+    // And the stream works both ways from there.
+    let back = pattern(700, 3);
+    assert_eq!(l.ends[0].write(a_id, &back), back.len());
+    l.settle();
+    let mut got = Vec::new();
+    l.ends[1].read(b_id, &mut got);
+    assert_eq!(got, back);
+}

@@ -57,6 +57,8 @@ pub enum MuxError {
     Immediate(u32),
     /// A send completion for no work request of ours.
     Completion(u64),
+    /// The peer refused stream `.0`, whose ring it had written into before its answer.
+    WroteRefused(u16),
 }
 
 /// What the peer said on stream 0, applied to the link, for the driver.
@@ -130,6 +132,10 @@ pub struct Mux {
     granted: Vec<(StreamId, Params)>,
     /// OPENs of streams taken on the peer's grants, held until the driver announces them.
     unannounced: Vec<Open>,
+    /// Receives for streams we opened that came before the peer's ACCEPT (its stream 0 may
+    /// wait for credits while the new stream writes): `(id, imm, byte_len)`, in order,
+    /// handed to the connection the ACCEPT makes.
+    early: Vec<(StreamId, u32, u32)>,
     /// Receives on the queue pair: posted and not consumed.
     posted: u32,
     events: VecDeque<LinkEvent>,
@@ -164,6 +170,7 @@ impl Mux {
             opening: Vec::new(),
             granted: Vec::new(),
             unannounced: Vec::new(),
+            early: Vec::new(),
             posted: 0,
             events: VecDeque::new(),
             failed: None,
@@ -446,6 +453,15 @@ impl Mux {
             return Err(self.fail(MuxError::Immediate(raw)));
         };
         if id != StreamId::CONTROL {
+            if let Some(share) = self.share(id).filter(|_| self.opening_id(id)) {
+                // No more than its receives: the peer had no credit for more.
+                let kept = self.early.iter().filter(|e| e.0 == id).count();
+                if kept as u32 >= share.recvs {
+                    return Err(self.fail(MuxError::Immediate(raw)));
+                }
+                self.early.push((id, raw, byte_len));
+                return Ok(None);
+            }
             return match self.plane.streams().accepts_input(id) {
                 Ok(()) if self.share(id).is_some() => Ok(Some(id)),
                 _ => Err(self.fail(MuxError::Immediate(raw))),
@@ -593,12 +609,21 @@ impl Mux {
                         acc.conn_id,
                     );
                     let mine = acc.opener;
-                    let Some(conn) = self.conn_of(&params, &peer, mine, acc.acceptor) else {
+                    let Some(mut conn) = self.conn_of(&params, &peer, mine, acc.acceptor) else {
                         continue;
                     };
+                    for (raw, len) in self.take_early(mine) {
+                        if let Err(e) = conn.handle_imm(raw, len) {
+                            self.fail(MuxError::Stream(mine.get(), e));
+                        }
+                    }
                     LinkEvent::Opened { mine, conn }
                 }
                 ControlEvent::Refused { mine, reason } => {
+                    if !self.take_early(mine).is_empty() {
+                        // It wrote into a stream it refuses: not a peer to trust.
+                        self.fail(MuxError::WroteRefused(mine.get()));
+                    }
                     self.opening.retain(|(id, _)| *id != mine);
                     self.free_if_done(mine);
                     LinkEvent::Refused { mine, reason }
@@ -628,6 +653,21 @@ impl Mux {
             };
             self.events.push_back(ev);
         }
+    }
+}
+
+impl Mux {
+    /// The receives kept for stream `mine` before its ACCEPT, in order.
+    fn take_early(&mut self, mine: StreamId) -> Vec<(u32, u32)> {
+        let mut taken = Vec::new();
+        self.early.retain(|&(id, raw, len)| {
+            let its = id == mine;
+            if its {
+                taken.push((raw, len));
+            }
+            !its
+        });
+        taken
     }
 }
 
