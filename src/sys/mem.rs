@@ -24,10 +24,10 @@ pub fn map_shared(fd: c_int, len: usize) -> io::Result<*mut c_void> {
     Ok(p)
 }
 
-/// Removes a mapping made by [`map_shared`].
+/// Removes a mapping made by [`map_shared`] or [`map_unforked`].
 ///
 /// # Safety
-/// `p` and `len` are a mapping from [`map_shared`], which nothing uses any more.
+/// `p` and `len` are such a mapping, which nothing uses any more.
 pub unsafe fn unmap(p: *mut c_void, len: usize) {
     libc::munmap(p, len);
 }

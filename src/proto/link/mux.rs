@@ -654,9 +654,7 @@ impl Mux {
             self.events.push_back(ev);
         }
     }
-}
 
-impl Mux {
     /// The receives kept for stream `mine` before its ACCEPT, in order.
     fn take_early(&mut self, mine: StreamId) -> Vec<(u32, u32)> {
         let mut taken = Vec::new();
