@@ -13,6 +13,9 @@ use std::cell::Cell;
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
+/// How long past its deadline a connector waits for an answer already being made.
+const ANSWER_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Connector: waits for the answer to its OPEN of `mine`. It usually comes within a round
 /// trip, so the CQ is polled first (a blocked call's spin budget); then the thread sleeps on
 /// the device's completion channel and on its own eventfd, which the thread that handles
@@ -42,8 +45,16 @@ pub(super) fn wait(
                 st.sleepers.remove(&conn_id);
                 return r;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
+            // An ACCEPT whose stream is being made right now (its opening taken, the answer
+            // not in yet) is answered in a moment: giving up then would leave the stream
+            // to nobody, its slots and the peer's end held for the link's life.
+            let unanswered = st
+                .opening
+                .get(&mine.get())
+                .is_some_and(|o| o.conn_id == conn_id);
+            if left.is_zero() && (unanswered || now >= deadline + ANSWER_IN_FLIGHT) {
                 st.sleepers.remove(&conn_id);
                 return Err(no_answer(link, st, conn_id, mine));
             }
