@@ -190,17 +190,7 @@ impl Mux {
         if !self.fits(&params) {
             return Err(NoId::Exhausted);
         }
-        let open = Open {
-            opener: StreamId::CONTROL,
-            granted: None,
-            from_port,
-            recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
-            ring_size: params.ring_size,
-            ring_rkey: ring.rkey,
-            ring_addr: ring.addr,
-            conn_id,
-            dest,
-        };
+        let open = open_record(&params, ring, conn_id, (dest, from_port));
         let mine = self.plane.open(open)?;
         // Its receives are posted before the OPEN leaves: the peer may write at once.
         self.take_share(mine, Share::of(&params));
@@ -251,9 +241,9 @@ impl Mux {
     }
 
     /// Opens a stream to `dest` on the peer's oldest grant, with our side `params` (ring at
-    /// `ring`; `from_port` as for [`open`](Self::open)): our id of it and its connection, open at once. Its OPEN is held until
-    /// [`announce`](Self::announce): the peer writes as soon as it has it, so the driver
-    /// first makes the stream ready for its bytes. `None` unless
+    /// `ring`; `from_port` as for [`open`](Self::open)): our id of it and its connection,
+    /// open at once. Its OPEN is held until [`announce`](Self::announce): the peer writes as
+    /// soon as it has it, so the driver first makes the stream ready for its bytes. `None` unless
     /// [`can_open_granted`](Self::can_open_granted).
     pub fn open_granted(
         &mut self,
@@ -265,17 +255,7 @@ impl Mux {
         if !self.can_open_granted(&params) {
             return None;
         }
-        let open = Open {
-            opener: StreamId::CONTROL,
-            granted: None,
-            from_port,
-            recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
-            ring_size: params.ring_size,
-            ring_rkey: ring.rkey,
-            ring_addr: ring.addr,
-            conn_id,
-            dest,
-        };
+        let open = open_record(&params, ring, conn_id, (dest, from_port));
         let (mine, g, open) = self.plane.open_granted(open).ok()?;
         self.take_share(mine, Share::of(&params));
         self.unannounced.push(open);
@@ -666,6 +646,27 @@ impl Mux {
             !its
         });
         taken
+    }
+}
+
+/// The OPEN of a stream to `dest` with our side `params` (ring at `ring`), for
+/// [`Mux::open`] and [`Mux::open_granted`] (which names the grant it takes).
+fn open_record(
+    params: &Params,
+    ring: RingAt,
+    conn_id: u64,
+    (dest, from_port): (SocketAddr, u16),
+) -> Open {
+    Open {
+        opener: StreamId::CONTROL,
+        granted: None,
+        from_port,
+        recv_credits: params.recv_credits.min(u32::from(u16::MAX)) as u16,
+        ring_size: params.ring_size,
+        ring_rkey: ring.rkey,
+        ring_addr: ring.addr,
+        conn_id,
+        dest,
     }
 }
 
