@@ -76,6 +76,8 @@ pub struct Inherited {
     pub send_size: u32,
     /// The program's socket options (a copy is taken).
     pub opts_fd: c_int,
+    /// It is a link's stream, which never moves to another queue pair (PROTOCOL.md §14).
+    pub on_link: bool,
 }
 
 impl Inherited {
@@ -90,6 +92,7 @@ impl Inherited {
             ring_size,
             send_size,
             opts_fd: st.opts_fd,
+            on_link: st.is_on_link(),
         }
     }
 }
@@ -104,6 +107,9 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     // take-over's cost, and a relay needs none.
     if !crate::config::Config::get().takeover {
         return Err(unavailable("RSOCK_TAKEOVER=0"));
+    }
+    if st.on_link {
+        return Err(unavailable("a link's stream stays on its link"));
     }
     let engine = super::for_new().ok_or_else(|| unavailable("no RDMA engine here"))?;
     steps.mark("engine");

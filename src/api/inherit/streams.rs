@@ -38,9 +38,7 @@ pub(super) fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     };
     // On stdio it is the inetd-style hand-off to a program that is about to exec (or was
     // exec'd): a relay end survives that, an owned stream would not.
-    // A link's stream stays on its link's queue pair (the owner refuses to move it): asking,
-    // and making an engine to ask with, would only delay the relay.
-    if fds.iter().any(|&fd| fd <= 2) || st.is_on_link() {
+    if fds.iter().any(|&fd| fd <= 2) {
         return adopt(s, st);
     }
     let mut facts = Inherited::of(st);
@@ -224,6 +222,7 @@ pub(super) fn attach_rdma(nfd: c_int, r: &Reply, ends: ipc::Ends, nonblock: bool
                 ring_size: sizes.ring,
                 send_size: sizes.send,
                 opts_fd,
+                on_link: false, // the owner relays a link's stream itself
             };
             take_accepted(facts, nfd, nonblock)
         }

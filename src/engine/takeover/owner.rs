@@ -207,6 +207,7 @@ impl Engine {
             ring_size: sizes.ring,
             send_size: sizes.send,
             opts_fd,
+            on_link: false, // a link's stream is never taken over, so never given back
         };
         let taken = take_over(&mut st, proof);
         raw::close(opts_fd); // the stream has its own copy
