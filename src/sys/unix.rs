@@ -72,16 +72,7 @@ pub fn bind_ephemeral(fd: c_int, ip: std::net::IpAddr) -> Option<u16> {
     if !bound {
         return None;
     }
-    // SAFETY: sockaddr_storage is plain data, aligned for every address type.
-    let mut a: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-    let at = (&mut a as *mut libc::sockaddr_storage).cast::<sockaddr>();
-    // SAFETY: a is a valid buffer of len bytes.
-    if unsafe { real::getsockname(fd, at, &mut len) } != 0 {
-        return None;
-    }
-    // SAFETY: getsockname wrote len bytes of a socket address into a.
-    unsafe { super::sockaddr::read(at, len) }.map(|s| s.port())
+    super::sockaddr::local_of(fd).map(|s| s.port())
 }
 
 /// Names the (unnamed) socket `fd` with the abstract `name`.
