@@ -318,6 +318,7 @@ fn load(fresh: bool) -> Result<(Lib, *mut c_void), Error> {
             Reason::NoRdma,
         ));
     }
+    super::providers::load_present(ibverbs, fresh.then_some(ns));
     let rdmacm = dlopen_any(&RDMACM_NAMES, fresh.then_some(ns));
     let mut ns_errno = std::ptr::null_mut();
     if fresh {

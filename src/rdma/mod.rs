@@ -33,6 +33,7 @@ pub mod ffi;
 pub mod mr;
 pub mod pd;
 pub mod pool;
+mod providers;
 pub mod wc;
 
 pub use cm::{

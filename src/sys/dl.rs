@@ -37,6 +37,11 @@ fn object_at(addr: *const c_void) -> Option<Object> {
     })
 }
 
+/// The path of the loaded object that contains `addr`, as the loader has it.
+pub fn path_of(addr: *const c_void) -> Option<String> {
+    object_at(addr)?.path
+}
+
 /// The object this code was loaded in (librsock.so, when preloaded). A function's address
 /// is taken here, never an exported symbol's: that could be another copy's.
 pub fn this_object() -> Option<Object> {
