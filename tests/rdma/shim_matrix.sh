@@ -775,6 +775,44 @@ cell_idle_cpu() {
     expect_qps_released
 }
 
+# The RDMA libraries load only the providers of the devices present (rdma/providers.rs): a
+# process with an engine maps librxe and no other provider; with RDMAV_DRIVERS set the shim
+# leaves the choice to libibverbs, which loads them all (the other side of the same check).
+provider_libs() { # PID: the providers whose library (a provider file or what it links to) PID maps
+    local f
+    for f in /usr/lib/*/libibverbs/lib*-rdmav*.so; do
+        grep -qF "$(readlink -f "$f")" "/proc/$1/maps" && basename "$f" | sed 's|^lib||; s|-rdmav.*||'
+    done
+}
+cell_providers_present() {
+    local e n pid got want PORT=$PORT # the second server on PORT2
+    rdma_begin
+    for e in present all; do
+        n=$([ $e = all ] && echo RDMAV_DRIVERS=rxe || echo X=1)
+        bg "srv_$e" $T shimmed "$CELL_DIR/srv_$e" env "$n" "$EX/echo_server" "$A:$PORT"
+        wait_dual "srv_$e"
+        bg "cli_$e" 120 shimmed "$CELL_DIR/cli_$e" python3 -c "$IDLE_PY" "$A" "$PORT" recv
+        wait_until 60 grep -q '^ready' "$CELL_DIR/cli_$e.out" ||
+            fail "$e: no echo: $(tail -c 300 "$CELL_DIR/cli_$e.err" | paste -sd' ')"
+        pid=$(pgrep -P "$(bg_pid "srv_$e")" | head -n1)
+        got=$(provider_libs "$pid" | paste -sd' ')
+        echo "# $e: the server maps providers: $got"
+        [ "$MUT" = 1 ] && got="$got mlx5"
+        if [ $e = present ]; then
+            [ "$got" = rxe ] || fail "the server maps providers '$got', want only rxe"
+        else
+            want=$(ls /usr/lib/*/libibverbs/lib*-rdmav*.so | wc -l)
+            [ "$(wc -w <<<"$got")" -ge "$want" ] || fail "with RDMAV_DRIVERS: '$got', want all $want providers"
+        fi
+        bg_stop "cli_$e"
+        bg_stop "srv_$e"
+        PORT=$PORT2
+    done
+    soft rdma_end 0 2
+    soft expect_rdma srv_present 1
+    expect_qps_released
+}
+
 # ---- 10. leaks: cell_leaks (tests/lib/rdma_cells.sh) ----------------------------------------------
 
 # ---- run ------------------------------------------------------------------------------------------
@@ -794,7 +832,7 @@ CELLS=(
     exit_after_close exit_after_shutdown exit_without_close
     many_conns threads_sleeping
     foreign_listener
-    idle_cpu
+    idle_cpu providers_present
 )
 
 res_summary > "$T_WORK/res.start"
