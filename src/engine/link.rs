@@ -21,6 +21,7 @@ mod grant;
 mod make;
 mod member;
 mod parts;
+mod slab;
 
 pub(super) use answer::sleep_on_device;
 pub(super) use make::{accept_link, is_link_request};
@@ -31,9 +32,10 @@ use super::stream::{QueuePair, PROBE_WR, PROTO_SIGNALED};
 use super::{lock, Dev, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::record::RefuseReason;
-use crate::proto::link::{untag, LinkEvent, Mux, Slot, Slots, WR_DRIVER_BITS};
+use crate::proto::link::{untag, LinkEvent, Mux, Slot, WR_DRIVER_BITS};
 use crate::rdma::{self, RegBuf, Wc};
 use crate::stats::{Cause, Fallback};
+use slab::Slab;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
@@ -103,12 +105,6 @@ enum Said {
     PeerClosed(Option<Arc<Stream>>),
 }
 
-/// A link's slab of registered memory and which slots of it are taken.
-struct Slab {
-    buf: Arc<RegBuf>,
-    slots: Slots,
-}
-
 /// What a connector left for the answer to its OPEN: everything its stream is made of.
 struct Opening {
     ring: SlotBuf,
@@ -161,15 +157,11 @@ impl Link {
     /// Whether a new stream fits: an id, and a ring and a send buffer in the slabs.
     pub fn has_room(&self) -> bool {
         let st = self.lock();
-        let fits = |s: &Slab| {
-            s.slots.allocated_bytes() + u64::from(parts::STREAM_BUF)
-                <= u64::from(s.slots.slab_size())
-        };
         !self.is_failed()
             && !st.mux.closing()
             && st.mux.streams() < usize::from(parts::MAX_STREAMS)
-            && fits(&st.rings)
-            && fits(&st.sends)
+            && st.rings.has_room(parts::STREAM_BUF)
+            && st.sends.has_room(parts::STREAM_BUF)
     }
 
     /// The streams of this link alive now.
@@ -202,7 +194,7 @@ impl Link {
                     self.fail("a message without an immediate");
                     return;
                 };
-                let rings = st.rings.buf.clone();
+                let rings = st.rings.first().clone();
                 let r =
                     st.mux
                         .handle_imm(imm, wc.byte_len(), control_ring(&rings, st.control_ring));
@@ -306,8 +298,8 @@ impl Link {
             log::warn!("rdma link to {}: receives: {e}", self.peer);
         }
         let send = st.control_send;
-        let buf = st.sends.buf.clone();
-        // SAFETY: stream 0's send slot lies inside the slab and is stream 0's alone; the
+        let buf = st.sends.first().clone();
+        // SAFETY: stream 0's send slot lies inside the first slab and is stream 0's alone; the
         // control plane writes only into its free part (the NIC reads only what was posted).
         let bytes = unsafe {
             std::slice::from_raw_parts_mut(
@@ -476,10 +468,10 @@ impl State {
     /// The link's queues and stream 0's positions, for a log line.
     fn describe(&self) -> String {
         format!(
-            "streams {}, slots {} + {} bytes, {} quarantined, send queue room {}, receives posted {}, stream 0 {:?}, {} member(s)",
+            "streams {}, slots {:?} + {:?} bytes (taken, registered), {} quarantined, send queue room {}, receives posted {}, stream 0 {:?}, {} member(s)",
             self.mux.streams(),
-            self.rings.slots.allocated_bytes(),
-            self.sends.slots.allocated_bytes(),
+            self.rings.usage(),
+            self.sends.usage(),
             self.quarantine.len(),
             self.rc.sq_room(),
             self.rc.rq_posted(),
@@ -488,10 +480,10 @@ impl State {
         )
     }
 
-    /// Whether more than half the ring slab is taken (streams open, granted, or waiting
-    /// for their CLOSEs): CLOSEs are then not held back.
+    /// Whether more than half of what the ring slabs may hold is taken (streams open,
+    /// granted, or waiting for their CLOSEs): CLOSEs are then not held back.
     fn slots_tight(&self) -> bool {
-        self.rings.slots.allocated_bytes() * 2 > u64::from(self.rings.slots.slab_size())
+        self.rings.is_tight()
     }
 
     /// Gives back quarantined slots whose stream's id is free now.
@@ -508,24 +500,13 @@ impl State {
         }
     }
 
-    /// Zeroes the first `dirty` bytes of `slot` (where its stream's bytes are: the rest
-    /// holds zeros) and frees it: a slot holds only zeros when a stream takes it.
+    /// Gives `slot` back to its slab, scrubbed as far as `dirty` (see [`Slab::give_back`]).
     fn give_back(&mut self, slot: Slot, ring: bool, dirty: u32) {
-        let slab = if ring {
-            &mut self.rings
+        if ring {
+            self.rings.give_back(slot, dirty)
         } else {
-            &mut self.sends
-        };
-        // SAFETY: inside the slab; nobody uses the slot now (its stream is gone and the
-        // peer is done with it).
-        unsafe {
-            std::ptr::write_bytes(
-                slab.buf.as_ptr().add(slot.offset as usize),
-                0,
-                dirty.min(slot.len) as usize,
-            )
-        };
-        let _ = slab.slots.free(slot);
+            self.sends.give_back(slot, dirty)
+        }
     }
 }
 

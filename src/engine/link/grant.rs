@@ -47,7 +47,7 @@ pub(super) fn refill(
                 break;
             }
         };
-        let at = ring.ring_at_in(st);
+        let at = ring.ring_at();
         match st.mux.grant(params, at) {
             Ok(mine) => {
                 ring.id = Some(mine);
@@ -181,7 +181,7 @@ pub(super) fn open(
         }
     };
     let conn_id = crate::sys::unix::random_u64();
-    let at = ring.ring_at_in(&st);
+    let at = ring.ring_at();
     let Some((mine, conn)) = st.mux.open_granted(params, at, conn_id, (dest, from_port)) else {
         drop(st);
         drop((ring, send));

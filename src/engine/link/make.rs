@@ -2,8 +2,8 @@
 //! a connector's OPEN and its answer, an acceptor's ACCEPT or REFUSE.
 
 use super::parts::{
-    connector_stream, stream_local, stream_params, stream_slots, CONTROL_BUF, MAX_STREAMS,
-    STREAM_RECVS, STREAM_SENDS,
+    connector_stream, stream_local, stream_params, stream_slots, MAX_STREAMS, STREAM_RECVS,
+    STREAM_SENDS,
 };
 use super::{answer, Link, Opening, Slab, State};
 use crate::engine::setup::{opts_socket, OptsSocket};
@@ -11,10 +11,10 @@ use crate::engine::stream::fresh_bell;
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::record::{Open, RefuseReason};
-use crate::proto::link::{Mux, Slots};
+use crate::proto::link::Mux;
 use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_PORTS};
 use crate::proto::{self, Conn, Hello, HelloKind, Params, Reject, RejectReason};
-use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps, RegBuf};
+use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps};
 use crate::stats::{Cause, Fallback};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -22,9 +22,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-/// Each slab: rings in one, send buffers in the other (only rings are the peer's to
-/// write).
-const SLAB: u32 = 2 << 20;
 /// The link's queues: every stream's share, a probe's slot each, and stream 0's.
 const LINK_RQ: u32 = STREAM_RECVS * (MAX_STREAMS as u32 + 1);
 const LINK_SQ: u32 = (STREAM_SENDS + 1) * (MAX_STREAMS as u32 + 1);
@@ -112,17 +109,16 @@ fn make_link(
     let left = deadline.saturating_duration_since(Instant::now());
     let (id, dev) = rdma::resolve(None, dest, token, left).map_err(fail)?;
     let d = engine.dev(&dev).map_err(fail)?;
-    let (pd, rings, sends) = memory(&dev).map_err(fail)?;
-    let mut rc = rdma::RcQp::new(id, &pd, link_caps(engine)).map_err(|(e, _)| fail(e))?;
+    let mem = memory(&dev).map_err(fail)?;
+    let mut rc = rdma::RcQp::new(id, &mem.pd, link_caps(engine)).map_err(|(e, _)| fail(e))?;
     let caps = rc.caps();
     let params = stream_params(engine, &caps, true);
-    let (rings, sends, control_ring, control_send) = slabs(rings, sends).map_err(fail)?;
     rc.post_recvs(0, params.recv_credits).map_err(fail)?;
     let conn_id = crate::sys::unix::random_u64();
-    let mr = rings.buf.mr();
+    let mr = mem.rings.first().mr();
     let mut hello = params.hello(
         HelloKind::Link,
-        mr.iova() + u64::from(control_ring.offset),
+        mr.iova() + u64::from(mem.control_ring.offset),
         mr.rkey().unwrap_or(0),
         conn_id,
     );
@@ -175,8 +171,7 @@ fn make_link(
         rc,
         conn,
         &params,
-        (rings, sends),
-        (control_ring, control_send),
+        mem,
         token,
         dest,
         local,
@@ -190,35 +185,27 @@ fn make_link(
     Ok(link)
 }
 
-/// A link's protection domain and slabs.
-fn memory(dev: &Arc<rdma::Device>) -> rdma::Result<(Arc<Pd>, RegBuf, RegBuf)> {
-    let pd = Pd::new(dev)?;
-    let rings = RegBuf::new(&pd, SLAB as usize, Access::RemoteWrite)?;
-    let sends = RegBuf::new(&pd, SLAB as usize, Access::LocalRead)?;
-    Ok((pd, rings, sends))
+/// A link's memory: its protection domain, and the first slab of its rings and of its send
+/// buffers (only rings are the peer's to write), with stream 0's slots taken.
+struct Memory {
+    pd: Arc<Pd>,
+    rings: Slab,
+    sends: Slab,
+    control_ring: proto::link::Slot,
+    control_send: proto::link::Slot,
 }
 
-/// The slabs' allocators, with stream 0's slots taken.
-fn slabs(
-    rings: RegBuf,
-    sends: RegBuf,
-) -> rdma::Result<(Slab, Slab, proto::link::Slot, proto::link::Slot)> {
-    let slab = |buf: RegBuf| -> Option<(Slab, proto::link::Slot)> {
-        let mut slots = Slots::new(4096, SLAB, 1).ok()?;
-        slots.add_slab().ok()?;
-        let control = slots.alloc(CONTROL_BUF).ok()?;
-        Some((
-            Slab {
-                buf: Arc::new(buf),
-                slots,
-            },
-            control,
-        ))
-    };
-    let bad = || rdma::Error::from_errno("link slab", libc::EINVAL);
-    let (rings, cr) = slab(rings).ok_or_else(bad)?;
-    let (sends, cs) = slab(sends).ok_or_else(bad)?;
-    Ok((rings, sends, cr, cs))
+fn memory(dev: &Arc<rdma::Device>) -> rdma::Result<Memory> {
+    let pd = Pd::new(dev)?;
+    let (rings, control_ring) = Slab::new(&pd, Access::RemoteWrite)?;
+    let (sends, control_send) = Slab::new(&pd, Access::LocalRead)?;
+    Ok(Memory {
+        pd,
+        rings,
+        sends,
+        control_ring,
+        control_send,
+    })
 }
 
 fn link_caps(engine: &Engine) -> QpCaps {
@@ -238,8 +225,7 @@ fn build(
     rc: rdma::RcQp,
     control: Conn,
     params: &Params,
-    (rings, sends): (Slab, Slab),
-    (control_ring, control_send): (proto::link::Slot, proto::link::Slot),
+    mem: Memory,
     token: u64,
     dest: SocketAddr,
     local: SocketAddr,
@@ -264,10 +250,10 @@ fn build(
         st: Mutex::new(State {
             rc,
             mux,
-            rings,
-            sends,
-            control_ring,
-            control_send,
+            rings: mem.rings,
+            sends: mem.sends,
+            control_ring: mem.control_ring,
+            control_send: mem.control_send,
             members: HashMap::new(),
             opening: HashMap::new(),
             granted: HashMap::new(),
@@ -314,7 +300,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
     id.set_token(token);
     let refuse = |e: &rdma::Error| log::warn!("refusing an rdma link from {from:?}: {e}");
     let made = engine.dev(&device).and_then(|d| Ok((d, memory(&device)?)));
-    let (d, (pd, rings, sends)) = match made {
+    let (d, mem) = match made {
         Ok(x) => x,
         Err(e) => {
             refuse(&e);
@@ -322,7 +308,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
             return;
         }
     };
-    let mut rc = match rdma::RcQp::new(id, &pd, link_caps(engine)) {
+    let mut rc = match rdma::RcQp::new(id, &mem.pd, link_caps(engine)) {
         Ok(rc) => rc,
         Err((e, mut id)) => {
             refuse(&e);
@@ -332,14 +318,12 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
     };
     let caps = rc.caps();
     let params = stream_params(engine, &caps, true);
-    let built = slabs(rings, sends).and_then(|s| {
-        rc.post_recvs(0, params.recv_credits)?;
+    let built = rc.post_recvs(0, params.recv_credits).and_then(|()| {
         rc.id_mut().migrate(&engine.ch)?;
-        let conn = Conn::on_link(&params, &hello, StreamId::CONTROL, StreamId::CONTROL)
-            .map_err(|_| rdma::Error::from_errno("link hello", libc::EPROTO))?;
-        Ok((s, conn))
+        Conn::on_link(&params, &hello, StreamId::CONTROL, StreamId::CONTROL)
+            .map_err(|_| rdma::Error::from_errno("link hello", libc::EPROTO))
     });
-    let ((rings, sends, cr, cs), conn) = match built {
+    let conn = match built {
         Ok(x) => x,
         Err(e) => {
             refuse(&e);
@@ -347,7 +331,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
             return;
         }
     };
-    let mr = rings.buf.mr();
+    let mr = mem.rings.first().mr();
     // Grants only to a peer that takes them (an older one would fail the link on a GRANT).
     let grant_pool = if hello.flags & FLAG_LINK_GRANTS != 0 {
         engine.cfg.link_grants
@@ -356,7 +340,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
     };
     let mut ours = params.hello(
         HelloKind::Accept,
-        mr.iova() + u64::from(cr.offset),
+        mr.iova() + u64::from(mem.control_ring.offset),
         mr.rkey().unwrap_or(0),
         hello.conn_id,
     );
@@ -376,8 +360,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
         rc,
         conn,
         &params,
-        (rings, sends),
-        (cr, cs),
+        mem,
         token,
         local,
         local,
@@ -448,7 +431,7 @@ fn open_stream(
                 return Err(Cause::from(Fallback::Resources));
             }
         };
-        let at = ring.ring_at_in(&st);
+        let at = ring.ring_at();
         st.opened += 1;
         let mine = match st.mux.open(params, at, conn_id, (dest, from_port)) {
             Ok(id) => id,
@@ -550,7 +533,7 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
         let (params, slots) = stream_slots(engine, link, &mut st);
         match slots {
             (Some(ring), Some(send)) => {
-                let at = ring.ring_at_in(&st);
+                let at = ring.ring_at();
                 st.opened += 1;
                 match st.mux.accept(&open, params, at) {
                     Ok((mine, conn)) => Ok((ring, send, mine, conn)),

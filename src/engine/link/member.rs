@@ -7,7 +7,7 @@ use crate::engine::stream::{LinkEnd, LinkSlot, QueuePair};
 use crate::proto;
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::{tag, Slot, WR_STREAM_SHIFT};
-use crate::rdma::{self, RemoteBuf};
+use crate::rdma::{self, RegBuf, RemoteBuf};
 use std::sync::Arc;
 
 /// A stream's queue pair on a link.
@@ -32,16 +32,14 @@ impl LinkEnd for Member {
         self.link.qpn
     }
 
-    fn post(&mut self, w: &proto::Write, slot_offset: u32) -> rdma::Result<()> {
+    fn post(&mut self, w: &proto::Write, send: &dyn LinkSlot) -> rdma::Result<()> {
         // After its CLOSE nothing may name the stream (the peer would fail the link).
         if self.closed {
             return Err(rdma::Error::from_errno("ibv_post_send", libc::ENOTCONN));
         }
         let mut w = tag(self.id, *w);
-        w.local_offset += slot_offset;
-        let mut st = self.link.lock();
-        let buf = st.sends.buf.clone();
-        QueuePair::post(&mut st.rc, &w, &*buf)
+        w.local_offset += send.offset();
+        QueuePair::post(&mut self.link.lock().rc, &w, send.slab())
     }
 
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()> {
@@ -98,6 +96,8 @@ impl Drop for Member {
 pub struct SlotBuf {
     link: Arc<Link>,
     pub(super) slot: Slot,
+    /// The slab it lies in (kept registered while the slot lives).
+    slab: Arc<RegBuf>,
     ptr: *mut u8,
     ring: bool,
     /// The stream it is for (0 until the stream has an id).
@@ -115,13 +115,14 @@ unsafe impl Sync for SlotBuf {}
 impl SlotBuf {
     /// Takes a slot of `len` bytes of the link's ring slab (`ring`) or send slab.
     pub(super) fn take(link: &Arc<Link>, st: &mut State, len: u32, ring: bool) -> Option<SlotBuf> {
-        let slab = if ring { &mut st.rings } else { &mut st.sends };
-        let slot = slab.slots.alloc(len).ok()?;
+        let slabs = if ring { &mut st.rings } else { &mut st.sends };
+        let (slot, slab) = slabs.take(len)?;
         // SAFETY: the slot lies inside the slab (the allocator's offsets).
-        let ptr = unsafe { slab.buf.as_ptr().add(slot.offset as usize) };
+        let ptr = unsafe { slab.as_ptr().add(slot.offset as usize) };
         Some(SlotBuf {
             link: link.clone(),
             slot,
+            slab,
             ptr,
             ring,
             id: None,
@@ -129,10 +130,9 @@ impl SlotBuf {
         })
     }
 
-    /// Where the peer writes into this ring: the slab's rkey and the slot's address
-    /// (`st`: its link's state, locked by the caller).
-    pub(super) fn ring_at_in(&self, st: &State) -> crate::proto::link::RingAt {
-        let mr = st.rings.buf.mr();
+    /// Where the peer writes into this ring: its slab's rkey and the slot's address.
+    pub(super) fn ring_at(&self) -> crate::proto::link::RingAt {
+        let mr = self.slab.mr();
         crate::proto::link::RingAt {
             rkey: mr.rkey().unwrap_or(0),
             addr: mr.iova() + u64::from(self.slot.offset),
@@ -151,6 +151,10 @@ impl LinkSlot for SlotBuf {
 
     fn offset(&self) -> u32 {
         self.slot.offset
+    }
+
+    fn slab(&self) -> &RegBuf {
+        &self.slab
     }
 
     fn written(&mut self, bytes: u64) {

@@ -12,9 +12,9 @@ use std::ops::Range;
 pub trait LinkEnd: Send {
     /// The link's queue pair number.
     fn qp_num(&self) -> u32;
-    /// Posts one of the stream's writes, its payload at `slot_offset` + the write's offset
-    /// in the link's send slab.
-    fn post(&mut self, w: &proto::Write, slot_offset: u32) -> rdma::Result<()>;
+    /// Posts one of the stream's writes, its payload at the write's offset in `send` (the
+    /// stream's send buffer).
+    fn post(&mut self, w: &proto::Write, send: &dyn LinkSlot) -> rdma::Result<()>;
     /// A keepalive probe of the stream.
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()>;
     /// The stream consumed receives: the link posts what the shares lack.
@@ -33,6 +33,8 @@ pub trait LinkSlot: Send + Sync {
     fn size(&self) -> usize;
     /// Where it starts in its slab.
     fn offset(&self) -> u32;
+    /// The slab it lies in (what a post names as its memory region).
+    fn slab(&self) -> &RegBuf;
     /// Only its first `bytes` were ever written (the rest holds zeros still): only those
     /// need scrubbing when it goes back.
     fn written(&mut self, bytes: u64);
@@ -117,7 +119,7 @@ impl QueuePair for StreamQp {
     fn post(&mut self, w: &proto::Write, send: &StreamBuf) -> rdma::Result<()> {
         match (self, send) {
             (StreamQp::Own(rc), StreamBuf::Own(b)) => QueuePair::post(rc, w, b),
-            (StreamQp::Link(m), StreamBuf::Slot(s)) => m.post(w, s.offset()),
+            (StreamQp::Link(m), StreamBuf::Slot(s)) => m.post(w, &**s),
             _ => Err(mismatch()),
         }
     }
