@@ -277,7 +277,7 @@ cell_links_prefork() {
 # one spare beyond the first once they closed (engine/link/slab.rs). Read from the
 # device's memory regions (`rdma resource show mr`) per process.
 mr_bytes() { # [PID]: bytes of the device's memory regions (that PID holds)
-    rdma resource show mr 2>/dev/null | awk -v p="${1:-}" '$0 ~ " pid " p { for (i = 1; i < NF; i++) if ($i == "mrlen") s += $(i + 1) } END { print s + 0 }'
+    rdma resource show mr 2>/dev/null | awk -v p="${1:+ pid $1 }" 'p == "" || index($0, p) { for (i = 1; i < NF; i++) if ($i == "mrlen") s += $(i + 1) } END { print s + 0 }'
 }
 cell_links_slabs() {
     local rc=0 n=30 step=/tmp/links-slabs-$PORT cpid one many few
