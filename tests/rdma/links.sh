@@ -273,30 +273,32 @@ cell_links_prefork() {
 }
 
 # A link registers its memory as its streams need it: 256 KiB slabs of rings and of send
-# buffers, one each with a single stream; more while 30 streams are open; back to at most
-# one spare beyond the first once they closed (engine/link/slab.rs). Read from the
-# device's memory regions (`rdma resource show mr`) per process.
+# buffers, one each with a single stream — at the accepting end too, which grants two
+# streams ahead to a peer that opened one (link/grant.rs) —; more while 31 streams are
+# open; back to at most one spare beyond the first once 30 closed (engine/link/slab.rs).
+# Read from the device's memory regions (`rdma resource show mr`) per process.
 mr_bytes() { # [PID]: bytes of the device's memory regions (that PID holds)
     rdma resource show mr 2>/dev/null | awk -v p="${1:+ pid $1 }" 'p == "" || index($0, p) { for (i = 1; i < NF; i++) if ($i == "mrlen") s += $(i + 1) } END { print s + 0 }'
 }
 cell_links_slabs() {
-    local rc=0 n=30 step=/tmp/links-slabs-$PORT cpid one many few
+    local rc=0 n=30 step=/tmp/links-slabs-$PORT cpid one srv_one many few
     rm -f "$step".*
     bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" python3 "$T_ROOT/tests/rdma/links/idle.py" server "$A" "$PORT"
     wait_dual srv
     bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" python3 "$T_ROOT/tests/rdma/links/slabs.py" "$A" "$PORT" $n "$step"
     cpid=$(pgrep -P "$(bg_pid cli)" | head -n1)
     wait_cond 60 'grep -q "^one" cli.out' || fail "no first connection: $(tail -c 300 cli.err | paste -sd' ')"
-    one=$(mr_bytes "$cpid")
+    one=$(mr_bytes "$cpid") srv_one=$(($(mr_bytes) - one))
     touch "$step.1"
     wait_cond 60 'grep -q "^many" cli.out' || fail "no $n more connections: $(tail -c 300 cli.err | paste -sd' ')"
     many=$(mr_bytes "$cpid")
     touch "$step.2"
     wait_cond 60 'grep -q "^few" cli.out' || fail "the $n did not close: $(tail -c 300 cli.err | paste -sd' ')"
     few=$(mr_bytes "$cpid")
-    echo "# client's registered bytes: one stream $one, $((n + 1)) streams $many, one again $few; the server's now (8 streams granted ahead): $(($(mr_bytes) - $(mr_bytes "$cpid")))"
+    echo "# registered bytes: client with one stream $one, $((n + 1)) streams $many, one again $few; server with one stream $srv_one, now $(($(mr_bytes) - few))"
     # One slab of each kind (256 KiB), within a page of it.
     [ "$one" -ge $((512 << 10)) ] && [ "$one" -le $((520 << 10)) ] || fail "one stream: $one bytes registered, want 512 KiB (a slab of each kind)"
+    [ "$srv_one" -ge $((512 << 10)) ] && [ "$srv_one" -le $((520 << 10)) ] || fail "the server with one stream: $srv_one bytes registered, want 512 KiB"
     # 31 streams of 32 KiB and stream 0's 16 KiB: at least 4 slabs of each kind.
     [ "$many" -ge $((2 * 4 * 256 << 10)) ] || fail "$((n + 1)) streams: $many bytes registered, want >= 2 MiB"
     # Back to the first slab of each kind and at most one idle spare.

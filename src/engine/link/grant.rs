@@ -23,9 +23,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Streams granted to a peer that has opened one so far.
+const FIRST_GRANTS: usize = 2;
+
 /// Acceptor: tops the streams granted to the peer up to the link's pool once half of them
 /// were taken (so a GRANT message carries several), unless the link's listener is
-/// `shared` with other processes. Returns the slots not used, to drop once `st` is let go
+/// `shared` with other processes. The pool grows with use: [`FIRST_GRANTS`] while the peer
+/// has opened one stream, then twice as many as it has opened, up to `RSOCK_LINK_GRANTS`
+/// — each grant is a ring and send buffer registered here, and most links between two
+/// processes carry one connection. Returns the slots not used, to drop once `st` is let go
 /// (a slot goes back to the link, which takes its lock).
 pub(super) fn refill(
     link: &Arc<Link>,
@@ -34,7 +40,8 @@ pub(super) fn refill(
     st: &mut State,
 ) -> Vec<SlotBuf> {
     let mut unused = Vec::new();
-    let pool = link.grant_pool as usize;
+    let used = usize::try_from(st.opened).unwrap_or(usize::MAX);
+    let pool = (link.grant_pool as usize).min(FIRST_GRANTS.max(used.saturating_mul(2)));
     if pool == 0 || link.is_failed() || shared || st.mux.grants_out() * 2 > pool {
         return unused;
     }
