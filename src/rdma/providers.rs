@@ -198,7 +198,7 @@ mod tests {
             ["mlx4"]
         );
         // The driver's name starts the provider's.
-        assert_eq!(choose(&[dev("qedr0", Some("qede"), false)], &all), ["qedr"]);
+        assert_eq!(choose(&[dev("rdma0", Some("qed"), false)], &all), ["qedr"]);
         assert_eq!(
             choose(&[dev("x", Some("hfi1"), false)], &all),
             ["hfi1verbs"]
