@@ -1,5 +1,5 @@
-"""Shared by the link cells' programs (tests/rdma/links.sh): an echo server's connection
-and a burst of short verified connections."""
+"""Shared by the link cells' programs (tests/rdma/links.sh): an echo server's connection,
+a verified connection, and a burst of them."""
 import socket
 
 
@@ -13,17 +13,23 @@ def serve(c):
             c.sendall(b)
 
 
+def opened(addr, port, tag):
+    """A connection with 16 bytes echoed and verified, left open."""
+    s = socket.create_connection((addr, port))
+    msg = f"{tag}-pattern-0123456"[:16].encode()
+    s.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        b = s.recv(64)
+        if not b:
+            raise SystemExit(f"connection {tag}: end of stream after {got!r}")
+        got += b
+    if got != msg:
+        raise SystemExit(f"connection {tag}: echoed {got!r}, sent {msg!r}")
+    return s
+
+
 def burst(addr, port, n, tag):
     """N connections one after another: 16 bytes each way, verified, then closed."""
     for i in range(n):
-        with socket.create_connection((addr, port)) as s:
-            msg = f"{tag}-{i:06d}-pattern"[:16].encode()
-            s.sendall(msg)
-            got = b""
-            while len(got) < len(msg):
-                b = s.recv(64)
-                if not b:
-                    raise SystemExit(f"connection {tag}{i}: end of stream after {got!r}")
-                got += b
-            if got != msg:
-                raise SystemExit(f"connection {tag}{i}: echoed {got!r}, sent {msg!r}")
+        opened(addr, port, f"{tag}{i:06d}").close()

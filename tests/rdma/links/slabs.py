@@ -7,7 +7,9 @@ client ADDR PORT N STEP: one connection (16 bytes each way, verified) held open,
 "many" and waits for STEP.2; closes those N, prints "few" and waits for STEP.3; closes the
 first and prints "ok". (The server is idle.py's: it echoes every connection.)
 """
-import os, socket, sys, time
+import os, sys, time
+
+from echo import opened
 
 
 def wait_for(path):
@@ -16,21 +18,6 @@ def wait_for(path):
             return
         time.sleep(0.05)
     raise SystemExit(f"no {path} within 60 s")
-
-
-def opened(addr, port, tag):
-    s = socket.create_connection((addr, port))
-    msg = f"{tag}-pattern-0123456"[:16].encode()
-    s.sendall(msg)
-    got = b""
-    while len(got) < len(msg):
-        b = s.recv(64)
-        if not b:
-            raise SystemExit(f"connection {tag}: end of stream after {got!r}")
-        got += b
-    if got != msg:
-        raise SystemExit(f"connection {tag}: echoed {got!r}, sent {msg!r}")
-    return s
 
 
 def client(addr, port, n, step):
