@@ -480,12 +480,6 @@ impl State {
         )
     }
 
-    /// Whether more than half of what the ring slabs may hold is taken (streams open,
-    /// granted, or waiting for their CLOSEs): CLOSEs are then not held back.
-    fn slots_tight(&self) -> bool {
-        self.rings.is_tight()
-    }
-
     /// Gives back quarantined slots whose stream's id is free now.
     fn free_quarantined(&mut self) {
         let mut i = 0;

@@ -69,7 +69,7 @@ impl LinkEnd for Member {
         st.mux.close_lazily(self.id);
         // The peer's slots for our closed streams come back only with our CLOSEs (and ours
         // with its): once half our slots are taken, none is held back.
-        if st.slots_tight() {
+        if st.rings.is_tight() {
             st.mux.release_closes();
         }
         let held = st.mux.holds_closes();

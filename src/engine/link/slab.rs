@@ -17,6 +17,8 @@ const SLAB: u32 = 256 << 10;
 /// Slabs of each kind a link may have: room for stream 0 and [`MAX_STREAMS`] streams (the
 /// 2 MiB the link registered at once before).
 const MAX_SLABS: usize = (MAX_STREAMS as u32 * STREAM_BUF + CONTROL_BUF).div_ceil(SLAB) as usize;
+/// The most a link registers of each kind.
+const ROOM: u64 = SLAB as u64 * MAX_SLABS as u64;
 /// Idle slabs kept registered, so a link whose streams come and go does not register and
 /// deregister one at each.
 const SPARE_SLABS: usize = 1;
@@ -114,12 +116,12 @@ impl Slab {
 
     /// Whether a slot of `len` bytes may still be had (in a live slab, or one to add).
     pub(super) fn has_room(&self, len: u32) -> bool {
-        self.slots.allocated_bytes() + u64::from(len) <= u64::from(SLAB) * MAX_SLABS as u64
+        self.slots.allocated_bytes() + u64::from(len) <= ROOM
     }
 
     /// Whether more than half of what the link may register is taken.
     pub(super) fn is_tight(&self) -> bool {
-        self.slots.allocated_bytes() * 2 > u64::from(SLAB) * MAX_SLABS as u64
+        self.slots.allocated_bytes() * 2 > ROOM
     }
 
     /// Bytes taken, and bytes registered.
@@ -138,8 +140,7 @@ mod tests {
     #[test]
     fn the_slabs_hold_every_stream_a_link_may_carry() {
         let streams = u64::from(MAX_STREAMS) * u64::from(STREAM_BUF) + u64::from(CONTROL_BUF);
-        let room = u64::from(SLAB) * MAX_SLABS as u64;
-        assert!(room >= streams && room - streams < u64::from(SLAB));
+        assert!(ROOM >= streams && ROOM - streams < u64::from(SLAB));
         // Whole slots per slab: the buddy allocator wastes nothing on these sizes.
         assert_eq!(SLAB % STREAM_BUF, 0);
         assert_eq!(MAX_SLABS, 8);
