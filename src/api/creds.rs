@@ -70,16 +70,22 @@ fn before_change() {
         return; // nothing was opened with the old credentials
     };
     keep_errno(|| {
+        let mut made_here = Vec::new();
         for fd in 0..fdtable::high_water() as c_int {
             let Some(s) = fdtable::get(fd) else { continue };
             match s.attachment() {
                 Some(Attachment::Stream(st)) if st.owner().is_me() => {
                     match st.taken_from.get().copied() {
-                        Some(from) => super::inherit::give_back(&s, &st, from, "a credential change"),
-                        None => log::warn!(
-                            "fd {fd}: rdma stream to {}: this process changes its credentials and made it itself: it cannot be driven afterwards",
-                            st.peer
-                        ),
+                        Some(from) => {
+                            super::inherit::give_back(&s, &st, from, "a credential change")
+                        }
+                        None => {
+                            log::warn!(
+                                "fd {fd}: rdma stream to {}: this process changes its credentials and made it itself: it cannot be driven afterwards",
+                                st.peer
+                            );
+                            made_here.push(st.clone());
+                        }
                     }
                 }
                 Some(Attachment::Listener(l)) if l.owner.is_me() => {
@@ -89,6 +95,8 @@ fn before_change() {
                 _ => {}
             }
         }
+        // What the program already wrote goes out first (posting needs the old credentials).
+        e.send_all_before_credential_change(&made_here);
         let retired = e.retire_for_new_credentials();
         if e.abandon_for_new_credentials() {
             log::info!("credentials change: the RDMA engine is abandoned; listeners use RDMA again, with a new engine, from the next accept, epoll_create, epoll_ctl or fork");

@@ -143,20 +143,42 @@ fn drain_streams(e: &'static Engine, on_helper: bool) {
     for s in &streams {
         s.close_for_exit();
     }
-    loop {
-        e.progress_devices(false);
-        let left = streams.iter().filter(|s| !s.flushed()).count();
-        if left == 0 {
-            return;
+    e.wait_for(&streams, deadline, "exit", Stream::flushed);
+}
+
+impl Engine {
+    /// Before a credential change, after which this process can post nothing more: waits,
+    /// up to the linger time, until `streams` (made by this process, still open) have sent
+    /// and had acknowledged everything the program wrote to them — bytes it already handed
+    /// over (a `sendall` that returned) must not be lost with the old credentials.
+    pub fn send_all_before_credential_change(&self, streams: &[Arc<Stream>]) {
+        let deadline = std::time::Instant::now() + self.linger();
+        self.wait_for(streams, deadline, "credential change", Stream::all_sent);
+    }
+
+    /// Progresses the devices until every stream is `done` or `deadline` passes (logged).
+    fn wait_for(
+        &self,
+        streams: &[Arc<Stream>],
+        deadline: std::time::Instant,
+        why: &str,
+        done: impl Fn(&Stream) -> bool,
+    ) {
+        loop {
+            self.progress_devices(false);
+            let left = streams.iter().filter(|s| !done(s)).count();
+            if left == 0 {
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                log::warn!(
+                    "{why}: {left} RDMA stream(s) still had unacknowledged bytes after {:?}",
+                    self.linger()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
-        if std::time::Instant::now() >= deadline {
-            log::warn!(
-                "exit: {left} RDMA stream(s) still had unacknowledged bytes after {:?}",
-                e.linger()
-            );
-            return;
-        }
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 

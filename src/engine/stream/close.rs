@@ -69,6 +69,12 @@ impl<P: Port> Stream<P> {
         inner.rc.is_none() || inner.proto.flushed()
     }
 
+    /// Everything the program wrote was sent and acknowledged (or there is no QP).
+    pub(in crate::engine) fn all_sent(&self) -> bool {
+        let inner = self.lock();
+        inner.rc.is_none() || inner.proto.all_sent()
+    }
+
     /// Advances a closed stream's teardown at time `now` (a parameter, so that tests move
     /// time on instead of sleeping); true once its QP and memory can be dropped.
     pub(in crate::engine) fn reap_step(&self, linger: Duration, now: Instant) -> bool {

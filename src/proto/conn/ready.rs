@@ -117,9 +117,13 @@ impl Conn {
     /// Whether everything queued, FIN included, has been acknowledged — or never can be
     /// (the connection broke). What a lingering close waits for.
     pub fn flushed(&self) -> bool {
+        self.is_broken() || (self.fin_sent && self.all_sent())
+    }
+
+    /// Everything the program wrote was sent and acknowledged (or the connection broke).
+    pub fn all_sent(&self) -> bool {
         self.is_broken()
-            || (self.fin_sent
-                && self.tx_acked == self.tx_queued
+            || (self.tx_acked == self.tx_queued
                 && self.wrs_retired == self.next_wr
                 && self.planned.is_empty())
     }
