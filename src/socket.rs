@@ -156,6 +156,9 @@ impl Known {
     /// The system's defaults for every option an RDMA stream mirrors (timeouts, keepalive,
     /// user timeout, linger): nothing to read from the socket.
     pub const DEFAULT_OPTS: Known = Known(8);
+    /// A stdio stream (`fdopen`) reads and writes it inside libc, out of the hooks' sight: it
+    /// stays on kernel TCP.
+    pub const STDIO: Known = Known(16);
 
     /// Whether every bit of `k` is known.
     pub fn has(self, k: Known) -> bool {
@@ -365,6 +368,11 @@ impl Socket {
     /// Records what the shim knows of a socket it has just seen made.
     pub fn set_known(&self, k: Known) {
         self.known.store(k.0, Release);
+    }
+
+    /// Learnt `k` about the socket later in its life.
+    pub fn note_known(&self, k: Known) {
+        self.known.fetch_or(k.0, AcqRel);
     }
 
     /// The program changed what `k`'s bits say (a bind, or a socket option a stream mirrors):

@@ -88,3 +88,54 @@ pub unsafe extern "C" fn prctl(
 ) -> c_int {
     api::prctl(option, a2, a3, a4, a5)
 }
+
+/// `dprintf`, variadic in C, which libc formats and writes inside itself, where no hooked
+/// `write` sees it: `api::dprintf_target` first readies the fd (an RDMA stream's fds then
+/// carry its bytes), then the call goes on to libc's `dprintf` exactly as the program made
+/// it. The trampoline keeps every argument register across the preparation — the six
+/// integer ones, %al (how many vector registers a variadic call uses) and %xmm0-7 — and the
+/// stack as it was, so arguments passed on the stack stay where libc's expects them.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dprintf() {
+    core::arch::naked_asm!(
+        // Entry: %rsp = 8 mod 16. Seven pushes and 128 bytes leave it 0 mod 16 for the call.
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "push rcx",
+        "push r8",
+        "push r9",
+        "push rax",
+        "sub rsp, 128",
+        "movdqu [rsp], xmm0",
+        "movdqu [rsp + 16], xmm1",
+        "movdqu [rsp + 32], xmm2",
+        "movdqu [rsp + 48], xmm3",
+        "movdqu [rsp + 64], xmm4",
+        "movdqu [rsp + 80], xmm5",
+        "movdqu [rsp + 96], xmm6",
+        "movdqu [rsp + 112], xmm7",
+        "call {target}", // %edi: the fd, untouched
+        "mov r11, rax",
+        "movdqu xmm0, [rsp]",
+        "movdqu xmm1, [rsp + 16]",
+        "movdqu xmm2, [rsp + 32]",
+        "movdqu xmm3, [rsp + 48]",
+        "movdqu xmm4, [rsp + 64]",
+        "movdqu xmm5, [rsp + 80]",
+        "movdqu xmm6, [rsp + 96]",
+        "movdqu xmm7, [rsp + 112]",
+        "add rsp, 128",
+        "pop rax",
+        "pop r9",
+        "pop r8",
+        "pop rcx",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "jmp r11",
+        target = sym api::dprintf_target,
+    )
+}

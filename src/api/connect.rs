@@ -173,6 +173,8 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         (Path::Passthrough, decided)
     } else if excluded {
         (Path::Tcp, decided)
+    } else if s.known().has(Known::STDIO) {
+        (Path::Tcp, Fallback::Unsupported.into())
     } else {
         match keep_errno(|| connect_rdma(&s, fd, dest, sizes, decided)) {
             Ok(()) => {

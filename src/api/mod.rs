@@ -13,10 +13,12 @@
 //! Rooms, one job each (this file only declares them and re-exports the hooks):
 //! - `connect` — socket, socketpair, bind, connect;
 //! - `listen` — listen, accept, accept4;
-//! - `io` — data calls: read/write, the send/recv families, sendfile, splice;
+//! - `io` — data calls: read/write, the send/recv families (sendmmsg/recvmmsg too), sendfile,
+//!   splice;
 //! - `opts` — options, names, ioctl, fcntl, shutdown;
 //! - `wait` — readiness: poll, select, epoll;
 //! - `fds` — fd lifetime: close, close_range, dup, dup2, dup3, fclose;
+//! - `stdio` — sockets libc reads and writes itself: fdopen, dprintf, vdprintf;
 //! - `process` — fork, exec, `_exit`, `syscall`, `prctl`;
 //! - `creds` — credential changes (`setuid` and its family);
 //! - `inherit` — sockets another process owns: got by fork, exec or `SCM_RIGHTS`;
@@ -36,6 +38,7 @@ mod opts;
 mod ownership;
 mod process;
 mod rights;
+mod stdio;
 mod wait;
 
 pub use connect::{bind, connect, socket, socketpair};
@@ -46,6 +49,7 @@ pub use io::*;
 pub use listen::{accept, accept4, listen};
 pub use opts::*;
 pub use process::{execv, execve, execvp, execvpe, exit_now, fexecve, fork, prctl, syscall};
+pub use stdio::{dprintf_target, fdopen, vdprintf};
 pub use wait::{
     __poll_chk, epoll_create, epoll_create1, epoll_ctl, epoll_pwait, epoll_pwait2, epoll_wait,
     poll, ppoll, pselect, select,

@@ -87,6 +87,7 @@ impl Drop for Call<'_> {
         if self.0.call_ends() {
             stream_fd_closed(self.0);
         }
+        self.0.after_call();
     }
 }
 

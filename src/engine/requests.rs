@@ -183,6 +183,14 @@ impl Engine {
         self.relay(s).1
     }
 
+    /// A relay end of `s` for this process's own program (whose fds then carry the stream's
+    /// bytes: stdio, `api::stdio`), taking the bytes only after the program's calls in
+    /// progress on the stream.
+    pub fn relay_end_for_self(&'static self, s: &Arc<Stream>) -> Option<c_int> {
+        s.relay_after_calls();
+        self.relay(s).1
+    }
+
     /// Starts a relay of `s` and the reply that hands its A over.
     fn relay(&'static self, s: &Arc<Stream>) -> (ipc::Reply, Option<c_int>) {
         match s.start_relay() {

@@ -116,6 +116,9 @@ pub struct Stream<P: Port = Dev> {
     pub(super) hold_watched: AtomicBool,
     /// Program calls in progress on it, and [`CLOSE_DEFERRED`]: see [`Stream::defer_close`].
     calls: AtomicU32,
+    /// Relayed to its own program's fds while program calls were in progress on it: the
+    /// relay takes the stream's bytes only once they have ended (see `relay_after_calls`).
+    relay_waits: AtomicBool,
     /// Keepalive or a user timeout is on: the helper ticks it (counted in [`TIMED`]).
     timed: AtomicBool,
     /// The program set `SO_LINGER` on with a zero timeout: close resets (see
@@ -303,6 +306,7 @@ impl<P: Port> Stream<P> {
             life: Lifecycle::new(),
             opts_closed: AtomicBool::new(false),
             calls: AtomicU32::new(0),
+            relay_waits: AtomicBool::new(false),
             timed: AtomicBool::new(false),
             linger_zero: AtomicBool::new(false),
             hold_watched: AtomicBool::new(false),

@@ -24,6 +24,33 @@ fn resolve(slot: &AtomicPtr<c_void>, name: &'static str) -> *mut c_void {
     p
 }
 
+/// libc's `dprintf`. It is variadic past its format, so it is not in the table below: its
+/// hook is a trampoline that jumps here with every argument as the caller left it.
+pub fn dprintf_fn() -> *mut c_void {
+    static SLOT: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    match SLOT.load(Ordering::Relaxed) {
+        p if p.is_null() => resolve(&SLOT, "dprintf\0"),
+        p => p,
+    }
+}
+
+/// What a libc function returns when it fails: -1, or a null pointer.
+trait Failed {
+    const FAILED: Self;
+}
+
+impl Failed for c_int {
+    const FAILED: c_int = -1;
+}
+
+impl Failed for ssize_t {
+    const FAILED: ssize_t = -1;
+}
+
+impl Failed for *mut libc::FILE {
+    const FAILED: *mut libc::FILE = std::ptr::null_mut();
+}
+
 macro_rules! real_functions {
     ($( fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $(, variadic $var:ty)?; )*) => {
         #[allow(non_upper_case_globals)]
@@ -63,7 +90,7 @@ macro_rules! real_functions {
                     let p = resolve(&slot::$name, concat!(stringify!($name), "\0"));
                     if p.is_null() {
                         *libc::__errno_location() = libc::ENOSYS;
-                        return -1 as $ret;
+                        return <$ret as Failed>::FAILED;
                     }
                     real_functions!(@call p, ($($arg: $ty),*), $ret $(, $var)?)
                 }
@@ -140,6 +167,14 @@ macro_rules! with_hooked_functions {
             fn execvpe(file: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
             fn fexecve(fd: c_int, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
             fn fclose(stream: *mut libc::FILE) -> c_int;
+            fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;
+            fn vdprintf(fd: c_int, fmt: *const libc::c_char, ap: *mut c_void) -> c_int;
+            fn sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, vlen: c_uint, flags: c_int) -> c_int;
+            fn recvmmsg(fd: c_int, msgs: *mut libc::mmsghdr, vlen: c_uint, flags: c_int, timeout: *mut timespec) -> c_int;
+            fn preadv2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+            fn pwritev2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+            fn preadv64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t;
+            fn pwritev64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t;
             fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t;
             fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
             fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;

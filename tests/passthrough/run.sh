@@ -274,6 +274,28 @@ cell_stream_copy_io_copy_sendfile() { stream_copy_cell copy file; }
 # std::io::copy between a pipe and a TcpStream uses splice(2) both ways.
 cell_stream_copy_io_copy_splice() { stream_copy_cell copy pipe; }
 
+# libc's own socket I/O through the shim on kernel TCP (examples/libc_io.rs): stdio on
+# `fdopen`ed sockets, `dprintf` (the hook is a trampoline that must keep every argument),
+# `sendmmsg`/`recvmmsg`, `preadv2`/`pwritev2`; echoed, sha256-verified, counted on TCP.
+cell_libc_io() {
+    [ -x "$EX/libc_io" ] || fail "missing $EX/libc_io (cargo build --release --examples)"
+    base64 -w 100 "$DATA" > data.txt
+    local modes i=0
+    for modes in "stdio stdio stdio stdio $DATA" "mmsg mmsg rw2 rw2 $DATA" \
+        "rw2 dprintf mmsg dprintf data.txt" "plain stdio stdio mmsg $DATA --stdio-first"; do
+        set -- $modes
+        i=$((i + 1))
+        bg "srv$i" $T shimmed "$CELL_DIR/srv$i" "$EX/libc_io" server 127.0.0.1:"$PORT" "$1" "$2"
+        wait_listen "$PORT" 10 "srv$i" || fail "server $i did not listen"
+        bg_in "cli$i" $T "$5" shimmed "$CELL_DIR/cli$i" "$EX/libc_io" client 127.0.0.1:"$PORT" "$3" "$4" ${6:-}
+        expect_status "cli$i" 0
+        expect_status "srv$i" 0
+        expect_same_file "$5" "cli$i.out" "echo $i ($modes)"
+        soft expect_stats "$CELL_DIR/cli$i" "cli$i" 'nproc==1' 'conns.tcp==1' 'conns.rdma==0'
+        alloc_port PORT
+    done
+}
+
 # ---- programs that never touch sockets ----------------------------------------------------
 
 cell_no_sockets() {
@@ -487,6 +509,7 @@ CELLS=(
     socat_tcp_to_file socat_file_to_tcp socat_ipv6 socat_fork_server
     curl_http_server
     stream_copy stream_copy_io_copy_sendfile stream_copy_io_copy_splice
+    libc_io
     no_sockets
     fd_edge fd_edge_stdio fd_edge_with_log
     refused_connect

@@ -458,6 +458,56 @@ cell_socket_edges() {
     expect_qps_released
 }
 
+# libc's own I/O on RDMA sockets (examples/libc_io.rs): stdio on an `fdopen`ed socket and
+# `dprintf` (libc reads and writes the fd itself: the stream is first relayed to the
+# process's own fds), `sendmmsg`/`recvmmsg` and `preadv2`/`pwritev2` (served by the stream as
+# the calls they batch). Echoed both ways, sha256-verified; both ends on RDMA by their
+# counters and the device. Before the hooks, the stdio cell's bytes vanished into the doorbell.
+libc_echo() { # IN OUT (server) IN OUT (client) DATA [--stdio-first]
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/libc_io" server "$A:$PORT" "$1" "$2"
+    wait_dual srv
+    bg_in cli $T "$5" shimmed "$CELL_DIR/cli" "$EX/libc_io" client "$A:$PORT" "$3" "$4" ${6:-}
+    expect_status cli 0
+    expect_status srv 0
+    soft expect_same_file "$5" cli.out "echo"
+}
+
+cell_libc_stdio() {
+    rdma_begin
+    libc_echo stdio stdio stdio stdio "$DATA2"
+    soft rdma_end $((2 * SIZE2)) 2
+    soft expect_rdma srv 1 'nproc==1'
+    soft expect_rdma cli 1 'nproc==1'
+    expect_qps_released
+}
+
+cell_libc_dprintf() {
+    base64 -w 100 "$DATA2" > data.txt
+    rdma_begin
+    libc_echo rw2 dprintf mmsg dprintf data.txt
+    soft rdma_end $((2 * SIZE2)) 2
+    soft expect_rdma srv 1 'nproc==1'
+    soft expect_rdma cli 1 'nproc==1'
+    expect_qps_released
+}
+
+cell_libc_batch() {
+    rdma_begin
+    libc_echo mmsg mmsg rw2 rw2 "$DATA2"
+    soft rdma_end $((2 * SIZE2)) 2
+    soft expect_rdma srv 1 -D B="$SIZE2" 'nproc==1' 'rx.rdma==B' 'tx.rdma==B'
+    soft expect_rdma cli 1 -D B="$SIZE2" 'nproc==1' 'rx.rdma==B' 'tx.rdma==B'
+    expect_qps_released
+}
+
+# A stdio stream made on a socket before it connects: that connection stays on kernel TCP
+# (the client's counters say why), and the bytes are right.
+cell_libc_stdio_first() {
+    libc_echo plain plain stdio plain "$DATA2" --stdio-first
+    soft expect_stats "$CELL_DIR/cli" cli 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' 'fallback.unsupported==1'
+    soft expect_stats "$CELL_DIR/srv" srv 'nproc==1' 'conns.tcp==1' 'conns.rdma==0' 'fallback.peer_tcp==1'
+}
+
 # ---- 6. peer killed mid-stream --------------------------------------------------------------------
 
 # A slow reader (python) that prints its pid, then reads 4 KiB every 10 ms.
@@ -828,6 +878,7 @@ CELLS=(
     dual_listen plain_client_nc
     enable_0
     epoll_modes socket_edges
+    libc_stdio libc_dprintf libc_batch libc_stdio_first
     kill_receiver kill_sender
     exit_after_close exit_after_shutdown exit_without_close
     many_conns threads_sleeping

@@ -156,6 +156,43 @@ pub(in crate::api) fn relay_for_sending(s: &Socket, fd: c_int) -> Option<c_int> 
     }
 }
 
+/// The program hands `s` (on RDMA) to code inside libc that reads and writes its fds out of
+/// the hooks' sight (`api::stdio`): from now on every fd of it carries the stream's bytes as
+/// a plain kernel socket — a relay end, served by the owner; by this process's engine for a
+/// stream of its own, which the program's fds then no longer hold (the relay does).
+pub(in crate::api) fn relay_for_libc(s: &Socket) {
+    let a = match s.attachment() {
+        Some(Attachment::Stream(st)) if !st.owner().is_me() => {
+            adopt(s, &st);
+            return;
+        }
+        Some(Attachment::Passed(_)) => super::here(s),
+        a => a,
+    };
+    let Some(Attachment::Stream(st)) = a else {
+        return; // a relay end already, or a listener
+    };
+    let fds = fdtable::fds_of(s);
+    let Some(&first) = fds.first() else { return };
+    let Some(a) = crate::engine::get().and_then(|e| e.relay_end_for_self(&st)) else {
+        log::warn!("fd {first}: rdma stream to {}: no relay for stdio", st.peer);
+        return;
+    };
+    set_nonblock(a, fd_flags(first).0);
+    point_fds_at(s, &fds, a);
+    raw::close(a);
+    s.attach(Attachment::Relayed(Arc::new(Relayed {
+        local: st.local,
+        peer: st.peer,
+        opts_fd: dup_hidden(st.opts_fd),
+    })));
+    log::debug!(
+        "fd {first}: rdma stream to {}: relayed to this process's fds (stdio)",
+        st.peer
+    );
+    crate::engine::stream_detached(st);
+}
+
 /// Before a credential change (`api::creds`) or an exec (`why`): the stream `st`, which this
 /// process took over from `from`, goes back there, and comes back to this process's fds as
 /// a relay end (`Request::Reclaim`). If `from` cannot take it, it stays, and breaks with the

@@ -1,13 +1,15 @@
-//! Data calls: read/write, the send/recv family, their vectored and fortified forms; and
-//! (`splice`) sendfile and splice.
+//! Data calls: read/write, the send/recv family, their vectored and fortified forms; (`batch`)
+//! sendmmsg, recvmmsg, preadv2 and pwritev2; and (`splice`) sendfile and splice.
 //!
 //! A foreign fd costs `fdtable::owns` and a jump to libc. An owned fd on kernel TCP forwards
 //! and counts bytes; an owned fd on RDMA is served by its stream.
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 
+mod batch;
 mod splice;
 
+pub use batch::{preadv2, preadv64v2, pwritev2, pwritev64v2, recvmmsg, sendmmsg};
 pub use splice::{sendfile, sendfile64, splice};
 
 use crate::engine::{self, Stream};

@@ -34,14 +34,16 @@ impl<P: Port> Stream<P> {
             );
             self.post_all(inner);
             let reset = inner.proto.is_broken();
-            relay::out_of_stream(
-                &mut inner.relays,
-                &mut inner.proto,
-                inner.ring.as_slice(),
-                &mut inner.scratch,
-                &mut inner.peeked,
-                reset,
-            );
+            if !self.relay_held() {
+                relay::out_of_stream(
+                    &mut inner.relays,
+                    &mut inner.proto,
+                    inner.ring.as_slice(),
+                    &mut inner.scratch,
+                    &mut inner.peeked,
+                    reset,
+                );
+            }
             // A holder's shutdown(SHUT_WR) on a relay end is the stream's FIN (a close is
             // not, while other fds of the stream remain: the last holder's close ends it).
             // Checked on every pump: the end of stream may be read here by a completion.

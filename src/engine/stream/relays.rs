@@ -4,6 +4,7 @@
 use super::{Port, Stream};
 use crate::engine::relay;
 use libc::c_int;
+use std::sync::atomic::Ordering::*;
 
 impl<P: Port> Stream<P> {
     /// Starts relaying this stream to another process: returns (A, B) of a new socketpair;
@@ -18,6 +19,33 @@ impl<P: Port> Stream<P> {
         inner.relays.push(relay::End::new(b));
         self.pump(inner);
         Ok((a, b))
+    }
+
+    /// The relay about to start goes to this process's own program, whose calls already in
+    /// progress on the stream (a read blocked in another thread) keep being served by it: the
+    /// relay takes the stream's bytes only once they have ended, so that such a read takes
+    /// the next bytes and the relay those after — not the other way round.
+    pub(in crate::engine) fn relay_after_calls(&self) {
+        if self.calls_in_progress() > 0 {
+            self.relay_waits.store(true, Release);
+        }
+    }
+
+    /// Whether the relays must not take the stream's bytes yet (see `relay_after_calls`).
+    pub(super) fn relay_held(&self) -> bool {
+        self.relay_waits.load(Acquire) && self.calls_in_progress() > 0
+    }
+
+    /// A program call ended: if the relay waited for it, and it was the last, the relay
+    /// takes the stream's bytes from now on.
+    pub(in crate::engine) fn after_call(&self) {
+        if self.relay_waits.load(Acquire)
+            && self.calls_in_progress() == 0
+            && self.relay_waits.swap(false, AcqRel)
+        {
+            let mut g = self.lock();
+            self.pump(&mut g);
+        }
     }
 
     /// A relay end or the doorbell's B changed (helper thread): move bytes, and note holders
