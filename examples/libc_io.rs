@@ -3,7 +3,8 @@
 //! `sendmmsg`/`recvmmsg` and `preadv2`/`pwritev2` (tests/rdma/shim_matrix.sh, cells libc_*).
 //!
 //! ```text
-//! libc_io server ADDR:PORT IN OUT                 # accepts one connection and echoes it
+//! libc_io server ADDR:PORT IN OUT [--fork]        # accepts one connection and echoes it
+//!                                                 # (in a child it forks for it: --fork)
 //! libc_io client ADDR:PORT IN OUT [--stdio-first] < data > echoed
 //! ```
 //!
@@ -12,8 +13,9 @@
 //! other read with `RWF_NOWAIT` — `poll` on EAGAIN, without it where the kernel answers
 //! EOPNOTSUPP), `plain` (`read`).
 //! OUT (how it is written): `stdio` (`fdopen(dup(fd), "w")`, `fwrite`, `fflush`), `dprintf`
-//! (`dprintf(fd, "%s", chunk)`: the data must hold no NUL byte), `mmsg` (`sendmmsg`, four
-//! messages), `rw2` (`pwritev2` at offset -1), `plain` (`write`).
+//! (`dprintf(fd, "%s", chunk)`: the data must hold no NUL byte), `stdout` (`dup2(fd, 1)`,
+//! then `fwrite` to stdio's `stdout`), `mmsg` (`sendmmsg`, four messages), `rw2` (`pwritev2`
+//! at offset -1), `plain` (`write`).
 //! The client sends stdin with OUT (then half-closes) while it reads the echo with IN to
 //! stdout; `--stdio-first` makes the reading `FILE` before `connect` (IN must be `stdio`).
 //! Status 0 when every call did what it should; a failed call is reported on stderr, status 1.
@@ -29,6 +31,7 @@ const CHUNK: usize = 16 * 1024;
 
 extern "C" {
     fn dprintf(fd: c_int, fmt: *const libc::c_char, ...) -> c_int;
+    static mut stdout: *mut libc::FILE;
 }
 
 fn check(what: &str, r: isize) -> io::Result<usize> {
@@ -168,6 +171,11 @@ impl Writer {
             // SAFETY: dup of our own fd.
             "stdio" => Writer::Stdio(fdopen(unsafe { libc::dup(fd) }, "w")?),
             "dprintf" => Writer::Dprintf(fd),
+            // SAFETY: our own fd onto 1; stdio's stdout is then the socket.
+            "stdout" => unsafe {
+                check("dup2", libc::dup2(fd, 1) as isize)?;
+                Writer::Stdio(stdout)
+            },
             "mmsg" => Writer::Mmsg(fd),
             "rw2" => Writer::Rw2(fd),
             "plain" => Writer::Plain(fd),
@@ -268,10 +276,46 @@ fn fdopen(fd: c_int, mode: &str) -> io::Result<*mut libc::FILE> {
     Ok(f)
 }
 
-fn server(addr: SocketAddr, inm: &str, outm: &str) -> io::Result<()> {
+fn server(addr: SocketAddr, inm: &str, outm: &str, fork: bool) -> io::Result<()> {
     let l = TcpListener::bind(addr)?;
     let (c, _) = l.accept()?;
     let fd = c.into_raw_fd();
+    if fork {
+        // SAFETY: fork; the child only echoes and exits, the parent waits for it.
+        match unsafe { libc::fork() } {
+            -1 => return Err(io::Error::last_os_error()),
+            0 => {
+                drop(l);
+                let code = match echo(fd, inm, outm) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("libc_io: child: {e}");
+                        1
+                    }
+                };
+                // SAFETY: end the child without running the parent's exit handlers twice.
+                unsafe { libc::_exit(code) };
+            }
+            child => {
+                // SAFETY: our own fd, then wait for our own child.
+                unsafe { libc::close(fd) };
+                let mut status = 0;
+                check("waitpid", unsafe { libc::waitpid(child, &mut status, 0) }
+                    as isize)?;
+                if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+                    return Err(io::Error::other(format!(
+                        "child ended with status {status:#x}"
+                    )));
+                }
+                return Ok(());
+            }
+        }
+    }
+    echo(fd, inm, outm)
+}
+
+/// The server's echo of the accepted connection `fd`.
+fn echo(fd: c_int, inm: &str, outm: &str) -> io::Result<()> {
     let mut r = Reader::new(inm, fd, None)?;
     let mut w = Writer::new(outm, fd)?;
     let mut total = 0;
@@ -357,7 +401,7 @@ fn client(addr: SocketAddr, inm: &str, outm: &str, stdio_first: bool) -> io::Res
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 5 {
-        eprintln!("usage: libc_io server|client ADDR:PORT IN OUT [--stdio-first]");
+        eprintln!("usage: libc_io server|client ADDR:PORT IN OUT [--fork|--stdio-first]");
         return ExitCode::from(2);
     }
     let Ok(addr) = args[2].parse::<SocketAddr>() else {
@@ -365,7 +409,12 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let r = match args[1].as_str() {
-        "server" => server(addr, &args[3], &args[4]),
+        "server" => server(
+            addr,
+            &args[3],
+            &args[4],
+            args.get(5).is_some_and(|a| a == "--fork"),
+        ),
         "client" => client(
             addr,
             &args[3],

@@ -463,10 +463,12 @@ cell_socket_edges() {
 # process's own fds), `sendmmsg`/`recvmmsg` and `preadv2`/`pwritev2` (served by the stream as
 # the calls they batch). Echoed both ways, sha256-verified; both ends on RDMA by their
 # counters and the device. Before the hooks, the stdio cell's bytes vanished into the doorbell.
-libc_echo() { # IN OUT (server) IN OUT (client) DATA [--stdio-first]
-    bg srv $T shimmed "$CELL_DIR/srv" "$EX/libc_io" server "$A:$PORT" "$1" "$2"
+libc_echo() { # IN OUT (server) IN OUT (client) DATA [--stdio-first|--fork]
+    local sx="" cx=${6:-}
+    [ "$cx" = --fork ] && sx=$cx cx=""
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/libc_io" server "$A:$PORT" "$1" "$2" $sx
     wait_dual srv
-    bg_in cli $T "$5" shimmed "$CELL_DIR/cli" "$EX/libc_io" client "$A:$PORT" "$3" "$4" ${6:-}
+    bg_in cli $T "$5" shimmed "$CELL_DIR/cli" "$EX/libc_io" client "$A:$PORT" "$3" "$4" $cx
     expect_status cli 0
     expect_status srv 0
     soft expect_same_file "$5" cli.out "echo"
@@ -497,6 +499,28 @@ cell_libc_batch() {
     soft rdma_end $((2 * SIZE2)) 2
     soft expect_rdma srv 1 -D B="$SIZE2" 'nproc==1' 'rx.rdma==B' 'tx.rdma==B'
     soft expect_rdma cli 1 -D B="$SIZE2" 'nproc==1' 'rx.rdma==B' 'tx.rdma==B'
+    expect_qps_released
+}
+
+# A forking server's child reads and writes the connection it inherited with stdio: it is
+# relayed from the parent, which owns it (the child cannot take it over for libc's I/O).
+cell_libc_stdio_fork() {
+    rdma_begin
+    libc_echo stdio stdio plain plain "$DATA2" --fork
+    soft rdma_end $((2 * SIZE2)) 2
+    # A child that inherits a connection counts it again.
+    soft expect_stats "$CELL_DIR/srv" srv 'nproc==2' 'conns.rdma>=1' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft expect_rdma cli 1 'nproc==1'
+    expect_qps_released
+}
+
+# The server puts the connection on stdout (dup2) and writes it with stdio's `stdout`.
+cell_libc_stdout() {
+    rdma_begin
+    libc_echo plain stdout plain plain "$DATA2"
+    soft rdma_end $((2 * SIZE2)) 2
+    soft expect_rdma srv 1 'nproc==1'
+    soft expect_rdma cli 1 'nproc==1'
     expect_qps_released
 }
 
@@ -878,7 +902,7 @@ CELLS=(
     dual_listen plain_client_nc
     enable_0
     epoll_modes socket_edges
-    libc_stdio libc_dprintf libc_batch libc_stdio_first
+    libc_stdio libc_dprintf libc_batch libc_stdio_fork libc_stdout libc_stdio_first
     kill_receiver kill_sender
     exit_after_close exit_after_shutdown exit_without_close
     many_conns threads_sleeping

@@ -21,10 +21,17 @@ use std::sync::Arc;
 /// session process) may take away the means to set a relay up before it reads: vsftpd sets
 /// `RLIMIT_NOFILE` to 0 and installs a seccomp filter, after which the request to the owner
 /// fails and the connection would hang.
+///
+/// A stream this process made itself is relayed to its own fds too: stdio's `FILE`s on fds
+/// 0–2 (`printf`, `puts`, `perror`) read and write there inside libc, where no hook sees
+/// them; and an exec would not keep the stream anyway. One it took over stays as it is:
+/// an exec gives that back to the process it came from (`give_back`).
 pub(in crate::api) fn onto_stdio(s: &Socket) {
     if let Some(Attachment::Stream(st)) = s.attachment() {
         if !st.owner().is_me() {
             let _ = take_or_adopt(s, &st);
+        } else if st.taken_from.get().is_none() {
+            relay_for_libc(s);
         }
     }
 }
