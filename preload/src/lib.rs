@@ -21,6 +21,7 @@ use rsock_core::api;
 /// `main`, since a plain `read` of an fd the shim does not know would see the bare doorbell.
 extern "C" fn resolve_real_functions() {
     rsock_core::sys::real::resolve_all();
+    rsock_core::sys::real::dprintf_fn();
     api::passed_at_exec();
 }
 

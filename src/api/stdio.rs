@@ -1,9 +1,9 @@
 //! Sockets handed to code inside libc that reads and writes their fds where no hook sees it:
 //! a `FILE` made with `fdopen` (its reads and writes are libc-internal `read`/`write`),
-//! `dprintf` and `vdprintf`. On an RDMA stream those would reach the doorbell — writes lost, reads of its
-//! tokens — so first the fds are made to carry the stream's bytes as a plain kernel socket
-//! (a relay end, `inherit::relay_for_libc`); a socket not yet connected stays on kernel TCP
-//! (`Known::STDIO`, read by `connect`).
+//! `dprintf` and `vdprintf`. On an RDMA stream those would reach the doorbell — writes
+//! lost, reads of its tokens — so first the fds are made to carry the stream's bytes as a
+//! plain kernel socket (a relay end, `inherit::relay_for_libc`); a socket not yet connected
+//! stays on kernel TCP (`Known::STDIO`, read by `connect`).
 
 #![allow(clippy::missing_safety_doc)] // each fn has its libc namesake's contract
 

@@ -179,6 +179,9 @@ pub(in crate::api) fn relay_for_libc(s: &Socket) {
     let Some(Attachment::Stream(st)) = a else {
         return; // a relay end already, or a listener
     };
+    if st.life().released() {
+        return; // handed over to another process: nothing here to relay
+    }
     let fds = fdtable::fds_of(s);
     let Some(&first) = fds.first() else { return };
     let Some(a) = crate::engine::get().and_then(|e| e.relay_end_for_self(&st)) else {
