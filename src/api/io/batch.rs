@@ -185,3 +185,88 @@ pub unsafe fn pwritev64v2(
         real::pwritev64v2(fd, v, cnt, off, flags)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs(n: usize) -> Vec<mmsghdr> {
+        // SAFETY: mmsghdr is plain data; all zeros is a valid (empty) value.
+        (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
+    }
+
+    #[test]
+    fn a_batch_moves_messages_until_one_fails_and_reports_how_many() {
+        let mut m = msgs(4);
+        let mut calls = 0;
+        set_errno(0);
+        // SAFETY: a valid vector of 4.
+        let n = unsafe {
+            each_message(m.as_mut_ptr(), 4, None, |_| {
+                calls += 1;
+                match calls {
+                    1 => (10, false),
+                    2 => (20, false),
+                    _ => {
+                        set_errno(libc::EAGAIN);
+                        (-1, false)
+                    }
+                }
+            })
+        };
+        assert_eq!(n, 2);
+        assert_eq!((m[0].msg_len, m[1].msg_len, m[2].msg_len), (10, 20, 0));
+        assert_eq!(calls, 3, "the failed message ends the batch");
+        assert_eq!(errno(), 0, "its errno is not the batch's");
+    }
+
+    #[test]
+    fn a_batch_whose_first_message_fails_is_that_failure() {
+        let mut m = msgs(2);
+        // SAFETY: a valid vector of 2.
+        let n = unsafe {
+            each_message(m.as_mut_ptr(), 2, None, |_| {
+                set_errno(libc::ECONNRESET);
+                (-1, false)
+            })
+        };
+        assert_eq!((n, errno()), (-1, libc::ECONNRESET));
+    }
+
+    #[test]
+    fn a_batch_stops_after_a_message_that_says_so_or_past_its_deadline() {
+        let mut m = msgs(3);
+        // SAFETY: valid vectors of 3.
+        let stopped = unsafe { each_message(m.as_mut_ptr(), 3, None, |_| (1, true)) };
+        assert_eq!(stopped, 1);
+        let past = Some(now_ns() - 1);
+        let late = unsafe { each_message(m.as_mut_ptr(), 3, past, |_| (1, false)) };
+        assert_eq!(late, 1, "the first message is always tried");
+    }
+
+    #[test]
+    fn a_null_vector_is_efault_and_an_empty_one_moves_nothing() {
+        // SAFETY: null with a length is refused before any access; 0 messages touch nothing.
+        unsafe {
+            assert_eq!(
+                each_message(std::ptr::null_mut(), 1, None, |_| (1, false)),
+                -1
+            );
+            assert_eq!(errno(), libc::EFAULT);
+            assert_eq!(
+                each_message(std::ptr::null_mut(), 0, None, |_| (1, false)),
+                0
+            );
+        }
+    }
+
+    #[test]
+    fn rwf_flags_map_as_a_socket_takes_them() {
+        assert_eq!(rw_flags(-1, 0), Ok(0));
+        assert_eq!(rw_flags(-1, libc::RWF_NOWAIT), Ok(libc::MSG_DONTWAIT));
+        assert_eq!(rw_flags(-1, libc::RWF_HIPRI | libc::RWF_DSYNC), Ok(0));
+        assert_eq!(rw_flags(0, 0), Err(libc::ESPIPE));
+        assert_eq!(rw_flags(4096, libc::RWF_NOWAIT), Err(libc::ESPIPE));
+        assert_eq!(rw_flags(-1, 0x100), Err(libc::EOPNOTSUPP));
+    }
+}
