@@ -91,18 +91,11 @@ pub(super) fn adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     let (nonblock, _) = fd_flags(first);
     let mut owner = st.owner();
     let end = relay_end(&mut owner, st.token, first, st.peer);
-    let a = end.or_else(dead_end);
-    if let Some(a) = a {
-        set_nonblock(a, nonblock);
-        point_fds_at(s, &fds, a);
-        raw::close(a);
+    if let Some(a) = end.or_else(dead_end) {
+        onto_relay_end(s, &fds, a, nonblock);
     }
     st.bell().release_app(); // this process's copy of the old doorbell
-    let relayed = Attachment::Relayed(Arc::new(Relayed {
-        local: st.local,
-        peer: st.peer,
-        opts_fd: dup_hidden(st.opts_fd),
-    }));
+    let relayed = relayed_of(st);
     s.attach(relayed.clone());
     if end.is_some() {
         let (local, _) = saddr::encode(&st.local);
@@ -188,14 +181,8 @@ pub(in crate::api) fn relay_for_libc(s: &Socket) {
         log::warn!("fd {first}: rdma stream to {}: no relay for stdio", st.peer);
         return;
     };
-    set_nonblock(a, fd_flags(first).0);
-    point_fds_at(s, &fds, a);
-    raw::close(a);
-    s.attach(Attachment::Relayed(Arc::new(Relayed {
-        local: st.local,
-        peer: st.peer,
-        opts_fd: dup_hidden(st.opts_fd),
-    })));
+    onto_relay_end(s, &fds, a, fd_flags(first).0);
+    s.attach(relayed_of(&st));
     log::debug!(
         "fd {first}: rdma stream to {}: relayed to this process's fds (stdio)",
         st.peer
@@ -218,14 +205,8 @@ pub(in crate::api) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner, 
     let mut at = from;
     match ipc::call(&mut at, &req, first) {
         Ok((Reply::Relay(_), Some(a))) => {
-            set_nonblock(a, nonblock);
-            point_fds_at(s, &fds, a);
-            raw::close(a);
-            s.attach(Attachment::Relayed(Arc::new(Relayed {
-                local: st.local,
-                peer: st.peer,
-                opts_fd: dup_hidden(st.opts_fd),
-            })));
+            onto_relay_end(s, &fds, a, nonblock);
+            s.attach(relayed_of(st));
             log::info!(
                 "fd {first}: rdma stream to {}: given back to pid {} before {why} (relayed)",
                 st.peer,
@@ -328,6 +309,23 @@ pub(super) fn as_stream(r: Reply) -> Reply {
         },
         r => r,
     }
+}
+
+/// Makes `fds` (this process's fds of `s`) the relay end `a` (then closed here), with the
+/// file status `nonblock` the program had set.
+fn onto_relay_end(s: &Socket, fds: &[c_int], a: c_int, nonblock: bool) {
+    set_nonblock(a, nonblock);
+    point_fds_at(s, fds, a);
+    raw::close(a);
+}
+
+/// What a socket relayed to this process is, for the stream `st` it carries.
+fn relayed_of(st: &Stream) -> Attachment {
+    Attachment::Relayed(Arc::new(Relayed {
+        local: st.local,
+        peer: st.peer,
+        opts_fd: dup_hidden(st.opts_fd),
+    }))
 }
 
 /// One end of a pair whose other end is already closed: reads see end of stream, writes
