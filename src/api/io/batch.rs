@@ -112,52 +112,18 @@ fn rw_flags(off: i64, flags: c_int) -> Result<c_int, c_int> {
     })
 }
 
-/// `preadv2`-shaped: a stream reads as `readv` does, at no position.
-unsafe fn read_flagged(
-    fd: c_int,
-    v: *const iovec,
-    cnt: c_int,
-    (off, flags): (i64, c_int),
-    libc_call: impl FnOnce() -> ssize_t,
-) -> ssize_t {
-    data_call!(received, fd, libc_call(), |st| match rw_flags(off, flags) {
-        Ok(f) => recv_rdma(st, iov_mut(v, cnt), f),
-        Err(e) => fail(e),
-    })
-}
-
-/// `pwritev2`-shaped: a stream writes as `writev` does (SIGPIPE included), at no position.
-unsafe fn write_flagged(
-    fd: c_int,
-    v: *const iovec,
-    cnt: c_int,
-    (off, flags): (i64, c_int),
-    libc_call: impl FnOnce() -> ssize_t,
-) -> ssize_t {
-    data_call!(sent, fd, libc_call(), |st| match rw_flags(off, flags) {
-        Ok(f) => send_rdma(st, iov(v, cnt), f),
-        Err(e) => fail(e),
-    })
-}
-
 #[inline]
 pub unsafe fn preadv2(fd: c_int, v: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t {
-    read_flagged(fd, v, cnt, (off, flags), || {
-        real::preadv2(fd, v, cnt, off, flags)
-    })
-}
-
-#[inline]
-pub unsafe fn preadv64v2(
-    fd: c_int,
-    v: *const iovec,
-    cnt: c_int,
-    off: off64_t,
-    flags: c_int,
-) -> ssize_t {
-    read_flagged(fd, v, cnt, (off, flags), || {
-        real::preadv64v2(fd, v, cnt, off, flags)
-    })
+    // A stream reads as `readv` does, at no position.
+    data_call!(
+        received,
+        fd,
+        real::preadv2(fd, v, cnt, off, flags),
+        |st| match rw_flags(off, flags) {
+            Ok(f) => recv_rdma(st, iov_mut(v, cnt), f),
+            Err(e) => fail(e),
+        }
+    )
 }
 
 #[inline]
@@ -168,11 +134,32 @@ pub unsafe fn pwritev2(
     off: off_t,
     flags: c_int,
 ) -> ssize_t {
-    write_flagged(fd, v, cnt, (off, flags), || {
-        real::pwritev2(fd, v, cnt, off, flags)
-    })
+    // A stream writes as `writev` does (SIGPIPE included), at no position.
+    data_call!(
+        sent,
+        fd,
+        real::pwritev2(fd, v, cnt, off, flags),
+        |st| match rw_flags(off, flags) {
+            Ok(f) => send_rdma(st, iov(v, cnt), f),
+            Err(e) => fail(e),
+        }
+    )
 }
 
+/// The name `_FILE_OFFSET_BITS=64` gives `preadv2`: on x86_64 (`off_t` is `off64_t`) glibc
+/// makes it the same function.
+#[inline]
+pub unsafe fn preadv64v2(
+    fd: c_int,
+    v: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+    flags: c_int,
+) -> ssize_t {
+    preadv2(fd, v, cnt, off, flags)
+}
+
+/// As [`preadv64v2`], for `pwritev2`.
 #[inline]
 pub unsafe fn pwritev64v2(
     fd: c_int,
@@ -181,9 +168,7 @@ pub unsafe fn pwritev64v2(
     off: off64_t,
     flags: c_int,
 ) -> ssize_t {
-    write_flagged(fd, v, cnt, (off, flags), || {
-        real::pwritev64v2(fd, v, cnt, off, flags)
-    })
+    pwritev2(fd, v, cnt, off, flags)
 }
 
 #[cfg(test)]
