@@ -85,15 +85,7 @@ impl Reader {
                             iov_len: c.len(),
                         })
                         .collect();
-                    let mut msgs: Vec<libc::mmsghdr> = iov
-                        .iter_mut()
-                        .map(|v| {
-                            let mut m: libc::mmsghdr = std::mem::zeroed();
-                            m.msg_hdr.msg_iov = v;
-                            m.msg_hdr.msg_iovlen = 1;
-                            m
-                        })
-                        .collect();
+                    let mut msgs = one_per_message(&mut iov);
                     let r = libc::recvmmsg(
                         *fd,
                         msgs.as_mut_ptr(),
@@ -209,15 +201,7 @@ impl Writer {
                                 iov_len: c.len(),
                             })
                             .collect();
-                        let mut msgs: Vec<libc::mmsghdr> = iov
-                            .iter_mut()
-                            .map(|v| {
-                                let mut m: libc::mmsghdr = std::mem::zeroed();
-                                m.msg_hdr.msg_iov = v;
-                                m.msg_hdr.msg_iovlen = 1;
-                                m
-                            })
-                            .collect();
+                        let mut msgs = one_per_message(&mut iov);
                         let sent = check(
                             "sendmmsg",
                             libc::sendmmsg(*fd, msgs.as_mut_ptr(), msgs.len() as u32, 0) as isize,
@@ -264,6 +248,19 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// A message per iovec, for `sendmmsg`/`recvmmsg`.
+fn one_per_message(iov: &mut [iovec]) -> Vec<libc::mmsghdr> {
+    iov.iter_mut()
+        .map(|v| {
+            // SAFETY: mmsghdr is plain data; zeroed, then given its one iovec.
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect()
 }
 
 fn fdopen(fd: c_int, mode: &str) -> io::Result<*mut libc::FILE> {
