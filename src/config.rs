@@ -75,6 +75,12 @@ pub struct Config {
     /// destination sets the link up, later ones open a stream on it without rdma_cm.
     /// Not yet for programs that fork with connections open or pass them to other processes.
     pub links: bool,
+    /// `RSOCK_REDIRECT` (default 0, being built): 1 lets a process that accepts from a
+    /// listener another process owns (a prefork worker) take RDMA connections on an
+    /// rdma_cm port of its own, to which the owner redirects the clients that follow
+    /// redirects (they say so; this setting makes a client say so): each such connection is
+    /// set up once, where it is served, instead of accepted by the owner and taken over.
+    pub redirect: bool,
     /// `RSOCK_LINK_IDLE_MS` (default 60000, 0: never): a link with no stream for this long
     /// is closed (its queue pair and pinned memory freed); the next connect sets one up.
     pub link_idle_ms: u32,
@@ -215,6 +221,7 @@ impl Default for Config {
             rdma: true,
             takeover: true,
             links: false,
+            redirect: false,
             link_idle_ms: 60_000,
             link_grants: 8,
             rules_path: None,
@@ -249,6 +256,7 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_RDMA",
     "RSOCK_TAKEOVER",
     "RSOCK_LINKS",
+    "RSOCK_REDIRECT",
     "RSOCK_LINK_IDLE_MS",
     "RSOCK_LINK_GRANTS",
     "RSOCK_CONFIG",
@@ -292,6 +300,7 @@ impl Config {
                 "RSOCK_RDMA" => set_bool(&mut c.rdma, v, &mut bad),
                 "RSOCK_TAKEOVER" => set_bool(&mut c.takeover, v, &mut bad),
                 "RSOCK_LINKS" => set_bool(&mut c.links, v, &mut bad),
+                "RSOCK_REDIRECT" => set_bool(&mut c.redirect, v, &mut bad),
                 "RSOCK_CONFIG" => config_path = Some(value.clone()),
                 "RSOCK_LOG" if v.is_empty() => {}
                 "RSOCK_LOG" => c.log_path = Some(PathBuf::from(value.as_os_str())),

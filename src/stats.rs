@@ -154,6 +154,11 @@ pub struct Counters {
     /// Of those, streams opened or accepted on a grant: the connector wrote without waiting
     /// for an answer.
     pub link_granted: AtomicU64,
+    /// Connects that went to a branch of the listener (another process accepting from it)
+    /// rather than to its owner (listener/branch.rs): redirected, or to where one was.
+    pub branch_connects: AtomicU64,
+    /// Connections accepted through this process's branch of a listener another owns.
+    pub branch_accepts: AtomicU64,
 }
 
 /// Start of the region.
@@ -475,6 +480,19 @@ pub fn count_link(stream: bool) {
 pub fn count_granted() {
     if let Some(h) = region() {
         h.counters.link_granted.fetch_add(1, Relaxed);
+    }
+}
+
+/// Counts a connect that went to a branch (`accepted`: false) or a connection accepted
+/// through one (true).
+pub fn count_branch(accepted: bool) {
+    if let Some(h) = region() {
+        let c = if accepted {
+            &h.counters.branch_accepts
+        } else {
+            &h.counters.branch_connects
+        };
+        c.fetch_add(1, Relaxed);
     }
 }
 

@@ -265,6 +265,7 @@ impl Link {
             recv_credits: 8,
             conn_id: 7,
             resume: None,
+            branch: None,
         };
         let c = StreamId::CONTROL;
         // Each end's stream 0 writes into the other's control ring (both under rkey 1).

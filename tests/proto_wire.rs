@@ -68,7 +68,8 @@ fn valid_hello() -> impl Strategy<Value = Hello> {
         prop_oneof![
             Just(HelloKind::Connect),
             Just(HelloKind::Accept),
-            Just(HelloKind::Resume)
+            Just(HelloKind::Resume),
+            Just(HelloKind::Branch)
         ],
         any::<u16>(),
         0u64..(u64::MAX >> 2),
@@ -92,6 +93,7 @@ fn valid_hello() -> impl Strategy<Value = Hello> {
                         sent_end: sent,
                         granted_end: granted,
                     }),
+                    branch: (kind == HelloKind::Branch).then_some(sent ^ granted),
                 }
             },
         )

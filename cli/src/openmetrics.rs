@@ -78,7 +78,7 @@ pub fn render(procs: &[Snapshot]) -> String {
             s.connects_failed
         );
     }
-    let simple: [Family; 10] = [
+    let simple: [Family; 12] = [
         (
             "rsock_listens",
             "counter",
@@ -126,6 +126,18 @@ pub fn render(procs: &[Snapshot]) -> String {
             "counter",
             "Connections over a link opened or accepted on a grant (no answer waited for).",
             |s| s.link_granted,
+        ),
+        (
+            "rsock_branch_connects",
+            "counter",
+            "Connects that went to a branch of the listener (a worker accepting from it).",
+            |s| s.branch_connects,
+        ),
+        (
+            "rsock_branch_accepts",
+            "counter",
+            "Connections accepted through this process's branch of a listener.",
+            |s| s.branch_accepts,
         ),
         (
             "rsock_open_connections",
@@ -188,6 +200,8 @@ mod tests {
             links: 0,
             link_streams: 0,
             link_granted: 0,
+            branch_connects: 0,
+            branch_accepts: 0,
             log: (None, 0, 0),
             sockets: Vec::new(),
             listeners: Vec::new(),

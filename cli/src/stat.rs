@@ -349,6 +349,13 @@ pub fn print_human(s: &Snapshot) {
             s.link_granted
         );
     }
+    if s.branch_connects + s.branch_accepts > 0 {
+        outln!(
+            "  branches: {} connects went to one, {} connections accepted through this process's",
+            s.branch_connects,
+            s.branch_accepts
+        );
+    }
     for c in &s.sockets {
         outln!(
             "  fd {:<5} {:<5} {} -> {} tx {} rx {}{}",

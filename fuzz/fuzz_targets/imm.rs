@@ -25,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
         recv_credits: 4,
         conn_id: 1,
         resume: None,
+        branch: None,
     };
     let mut conn = Conn::new(&cfg, &peer).unwrap();
     let mut ring = vec![0u8; 61];

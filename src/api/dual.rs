@@ -124,8 +124,6 @@ pub(in crate::api) unsafe fn accept_dual(
         set_errno(libc::EINVAL);
         return -1;
     };
-    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-    let cloexec = flags & libc::SOCK_CLOEXEC != 0;
     let got = {
         let Some(_g) = guard::enter() else {
             set_errno(libc::EAGAIN);
@@ -138,7 +136,24 @@ pub(in crate::api) unsafe fn accept_dual(
             set_errno(e);
             -1
         }
-        Ok(Accepted::Tcp(nfd)) => {
+        Ok(a) => give_accepted(engine, a, l.tcp_fd, addr, len, flags),
+    }
+}
+
+/// The program's fd for `a`, a connection this process accepted, with the flags `accept4`
+/// was asked for; an RDMA stream takes the options of `listening` (a kernel listener).
+pub(in crate::api) unsafe fn give_accepted(
+    engine: &'static engine::Engine,
+    a: Accepted,
+    listening: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    let cloexec = flags & libc::SOCK_CLOEXEC != 0;
+    match a {
+        Accepted::Tcp(nfd) => {
             // The helper accepted it close-on-exec and blocking: give it the asked flags.
             if nonblock {
                 fcntl::set_only_nonblock(nfd);
@@ -152,7 +167,7 @@ pub(in crate::api) unsafe fn accept_dual(
             track_accepted(nfd, None);
             nfd
         }
-        Ok(Accepted::Rdma(stream)) => {
+        Accepted::Rdma(stream) => {
             let Some(_g) = guard::enter() else { return -1 };
             let nfd = match stream
                 .bell()
@@ -168,7 +183,7 @@ pub(in crate::api) unsafe fn accept_dual(
                 }
             };
             stream.set_nonblocking(nonblock);
-            stream.inherit_options(l.tcp_fd);
+            stream.inherit_options(listening);
             saddr::write(&stream.peer, addr, len);
             let (local, _) = saddr::encode(&stream.local);
             let (peer, _) = saddr::encode(&stream.peer);

@@ -240,6 +240,9 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
     if fdtable::owns(fd) {
         // A daemon that dropped root registers its listeners: on RDMA again first.
         super::creds::relisten_if_pending();
+        if op == libc::EPOLL_CTL_ADD {
+            inherit::branch_before_wait(fd); // before the registration: it swaps the file
+        }
     } else if op == libc::EPOLL_CTL_ADD {
         inherit::adopt_listener(fd); // before the registration: adopting swaps the file
     }

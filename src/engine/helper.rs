@@ -92,6 +92,7 @@ fn run(engine: &'static Engine) {
                 TAG_LISTEN_TCP => {
                     with_listener(engine, tag & !TAG_MASK, |l| l.on_tcp_ready(engine))
                 }
+                TAG_BRANCH_RANG => with_listener(engine, tag & !TAG_MASK, |b| b.owner_rang()),
                 _ => {}
             }
         }

@@ -42,6 +42,10 @@ pub fn listener_detached(l: Arc<Listener>) {
             }
         }
         None => {
+            // Its branch here (before A goes: the helper watches this copy of it).
+            if let Some(engine) = get() {
+                engine.close_branch_of(&l);
+            }
             // This process's copies: A, and the kernel listener it would take over.
             l.bell().release_app();
             crate::sys::raw::close(l.tcp_fd);

@@ -25,6 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod branch;
+pub use branch::{Branches, Made};
+
 /// Most connect requests a listener keeps unanswered while its accept queue is full; more
 /// are refused (the client falls back to TCP, counted as `resources`). Each holds an
 /// rdma_cm id and its event channel's fd.
@@ -69,6 +72,19 @@ pub struct Listener {
     nonblocking: AtomicBool,
     /// Another process has accepted through it (`ipc` Accept).
     served_elsewhere: AtomicBool,
+    /// Nonzero for a branch (`branch.rs`): this process's own rdma_cm listener for a
+    /// listener another process owns, taking only the clients redirected to it, and
+    /// answering each when the program accepts.
+    pub(super) branch_id: u64,
+    /// A branch: connect requests its program asked for, which the helper answers
+    /// (it handles their ESTABLISHED events, which must not come before their stream is
+    /// registered).
+    asked: AtomicUsize,
+    /// A branch: the port of the listener it is a branch of, which its streams show as
+    /// their local port (their rdma_cm port is the branch's own).
+    shown_port: u16,
+    /// The branches of this listener (other processes accepting from it), for redirects.
+    pub(super) branches: branch::Branches,
     /// Messages that carried it to another process (`SCM_RIGHTS`), and the descriptions it
     /// gave (each receiver asks once, and gets its copy of the kernel listener then).
     sent: AtomicUsize,
@@ -82,6 +98,9 @@ pub(super) static OWNED: AtomicUsize = AtomicUsize::new(0);
 struct Queue {
     items: VecDeque<Accepted>,
     shown_readable: bool,
+    /// A branch: the owner's queue may hold connections (its doorbell rang since this
+    /// process last found it empty).
+    owner_rang: bool,
     tcp_armed: bool,
     closed: bool,
 }
@@ -132,6 +151,7 @@ impl Listener {
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
                 shown_readable: false,
+                owner_rang: false,
                 tcp_armed: true,
                 closed: false,
             }),
@@ -140,6 +160,10 @@ impl Listener {
             backlog,
             nonblocking: AtomicBool::new(nonblock),
             served_elsewhere: AtomicBool::new(false),
+            branch_id: 0,
+            asked: AtomicUsize::new(0),
+            shown_port: 0,
+            branches: Default::default(),
             sent: AtomicUsize::new(0),
             described: AtomicUsize::new(0),
         });
@@ -188,6 +212,7 @@ impl Listener {
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
                 shown_readable: false,
+                owner_rang: false,
                 tcp_armed: false,
                 closed: true,
             }),
@@ -196,9 +221,65 @@ impl Listener {
             backlog: libc::SOMAXCONN as usize,
             nonblocking: AtomicBool::new(false),
             served_elsewhere: AtomicBool::new(false),
+            branch_id: 0,
+            asked: AtomicUsize::new(0),
+            shown_port: 0,
+            branches: Default::default(),
             sent: AtomicUsize::new(0),
             described: AtomicUsize::new(0),
         })
+    }
+
+    /// A branch (`branch.rs`) of a listener another process owns: `rl` is this process's
+    /// rdma_cm listener on an ephemeral port, watched by the helper; the doorbell is new,
+    /// its A not installed anywhere yet. Never counted as an owned listener: nothing of it
+    /// is handed on at exit (its clients, unanswered, go back to the owner).
+    pub(super) fn branch(
+        engine: &'static Engine,
+        rl: rdma::CmListener,
+        token: u64,
+        sizes: super::BufSizes,
+        nonblock: bool,
+        id: u64,
+        shown_port: u16,
+    ) -> Result<Arc<Listener>, Error> {
+        let bell = Doorbell::new(nonblock).map_err(|e| Error::new(None, e))?;
+        bell.set_writable(false);
+        let l = Arc::new(Listener {
+            token,
+            owner: engine.owner,
+            sizes,
+            rdma_fd: rl.fd(),
+            rdma: Mutex::new(Some(rl)),
+            tcp_fd: -1,
+            bell,
+            queue: Mutex::new(Queue {
+                items: VecDeque::new(),
+                shown_readable: false,
+                // The owner's queue may hold connections already.
+                owner_rang: true,
+                tcp_armed: true,
+                closed: false,
+            }),
+            pending: AtomicUsize::new(0),
+            deferred: Mutex::new(VecDeque::new()),
+            backlog: libc::SOMAXCONN as usize,
+            nonblocking: AtomicBool::new(nonblock),
+            served_elsewhere: AtomicBool::new(false),
+            branch_id: id,
+            asked: AtomicUsize::new(0),
+            shown_port,
+            branches: Default::default(),
+            sent: AtomicUsize::new(0),
+            described: AtomicUsize::new(0),
+        });
+        lock(&engine.listeners).insert(token, l.clone());
+        if let Err(e) = engine.watch(l.rdma_fd, TAG_LISTEN_RDMA | token) {
+            lock(&engine.listeners).remove(&token);
+            return Err(Error::new(None, e));
+        }
+        engine.ensure_helper();
+        Ok(l)
     }
 
     /// The accept queue's bound (the program's backlog, clamped).
@@ -217,6 +298,9 @@ impl Listener {
     }
 
     pub(super) fn has_room(&self) -> bool {
+        if self.is_branch() {
+            return false; // a branch answers a request when its program accepts
+        }
         lock(&self.queue).items.len() + self.pending.load(Relaxed) < self.backlog
     }
 
@@ -230,10 +314,13 @@ impl Listener {
     /// Accepts `inc` as a stream that joins this listener's queue once established.
     fn accept_request(&self, engine: &'static Engine, inc: rdma::Incoming) {
         // A link (engine/link.rs) carries this listener's streams, accepted as it opens them.
-        if super::link::is_link_request(inc.event.private_data()) {
+        if !self.is_branch() && super::link::is_link_request(inc.event.private_data()) {
             return super::link::accept_link(engine, self.token, inc);
         }
-        super::setup::accept_request(engine, self.sizes, inc, |s| {
+        let branch = self
+            .is_branch()
+            .then_some((self.branch_id, self.shown_port));
+        super::setup::accept_request(engine, self.sizes, inc, branch, |s| {
             s.pending_for.store(self.token, Relaxed);
             self.pending.fetch_add(1, Relaxed);
         });
@@ -268,6 +355,9 @@ impl Listener {
             };
             match next {
                 Ok(Some(inc)) => {
+                    let Some(inc) = self.redirect(inc) else {
+                        continue;
+                    };
                     let mut d = lock(&self.deferred);
                     if d.len() < MAX_DEFERRED {
                         d.push_back(inc);
@@ -284,11 +374,17 @@ impl Listener {
                 }
             }
         }
+        if self.is_branch() {
+            return self.ring_if_deferred(); // answered when the program accepts
+        }
         self.admit_deferred(engine);
     }
 
     /// Answers deferred connect requests while the accept queue has room (helper thread).
     pub(super) fn admit_deferred(self: &Arc<Self>, engine: &'static Engine) {
+        if self.is_branch() {
+            return self.admit_asked(engine);
+        }
         while self.has_room() {
             let Some(inc) = lock(&self.deferred).pop_front() else {
                 return;
@@ -448,7 +544,7 @@ impl Listener {
         // this is the last moment the kernel lets this process destroy it.
         drop(lock(&self.rdma).take());
         engine.unwatch(self.tcp_fd);
-        if lock(&engine.listeners).remove(&self.token).is_some() {
+        if lock(&engine.listeners).remove(&self.token).is_some() && !self.is_branch() {
             OWNED.fetch_sub(1, Relaxed);
         }
         // Links that came in here open no stream any more: they say GOODBYE, which voids
@@ -469,7 +565,9 @@ impl Listener {
         for inc in deferred {
             super::setup::refuse_request(inc, "listener closed");
         }
-        crate::sys::raw::close(self.tcp_fd);
+        if self.tcp_fd >= 0 {
+            crate::sys::raw::close(self.tcp_fd);
+        }
     }
 }
 
@@ -513,6 +611,9 @@ pub(super) fn abandon_pending(engine: &'static Engine, s: &Arc<Stream>) {
     if let Some(l) = pending_listener(engine, s) {
         if let Some(l) = l {
             l.pending.fetch_sub(1, Relaxed);
+            if l.is_branch() {
+                l.ring_if_deferred(); // its program waits for the next request
+            }
         }
         s.app_closed(true);
         engine.retire(s.clone());

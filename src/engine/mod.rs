@@ -84,6 +84,10 @@ pub struct Engine {
     link_making: Mutex<()>,
     streams_by_token: Mutex<HashMap<u64, Arc<Stream>>>,
     listeners: Mutex<HashMap<u64, Arc<Listener>>>,
+    /// Branches this process made of listeners other processes own (listener/branch.rs).
+    branches: Mutex<listener::Made>,
+    /// Destinations whose listener sent our connects to a branch: where the next goes.
+    redirects: Mutex<HashMap<std::net::SocketAddr, (crate::proto::Redirect, u32)>>,
     /// Connect requests deferred by all listeners (a full accept queue; listener.rs).
     deferred: std::sync::atomic::AtomicUsize,
     devices: Mutex<Vec<Arc<Dev>>>,

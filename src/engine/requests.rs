@@ -101,6 +101,18 @@ impl Engine {
                 Some(l) => self.accept_for(&l, taker),
                 None => (ipc::Reply::Failed(libc::ENOENT), None),
             },
+            ipc::Request::Branch {
+                port, id, taker, ..
+            } => match self.listener_held(token, proof) {
+                // Only a listener of this process's own, and only from a caller that says
+                // who it is: a branch of a branch would send clients round in circles.
+                Some(l) if !l.is_branch() && self.cfg.redirect => {
+                    self.set_branch(&l, taker, port, id);
+                    (ipc::Reply::Done, None)
+                }
+                Some(_) => (ipc::Reply::Failed(libc::EOPNOTSUPP), None),
+                None => (ipc::Reply::Failed(libc::ENOENT), None),
+            },
         }
     }
 

@@ -10,7 +10,8 @@
 use super::steps::Steps;
 use super::stream::{Parts, Stream, StreamBuf, StreamQp};
 use super::Engine;
-use crate::proto::{self, Hello, HelloError, HelloKind, Reject, RejectReason};
+use crate::proto::wire::FLAG_TAKES_REDIRECT;
+use crate::proto::{self, Hello, HelloError, HelloKind, Redirect, Reject, RejectReason};
 use crate::rdma::{
     self, Access, CmEvent, ConnParam, Device, EventKind, Pd, QpCaps, Reason, RegBuf,
 };
@@ -176,6 +177,23 @@ pub(super) fn fit_and_post(rc: &mut rdma::RcQp, m: &mut Memory) -> Result<(), rd
     rc.post_recvs(0, m.cfg.recv_credits)
 }
 
+/// The connect hello of an attempt through `via`.
+fn connect_hello(m: &Memory, via: Via, conn_id: u64) -> [u8; Hello::RESUME_LEN] {
+    let r = m.ring.mr();
+    let mut h = m
+        .cfg
+        .hello(HelloKind::Connect, r.iova(), r.rkey().unwrap_or(0), conn_id);
+    match via {
+        Via::Dest { follow: true } => h.flags |= FLAG_TAKES_REDIRECT,
+        Via::Dest { follow: false } => {}
+        Via::Branch(r) => {
+            h.kind = HelloKind::Branch;
+            h.branch = Some(r.branch);
+        }
+    }
+    h.to_bytes()
+}
+
 pub(super) fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RESUME_LEN] {
     let r = m.ring.mr();
     m.cfg
@@ -197,25 +215,89 @@ pub fn opts_socket(peer: &SocketAddr) -> libc::c_int {
     })
 }
 
+/// Where one attempt of a connect goes.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    /// To the destination itself; `follow`: the hello says we follow a redirect.
+    Dest { follow: bool },
+    /// To a branch of the destination's listener (PROTOCOL.md §15).
+    Branch(Redirect),
+}
+
+/// How an attempt failed.
+enum Tried {
+    /// The destination's owner sent us to a branch.
+    Redirected(Redirect),
+    Failed(Cause),
+}
+
 /// Connects to `dest` over RDMA within the configured time, or says why not.
 /// `opts` is a copy of the program's socket (kept for its options).
+///
+/// A listener that other processes accept from may send the connect to one of them (a
+/// branch, PROTOCOL.md §15): the connect goes there, and later connects to `dest` go there
+/// first. If the branch does not take it, the connect goes to `dest` again, asking not to
+/// be redirected.
 pub(super) fn connect(
     engine: &'static Engine,
     dest: SocketAddr,
     opts: OptsSocket,
     sizes: BufSizes,
 ) -> Result<Arc<Stream>, Cause> {
-    let mut steps = Steps::start();
     let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
     let deadline = Instant::now() + timeout;
+    let follow = engine.cfg.redirect;
+    let to = |via| attempt(engine, dest, opts, sizes, via, deadline);
+    if let Some(r) = follow.then(|| engine.redirect_hint(dest)).flatten() {
+        match to(Via::Branch(r)) {
+            Ok(s) => {
+                crate::stats::count_branch(false);
+                return Ok(s);
+            }
+            Err(_) => engine.forget_redirect(dest),
+        }
+    }
+    match to(Via::Dest { follow }) {
+        Ok(s) => Ok(s),
+        Err(Tried::Failed(c)) => Err(c),
+        Err(Tried::Redirected(r)) => match to(Via::Branch(r)) {
+            Ok(s) => {
+                engine.remember_redirect(dest, r);
+                crate::stats::count_branch(false);
+                Ok(s)
+            }
+            Err(_) => match to(Via::Dest { follow: false }) {
+                Ok(s) => Ok(s),
+                Err(Tried::Failed(c)) => Err(c),
+                Err(Tried::Redirected(_)) => Err(Fallback::BadHandshake.into()),
+            },
+        },
+    }
+}
+
+/// One connect of [`connect`], through `via`, by `deadline`.
+fn attempt(
+    engine: &'static Engine,
+    dest: SocketAddr,
+    opts: OptsSocket,
+    sizes: BufSizes,
+    via: Via,
+    deadline: Instant,
+) -> Result<Arc<Stream>, Tried> {
+    let mut steps = Steps::start();
+    let timeout = deadline.saturating_duration_since(Instant::now());
     let token = engine.token();
+    let target = match via {
+        Via::Branch(r) => SocketAddr::new(dest.ip(), r.port),
+        Via::Dest { .. } => dest,
+    };
     let fail = |e: rdma::Error| {
-        log::info!("rdma connect to {dest}: {e}");
-        cause_of(&e)
+        log::info!("rdma connect to {target}: {e}");
+        Tried::Failed(cause_of(&e))
     };
     // A socket the program bound first keeps its local address (and port, if it chose one).
     let src = opts.bound();
-    let (id, dev) = rdma::resolve(src, dest, token, timeout).map_err(fail)?;
+    let (id, dev) = rdma::resolve(src, target, token, timeout).map_err(fail)?;
     steps.mark("resolve");
     let d = engine.dev(&dev).map_err(fail)?;
     let start = sizes.start(engine.cfg.buf_start);
@@ -228,10 +310,13 @@ pub(super) fn connect(
     let _early = engine.keep_early(rc.qp_num());
     let bell = super::stream::fresh_bell().map_err(|e| {
         log::info!("rdma connect to {dest}: doorbell: {e}");
-        Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
+        Tried::Failed(Cause::errno(
+            Fallback::Resources,
+            e.raw_os_error().unwrap_or(0),
+        ))
     })?;
     let conn_id = crate::sys::unix::random_u64();
-    let ours = hello(&m, HelloKind::Connect, conn_id);
+    let ours = connect_hello(&m, via, conn_id);
     rc.connect(&ConnParam {
         private_data: &ours,
         ..ConnParam::default()
@@ -242,17 +327,26 @@ pub(super) fn connect(
     let ev = match ch.get_event(Some(left)) {
         Ok(Some(ev)) => ev,
         Ok(None) => {
-            log::info!("rdma connect to {dest}: no answer in {timeout:?}");
-            return Err(Cause::errno(Fallback::Timeout, libc::ETIMEDOUT));
+            log::info!("rdma connect to {target}: no answer in {timeout:?}");
+            return Err(Tried::Failed(Cause::errno(
+                Fallback::Timeout,
+                libc::ETIMEDOUT,
+            )));
         }
         Err(e) => return Err(fail(e)),
     };
     steps.mark("handshake");
+    if let (Via::Dest { follow: true }, EventKind::Rejected) = (via, ev.kind) {
+        if let Some(r) = Redirect::parse(ev.private_data()) {
+            log::debug!("rdma connect to {dest}: redirected to port {}", r.port);
+            return Err(Tried::Redirected(r));
+        }
+    }
     let peer = match answer(&ev) {
         Ok(h) => h,
         Err(why) => {
-            log::info!("rdma connect to {dest}: {why:?} ({})", ev.name());
-            return Err(cause_of_event(why, &ev));
+            log::info!("rdma connect to {target}: {why:?} ({})", ev.name());
+            return Err(Tried::Failed(cause_of_event(why, &ev)));
         }
     };
     // Both in the program's family (the id was resolved with it): `getsockname` and
@@ -261,7 +355,7 @@ pub(super) fn connect(
     let dest = crate::addr::seen(dest, dest.is_ipv6());
     let conn = proto::Conn::new(&m.cfg, &peer).map_err(|e| {
         log::info!("rdma connect to {dest}: peer hello unusable: {e}");
-        Cause::from(Fallback::BadHandshake)
+        Tried::Failed(Cause::from(Fallback::BadHandshake))
     })?;
     rc.id_mut().migrate(&engine.ch).map_err(fail)?;
     let parts = Parts {
@@ -279,7 +373,10 @@ pub(super) fn connect(
     };
     let s = Stream::new(parts, d, engine.spin_max(), engine.owner).map_err(|e| {
         log::warn!("rdma connect to {dest}: doorbell: {e}");
-        Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
+        Tried::Failed(Cause::errno(
+            Fallback::Resources,
+            e.raw_os_error().unwrap_or(0),
+        ))
     })?;
     engine.register(&s);
     engine.ensure_helper();
@@ -342,11 +439,13 @@ pub(super) fn refuse_request(inc: rdma::Incoming, why: &str) {
 
 /// A connect request on a listener whose accept queue has room for it: accept it as a
 /// pending stream with buffers of `sizes`, which `pending` hands to the listener before the
-/// stream is registered (its ESTABLISHED event may come at once), or reject it.
+/// stream is registered (its ESTABLISHED event may come at once), or reject it. `branch`:
+/// the request came to a branch (its id, and the port its streams show as theirs).
 pub(super) fn accept_request(
     engine: &'static Engine,
     sizes: BufSizes,
     inc: rdma::Incoming,
+    branch: Option<(u64, u16)>,
     pending: impl FnOnce(&Arc<Stream>),
 ) {
     let mut steps = Steps::start();
@@ -356,8 +455,17 @@ pub(super) fn accept_request(
         event,
     } = inc;
     let from = id.peer_addr();
-    let peer = match Hello::parse_kind(event.private_data(), HelloKind::Connect) {
-        Ok(h) => h,
+    let kind = match branch {
+        Some(_) => HelloKind::Branch,
+        None => HelloKind::Connect,
+    };
+    let peer = match Hello::parse_kind(event.private_data(), kind) {
+        Ok(h) if h.branch == branch.map(|b| b.0) => h,
+        Ok(_) => {
+            log::info!("refusing rdma connection from {from:?}: a hello for another branch");
+            let _ = id.reject(&Reject::new(RejectReason::BadHello).to_bytes());
+            return;
+        }
         Err(e) => {
             log::info!("refusing rdma connection from {from:?}: {e}");
             let data = match e {
@@ -417,9 +525,12 @@ pub(super) fn accept_request(
     let _early = engine.keep_early(rc.qp_num());
     // In the listening socket's family: an IPv4 peer of an AF_INET6 listener is mapped.
     let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
-    let (Some(local), Some(peer_addr)) = (local, peer_addr) else {
+    let (Some(mut local), Some(peer_addr)) = (local, peer_addr) else {
         return;
     };
+    if let Some((_, port)) = branch {
+        local.set_port(port); // the listener's, as the program knows it
+    }
     // The fds the stream needs come before the accept: without them the client falls back.
     let opts_fd = opts_socket(&peer_addr);
     let bell = if opts_fd < 0 {

@@ -208,6 +208,8 @@ impl Engine {
             link_making: Mutex::new(()),
             streams_by_token: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),
+            branches: Mutex::new(Default::default()),
+            redirects: Mutex::new(HashMap::new()),
             deferred: std::sync::atomic::AtomicUsize::new(0),
             devices: Mutex::new(Vec::new()),
             tended: Mutex::new(HashMap::new()),

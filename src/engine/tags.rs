@@ -11,4 +11,6 @@ pub(super) const TAG_IPC: u64 = 5 << 56;
 pub(super) const TAG_HOLD: u64 = 6 << 56;
 pub(super) const TAG_ASYNC: u64 = 7 << 56;
 pub(super) const TAG_IPC_CONN: u64 = 8 << 56;
+/// The doorbell of a listener this process has a branch of rang (listener/branch.rs).
+pub(super) const TAG_BRANCH_RANG: u64 = 9 << 56;
 pub(super) const TAG_MASK: u64 = 0xff << 56;

@@ -35,7 +35,9 @@ pub use params::{
     DEFAULT_SEND_BUF_SIZE, DEFAULT_SEND_QUEUE_DEPTH, MAX_SEND_BUF_SIZE, MIN_SEND_QUEUE_DEPTH,
 };
 pub use ring::{gather, scatter};
-pub use wire::{Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint};
+pub use wire::{
+    Hello, HelloError, HelloKind, Imm, ImmError, Redirect, Reject, RejectReason, ResumePoint,
+};
 
 /// Why an application write did not copy anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -124,6 +124,7 @@ impl Params {
             recv_credits: self.recv_credits,
             conn_id,
             resume: None,
+            branch: None,
         }
     }
 }

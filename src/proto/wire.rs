@@ -41,6 +41,11 @@ pub const FLAG_LINK_GRANTS: u16 = 1;
 /// refuses a nonzero one as a reserved byte).
 pub const FLAG_LINK_PORTS: u16 = 2;
 
+/// Hello flag of a connect hello: the sender follows a redirect (a reject of reason
+/// [`RejectReason::Redirect`], PROTOCOL.md §15) to the branch it names. An older listener
+/// ignores it; only a client that sets it is ever redirected.
+pub const FLAG_TAKES_REDIRECT: u16 = 4;
+
 /// Byte ranges of the fields; see `docs/PROTOCOL.md` §2.
 pub mod field {
     use core::ops::Range;
@@ -72,8 +77,16 @@ pub mod field {
     pub const SENT_END: Range<usize> = 40..48;
     /// Resume hello: end of the resuming side's ring window granted to the peer's writer.
     pub const GRANTED_END: Range<usize> = 48..56;
+    /// Branch hello: the id of the branch it is for (PROTOCOL.md §15).
+    pub const BRANCH_ID: Range<usize> = 40..48;
     /// Reject body.
     pub const REASON: Range<usize> = 10..12;
+    /// Redirect reject: the branch's rdma_cm port.
+    pub const REDIRECT_PORT: Range<usize> = 12..14;
+    /// Redirect reject: reserved, 0.
+    pub const REDIRECT_RESERVED: Range<usize> = 14..16;
+    /// Redirect reject: the branch's id.
+    pub const REDIRECT_BRANCH: Range<usize> = 16..24;
 }
 
 /// What a hello-shaped message is.
@@ -88,6 +101,9 @@ pub enum HelloKind {
     /// Sent by the active side to set up a link: a queue pair whose stream is the link's
     /// control stream (stream 0), carrying the streams later opened on it (PROTOCOL.md §14).
     Link,
+    /// Sent by the active side to a branch it was redirected to (PROTOCOL.md §15): a connect
+    /// that names the branch, so that no other listener takes it.
+    Branch,
 }
 
 impl HelloKind {
@@ -97,6 +113,7 @@ impl HelloKind {
             HelloKind::Accept => KIND_ACCEPT,
             HelloKind::Resume => KIND_RESUME,
             HelloKind::Link => KIND_LINK,
+            HelloKind::Branch => KIND_BRANCH,
         }
     }
 }
@@ -106,6 +123,7 @@ const KIND_ACCEPT: u8 = 2;
 const KIND_REJECT: u8 = 3;
 const KIND_RESUME: u8 = 4;
 const KIND_LINK: u8 = 5;
+const KIND_BRANCH: u8 = 6;
 
 /// Why a hello could not be used. The driver falls back to kernel TCP on any of these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +205,8 @@ pub struct Hello {
     pub conn_id: u64,
     /// Where a resume continues the connection (kind `Resume` only).
     pub resume: Option<ResumePoint>,
+    /// The branch a branch hello is for (kind `Branch` only).
+    pub branch: Option<u64>,
 }
 
 /// The resuming side's stream positions, carried by a resume hello (PROTOCOL.md §11).
@@ -204,6 +224,8 @@ impl Hello {
     pub const LEN: usize = 40;
     /// Encoded length of a resume; also the longest hello.
     pub const RESUME_LEN: usize = 56;
+    /// Encoded length of a branch hello.
+    pub const BRANCH_LEN: usize = 48;
 
     /// Parses and validates a hello of any kind; a reject becomes `Err(Rejected)`.
     ///
@@ -215,11 +237,13 @@ impl Hello {
             KIND_ACCEPT => HelloKind::Accept,
             KIND_RESUME => HelloKind::Resume,
             KIND_LINK => HelloKind::Link,
+            KIND_BRANCH => HelloKind::Branch,
             KIND_REJECT => return Err(HelloError::Rejected(Reject::parse_body(buf, len)?)),
             other => return Err(HelloError::UnknownKind(other)),
         };
         let fixed = match kind {
             HelloKind::Resume => Self::RESUME_LEN,
+            HelloKind::Branch => Self::BRANCH_LEN,
             _ => Self::LEN,
         };
         if usize::from(len) < fixed {
@@ -238,6 +262,7 @@ impl Hello {
                 sent_end: be_u64(body, field::SENT_END),
                 granted_end: be_u64(body, field::GRANTED_END),
             }),
+            branch: (kind == HelloKind::Branch).then(|| be_u64(body, field::BRANCH_ID)),
         };
         hello.check()?;
         Ok(hello)
@@ -267,18 +292,22 @@ impl Hello {
         if !(MIN_RECV_CREDITS..=MAX_RECV_CREDITS).contains(&self.recv_credits) {
             return Err(HelloError::BadRecvCredits(self.recv_credits));
         }
-        if (self.kind == HelloKind::Resume) != self.resume.is_some() {
+        if (self.kind == HelloKind::Resume) != self.resume.is_some()
+            || (self.kind == HelloKind::Branch) != self.branch.is_some()
+        {
             return Err(HelloError::UnexpectedKind(self.kind));
         }
         Ok(())
     }
 
     /// Bytes [`emit`](Self::emit) writes: [`LEN`](Self::LEN), or
-    /// [`RESUME_LEN`](Self::RESUME_LEN) for a resume.
+    /// [`RESUME_LEN`](Self::RESUME_LEN) for a resume, [`BRANCH_LEN`](Self::BRANCH_LEN) for
+    /// a branch hello.
     pub fn encoded_len(&self) -> usize {
-        match self.resume {
-            Some(_) => Self::RESUME_LEN,
-            None => Self::LEN,
+        match (self.resume, self.branch) {
+            (Some(_), _) => Self::RESUME_LEN,
+            (None, Some(_)) => Self::BRANCH_LEN,
+            (None, None) => Self::LEN,
         }
     }
 
@@ -300,6 +329,8 @@ impl Hello {
         if let Some(r) = self.resume {
             buf[field::SENT_END].copy_from_slice(&r.sent_end.to_be_bytes());
             buf[field::GRANTED_END].copy_from_slice(&r.granted_end.to_be_bytes());
+        } else if let Some(b) = self.branch {
+            buf[field::BRANCH_ID].copy_from_slice(&b.to_be_bytes());
         }
         len
     }
@@ -322,6 +353,9 @@ pub enum RejectReason {
     BadHello,
     /// No memory or queue resources for another connection.
     NoResources,
+    /// Connect to the listener's branch instead (PROTOCOL.md §15): another process that
+    /// accepts from the same listener, on its own rdma_cm port.
+    Redirect,
     /// A code this build does not know.
     Unknown(u16),
 }
@@ -332,6 +366,7 @@ impl From<u16> for RejectReason {
             1 => RejectReason::UnsupportedVersion,
             2 => RejectReason::BadHello,
             3 => RejectReason::NoResources,
+            4 => RejectReason::Redirect,
             other => RejectReason::Unknown(other),
         }
     }
@@ -343,6 +378,7 @@ impl From<RejectReason> for u16 {
             RejectReason::UnsupportedVersion => 1,
             RejectReason::BadHello => 2,
             RejectReason::NoResources => 3,
+            RejectReason::Redirect => 4,
             RejectReason::Unknown(code) => code,
         }
     }
@@ -420,6 +456,49 @@ impl Reject {
     pub fn to_bytes(&self) -> [u8; Self::LEN] {
         let mut out = [0u8; Self::LEN];
         self.emit(&mut out);
+        out
+    }
+}
+
+/// A reject of reason [`RejectReason::Redirect`]: "connect to branch `branch` on rdma_cm port
+/// `port` of the same address instead" (PROTOCOL.md §15). 24 bytes: a reject's 12, then the
+/// port, two reserved bytes and the branch id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redirect {
+    /// The branch's rdma_cm port; never 0.
+    pub port: u16,
+    /// The branch's id, for its hello ([`HelloKind::Branch`]).
+    pub branch: u64,
+}
+
+impl Redirect {
+    /// Encoded length.
+    pub const LEN: usize = 24;
+
+    /// The redirect a reject's private data carries, if it is a well-formed one: `None` for
+    /// any other reject, and for a redirect with a short length, port 0 or reserved bits.
+    pub fn parse(buf: &[u8]) -> Option<Redirect> {
+        let r = Reject::parse(buf).ok()?;
+        let body = buf.get(..Self::LEN)?;
+        let len = be_u16(body, field::LEN);
+        let port = be_u16(body, field::REDIRECT_PORT);
+        let sound = r.reason == RejectReason::Redirect
+            && usize::from(len) >= Self::LEN
+            && port != 0
+            && be_u16(body, field::REDIRECT_RESERVED) == 0;
+        sound.then(|| Redirect {
+            port,
+            branch: be_u64(body, field::REDIRECT_BRANCH),
+        })
+    }
+
+    /// Encodes the whole reject.
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        Reject::new(RejectReason::Redirect).emit(&mut out);
+        out[field::LEN].copy_from_slice(&(Self::LEN as u16).to_be_bytes());
+        out[field::REDIRECT_PORT].copy_from_slice(&self.port.to_be_bytes());
+        out[field::REDIRECT_BRANCH].copy_from_slice(&self.branch.to_be_bytes());
         out
     }
 }
@@ -737,6 +816,7 @@ mod tests {
             recv_credits: 128,
             conn_id: 0x0123_4567_89ab_cdef,
             resume: None,
+            branch: None,
         }
     }
 
@@ -752,6 +832,64 @@ mod tests {
         assert_eq!(buf[..40], HELLO_BYTES);
         assert_eq!(buf[40..], [0xa5; 8]);
         assert_eq!(hello().to_bytes()[..40], HELLO_BYTES);
+    }
+
+    #[test]
+    fn branch_hello_golden() {
+        let h = Hello {
+            kind: HelloKind::Branch,
+            flags: FLAG_TAKES_REDIRECT,
+            branch: Some(0x1122_3344_5566_7788),
+            ..hello()
+        };
+        let b = h.to_bytes();
+        assert_eq!(b[..10], [b'R', b'S', b'C', b'K', 4, 6, 0, 4, 0, 48]);
+        assert_eq!(b[10..40], HELLO_BYTES[10..40]);
+        assert_eq!(b[40..48], [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
+        assert_eq!(b[48..], [0; 8]);
+        assert_eq!(Hello::parse(&b), Ok(h));
+        // A branch hello must name its branch: 40 bytes of it are a bad length.
+        let mut short = b;
+        short[9] = 40;
+        assert_eq!(Hello::parse(&short), Err(HelloError::BadLength(40)));
+    }
+
+    #[test]
+    fn redirect_golden_and_strict() {
+        let r = Redirect {
+            port: 0xc351,
+            branch: 0x0102_0304_0506_0708,
+        };
+        let b = r.to_bytes();
+        assert_eq!(
+            b,
+            [
+                b'R', b'S', b'C', b'K', 4, 3, 0, 0, 0, 24, 0, 4, // a reject, reason 4
+                0xc3, 0x51, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, // port, reserved, branch
+            ]
+        );
+        assert_eq!(Redirect::parse(&b), Some(r));
+        // Any version's reader sees a reject of reason 4.
+        assert_eq!(
+            Hello::parse(&b),
+            Err(HelloError::Rejected(Reject::new(RejectReason::Redirect)))
+        );
+        let spoil = |i: usize, v: u8| {
+            let mut x = b;
+            x[i] = v;
+            Redirect::parse(&x)
+        };
+        assert_eq!(spoil(9, 12), None, "length of a plain reject");
+        assert_eq!(spoil(11, 3), None, "another reason");
+        assert_eq!(spoil(14, 1), None, "reserved bits");
+        assert_eq!(Redirect::parse(&b[..20]), None, "truncated");
+        let mut no_port = b;
+        no_port[12..14].fill(0);
+        assert_eq!(Redirect::parse(&no_port), None, "port 0");
+        assert_eq!(
+            Redirect::parse(&Reject::new(RejectReason::NoResources).to_bytes()),
+            None
+        );
     }
 
     #[test]

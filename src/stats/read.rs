@@ -49,6 +49,10 @@ pub struct Snapshot {
     pub link_streams: u64,
     /// Of `link_streams`, those opened or accepted on a grant.
     pub link_granted: u64,
+    /// Connects that went to a branch, and connections accepted through one.
+    pub branch_connects: u64,
+    /// See `branch_connects`.
+    pub branch_accepts: u64,
     /// The log level in force (`None`: not known yet), where the log goes and the pid in
     /// its file's name (see [`super::control`]).
     pub log: (Option<log::LevelFilter>, u32, u32),
@@ -132,6 +136,8 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         links: h.counters.links.load(Relaxed),
         link_streams: h.counters.link_streams.load(Relaxed),
         link_granted: h.counters.link_granted.load(Relaxed),
+        branch_connects: h.counters.branch_connects.load(Relaxed),
+        branch_accepts: h.counters.branch_accepts.load(Relaxed),
         log: (
             super::control::decode(h.log.level.load(Relaxed)),
             h.log.target.load(Relaxed),
@@ -333,7 +339,7 @@ impl Snapshot {
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"links\":{{\"made\":{},\"streams\":{},\"granted\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"links\":{{\"made\":{},\"streams\":{},\"granted\":{}}},\"branches\":{{\"connects\":{},\"accepts\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -352,6 +358,8 @@ impl Snapshot {
             self.links,
             self.link_streams,
             self.link_granted,
+            self.branch_connects,
+            self.branch_accepts,
             self.log_json(),
             socks.join(","),
             listeners.join(",")

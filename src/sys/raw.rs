@@ -225,6 +225,13 @@ pub fn getpid() -> i32 {
     unsafe { libc::getpid() }
 }
 
+/// Whether process `pid` exists (a zombie does, until reaped): `kill(pid, 0)` says ESRCH
+/// only for one that does not. EPERM (another user's) means it exists.
+pub fn process_exists(pid: i32) -> bool {
+    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || errno() != libc::ESRCH)
+}
+
 static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// Process id, cached for hot paths. [`refresh_pid`] runs at start-up and in every fork

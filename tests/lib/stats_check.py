@@ -91,6 +91,7 @@ def main(argv):
         "waits": summed(procs, "waits"),
         "grown": summed(procs, "grown"),
         "links": summed(procs, "links"),
+        "branches": summed(procs, "branches"),
         "sockets": [s for p in procs for s in p.get("sockets", [])],
         "comms": sorted(p.get("comm", "") for p in procs),
         "alive": sum(1 for p in procs if p.get("alive")),

@@ -57,6 +57,7 @@ chmod 755 "$T_WORK"  # postgres (user postgres) reaches its cell's directory
 
 declare -A EXPECT_QP_OWNER=(
     [prefork_blocking]=child [prefork_epoll]=child [prefork_relay]=parent [fork_echo_relay]=parent
+    [prefork_redirect]=child [prefork_redirect_blocking]=child [nginx_redirect]=child
     [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
     [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
     [fork_echo_setuid]=child [fork_echo_raw_clone]=child [fork_echo_stdin_locked]=parent
@@ -243,6 +244,18 @@ cell_prefork_blocking() { prefork_cell; }
 cell_prefork_epoll() { prefork_cell --epoll; }
 # The relay, what serves when a take-over cannot be: the owner keeps the QP.
 cell_prefork_relay() { SRV_ENV=RSOCK_TAKEOVER=0 prefork_cell --epoll; }
+# Redirects (RSOCK_REDIRECT=1 at both ends): each worker makes a branch (an rdma_cm port of
+# its own) when it first waits on the listener (epoll_ctl, or accept), and the master sends
+# every RDMA client to one in turn. Each connection is set up once, in the worker that
+# serves it: no take-over (counted at both ends), and the QPs are the workers'.
+prefork_redirect_cell() {
+    local -x RSOCK_REDIRECT=1
+    prefork_cell "$@"
+    soft expect_stats "$CELL_DIR/cli" cli 'branches.connects==6'
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts==6'
+}
+cell_prefork_redirect() { prefork_redirect_cell --epoll; }
+cell_prefork_redirect_blocking() { prefork_redirect_cell; }
 
 # ---- 2. fork after accept ---------------------------------------------------------------------
 
@@ -543,6 +556,14 @@ cell_nginx_epollexclusive() { nginx_cell off; }
 cell_nginx_reuseport() { nginx_cell off reuseport; }
 # Debian's packaged nginx.conf names its user: www-data.
 cell_nginx_www_data() { NGINX_USER=www-data nginx_cell on; }
+# nginx as Debian ships it (www-data workers, accept_mutex off) with redirects: the curls
+# connect to the workers' branches (and the plain curl to the kernel listener, as before).
+cell_nginx_redirect() {
+    local -x RSOCK_REDIRECT=1
+    NGINX_USER=www-data nginx_cell off
+    soft expect_stats "$CELL_DIR/cli" cli 'branches.connects==4'
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts==4'
+}
 
 # Apache httpd, prefork MPM, children as nobody (`User`), 2 children to start with.
 cell_apache_prefork() {
@@ -714,14 +735,14 @@ cell_postgres_pgbench() {
 OPT_IN=()
 
 CELL_LIST=(
-    prefork_blocking prefork_epoll prefork_relay
+    prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked
     python_forking python_client_control subprocess_during_transfer
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
     ncat_sh_exec ncat_sh_exec_plain
-    nginx_accept_mutex nginx_epollexclusive nginx_reuseport nginx_www_data
+    nginx_accept_mutex nginx_epollexclusive nginx_reuseport nginx_www_data nginx_redirect
     apache_prefork gunicorn_user rsyncd
     postgres_pgbench
 )

@@ -5,8 +5,8 @@
 //! credential change.
 
 use super::streams::{attach_rdma, point_fds_at};
-use crate::api::dual::{rdma_listen, start_dual, track_accepted};
-use crate::api::ownership::{local_addr, track};
+use crate::api::dual::{give_accepted, rdma_listen, start_dual, track_accepted};
+use crate::api::ownership::{local_addr, swap_file, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::Listener;
 use crate::fdtable;
@@ -37,6 +37,9 @@ pub(in crate::api) unsafe fn accept(
     len: *mut socklen_t,
     flags: c_int,
 ) -> Accepted {
+    if let Some(done) = accept_via_branch(s, l, fd, addr, len, flags) {
+        return Accepted::Done(done);
+    }
     let mut drained = false;
     let mut taker = None;
     if crate::config::Config::get().takeover {
@@ -116,6 +119,103 @@ pub(in crate::api) unsafe fn accept(
                 }
                 unix::wait(fd, libc::POLLIN, 1000);
             }
+        }
+    }
+}
+
+/// `accept4` through this process's branch of `l` (`RSOCK_REDIRECT`; engine
+/// listener/branch.rs), made at the first accept: the streams the owner's redirected clients
+/// set up here come first, then the owner's queue once its doorbell rang. `None`: no
+/// branch here (the owner is asked as before).
+unsafe fn accept_via_branch(
+    s: &Socket,
+    l: &Arc<Listener>,
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> Option<c_int> {
+    let (engine, b) = branch_here(s, l, fd)?;
+    let owners_a = l.bell().app_fd();
+    let taker = Some(engine.owner);
+    loop {
+        let got = {
+            let _g = crate::guard::enter()?;
+            b.branch_take(engine)
+        };
+        if let Some(a) = got {
+            crate::stats::count_branch(true);
+            return Some(give_accepted(engine, a, l.tcp_fd, addr, len, flags));
+        }
+        if b.take_owner_rang() {
+            drain_tokens(owners_a);
+            let mut owner = l.owner;
+            let req = Request::Accept {
+                token: l.token,
+                taker,
+            };
+            match ipc::call(&mut owner, &req, owners_a) {
+                Ok((r, Some(nfd))) => {
+                    b.owner_may_have_more();
+                    return Some(install_accepted(&r, nfd, addr, len, flags));
+                }
+                Ok((_, None)) | Err(ipc::CallError::Refused(libc::EAGAIN)) => {}
+                Err(ipc::CallError::Gone) => {
+                    // The listener becomes this process's own (below, as before).
+                    let _g = crate::guard::enter()?;
+                    engine.close_branch_of(l);
+                    return None;
+                }
+                Err(e) => log::warn!(
+                    "fd {fd}: accept through pid {}: {e:?} (errno {})",
+                    owner.pid,
+                    e.errno()
+                ),
+            }
+        }
+        b.settle();
+        if fd_flags(fd).0 {
+            set_errno(libc::EAGAIN);
+            return Some(-1);
+        }
+        unix::wait(fd, libc::POLLIN, 1000);
+    }
+}
+
+/// This process's branch of `l`, which the program holds as `fd` (`RSOCK_REDIRECT`),
+/// made at the first call: the program's fds of the listener then become its A.
+fn branch_here(
+    s: &Socket,
+    l: &Arc<Listener>,
+    fd: c_int,
+) -> Option<(&'static crate::engine::Engine, Arc<Listener>)> {
+    let cfg = crate::config::Config::get();
+    if !cfg.redirect || !cfg.takeover {
+        return None;
+    }
+    let _g = crate::guard::enter()?;
+    let engine = crate::engine::for_new()?;
+    let (b, fresh) = engine.branch_of(l, fd_flags(fd).0)?;
+    if fresh {
+        // Epoll registrations are carried over to the new file.
+        for f in fdtable::fds_of(s) {
+            let cloexec = fd_flags(f).1;
+            if let Err(e) = swap_file(s, f, || b.bell().install_at(f, cloexec)) {
+                log::warn!("fd {f}: cannot become the branch's doorbell: {e}");
+            }
+        }
+    }
+    Some((engine, b))
+}
+
+/// The program is about to wait for connections on `fd` (it adds it to an epoll set): if
+/// it is a listener another process owns, the branch is made now, so that clients are
+/// redirected here before this process's first accept.
+pub(in crate::api) fn branch_before_wait(fd: c_int) {
+    let Some(s) = fdtable::get(fd) else { return };
+    if let Some(Attachment::Listener(l)) = s.attachment() {
+        if !l.owner.is_me() {
+            let _ = branch_here(&s, &l, fd);
         }
     }
 }

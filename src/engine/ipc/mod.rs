@@ -18,7 +18,7 @@
 
 pub mod msg;
 
-pub use msg::{Ends, Reply, Request};
+pub use msg::{Ends, Reply, Request, BRANCH_ID_MASK};
 
 use crate::sys::{raw, unix};
 use libc::c_int;
@@ -230,7 +230,7 @@ fn fits(r: &Reply, fd: Option<c_int>) -> bool {
             ) && unix::is_listening(fd)
         }
         Reply::State => unix::is_regular_file(fd),
-        Reply::Failed(_) | Reply::Moved(_) | Reply::Described { .. } => false,
+        Reply::Failed(_) | Reply::Moved(_) | Reply::Described { .. } | Reply::Done => false,
     }
 }
 

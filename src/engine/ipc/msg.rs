@@ -45,6 +45,15 @@ pub enum Request {
     /// about to change its credentials, after which it could not drive the queue pair;
     /// reply [`Reply::Relay`].
     Reclaim { token: u64, taker: Owner },
+    /// "Send the clients that follow redirects to my branch of the listener: my rdma_cm
+    /// listener on `port`, named `id` (48 bits) in their hellos"; `port` 0 withdraws the
+    /// branch `id`. Reply [`Reply::Done`].
+    Branch {
+        token: u64,
+        port: u16,
+        id: u64,
+        taker: Owner,
+    },
 }
 
 /// The connection a reply describes.
@@ -83,6 +92,8 @@ pub enum Reply {
         sizes: u64,
         ends: Ends,
     },
+    /// Done, nothing to say (a [`Request::Branch`]).
+    Done,
     /// What [`Reply::Stream`] says, without an fd: the caller has A already.
     Described {
         token: u64,
@@ -120,7 +131,8 @@ impl Request {
             | Request::Take { token, .. }
             | Request::Export { token, .. }
             | Request::Describe { token }
-            | Request::Reclaim { token, .. } => token,
+            | Request::Reclaim { token, .. }
+            | Request::Branch { token, .. } => token,
         }
     }
 
@@ -135,6 +147,13 @@ impl Request {
             } => (4, resume_at, Some(taker)),
             Request::Describe { .. } => (5, 0, None),
             Request::Reclaim { taker, .. } => (6, 0, Some(taker)),
+            Request::Branch {
+                port, id, taker, ..
+            } => (
+                7,
+                u64::from(port) | (id & BRANCH_ID_MASK) << 16,
+                Some(taker),
+            ),
         };
         header(&mut b, op);
         b[8..16].copy_from_slice(&self.token().to_le_bytes());
@@ -174,6 +193,12 @@ impl Request {
                 resume_at: arg,
                 taker: needs(caller)?,
             },
+            7 => Request::Branch {
+                token,
+                port: arg as u16,
+                id: arg >> 16,
+                taker: needs(caller)?,
+            },
             1 | 2 | 5 | 6 => return Err(BadMsg::Field),
             _ => return Err(BadMsg::Kind),
         };
@@ -186,7 +211,7 @@ impl Reply {
     pub fn carries_fd(&self) -> bool {
         !matches!(
             self,
-            Reply::Failed(_) | Reply::Moved(_) | Reply::Described { .. }
+            Reply::Failed(_) | Reply::Moved(_) | Reply::Described { .. } | Reply::Done
         )
     }
 
@@ -220,6 +245,7 @@ impl Reply {
                 3
             }
             Reply::State => 4,
+            Reply::Done => 9,
             Reply::Stream {
                 token,
                 owner,
@@ -332,6 +358,10 @@ impl Reply {
                     }
                 }
             }
+            9 => {
+                none_but(0)?;
+                Reply::Done
+            }
             6 => {
                 none_but(OWNER)?;
                 Reply::Moved(owner.ok_or(BadMsg::Field)?)
@@ -350,6 +380,9 @@ impl Reply {
         Ok(r)
     }
 }
+
+/// The bits of a branch id ([`Request::Branch`]): the request's argument holds the port too.
+pub const BRANCH_ID_MASK: u64 = (1 << 48) - 1;
 
 /// A reply's fields after the header, and their bits for `none_but` in [`Reply::decode`].
 const FIELDS: [std::ops::Range<usize>; 6] = [8..12, 16..24, 24..32, 32..48, 48..76, 76..104];

@@ -250,6 +250,7 @@ impl Conn {
                 sent_end: self.tx_posted,
                 granted_end: self.rx.granted_end(),
             }),
+            branch: None,
         }
     }
 

@@ -710,5 +710,6 @@ fn hello(ring_addr: u64, rkey: u32, ring_size: u32, recv_credits: u16, conn_id: 
         recv_credits: u32::from(recv_credits),
         conn_id,
         resume: None,
+        branch: None,
     }
 }

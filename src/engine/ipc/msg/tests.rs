@@ -107,6 +107,18 @@ fn every_message_round_trips() {
             token: 9,
             taker: TAKER,
         },
+        Request::Branch {
+            token: 10,
+            port: 50001,
+            id: (1 << 48) - 1,
+            taker: TAKER,
+        },
+        Request::Branch {
+            token: 10,
+            port: 0,
+            id: 1,
+            taker: TAKER,
+        },
     ] {
         assert_eq!(Request::decode(&r.encode()), Ok(r));
     }
@@ -124,6 +136,7 @@ fn every_message_round_trips() {
             ends,
         },
         Reply::State,
+        Reply::Done,
         Reply::Stream {
             token: 5,
             owner: TAKER,

@@ -1,0 +1,314 @@
+//! Branches: a process that accepts from a listener another process owns (a prefork worker,
+//! a listener received with `SCM_RIGHTS`) listens on an rdma_cm port of its own, and the
+//! owner sends the RDMA clients that follow redirects there (PROTOCOL.md §15). Each such
+//! connection is then set up once, in the process that serves it: no take-over.
+//!
+//! - The owner's side ([`Branches`], [`Listener::redirect`]): the branches registered over
+//!   ipc, picked in turn for each connect request whose hello says the client follows
+//!   redirects; a reject of reason `Redirect` names the branch's port and id.
+//! - The branch's side: a [`Listener`] of this process with no kernel half whose connect
+//!   requests (branch hellos naming it, nothing else) wait unanswered until the program
+//!   accepts ([`Listener::branch_take`]): a request still waiting when the branch closes or
+//!   the process exits is refused, and its client connects to the owner instead — nothing
+//!   is lost with the branch. The program's fds of the listener become the branch's A,
+//!   readable while a request or a stream waits here or the owner's doorbell rang (the
+//!   owner's queue takes kernel TCP peers and every client that does not follow
+//!   redirects).
+
+use super::{Accepted, Listener};
+use crate::engine::tags::TAG_BRANCH_RANG;
+use crate::engine::{ipc, lock, Engine};
+use crate::proto::{Hello, HelloKind, Redirect};
+use crate::rdma;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+/// A process accepting from this listener through its own rdma_cm port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BranchRef {
+    pid: i32,
+    port: u16,
+    id: u64,
+}
+
+/// The owner's list of a listener's branches.
+#[derive(Default)]
+pub struct Branches {
+    list: Mutex<Vec<BranchRef>>,
+    next: AtomicUsize,
+}
+
+impl Branches {
+    /// Registers (or, `port` 0, withdraws) process `pid`'s branch `id`.
+    pub(in crate::engine) fn set(&self, pid: i32, port: u16, id: u64) {
+        let mut l = lock(&self.list);
+        // One branch per process and listener: a new one replaces the old.
+        l.retain(|b| b.pid != pid || (port == 0 && b.id != id));
+        if port != 0 {
+            l.push(BranchRef { pid, port, id });
+        }
+    }
+
+    /// The next branch in turn whose process is alive (a process that is gone is dropped;
+    /// one that closed its branch withdrew it).
+    fn pick(&self) -> Option<BranchRef> {
+        let mut l = lock(&self.list);
+        while !l.is_empty() {
+            let i = self.next.fetch_add(1, Relaxed) % l.len();
+            let b = l[i];
+            if crate::sys::raw::process_exists(b.pid) {
+                return Some(b);
+            }
+            l.remove(i);
+        }
+        None
+    }
+}
+
+impl Listener {
+    /// Whether this is a branch of another process's listener.
+    pub(in crate::engine) fn is_branch(&self) -> bool {
+        self.branch_id != 0
+    }
+
+    /// A connect request as it arrives on the rdma_cm listener, before it is queued: on a
+    /// listener with branches, a client that follows redirects is sent to the next branch;
+    /// on a branch, anything but a branch hello naming it is refused (the port may be one a
+    /// stale redirect names). `None`: answered here.
+    pub(super) fn redirect(&self, inc: rdma::Incoming) -> Option<rdma::Incoming> {
+        let hello = Hello::parse(inc.event.private_data()).ok();
+        if self.is_branch() {
+            let ours = hello.is_some_and(|h| h.branch == Some(self.branch_id));
+            if ours {
+                return Some(inc);
+            }
+            crate::engine::setup::refuse_request(inc, "not a branch hello for this branch");
+            return None;
+        }
+        let follows = hello.is_some_and(|h| {
+            h.kind == HelloKind::Connect && h.flags & crate::proto::wire::FLAG_TAKES_REDIRECT != 0
+        });
+        if !follows {
+            return Some(inc);
+        }
+        let b = self.branches.pick()?;
+        let mut id = inc.id;
+        log::debug!(
+            "redirecting rdma connection from {:?} to pid {}'s branch on port {}",
+            id.peer_addr(),
+            b.pid,
+            b.port
+        );
+        let r = Redirect {
+            port: b.port,
+            branch: b.id,
+        };
+        let _ = id.reject(&r.to_bytes());
+        None
+    }
+
+    /// A branch: makes A readable while connect requests wait for the program.
+    pub(super) fn ring_if_deferred(&self) {
+        let _q = lock(&self.queue);
+        if !lock(&self.deferred).is_empty() {
+            self.bell.set_readable(true);
+        }
+    }
+
+    /// A branch (helper): the owner's doorbell rang, its queue may hold a connection.
+    pub(in crate::engine) fn owner_rang(&self) {
+        let mut q = lock(&self.queue);
+        q.owner_rang = true;
+        self.bell.set_readable(true);
+    }
+
+    /// A branch: whether the owner's doorbell rang since this was last asked.
+    pub fn take_owner_rang(&self) -> bool {
+        std::mem::take(&mut lock(&self.queue).owner_rang)
+    }
+
+    /// A branch: the owner's queue may hold more (a connection was just taken from it).
+    pub fn owner_may_have_more(&self) {
+        self.owner_rang();
+    }
+
+    /// A branch, for the program's accept: the next stream set up here; else, if none is
+    /// being set up, the helper is asked to answer the next connect request (its stream is
+    /// queued once established, and A rings).
+    pub fn branch_take(&self, engine: &'static Engine) -> Option<Accepted> {
+        if let Some(a) = lock(&self.queue).items.pop_front() {
+            return Some(a);
+        }
+        let idle = self.pending.load(Relaxed) == 0 && self.asked.load(Relaxed) == 0;
+        if idle && !lock(&self.deferred).is_empty() {
+            self.asked.fetch_add(1, Relaxed);
+            engine.wake();
+        }
+        None
+    }
+
+    /// A branch (helper): answers the connect requests its program asked for.
+    pub(super) fn admit_asked(&self, engine: &'static Engine) {
+        while self.asked.load(Relaxed) > 0 {
+            self.asked.fetch_sub(1, Relaxed);
+            let Some(inc) = lock(&self.deferred).pop_front() else {
+                break;
+            };
+            engine.deferred.fetch_sub(1, Relaxed);
+            self.accept_request(engine, inc);
+        }
+        self.ring_if_deferred(); // one the program has not asked for yet
+    }
+
+    /// A branch: A stops being readable if nothing waits here — no stream, no request the
+    /// program has not asked for — and the owner's doorbell has not rung since it was last
+    /// asked (under the queue lock, which every ring takes).
+    pub fn settle(&self) {
+        let q = lock(&self.queue);
+        let unasked = lock(&self.deferred).len() > self.asked.load(Relaxed);
+        if q.items.is_empty() && !q.owner_rang && !unasked {
+            self.bell.set_readable(false);
+        }
+    }
+}
+
+/// The branches this process made, by the listener they are branches of (its owner's pid
+/// and nonce, its token); `None`: none could be made there, and none is tried again.
+pub type Made = HashMap<(i32, u64, u64), Option<Arc<Listener>>>;
+
+/// Most destinations whose redirect a process remembers.
+const MAX_REDIRECTS: usize = 1024;
+
+/// Connects that go where a redirect sent the last one before the owner is asked again.
+const HINT_USES: u32 = 8;
+
+impl Engine {
+    /// This process's branch of `l` (a listener another process owns), made at the first
+    /// call: `true` with a branch just made, whose A the program's fds must become.
+    /// `nonblock`: the program's listener file flag, which A takes.
+    pub fn branch_of(
+        &'static self,
+        l: &Arc<Listener>,
+        nonblock: bool,
+    ) -> Option<(Arc<Listener>, bool)> {
+        let key = (l.owner.pid, l.owner.nonce, l.token);
+        if let Some(made) = lock(&self.branches).get(&key) {
+            return made.clone().map(|b| (b, false));
+        }
+        let made = self.make_branch(l, nonblock);
+        lock(&self.branches).insert(key, made.clone());
+        made.map(|b| (b, true))
+    }
+
+    fn make_branch(&'static self, l: &Arc<Listener>, nonblock: bool) -> Option<Arc<Listener>> {
+        // This process's copy of the owner's A: the proof for ipc, and what rings.
+        let owners_a = l.bell().app_fd();
+        let local = crate::sys::sockaddr::local_of(l.tcp_fd)?;
+        let (_, v6only) = crate::sys::sockaddr::family_of(l.tcp_fd)?;
+        if owners_a < 0 {
+            return None;
+        }
+        let afonly = crate::addr::listen_afonly(local, v6only);
+        let token = self.token();
+        let any_port = SocketAddr::new(local.ip(), 0);
+        let rl = match rdma::CmListener::bind_afonly(any_port, afonly, 4096, token) {
+            Ok(rl) => rl,
+            Err(e) => {
+                log::info!("listener on {local}: no branch here: {e}");
+                return None;
+            }
+        };
+        let port = rl.id().local_addr().map_or(0, |a| a.port());
+        let id = crate::sys::unix::random_u64() & ipc::BRANCH_ID_MASK | 1;
+        let b = Listener::branch(self, rl, token, l.sizes, nonblock, id, local.port()).ok()?;
+        let req = ipc::Request::Branch {
+            token: l.token,
+            port,
+            id,
+            taker: self.owner,
+        };
+        let mut owner = l.owner;
+        match ipc::call(&mut owner, &req, owners_a) {
+            Ok((ipc::Reply::Done, _)) => {}
+            other => {
+                log::info!(
+                    "listener on {local}: pid {} took no branch: {other:?}",
+                    l.owner.pid
+                );
+                b.close(self);
+                return None;
+            }
+        }
+        let edge = (libc::EPOLLIN | libc::EPOLLET) as u32;
+        if let Err(e) = self.epoll_ctl(libc::EPOLL_CTL_ADD, owners_a, edge, TAG_BRANCH_RANG | token)
+        {
+            log::warn!("listener on {local}: cannot watch its owner's doorbell: {e}");
+        }
+        log::info!(
+            "listener on {local}: branch {id:#x} on rdma_cm port {port}, pid {} redirects to it",
+            l.owner.pid
+        );
+        Some(b)
+    }
+
+    /// The program let go of `l` (a listener another process owns): its branch here, if
+    /// any, is withdrawn from the owner and closed — requests waiting on it are refused,
+    /// and their clients connect to the owner instead.
+    pub fn close_branch_of(&'static self, l: &Listener) {
+        let key = (l.owner.pid, l.owner.nonce, l.token);
+        let Some(b) = lock(&self.branches).remove(&key).flatten() else {
+            return;
+        };
+        let owners_a = l.bell().app_fd();
+        self.unwatch(owners_a);
+        let req = ipc::Request::Branch {
+            token: l.token,
+            port: 0,
+            id: b.branch_id,
+            taker: self.owner,
+        };
+        let mut owner = l.owner;
+        let _ = ipc::call(&mut owner, &req, owners_a);
+        b.close(self);
+    }
+
+    /// Owner: process `caller` asks to be (`port` nonzero) or no longer be a branch of `l`.
+    pub(in crate::engine) fn set_branch(
+        &self,
+        l: &Listener,
+        caller: ipc::Owner,
+        port: u16,
+        id: u64,
+    ) {
+        l.branches.set(caller.pid, port, id);
+        l.served_elsewhere();
+    }
+
+    /// Where the last connect to `dest` was redirected, for the next few connects: then
+    /// the owner is asked again, so that one client's connections spread over the branches
+    /// as the owner picks them in turn.
+    pub(in crate::engine) fn redirect_hint(&self, dest: SocketAddr) -> Option<Redirect> {
+        let mut m = lock(&self.redirects);
+        let (r, uses) = m.get_mut(&dest)?;
+        *uses += 1;
+        let r = *r;
+        if *uses >= HINT_USES {
+            m.remove(&dest);
+        }
+        Some(r)
+    }
+
+    pub(in crate::engine) fn remember_redirect(&self, dest: SocketAddr, r: Redirect) {
+        let mut m = lock(&self.redirects);
+        if m.len() >= MAX_REDIRECTS {
+            m.clear();
+        }
+        m.insert(dest, (r, 0));
+    }
+
+    pub(in crate::engine) fn forget_redirect(&self, dest: SocketAddr) {
+        lock(&self.redirects).remove(&dest);
+    }
+}
