@@ -20,7 +20,8 @@
 #   tests/rdma-vm/run.sh -- bench/rdma/fork.sh [--smoke] [--out DIR]   (what the host does)
 #
 # PATHS (environment): which paths to run, default "tcp rsock"; also "links" (rsock with
-# RSOCK_LINKS=1) and "relay" (rsock with RSOCK_TAKEOVER=0). Every path but tcp is rsock's.
+# RSOCK_LINKS=1), "relay" (rsock with RSOCK_TAKEOVER=0), "redirect" (RSOCK_REDIRECT=1) and
+# "redirect-links" (both). Every path but tcp is rsock's.
 # RUNS (environment): which measurements, default "pgbench pgbench-C wrk wrk-close handover".
 #
 # --smoke: seconds per measurement (pgbench -T 3, wrk -d 3s, 30 pings), no figures worth
@@ -118,6 +119,8 @@ env_for() {
     tcp) return 0 ;;
     links) extra=RSOCK_LINKS=1 ;;
     relay) extra=RSOCK_TAKEOVER=0 ;;
+    redirect) extra=RSOCK_REDIRECT=1 ;;
+    redirect-links) extra="RSOCK_REDIRECT=1 RSOCK_LINKS=1" ;;
   esac
   mkdir -p "$OUT/stats/$2" && chmod 1777 "$OUT/stats/$2" # sticky: the shim makes no stats in a dir others may write in otherwise
   echo env LD_PRELOAD="$SO" RSOCK_STATS_DIR="$OUT/stats/$2" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=5000 $extra

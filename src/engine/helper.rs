@@ -56,6 +56,11 @@ fn run(engine: &'static Engine) {
         } else {
             timeout
         };
+        // Connect requests waiting at a branch: back to send the stale ones to their owner.
+        let timeout = match engine.branch_requests_due() {
+            Some(ms) => timeout.min(ms),
+            None => timeout,
+        };
         // SAFETY: valid epoll fd and buffer.
         let n = unsafe {
             crate::sys::real::epoll_wait(engine.epfd, evs.as_mut_ptr(), evs.len() as i32, timeout)
@@ -111,6 +116,7 @@ fn run(engine: &'static Engine) {
         }
         draining = engine.tend_streams();
         engine.expire_callers();
+        engine.send_back_stale_requests();
         if timed && Instant::now() >= next_tick {
             // Probe completions are looked at here, whether or not the helper listens to
             // the devices' completion events.

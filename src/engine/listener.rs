@@ -67,7 +67,8 @@ pub struct Listener {
     /// Accepted RDMA connections whose handshake is not finished yet.
     pending: AtomicUsize,
     /// Connect requests not answered yet: the queue was full when they came (module doc).
-    deferred: Mutex<VecDeque<rdma::Incoming>>,
+    /// Each with when it came (a branch sends one back to the owner once it waited long).
+    deferred: Mutex<VecDeque<(std::time::Instant, rdma::Incoming)>>,
     backlog: usize,
     nonblocking: AtomicBool,
     /// Another process has accepted through it (`ipc` Accept).
@@ -360,7 +361,7 @@ impl Listener {
                     };
                     let mut d = lock(&self.deferred);
                     if d.len() < MAX_DEFERRED {
-                        d.push_back(inc);
+                        d.push_back((std::time::Instant::now(), inc));
                         engine.deferred.fetch_add(1, Relaxed);
                     } else {
                         drop(d);
@@ -375,7 +376,7 @@ impl Listener {
             }
         }
         if self.is_branch() {
-            return self.ring_if_deferred(); // answered when the program accepts
+            return self.requests_came(); // answered when the program accepts
         }
         self.admit_deferred(engine);
     }
@@ -386,7 +387,7 @@ impl Listener {
             return self.admit_asked(engine);
         }
         while self.has_room() {
-            let Some(inc) = lock(&self.deferred).pop_front() else {
+            let Some((_, inc)) = lock(&self.deferred).pop_front() else {
                 return;
             };
             engine.deferred.fetch_sub(1, Relaxed);
@@ -528,9 +529,9 @@ impl Listener {
         engine.unwatch(self.tcp_fd);
         lock(&self.queue).tcp_armed = true; // so that no accept re-arms it
         drop(lock(&self.rdma).take());
-        let deferred: Vec<rdma::Incoming> = lock(&self.deferred).drain(..).collect();
+        let deferred: Vec<_> = lock(&self.deferred).drain(..).collect();
         engine.deferred.fetch_sub(deferred.len(), Relaxed);
-        for inc in deferred {
+        for (_, inc) in deferred {
             super::setup::refuse_request(inc, "listener's owner exiting");
         }
     }
@@ -560,9 +561,9 @@ impl Listener {
             q.items.drain(..).collect()
         };
         items.into_iter().for_each(discard);
-        let deferred: Vec<rdma::Incoming> = lock(&self.deferred).drain(..).collect();
+        let deferred: Vec<_> = lock(&self.deferred).drain(..).collect();
         engine.deferred.fetch_sub(deferred.len(), Relaxed);
-        for inc in deferred {
+        for (_, inc) in deferred {
             super::setup::refuse_request(inc, "listener closed");
         }
         if self.tcp_fd >= 0 {

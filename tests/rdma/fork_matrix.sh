@@ -246,13 +246,18 @@ cell_prefork_epoll() { prefork_cell --epoll; }
 cell_prefork_relay() { SRV_ENV=RSOCK_TAKEOVER=0 prefork_cell --epoll; }
 # Redirects (RSOCK_REDIRECT=1 at both ends): each worker makes a branch (an rdma_cm port of
 # its own) when it first waits on the listener (epoll_ctl, or accept), and the master sends
-# every RDMA client to one in turn. Each connection is set up once, in the worker that
-# serves it: no take-over (counted at both ends), and the QPs are the workers'.
+# every RDMA client to one in turn: such a connection is set up once, in the worker that
+# serves it (counted at both ends), and the QPs are the workers'. A worker serves one
+# connection at a time here, and 6 clients come at once to 3 workers: the ones redirected to
+# a busy worker are sent back to the master after 50 ms (logged), and reach a worker the
+# old way — every connection is served, its bytes checked, by prefork_cell.
 prefork_redirect_cell() {
     local -x RSOCK_REDIRECT=1
     prefork_cell "$@"
-    soft expect_stats "$CELL_DIR/cli" cli 'branches.connects==6'
-    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts==6'
+    soft expect_stats "$CELL_DIR/cli" cli 'branches.connects>=3'
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts>=3'
+    grep -q "did not accept it in time" "$CELL_DIR"/srv.log ||
+        soft fail "no connect request was sent back from a busy worker's branch"
 }
 cell_prefork_redirect() { prefork_redirect_cell --epoll; }
 cell_prefork_redirect_blocking() { prefork_redirect_cell; }

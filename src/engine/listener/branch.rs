@@ -109,6 +109,12 @@ impl Listener {
         None
     }
 
+    /// A branch (helper): connect requests came; A rings for the program.
+    pub(super) fn requests_came(&self) {
+        WAITING.store(true, Relaxed);
+        self.ring_if_deferred();
+    }
+
     /// A branch: makes A readable while connect requests wait for the program.
     pub(super) fn ring_if_deferred(&self) {
         let _q = lock(&self.queue);
@@ -153,13 +159,40 @@ impl Listener {
     pub(super) fn admit_asked(&self, engine: &'static Engine) {
         while self.asked.load(Relaxed) > 0 {
             self.asked.fetch_sub(1, Relaxed);
-            let Some(inc) = lock(&self.deferred).pop_front() else {
+            let Some((_, inc)) = lock(&self.deferred).pop_front() else {
                 break;
             };
             engine.deferred.fetch_sub(1, Relaxed);
             self.accept_request(engine, inc);
         }
         self.ring_if_deferred(); // one the program has not asked for yet
+    }
+
+    /// A branch (helper): the requests its program has not asked for that waited longer
+    /// than [`SEND_BACK_AFTER`] are refused, and their clients connect to the owner, whose
+    /// queue any process accepting from the listener takes from (this one is busy). Whether
+    /// requests still wait here.
+    pub(in crate::engine) fn send_back_stale(&self, engine: &Engine) -> bool {
+        let mut d = lock(&self.deferred);
+        let mut stale = Vec::new();
+        while d.len() > self.asked.load(Relaxed) {
+            match d.front() {
+                Some((at, _)) if at.elapsed() >= SEND_BACK_AFTER => {
+                    stale.extend(d.pop_front().map(|(_, inc)| inc));
+                }
+                _ => break,
+            }
+        }
+        let left = !d.is_empty();
+        drop(d);
+        engine.deferred.fetch_sub(stale.len(), Relaxed);
+        for inc in stale {
+            crate::engine::setup::refuse_request(
+                inc,
+                "the branch's program did not accept it in time",
+            );
+        }
+        left
     }
 
     /// A branch: A stops being readable if nothing waits here — no stream, no request the
@@ -180,6 +213,14 @@ pub type Made = HashMap<(i32, u64, u64), Option<Arc<Listener>>>;
 
 /// Most destinations whose redirect a process remembers.
 const MAX_REDIRECTS: usize = 1024;
+
+/// Whether connect requests may wait at this process's branches (the helper then looks
+/// often enough to send back the stale ones). Only the helper changes it.
+static WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How long a connect request waits at a branch for its program to accept before it is sent
+/// back to the owner.
+pub const SEND_BACK_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Connects that go where a redirect sent the last one before the owner is asked again.
 const HINT_USES: u32 = 8;
@@ -286,6 +327,30 @@ impl Engine {
         l.served_elsewhere();
     }
 
+    /// Helper: how soon it must look again at requests waiting at branches (ms), if any do.
+    pub(in crate::engine) fn branch_requests_due(&self) -> Option<i32> {
+        WAITING
+            .load(Relaxed)
+            .then_some(SEND_BACK_AFTER.as_millis() as i32 / 5)
+    }
+
+    /// Helper: sends the stale requests of every branch back to their owners.
+    pub(in crate::engine) fn send_back_stale_requests(&self) {
+        if !WAITING.load(Relaxed) {
+            return;
+        }
+        let branches: Vec<Arc<Listener>> = lock(&self.listeners)
+            .values()
+            .filter(|l| l.is_branch())
+            .cloned()
+            .collect();
+        let mut left = false;
+        for b in branches {
+            left |= b.send_back_stale(self);
+        }
+        WAITING.store(left, Relaxed);
+    }
+
     /// Where the last connect to `dest` was redirected, for the next few connects: then
     /// the owner is asked again, so that one client's connections spread over the branches
     /// as the owner picks them in turn.
@@ -310,5 +375,45 @@ impl Engine {
 
     pub(in crate::engine) fn forget_redirect(&self, dest: SocketAddr) {
         lock(&self.redirects).remove(&dest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ports(b: &Branches) -> Vec<u16> {
+        lock(&b.list).iter().map(|r| r.port).collect()
+    }
+
+    #[test]
+    fn a_process_has_one_branch_and_withdraws_only_its_own() {
+        let b = Branches::default();
+        let me = crate::sys::raw::getpid();
+        b.set(me, 1000, 7);
+        b.set(me, 1001, 8); // a new branch of the same process replaces the old
+        assert_eq!(ports(&b), [1001]);
+        b.set(me, 0, 7); // withdrawing a branch it no longer has changes nothing
+        assert_eq!(ports(&b), [1001]);
+        b.set(me, 0, 8);
+        assert!(ports(&b).is_empty());
+    }
+
+    #[test]
+    fn branches_are_picked_in_turn_and_gone_processes_dropped() {
+        let b = Branches::default();
+        let me = crate::sys::raw::getpid();
+        let parent = unsafe { libc::getppid() };
+        b.set(me, 1000, 1);
+        b.set(parent, 2000, 2);
+        let first: Vec<u16> = (0..4).map(|_| b.pick().unwrap().port).collect();
+        assert_eq!(first, [1000, 2000, 1000, 2000]);
+        // No process has pid i32::MAX (the kernel's pid_max is at most 2^22).
+        b.set(i32::MAX, 3000, 3);
+        let seen: Vec<u16> = (0..6).map(|_| b.pick().unwrap().port).collect();
+        assert!(!seen.contains(&3000), "{seen:?}");
+        assert_eq!(ports(&b).len(), 2);
+        let none = Branches::default();
+        assert!(none.pick().is_none());
     }
 }
