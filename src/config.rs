@@ -75,11 +75,11 @@ pub struct Config {
     /// destination sets the link up, later ones open a stream on it without rdma_cm.
     /// Not yet for programs that fork with connections open or pass them to other processes.
     pub links: bool,
-    /// `RSOCK_REDIRECT` (default 0, being built): 1 lets a process that accepts from a
-    /// listener another process owns (a prefork worker) take RDMA connections on an
-    /// rdma_cm port of its own, to which the owner redirects the clients that follow
-    /// redirects (they say so; this setting makes a client say so): each such connection is
-    /// set up once, where it is served, instead of accepted by the owner and taken over.
+    /// `RSOCK_REDIRECT` (default 1): a process that accepts from a listener another process
+    /// owns (a prefork worker) takes RDMA connections on an rdma_cm port of its own (a
+    /// branch), to which the owner redirects the clients that follow redirects (they say
+    /// so; this setting makes a client say so): each such connection is set up once, where
+    /// it is served, instead of accepted by the owner and taken over. 0: neither.
     pub redirect: bool,
     /// `RSOCK_LINK_IDLE_MS` (default 60000, 0: never): a link with no stream for this long
     /// is closed (its queue pair and pinned memory freed); the next connect sets one up.
@@ -221,7 +221,7 @@ impl Default for Config {
             rdma: true,
             takeover: true,
             links: false,
-            redirect: false,
+            redirect: true,
             link_idle_ms: 60_000,
             link_grants: 8,
             rules_path: None,

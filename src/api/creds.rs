@@ -92,6 +92,7 @@ fn before_change() {
                     s.set_backlog(l.backlog());
                     super::inherit::to_kernel_only(&s, &l, e);
                 }
+                Some(Attachment::Listener(l)) => super::inherit::unbranch(&s, &l, e),
                 _ => {}
             }
         }

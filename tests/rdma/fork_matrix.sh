@@ -58,6 +58,7 @@ chmod 755 "$T_WORK"  # postgres (user postgres) reaches its cell's directory
 declare -A EXPECT_QP_OWNER=(
     [prefork_blocking]=child [prefork_epoll]=child [prefork_relay]=parent [fork_echo_relay]=parent
     [prefork_redirect]=child [prefork_redirect_blocking]=child [nginx_redirect]=child
+    [prefork_redirect_setuid]=child
     [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
     [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
     [fork_echo_setuid]=child [fork_echo_raw_clone]=child [fork_echo_stdin_locked]=parent
@@ -261,6 +262,39 @@ prefork_redirect_cell() {
 }
 cell_prefork_redirect() { prefork_redirect_cell --epoll; }
 cell_prefork_redirect_blocking() { prefork_redirect_cell; }
+
+# Workers that add the listener to their epoll set as root, then drop root (RSOCK_REDIRECT=1):
+# the branch made as root goes before setuid (the kernel would refuse its rdma_cm file to the
+# new credentials: its clients would wait out their connect timeout), and the next accept
+# makes one with the new credentials. Every connection is served, its bytes checked; some
+# through a branch made after the drop (the log says the first one went).
+cell_prefork_redirect_setuid() {
+    local -x RSOCK_REDIRECT=1
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 "$FK/prefork_setuid.py" "$A" "$PORT" --workers 2 \
+        --log "$CELL_DIR/events.log" --pidfile "$CELL_DIR/srv.pid"
+    wait_dual srv
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    wait_until 30 bash -c "[ \$(grep -c '^worker ' $CELL_DIR/events.log 2>/dev/null) -ge 2 ]" || fail "workers did not drop root"
+    local main
+    main=$(cat srv.pid)
+    bg cli $T shimmed "$CELL_DIR/cli" python3 "$FK/echo_client.py" "$A" "$PORT" "$DATA" --conns 4
+    local rc=0
+    bg_wait cli || rc=$?
+    kill -TERM "$main" 2>/dev/null
+    bg_wait srv
+    bg_stop qps
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 300 cli.err | paste -sd' ')"
+    client_ok cli 4
+    expect_up_sha cli
+    soft events_check events.log "$main"
+    grep -q "no branch here from now on (credential change)" "$CELL_DIR"/srv.log ||
+        soft fail "no branch was closed before the credential change"
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==4' 'conns.tcp==0' 'branches.connects>=1'
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts>=1'
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
 
 # ---- 2. fork after accept ---------------------------------------------------------------------
 
@@ -562,12 +596,13 @@ cell_nginx_reuseport() { nginx_cell off reuseport; }
 # Debian's packaged nginx.conf names its user: www-data.
 cell_nginx_www_data() { NGINX_USER=www-data nginx_cell on; }
 # nginx as Debian ships it (www-data workers, accept_mutex off) with redirects: the curls
-# connect to the workers' branches (and the plain curl to the kernel listener, as before).
+# connect to the workers' branches (and the plain curl to the kernel listener, as before); one
+# redirected to a worker busy with another download is sent back to the master after 50 ms.
 cell_nginx_redirect() {
     local -x RSOCK_REDIRECT=1
     NGINX_USER=www-data nginx_cell off
-    soft expect_stats "$CELL_DIR/cli" cli 'branches.connects==4'
-    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts==4'
+    soft expect_stats "$CELL_DIR/cli" cli 'branches.connects>=1'
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts>=1'
 }
 
 # Apache httpd, prefork MPM, children as nobody (`User`), 2 children to start with.
@@ -741,6 +776,7 @@ OPT_IN=()
 
 CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
+    prefork_redirect_setuid
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked

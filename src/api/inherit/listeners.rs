@@ -6,7 +6,7 @@
 
 use super::streams::{attach_rdma, point_fds_at};
 use crate::api::dual::{give_accepted, rdma_listen, start_dual, track_accepted};
-use crate::api::ownership::{local_addr, swap_file, track};
+use crate::api::ownership::{local_addr, track};
 use crate::engine::ipc::{self, Reply, Request};
 use crate::engine::Listener;
 use crate::fdtable;
@@ -147,6 +147,12 @@ unsafe fn accept_via_branch(
             crate::stats::count_branch(true);
             return Some(give_accepted(engine, a, l.tcp_fd, addr, len, flags));
         }
+        // The stream this call asked for is this call's, even if the listener is
+        // nonblocking: a program that stops waiting on the listener after this accept (nginx
+        // with accept_mutex hands the listener to another worker) would never take it.
+        if await_own_stream(&b) {
+            continue;
+        }
         if b.take_owner_rang() {
             drain_tokens(owners_a);
             let mut owner = l.owner;
@@ -182,6 +188,26 @@ unsafe fn accept_via_branch(
     }
 }
 
+/// How long an accept waits for the stream its branch is setting up for it (the client's
+/// answer to the accept: one round trip).
+const OWN_STREAM_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Waits while branch `b` sets a stream up for this accept, up to [`OWN_STREAM_WAIT`]:
+/// whether it came (or the setup ended: the caller looks again).
+fn await_own_stream(b: &Listener) -> bool {
+    if !b.in_flight() {
+        return false;
+    }
+    let until = std::time::Instant::now() + OWN_STREAM_WAIT;
+    while b.in_flight() && !b.has_stream() {
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    true
+}
+
 /// This process's branch of `l`, which the program holds as `fd` (`RSOCK_REDIRECT`),
 /// made at the first call: the program's fds of the listener then become its A.
 fn branch_here(
@@ -197,15 +223,25 @@ fn branch_here(
     let engine = crate::engine::for_new()?;
     let (b, fresh) = engine.branch_of(l, fd_flags(fd).0)?;
     if fresh {
-        // Epoll registrations are carried over to the new file.
-        for f in fdtable::fds_of(s) {
-            let cloexec = fd_flags(f).1;
-            if let Err(e) = swap_file(s, f, || b.bell().install_at(f, cloexec)) {
-                log::warn!("fd {f}: cannot become the branch's doorbell: {e}");
-            }
-        }
+        point_fds_at(s, &fdtable::fds_of(s), b.bell().app_fd());
     }
     Some((engine, b))
+}
+
+/// Before a credential change (after which this process could not drive its branch of
+/// `l`): the branch goes, and the program's fds are the owner's A again.
+pub(in crate::api) fn unbranch(
+    s: &Socket,
+    l: &Arc<Listener>,
+    engine: &'static crate::engine::Engine,
+) {
+    if engine.close_branch_of(l) {
+        point_fds_at(s, &fdtable::fds_of(s), l.bell().app_fd());
+        log::info!(
+            "listener {}: no branch here from now on (credential change)",
+            l.token
+        );
+    }
 }
 
 /// The program is about to wait for connections on `fd` (it adds it to an epoll set): if

@@ -25,7 +25,9 @@ mod streams;
 
 pub use exec::passed_at_exec;
 pub(super) use exec::{before_exec, PASSED_FDS};
-pub(super) use listeners::{accept, adopt_listener, branch_before_wait, to_kernel_only, Accepted};
+pub(super) use listeners::{
+    accept, adopt_listener, branch_before_wait, to_kernel_only, unbranch, Accepted,
+};
 pub(super) use received::received_rights;
 pub(super) use streams::{give_back, onto_stdio, relay_for_libc, relay_for_sending};
 

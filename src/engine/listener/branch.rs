@@ -93,7 +93,9 @@ impl Listener {
         if !follows {
             return Some(inc);
         }
-        let b = self.branches.pick()?;
+        let Some(b) = self.branches.pick() else {
+            return Some(inc); // no branch (yet, or any more): the owner's, as before
+        };
         let mut id = inc.id;
         log::debug!(
             "redirecting rdma connection from {:?} to pid {}'s branch on port {}",
@@ -153,6 +155,17 @@ impl Listener {
             engine.wake();
         }
         None
+    }
+
+    /// A branch: whether a stream is being set up for the program's accept (asked for, or
+    /// answered and not yet established).
+    pub fn in_flight(&self) -> bool {
+        self.asked.load(Relaxed) > 0 || self.pending.load(Relaxed) > 0
+    }
+
+    /// A branch: whether a stream waits for the program's accept.
+    pub fn has_stream(&self) -> bool {
+        !lock(&self.queue).items.is_empty()
     }
 
     /// A branch (helper): answers the connect requests its program asked for.
@@ -294,13 +307,14 @@ impl Engine {
         Some(b)
     }
 
-    /// The program let go of `l` (a listener another process owns): its branch here, if
-    /// any, is withdrawn from the owner and closed — requests waiting on it are refused,
-    /// and their clients connect to the owner instead.
-    pub fn close_branch_of(&'static self, l: &Listener) {
+    /// The program let go of `l` (a listener another process owns), or this process is
+    /// about to change its credentials: its branch here, if any, is withdrawn from the
+    /// owner and closed — requests waiting on it are refused, and their clients connect to
+    /// the owner instead. Whether there was one.
+    pub fn close_branch_of(&'static self, l: &Listener) -> bool {
         let key = (l.owner.pid, l.owner.nonce, l.token);
         let Some(b) = lock(&self.branches).remove(&key).flatten() else {
-            return;
+            return false;
         };
         let owners_a = l.bell().app_fd();
         self.unwatch(owners_a);
@@ -313,6 +327,7 @@ impl Engine {
         let mut owner = l.owner;
         let _ = ipc::call(&mut owner, &req, owners_a);
         b.close(self);
+        true
     }
 
     /// Owner: process `caller` asks to be (`port` nonzero) or no longer be a branch of `l`.
