@@ -20,8 +20,9 @@
 #   tests/rdma-vm/run.sh -- bench/rdma/fork.sh [--smoke] [--out DIR]   (what the host does)
 #
 # PATHS (environment): which paths to run, default "tcp rsock"; also "links" (rsock with
-# RSOCK_LINKS=1), "relay" (rsock with RSOCK_TAKEOVER=0), "redirect" (RSOCK_REDIRECT=1) and
-# "redirect-links" (both). Every path but tcp is rsock's.
+# RSOCK_LINKS=1), "relay" (rsock with RSOCK_TAKEOVER=0), "redirect" (RSOCK_REDIRECT=1, the
+# default), "noredirect" (RSOCK_REDIRECT=0: prefork workers take every connection over) and
+# "redirect-links" (redirects and links). Every path but tcp is rsock's.
 # RUNS (environment): which measurements, default "pgbench pgbench-C wrk wrk-close handover".
 #
 # --smoke: seconds per measurement (pgbench -T 3, wrk -d 3s, 30 pings), no figures worth
@@ -120,6 +121,7 @@ env_for() {
     links) extra=RSOCK_LINKS=1 ;;
     relay) extra=RSOCK_TAKEOVER=0 ;;
     redirect) extra=RSOCK_REDIRECT=1 ;;
+    noredirect) extra=RSOCK_REDIRECT=0 ;;
     redirect-links) extra="RSOCK_REDIRECT=1 RSOCK_LINKS=1" ;;
   esac
   mkdir -p "$OUT/stats/$2" && chmod 1777 "$OUT/stats/$2" # sticky: the shim makes no stats in a dir others may write in otherwise

@@ -242,6 +242,6 @@ mod tests {
                 assert!(line.starts_with(family), "{line} outside {family}");
             }
         }
-        assert_eq!(seen.len(), 15);
+        assert_eq!(seen.len(), 17);
     }
 }

@@ -43,8 +43,8 @@ pub fn listener_detached(l: Arc<Listener>) {
         }
         None => {
             // Its branch here (before A goes: the helper watches this copy of it).
-            if let Some(engine) = get() {
-                engine.close_branch_of(&l);
+            if let Some(engine) = super::existing() {
+                engine.close_branch_of(&l); // (never an engine made for it: a fork child's close)
             }
             // This process's copies: A, and the kernel listener it would take over.
             l.bell().release_app();

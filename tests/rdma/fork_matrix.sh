@@ -214,6 +214,10 @@ prefork_cell() {
     wait_until 30 test -s srv.pid || fail "no pid file"
     local main fds0
     main=$(cat srv.pid)
+    if [ -n "${PREFORK_BRANCHES:-}" ]; then # each worker has its branch before the clients come
+        wait_until 30 bash -c "[ \$(grep -c 'redirects to it' $CELL_DIR/srv.log) -ge $PREFORK_BRANCHES ]" ||
+            fail "not every worker made a branch: $(grep -c 'redirects to it' srv.log)"
+    fi
     fds0=$(ls "/proc/$main/fd" | wc -l)
     bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --conns 6 --parallel 6 --bytes 1048576 \
         --pause-ms $PAUSE --timeout 60
@@ -254,7 +258,7 @@ cell_prefork_relay() { SRV_ENV=RSOCK_TAKEOVER=0 prefork_cell --epoll; }
 # old way — every connection is served, its bytes checked, by prefork_cell.
 prefork_redirect_cell() {
     local -x RSOCK_REDIRECT=1
-    prefork_cell "$@"
+    PREFORK_BRANCHES=3 prefork_cell "$@"
     soft expect_stats "$CELL_DIR/cli" cli 'branches.connects>=3'
     soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts>=3'
     grep -q "did not accept it in time" "$CELL_DIR"/srv.log ||

@@ -253,8 +253,10 @@ cell_links_prefork() {
     nginx_conf "$CELL_DIR" "$A" "$PORT" off
     head -c 65536 /dev/urandom > www/64k.bin
     chmod 755 "$T_WORK" "$CELL_DIR" www && chmod 644 www/64k.bin # the workers run as nobody
-    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" nginx -p "$CELL_DIR" -c "$CELL_DIR/nginx.conf" \
-        -e "$CELL_DIR/nginx-error.log"
+    # Without branches (RSOCK_REDIRECT=0): with them the workers take their connections on
+    # their own ports from the start, and the master, its listener shared, grants nothing.
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" RSOCK_REDIRECT=0 nginx -p "$CELL_DIR" \
+        -c "$CELL_DIR/nginx.conf" -e "$CELL_DIR/nginx-error.log"
     wait_dual srv
     wait_until 30 test -s nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 nginx-error.log)"
     main=$(cat nginx.pid)

@@ -147,9 +147,6 @@ unsafe fn accept_via_branch(
             crate::stats::count_branch(true);
             return Some(give_accepted(engine, a, l.tcp_fd, addr, len, flags));
         }
-        // The stream this call asked for is this call's, even if the listener is
-        // nonblocking: a program that stops waiting on the listener after this accept (nginx
-        // with accept_mutex hands the listener to another worker) would never take it.
         if await_own_stream(&b) {
             continue;
         }
@@ -188,17 +185,18 @@ unsafe fn accept_via_branch(
     }
 }
 
-/// How long an accept waits for the stream its branch is setting up for it (the client's
-/// answer to the accept: one round trip).
-const OWN_STREAM_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Waits while branch `b` sets a stream up for this accept, up to [`OWN_STREAM_WAIT`]:
-/// whether it came (or the setup ended: the caller looks again).
+/// Waits while branch `b` sets a stream up for this accept (the client's answer to the
+/// accept: one round trip), as long as a client waits for its connect
+/// (`RSOCK_CONNECT_TIMEOUT_MS`): whether it came (or the setup ended: the caller looks
+/// again). The stream is this call's even if the listener is nonblocking: a program that
+/// stops watching the listener after an accept that said EAGAIN (nginx with accept_mutex,
+/// whose other worker then holds the mutex for seconds) would leave it there.
 fn await_own_stream(b: &Listener) -> bool {
     if !b.in_flight() {
         return false;
     }
-    let until = std::time::Instant::now() + OWN_STREAM_WAIT;
+    let wait = crate::config::Config::get().connect_timeout_ms;
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(u64::from(wait));
     while b.in_flight() && !b.has_stream() {
         if std::time::Instant::now() >= until {
             return false;
