@@ -118,6 +118,19 @@ pub(in crate::api) fn before_exec() -> Vec<c_int> {
     if fdtable::high_water() == 0 || raw::in_vfork_child() {
         return passed; // nothing owned; or a vfork child, which must not change its parent's memory
     }
+    // This process's branches go with its image: their owners stop redirecting to them, and
+    // a listener that survives the exec is the owner's A again (named, for the new image).
+    if let Some(e) = crate::engine::existing() {
+        for fd in 0..fdtable::high_water() as c_int {
+            if let Some(s) = fdtable::get(fd) {
+                if let Some(Attachment::Listener(l)) = s.attachment() {
+                    if !l.owner.is_me() {
+                        super::listeners::unbranch(&s, &l, e);
+                    }
+                }
+            }
+        }
+    }
     for fd in 0..fdtable::high_water() as c_int {
         if !fdtable::owns(fd) || fd_flags(fd).1 {
             continue; // not ours, or closed by the exec anyway

@@ -227,7 +227,7 @@ fn branch_here(
 }
 
 /// Before a credential change (after which this process could not drive its branch of
-/// `l`): the branch goes, and the program's fds are the owner's A again.
+/// `l`) or an exec: the branch goes, and the program's fds are the owner's A again.
 pub(in crate::api) fn unbranch(
     s: &Socket,
     l: &Arc<Listener>,
@@ -235,10 +235,7 @@ pub(in crate::api) fn unbranch(
 ) {
     if engine.close_branch_of(l) {
         point_fds_at(s, &fdtable::fds_of(s), l.bell().app_fd());
-        log::info!(
-            "listener {}: no branch here from now on (credential change)",
-            l.token
-        );
+        log::info!("listener {}: no branch here from now on", l.token);
     }
 }
 
