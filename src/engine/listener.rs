@@ -274,6 +274,9 @@ impl Listener {
             sent: AtomicUsize::new(0),
             described: AtomicUsize::new(0),
         });
+        // The owner's queue may hold connections that rang its doorbell before the program's
+        // fds became this A: the program looks once (at worst, an accept that says EAGAIN).
+        l.bell.set_readable(true);
         lock(&engine.listeners).insert(token, l.clone());
         if let Err(e) = engine.watch(l.rdma_fd, TAG_LISTEN_RDMA | token) {
             lock(&engine.listeners).remove(&token);

@@ -152,6 +152,10 @@ impl Listener {
         let idle = self.pending.load(Relaxed) == 0 && self.asked.load(Relaxed) == 0;
         if idle && !lock(&self.deferred).is_empty() {
             self.asked.fetch_add(1, Relaxed);
+            log::debug!(
+                "branch {:#x}: the program asks for a connection",
+                self.branch_id
+            );
             engine.wake();
         }
         None
@@ -169,14 +173,17 @@ impl Listener {
     }
 
     /// A branch (helper): answers the connect requests its program asked for.
+    /// An ask is taken back only once its stream is pending (or failed): the program must
+    /// not see nothing in flight in between, and ask for a second one.
     pub(super) fn admit_asked(&self, engine: &'static Engine) {
         while self.asked.load(Relaxed) > 0 {
-            self.asked.fetch_sub(1, Relaxed);
             let Some((_, inc)) = lock(&self.deferred).pop_front() else {
+                self.asked.fetch_sub(1, Relaxed);
                 break;
             };
             engine.deferred.fetch_sub(1, Relaxed);
             self.accept_request(engine, inc);
+            self.asked.fetch_sub(1, Relaxed);
         }
         self.ring_if_deferred(); // one the program has not asked for yet
     }
@@ -197,6 +204,13 @@ impl Listener {
             }
         }
         let left = !d.is_empty();
+        log::trace!(
+            "branch {:#x}: {} waiting, {} asked for, {} stale",
+            self.branch_id,
+            d.len(),
+            self.asked.load(Relaxed),
+            stale.len()
+        );
         drop(d);
         engine.deferred.fetch_sub(stale.len(), Relaxed);
         for inc in stale {
