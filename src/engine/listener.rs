@@ -106,7 +106,55 @@ struct Queue {
     closed: bool,
 }
 
+impl Queue {
+    fn new(owner_rang: bool, tcp_armed: bool, closed: bool) -> Queue {
+        Queue {
+            items: VecDeque::new(),
+            shown_readable: false,
+            owner_rang,
+            tcp_armed,
+            closed,
+        }
+    }
+}
+
 impl Listener {
+    /// The fields every kind of listener sets; the rest start empty (a branch sets its own).
+    #[allow(clippy::too_many_arguments)]
+    fn base(
+        token: u64,
+        owner: super::ipc::Owner,
+        sizes: super::BufSizes,
+        rl: Option<rdma::CmListener>,
+        tcp_fd: c_int,
+        bell: Doorbell,
+        backlog: usize,
+        nonblock: bool,
+        queue: Queue,
+    ) -> Listener {
+        Listener {
+            token,
+            owner,
+            sizes,
+            rdma_fd: rl.as_ref().map_or(-1, |rl| rl.fd()),
+            rdma: Mutex::new(rl),
+            tcp_fd,
+            bell,
+            queue: Mutex::new(queue),
+            pending: AtomicUsize::new(0),
+            deferred: Mutex::new(VecDeque::new()),
+            backlog,
+            nonblocking: AtomicBool::new(nonblock),
+            served_elsewhere: AtomicBool::new(false),
+            branch_id: 0,
+            asked: AtomicUsize::new(0),
+            shown_port: 0,
+            branches: Default::default(),
+            sent: AtomicUsize::new(0),
+            described: AtomicUsize::new(0),
+        }
+    }
+
     /// First half of a dual listen, before the kernel socket listens: an rdma_cm listener on
     /// the same address and port, so that it is there as soon as the kernel one is visible.
     /// `afonly`: for an IPv6 wildcard, the socket's `IPV6_V6ONLY` (`crate::addr::listen_afonly`).
@@ -141,33 +189,17 @@ impl Listener {
         if tcp_fd < 0 {
             return Err(Error::at("dup")(std::io::Error::last_os_error()));
         }
-        let l = Arc::new(Listener {
+        let l = Arc::new(Listener::base(
             token,
-            owner: engine.owner,
+            engine.owner,
             sizes,
-            rdma_fd: rl.fd(),
-            rdma: Mutex::new(Some(rl)),
+            Some(rl),
             tcp_fd,
             bell,
-            queue: Mutex::new(Queue {
-                items: VecDeque::new(),
-                shown_readable: false,
-                owner_rang: false,
-                tcp_armed: true,
-                closed: false,
-            }),
-            pending: AtomicUsize::new(0),
-            deferred: Mutex::new(VecDeque::new()),
             backlog,
-            nonblocking: AtomicBool::new(nonblock),
-            served_elsewhere: AtomicBool::new(false),
-            branch_id: 0,
-            asked: AtomicUsize::new(0),
-            shown_port: 0,
-            branches: Default::default(),
-            sent: AtomicUsize::new(0),
-            described: AtomicUsize::new(0),
-        });
+            nonblock,
+            Queue::new(false, true, false),
+        ));
         // A says whose listener it is, for a process that receives it with SCM_RIGHTS.
         let _ = crate::sys::unix::bind_abstract(
             l.bell.app_fd(),
@@ -202,33 +234,17 @@ impl Listener {
         app: c_int,
         tcp_fd: c_int,
     ) -> Arc<Listener> {
-        Arc::new(Listener {
+        Arc::new(Listener::base(
             token,
             owner,
             sizes,
-            rdma: Mutex::new(None),
-            rdma_fd: -1,
+            None,
             tcp_fd,
-            bell: Doorbell::from_fds(app, -1),
-            queue: Mutex::new(Queue {
-                items: VecDeque::new(),
-                shown_readable: false,
-                owner_rang: false,
-                tcp_armed: false,
-                closed: true,
-            }),
-            pending: AtomicUsize::new(0),
-            deferred: Mutex::new(VecDeque::new()),
-            backlog: libc::SOMAXCONN as usize,
-            nonblocking: AtomicBool::new(false),
-            served_elsewhere: AtomicBool::new(false),
-            branch_id: 0,
-            asked: AtomicUsize::new(0),
-            shown_port: 0,
-            branches: Default::default(),
-            sent: AtomicUsize::new(0),
-            described: AtomicUsize::new(0),
-        })
+            Doorbell::from_fds(app, -1),
+            libc::SOMAXCONN as usize,
+            false,
+            Queue::new(false, false, true),
+        ))
     }
 
     /// A branch (`branch.rs`) of a listener another process owns: `rl` is this process's
@@ -247,32 +263,20 @@ impl Listener {
         let bell = Doorbell::new(nonblock).map_err(|e| Error::new(None, e))?;
         bell.set_writable(false);
         let l = Arc::new(Listener {
-            token,
-            owner: engine.owner,
-            sizes,
-            rdma_fd: rl.fd(),
-            rdma: Mutex::new(Some(rl)),
-            tcp_fd: -1,
-            bell,
-            queue: Mutex::new(Queue {
-                items: VecDeque::new(),
-                shown_readable: false,
-                // The owner's queue may hold connections already.
-                owner_rang: true,
-                tcp_armed: true,
-                closed: false,
-            }),
-            pending: AtomicUsize::new(0),
-            deferred: Mutex::new(VecDeque::new()),
-            backlog: libc::SOMAXCONN as usize,
-            nonblocking: AtomicBool::new(nonblock),
-            served_elsewhere: AtomicBool::new(false),
             branch_id: id,
-            asked: AtomicUsize::new(0),
             shown_port,
-            branches: Default::default(),
-            sent: AtomicUsize::new(0),
-            described: AtomicUsize::new(0),
+            ..Listener::base(
+                token,
+                engine.owner,
+                sizes,
+                Some(rl),
+                -1,
+                bell,
+                libc::SOMAXCONN as usize,
+                nonblock,
+                // The owner's queue may hold connections already.
+                Queue::new(true, true, false),
+            )
         });
         // The owner's queue may hold connections that rang its doorbell before the program's
         // fds became this A: the program looks once (at worst, an accept that says EAGAIN).
