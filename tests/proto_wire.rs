@@ -69,7 +69,9 @@ fn valid_hello() -> impl Strategy<Value = Hello> {
             Just(HelloKind::Connect),
             Just(HelloKind::Accept),
             Just(HelloKind::Resume),
-            Just(HelloKind::Branch)
+            Just(HelloKind::Link),
+            Just(HelloKind::Branch),
+            Just(HelloKind::BranchLink)
         ],
         any::<u16>(),
         0u64..(u64::MAX >> 2),
@@ -93,7 +95,7 @@ fn valid_hello() -> impl Strategy<Value = Hello> {
                         sent_end: sent,
                         granted_end: granted,
                     }),
-                    branch: (kind == HelloKind::Branch).then_some(sent ^ granted),
+                    branch: kind.names_branch().then_some(sent ^ granted),
                 }
             },
         )

@@ -24,7 +24,7 @@ mod parts;
 mod slab;
 
 pub(super) use answer::sleep_on_device;
-pub(super) use make::{accept_link, is_link_request};
+pub(super) use make::{accept_link, accept_waiting_open, is_link_request, refuse_open};
 pub use make::{connect, LinkHints, Outcome};
 pub use member::{Member, SlotBuf};
 
@@ -60,6 +60,8 @@ pub struct Link {
     grant_pool: u32,
     /// The peer shows the port an OPEN carries as its stream's (a connector's link).
     peer_shows_ports: bool,
+    /// A connector's link to a branch of its destination's listener (PROTOCOL.md §15).
+    to_branch: bool,
     st: Mutex<State>,
     failed: AtomicBool,
     /// It holds CLOSEs back (counted in [`HOLDING`]).

@@ -15,6 +15,7 @@ use super::error::Error;
 use super::stream::Stream;
 use super::tags::{TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
 use super::{lock, Engine};
+use crate::proto::link::record::RefuseReason;
 use crate::rdma;
 use crate::readiness::Doorbell;
 use crate::sys::{fcntl, real};
@@ -38,6 +39,30 @@ pub struct RdmaListen {
     rl: rdma::CmListener,
     token: u64,
     sizes: super::BufSizes,
+}
+
+/// A connection request waiting for room in the accept queue, or at a branch for its
+/// program's accept.
+// Most are connect requests, kept inline as before (boxing would allocate one each).
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Waiting {
+    /// An rdma_cm connect request, unanswered.
+    Request(rdma::Incoming),
+    /// A link's OPEN at a branch (`branch.rs`), unanswered.
+    Open(Arc<super::link::Link>, crate::proto::link::record::Open),
+}
+
+impl Waiting {
+    /// Refuses it: its client connects elsewhere (the owner, or kernel TCP).
+    fn refuse(self, why: &str) {
+        match self {
+            Waiting::Request(inc) => super::setup::refuse_request(inc, why),
+            Waiting::Open(link, open) => {
+                log::info!("refusing a stream on rdma link from {}: {why}", link.peer);
+                super::link::refuse_open(&link, &open, RefuseReason::NotMine)
+            }
+        }
+    }
 }
 
 /// A connection waiting for `accept()`.
@@ -68,7 +93,7 @@ pub struct Listener {
     pending: AtomicUsize,
     /// Connect requests not answered yet: the queue was full when they came (module doc).
     /// Each with when it came (a branch sends one back to the owner once it waited long).
-    deferred: Mutex<VecDeque<(std::time::Instant, rdma::Incoming)>>,
+    deferred: Mutex<VecDeque<(std::time::Instant, Waiting)>>,
     backlog: usize,
     nonblocking: AtomicBool,
     /// Another process has accepted through it (`ipc` Accept).
@@ -319,11 +344,21 @@ impl Listener {
         lock(&self.queue).items.len() + self.pending.load(Relaxed) < self.backlog + MAX_DEFERRED
     }
 
-    /// Accepts `inc` as a stream that joins this listener's queue once established.
+    /// Answers what waited: a connect request is accepted as a stream that joins this
+    /// listener's queue once established; a link's OPEN as a stream queued at once.
+    fn answer(&self, engine: &'static Engine, w: Waiting) {
+        match w {
+            Waiting::Request(inc) => self.accept_request(engine, inc),
+            Waiting::Open(link, open) => {
+                super::link::accept_waiting_open(&link, engine, self, open)
+            }
+        }
+    }
+
     fn accept_request(&self, engine: &'static Engine, inc: rdma::Incoming) {
         // A link (engine/link.rs) carries this listener's streams, accepted as it opens them.
-        if !self.is_branch() && super::link::is_link_request(inc.event.private_data()) {
-            return super::link::accept_link(engine, self.token, inc);
+        if super::link::is_link_request(inc.event.private_data()) {
+            return super::link::accept_link(engine, self, inc);
         }
         let branch = self
             .is_branch()
@@ -366,9 +401,14 @@ impl Listener {
                     let Some(inc) = self.redirect(inc) else {
                         continue;
                     };
+                    // A link to a branch is set up at once: its OPENs are what wait here.
+                    if self.is_branch() && super::link::is_link_request(inc.event.private_data()) {
+                        super::link::accept_link(engine, self, inc);
+                        continue;
+                    }
                     let mut d = lock(&self.deferred);
                     if d.len() < MAX_DEFERRED {
-                        d.push_back((std::time::Instant::now(), inc));
+                        d.push_back((std::time::Instant::now(), Waiting::Request(inc)));
                         engine.deferred.fetch_add(1, Relaxed);
                     } else {
                         drop(d);
@@ -394,11 +434,11 @@ impl Listener {
             return self.admit_asked(engine);
         }
         while self.has_room() {
-            let Some((_, inc)) = lock(&self.deferred).pop_front() else {
+            let Some((_, w)) = lock(&self.deferred).pop_front() else {
                 return;
             };
             engine.deferred.fetch_sub(1, Relaxed);
-            self.accept_request(engine, inc);
+            self.answer(engine, w);
         }
         let waiting = lock(&self.deferred).len();
         if waiting > 0 {
@@ -538,8 +578,8 @@ impl Listener {
         drop(lock(&self.rdma).take());
         let deferred: Vec<_> = lock(&self.deferred).drain(..).collect();
         engine.deferred.fetch_sub(deferred.len(), Relaxed);
-        for (_, inc) in deferred {
-            super::setup::refuse_request(inc, "listener's owner exiting");
+        for (_, w) in deferred {
+            w.refuse("listener's owner exiting");
         }
     }
 
@@ -570,8 +610,8 @@ impl Listener {
         items.into_iter().for_each(discard);
         let deferred: Vec<_> = lock(&self.deferred).drain(..).collect();
         engine.deferred.fetch_sub(deferred.len(), Relaxed);
-        for (_, inc) in deferred {
-            super::setup::refuse_request(inc, "listener closed");
+        for (_, w) in deferred {
+            w.refuse("listener closed");
         }
         if self.tcp_fd >= 0 {
             crate::sys::raw::close(self.tcp_fd);

@@ -104,6 +104,21 @@ pub enum HelloKind {
     /// Sent by the active side to a branch it was redirected to (PROTOCOL.md §15): a connect
     /// that names the branch, so that no other listener takes it.
     Branch,
+    /// Sent by the active side to set up a link with a branch it was redirected to
+    /// (PROTOCOL.md §15): a link hello that names the branch.
+    BranchLink,
+}
+
+impl HelloKind {
+    /// Whether hellos of this kind name a branch ([`Hello::branch`]).
+    pub fn names_branch(self) -> bool {
+        matches!(self, HelloKind::Branch | HelloKind::BranchLink)
+    }
+
+    /// Whether hellos of this kind set a link up.
+    pub fn is_link(self) -> bool {
+        matches!(self, HelloKind::Link | HelloKind::BranchLink)
+    }
 }
 
 impl HelloKind {
@@ -114,6 +129,7 @@ impl HelloKind {
             HelloKind::Resume => KIND_RESUME,
             HelloKind::Link => KIND_LINK,
             HelloKind::Branch => KIND_BRANCH,
+            HelloKind::BranchLink => KIND_BRANCH_LINK,
         }
     }
 }
@@ -124,6 +140,7 @@ const KIND_REJECT: u8 = 3;
 const KIND_RESUME: u8 = 4;
 const KIND_LINK: u8 = 5;
 const KIND_BRANCH: u8 = 6;
+const KIND_BRANCH_LINK: u8 = 7;
 
 /// Why a hello could not be used. The driver falls back to kernel TCP on any of these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,7 +222,7 @@ pub struct Hello {
     pub conn_id: u64,
     /// Where a resume continues the connection (kind `Resume` only).
     pub resume: Option<ResumePoint>,
-    /// The branch a branch hello is for (kind `Branch` only).
+    /// The branch a branch hello is for (kinds `Branch` and `BranchLink` only).
     pub branch: Option<u64>,
 }
 
@@ -224,7 +241,7 @@ impl Hello {
     pub const LEN: usize = 40;
     /// Encoded length of a resume; also the longest hello.
     pub const RESUME_LEN: usize = 56;
-    /// Encoded length of a branch hello.
+    /// Encoded length of a branch hello (and a branch link hello).
     pub const BRANCH_LEN: usize = 48;
 
     /// Parses and validates a hello of any kind; a reject becomes `Err(Rejected)`.
@@ -238,12 +255,13 @@ impl Hello {
             KIND_RESUME => HelloKind::Resume,
             KIND_LINK => HelloKind::Link,
             KIND_BRANCH => HelloKind::Branch,
+            KIND_BRANCH_LINK => HelloKind::BranchLink,
             KIND_REJECT => return Err(HelloError::Rejected(Reject::parse_body(buf, len)?)),
             other => return Err(HelloError::UnknownKind(other)),
         };
         let fixed = match kind {
             HelloKind::Resume => Self::RESUME_LEN,
-            HelloKind::Branch => Self::BRANCH_LEN,
+            HelloKind::Branch | HelloKind::BranchLink => Self::BRANCH_LEN,
             _ => Self::LEN,
         };
         if usize::from(len) < fixed {
@@ -262,7 +280,7 @@ impl Hello {
                 sent_end: be_u64(body, field::SENT_END),
                 granted_end: be_u64(body, field::GRANTED_END),
             }),
-            branch: (kind == HelloKind::Branch).then(|| be_u64(body, field::BRANCH_ID)),
+            branch: kind.names_branch().then(|| be_u64(body, field::BRANCH_ID)),
         };
         hello.check()?;
         Ok(hello)
@@ -293,7 +311,7 @@ impl Hello {
             return Err(HelloError::BadRecvCredits(self.recv_credits));
         }
         if (self.kind == HelloKind::Resume) != self.resume.is_some()
-            || (self.kind == HelloKind::Branch) != self.branch.is_some()
+            || self.kind.names_branch() != self.branch.is_some()
         {
             return Err(HelloError::UnexpectedKind(self.kind));
         }
@@ -852,6 +870,33 @@ mod tests {
         let mut short = b;
         short[9] = 40;
         assert_eq!(Hello::parse(&short), Err(HelloError::BadLength(40)));
+    }
+
+    #[test]
+    fn branch_link_hello_golden() {
+        let h = Hello {
+            kind: HelloKind::BranchLink,
+            flags: FLAG_LINK_GRANTS | FLAG_TAKES_REDIRECT,
+            branch: Some(0x0000_0a0b_0c0d_0e0f),
+            ..hello()
+        };
+        let b = h.to_bytes();
+        assert_eq!(b[..10], [b'R', b'S', b'C', b'K', 4, 7, 0, 5, 0, 48]);
+        assert_eq!(b[10..40], HELLO_BYTES[10..40]);
+        assert_eq!(b[40..48], [0, 0, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f]);
+        assert_eq!(Hello::parse(&b), Ok(h));
+        assert!(h.kind.is_link() && h.kind.names_branch());
+        let mut short = b;
+        short[9] = 40;
+        assert_eq!(Hello::parse(&short), Err(HelloError::BadLength(40)));
+        // A link hello names no branch: its 40 bytes parse without one.
+        let link = Hello {
+            kind: HelloKind::Link,
+            branch: None,
+            ..h
+        };
+        assert_eq!(link.encoded_len(), Hello::LEN);
+        assert_eq!(Hello::parse(&link.to_bytes()).map(|h| h.branch), Ok(None));
     }
 
     #[test]

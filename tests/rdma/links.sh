@@ -44,6 +44,16 @@
 #   accepted; the connections that take them must reach the workers (relayed by the
 #   master), not be reset once the listener is shared (wrk against nginx with links saw
 #   resets until 2026-11-28).
+# links_branch: nginx as Debian ships it (www-data workers, accept_mutex off) with branches
+#   (RSOCK_REDIRECT, the default): the client's link request to the master is redirected to
+#   a worker's branch, and its 12 GETs (a connection each, one after another) are streams
+#   of that one link — each OPEN waits at the branch until the worker accepts it. Every body
+#   verified (sha256), none served by the master, all 12 counted as branch connections at
+#   both ends, one link at the client, no RC QP in the master.
+# links_branch_busy: examples/prefork_server with one worker holding each client 2 s, two
+#   clients at once from one process over links: the second OPEN waits at the busy branch,
+#   is refused after 50 ms (logged), and the connection is set up another way (rdma_cm,
+#   redirected and sent back again, then the master's queue); both served, bytes checked.
 #
 # links_churn and links_parallel also assert that connections took streams granted ahead
 # (links.granted: no answer waited for; PROTOCOL.md §14, GRANT).
@@ -282,6 +292,61 @@ cell_links_prefork() {
 mr_bytes() { # [PID]: bytes of the device's memory regions (that PID holds)
     rdma resource show mr 2>/dev/null | awk -v p="${1:+ pid $1 }" 'p == "" || index($0, p) { for (i = 1; i < NF; i++) if ($i == "mrlen") s += $(i + 1) } END { print s + 0 }'
 }
+cell_links_branch() {
+    local rc=0 n=12 main
+    # shellcheck source=fork/servers.sh
+    . "$T_ROOT/tests/rdma/fork/servers.sh"
+    NGINX_USER=www-data nginx_conf "$CELL_DIR" "$A" "$PORT" off
+    head -c 65536 /dev/urandom > www/64k.bin
+    chmod 755 "$T_WORK" "$CELL_DIR" www && chmod 644 www/64k.bin # the workers run as www-data
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" nginx -p "$CELL_DIR" \
+        -c "$CELL_DIR/nginx.conf" -e "$CELL_DIR/nginx-error.log"
+    wait_dual srv
+    wait_until 30 test -s nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 nginx-error.log)"
+    main=$(cat nginx.pid)
+    branches() { [ "$(grep -c 'redirects to it' srv.log)" -ge 2 ]; }
+    wait_until 30 branches || fail "the workers made no branches: $(grep -c 'redirects to it' srv.log)"
+    rdma_begin # samples the device's RC QPs and their processes into qps.log
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" python3 "$T_ROOT/tests/rdma/links/http_get.py" \
+        "$A" "$PORT" /64k.bin "$CELL_DIR/www/64k.bin" $n
+    bg_wait cli || rc=$?
+    bg_stop qps
+    bg_stop srv
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"
+    grep -q "^ok $n" cli.out || fail "client: $(tail -n2 cli.out cli.err | paste -sd' ')"
+    echo "# requests per worker pid: $(awk '{ print $1 }' access.log | sort | uniq -c | paste -sd' ')"
+    grep -q "^$main " access.log && fail "the master served a request"
+    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'conns.rdma==N' 'conns.tcp==0' 'links.made==1' \
+        'links.streams==N' 'branches.connects==N'
+    soft expect_stats "$CELL_DIR/srv" srv -D N=$n 'links.streams==N' 'branches.accepts==N'
+    # (The client's link lives as long as the client, often between two samples.)
+    grep -qs " tgid $main " qps.log && soft fail "the master had an RC QP: $(grep -m1 " tgid $main " qps.log)"
+    expect_qps_released 30
+}
+
+cell_links_branch_busy() {
+    local rc=0 main
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" "$EX/prefork_server" "$A:$PORT" 1 \
+        --log "$CELL_DIR/events.log" --hold-ms 2000 --pidfile "$CELL_DIR/srv.pid" --epoll
+    wait_dual srv
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    wait_until 30 grep -q 'redirects to it' srv.log || fail "the worker made no branch"
+    main=$(cat srv.pid)
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "$EX/fork_client" "$A:$PORT" --conns 2 \
+        --parallel 2 --bytes 1048576 --timeout 60
+    bg_wait cli || rc=$?
+    kill -TERM "$main" 2>/dev/null
+    expect_status srv 0
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 200 cli.err)"
+    grep -q '^ok 2/2 connections' cli.out || fail "client: $(tail -n3 cli.out | paste -sd'|')"
+    grep -q "did not accept it in time" srv.log ||
+        soft fail "the second client was not sent back from the busy worker's branch"
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==2' 'conns.tcp==0' 'links.streams>=1' \
+        'branches.connects>=1'
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts>=1'
+    expect_qps_released 30
+}
+
 cell_links_slabs() {
     local rc=0 n=30 step=/tmp/links-slabs-$PORT cpid one srv_one many few
     rm -f "$step".*
@@ -315,7 +380,7 @@ cell_links_slabs() {
     expect_qps_released 30
 }
 
-CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone links_ports links_fork links_prefork links_slabs)
+CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone links_ports links_fork links_prefork links_branch links_branch_busy links_slabs)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

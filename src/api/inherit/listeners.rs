@@ -181,7 +181,8 @@ unsafe fn accept_via_branch(
             set_errno(libc::EAGAIN);
             return Some(-1);
         }
-        unix::wait(fd, libc::POLLIN, 1000);
+        let _g = crate::guard::enter()?;
+        b.wait(engine, fd);
     }
 }
 

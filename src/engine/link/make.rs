@@ -6,14 +6,15 @@ use super::parts::{
     STREAM_SENDS,
 };
 use super::{answer, Link, Opening, Slab, State};
+use crate::engine::listener::Listener;
 use crate::engine::setup::{opts_socket, OptsSocket};
 use crate::engine::stream::fresh_bell;
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::record::{Open, RefuseReason};
 use crate::proto::link::Mux;
-use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_PORTS};
-use crate::proto::{self, Conn, Hello, HelloKind, Params, Reject, RejectReason};
+use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_PORTS, FLAG_TAKES_REDIRECT};
+use crate::proto::{self, Conn, Hello, HelloKind, Params, Redirect, Reject, RejectReason};
 use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps};
 use crate::stats::{Cause, Fallback};
 use std::collections::{HashMap, HashSet};
@@ -34,6 +35,13 @@ pub struct LinkHints {
 }
 
 impl LinkHints {
+    /// `link` carries no more new streams to `dest`.
+    fn forget(&mut self, dest: SocketAddr, link: &Arc<Link>) {
+        if let Some(links) = self.to.get_mut(&dest) {
+            links.retain(|l| !std::ptr::eq(l.as_ptr(), Arc::as_ptr(link)));
+        }
+    }
+
     /// A link to `dest` with room for a stream.
     fn usable(&mut self, dest: SocketAddr) -> Option<Arc<Link>> {
         let links = self.to.get_mut(&dest)?;
@@ -77,37 +85,87 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
             Some(l) => l,
             None => match make_link(engine, dest, deadline) {
                 Ok(l) => l,
-                Err(Some(c)) => return Outcome::Fail(c),
-                Err(None) => {
+                Err(NoLink::Fail(c)) => return Outcome::Fail(c),
+                Err(NoLink::NotTaken) => {
                     lock(&engine.link_hints).refused.insert(dest);
                     return Outcome::NotHere;
                 }
+                Err(NoLink::NotNow) => return Outcome::NotHere,
             },
         }
     };
     match open_stream(engine, &link, dest, opts, deadline) {
-        Ok(s) => Outcome::Stream(s),
+        Ok(s) => {
+            if link.to_branch {
+                crate::stats::count_branch(false);
+            }
+            Outcome::Stream(s)
+        }
         Err(why) => {
             log::info!("rdma link to {dest}: stream not opened ({why:?}): rdma_cm instead");
+            if link.to_branch {
+                // The branch did not take it (its program busy, or gone): the next connect
+                // asks the owner again, which sends it to the next branch in turn.
+                lock(&engine.link_hints).forget(dest, &link);
+            }
             Outcome::NotHere
         }
     }
 }
 
-/// Sets a link up to `dest`: `Err(None)` if the peer does not take links (an older
-/// rsock), `Err(Some(cause))` if RDMA does not reach it.
+/// Why no link carries a connect.
+enum NoLink {
+    /// The peer does not take links (an older rsock, or links off there): not to links.
+    NotTaken,
+    /// Not this time (the branch a redirect named did not take the link): rdma_cm now,
+    /// a link again next time.
+    NotNow,
+    /// RDMA does not reach the peer.
+    Fail(Cause),
+}
+
+/// How a link setup to a destination's listener ended.
+enum Made {
+    Link(Arc<Link>),
+    /// The listener's owner sent it to a branch (PROTOCOL.md §15).
+    Redirected(Redirect),
+}
+
+/// Sets a link up to `dest` — to the branch its listener's owner sends it to, if it does.
+/// A branch that does not take it leaves this connect to rdma_cm (a link to the owner
+/// could carry none of the listener's streams).
 fn make_link(
     engine: &'static Engine,
     dest: SocketAddr,
     deadline: Instant,
-) -> Result<Arc<Link>, Option<Cause>> {
+) -> Result<Arc<Link>, NoLink> {
+    let follow = engine.cfg.redirect;
+    match link_attempt(engine, dest, None, follow, deadline)? {
+        Made::Link(l) => Ok(l),
+        Made::Redirected(r) => match link_attempt(engine, dest, Some(r), false, deadline) {
+            Ok(Made::Link(l)) => Ok(l),
+            _ => Err(NoLink::NotNow),
+        },
+    }
+}
+
+/// One link setup of [`make_link`]: to `dest`, or to the branch `to_branch` names, saying
+/// whether it follows a redirect.
+fn link_attempt(
+    engine: &'static Engine,
+    dest: SocketAddr,
+    to_branch: Option<Redirect>,
+    follow: bool,
+    deadline: Instant,
+) -> Result<Made, NoLink> {
+    let target = to_branch.map_or(dest, |r| SocketAddr::new(dest.ip(), r.port));
     let fail = |e: rdma::Error| {
-        log::info!("rdma link to {dest}: {e}");
-        Some(crate::engine::setup::cause_of(&e))
+        log::info!("rdma link to {target}: {e}");
+        NoLink::Fail(crate::engine::setup::cause_of(&e))
     };
     let token = engine.token();
     let left = deadline.saturating_duration_since(Instant::now());
-    let (id, dev) = rdma::resolve(None, dest, token, left).map_err(fail)?;
+    let (id, dev) = rdma::resolve(None, target, token, left).map_err(fail)?;
     let d = engine.dev(&dev).map_err(fail)?;
     let mem = memory(&dev).map_err(fail)?;
     let mut rc = rdma::RcQp::new(id, &mem.pd, link_caps(engine)).map_err(|(e, _)| fail(e))?;
@@ -125,6 +183,13 @@ fn make_link(
     if engine.cfg.link_grants > 0 {
         hello.flags |= FLAG_LINK_GRANTS;
     }
+    if follow {
+        hello.flags |= FLAG_TAKES_REDIRECT;
+    }
+    if let Some(r) = to_branch {
+        hello.kind = HelloKind::BranchLink;
+        hello.branch = Some(r.branch);
+    }
     let bytes = hello.to_bytes();
     let param = ConnParam {
         private_data: &bytes[..hello.encoded_len()],
@@ -135,33 +200,28 @@ fn make_link(
     let peer = match ev.kind {
         EventKind::Established => {
             Hello::parse_kind(ev.private_data(), HelloKind::Accept).map_err(|e| {
-                log::info!("rdma link to {dest}: the peer's answer: {e}");
-                None
+                log::info!("rdma link to {target}: the peer's answer: {e}");
+                NoLink::NotTaken
             })?
         }
-        // An rsock peer said no (an older one, or one with links off): not to links, for
-        // good. A reject without its word is the destination's kernel (nobody listens
-        // there, now): the connect goes on as without links, and a later one tries again.
-        EventKind::Rejected => match Hello::parse(ev.private_data()) {
-            Err(proto::HelloError::Rejected(_)) => {
-                log::info!("rdma link to {dest}: the peer does not take links");
-                return Err(None);
+        EventKind::Rejected if follow => match Redirect::parse(ev.private_data()) {
+            Some(r) => {
+                log::debug!("rdma link to {dest}: redirected to port {}", r.port);
+                return Ok(Made::Redirected(r));
             }
-            _ => {
-                log::info!("rdma link to {dest}: refused (no rsock listener there)");
-                return Err(Some(Cause::from(Fallback::Rejected)));
-            }
+            None => return Err(refused(target, &ev)),
         },
+        EventKind::Rejected => return Err(refused(target, &ev)),
         _ => {
-            log::info!("rdma link to {dest}: {}", ev.name());
-            return Err(Some(Cause::from(Fallback::Unreachable)));
+            log::info!("rdma link to {target}: {}", ev.name());
+            return Err(NoLink::Fail(Cause::from(Fallback::Unreachable)));
         }
     };
     drop(ev);
     let conn =
         Conn::on_link(&params, &peer, StreamId::CONTROL, StreamId::CONTROL).map_err(|e| {
-            log::info!("rdma link to {dest}: the peer's hello: {e}");
-            None
+            log::info!("rdma link to {target}: the peer's hello: {e}");
+            NoLink::NotTaken
         })?;
     rc.id_mut().migrate(&engine.ch).map_err(fail)?;
     let local = rc.id().local_addr().unwrap_or(dest);
@@ -175,14 +235,31 @@ fn make_link(
         token,
         dest,
         local,
-        dest,
-        (0, 0, peer.flags & FLAG_LINK_PORTS != 0),
+        target,
+        (0, 0, peer.flags & FLAG_LINK_PORTS != 0, to_branch.is_some()),
     )
-    .ok_or(None)?;
+    .ok_or(NoLink::NotTaken)?;
     let mut h = lock(&engine.link_hints);
     h.to.entry(dest).or_default().push(Arc::downgrade(&link));
-    log::info!("rdma link {local} -> {dest}: up (qp {})", link.qpn);
-    Ok(link)
+    log::info!("rdma link {local} -> {target}: up (qp {})", link.qpn);
+    Ok(Made::Link(link))
+}
+
+/// A link request `target` rejected: an rsock peer said no (an older one, or one with links
+/// off): not to links, for good. A reject without its word is the destination's kernel
+/// (nobody listens there, now): the connect goes on as without links, and a later one
+/// tries again.
+fn refused(target: SocketAddr, ev: &rdma::CmEvent) -> NoLink {
+    match Hello::parse(ev.private_data()) {
+        Err(proto::HelloError::Rejected(_)) => {
+            log::info!("rdma link to {target}: the peer does not take links");
+            NoLink::NotTaken
+        }
+        _ => {
+            log::info!("rdma link to {target}: refused (no rsock listener there)");
+            NoLink::Fail(Cause::from(Fallback::Rejected))
+        }
+    }
 }
 
 /// A link's memory: its protection domain, and the first slab of its rings and of its send
@@ -230,7 +307,7 @@ fn build(
     dest: SocketAddr,
     local: SocketAddr,
     peer: SocketAddr,
-    (listener, grant_pool, peer_shows_ports): (u64, u32, bool),
+    (listener, grant_pool, peer_shows_ports, to_branch): (u64, u32, bool, bool),
 ) -> Option<Arc<Link>> {
     let caps = rc.caps();
     // A probe's slot per stream stays out of the shares.
@@ -247,6 +324,7 @@ fn build(
         listener,
         grant_pool,
         peer_shows_ports,
+        to_branch,
         st: Mutex::new(State {
             rc,
             mux,
@@ -274,14 +352,19 @@ fn build(
     Some(link)
 }
 
-/// Whether a connect request asks for a link.
+/// Whether a connect request asks for a link (to a listener, or to a branch).
 pub(in crate::engine) fn is_link_request(private_data: &[u8]) -> bool {
-    matches!(Hello::parse(private_data), Ok(h) if h.kind == HelloKind::Link)
+    matches!(Hello::parse(private_data), Ok(h) if h.kind.is_link())
 }
 
-/// Passive side: a connect request of kind Link on `listener`: sets the link up and
-/// accepts, or rejects it ("no resources": the client then connects as before).
-pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc: rdma::Incoming) {
+/// Passive side: a connect request for a link on `listener` (of kind Link; of kind
+/// BranchLink on a branch, which checked its id): sets the link up and accepts, or rejects
+/// it ("no resources": the client then connects as before).
+pub(in crate::engine) fn accept_link(
+    engine: &'static Engine,
+    listener: &Listener,
+    inc: rdma::Incoming,
+) {
     let rdma::Incoming {
         mut id,
         device,
@@ -289,7 +372,11 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
     } = inc;
     let from = id.peer_addr();
     let no_room = Reject::new(RejectReason::NoResources).to_bytes();
-    let hello = match Hello::parse_kind(event.private_data(), HelloKind::Link) {
+    let kind = match listener.is_branch() {
+        true => HelloKind::BranchLink,
+        false => HelloKind::Link,
+    };
+    let hello = match Hello::parse_kind(event.private_data(), kind) {
         Ok(h) if engine.cfg.links => h,
         _ => {
             let _ = id.reject(&no_room);
@@ -332,8 +419,9 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
         }
     };
     let mr = mem.rings.first().mr();
-    // Grants only to a peer that takes them (an older one would fail the link on a GRANT).
-    let grant_pool = if hello.flags & FLAG_LINK_GRANTS != 0 {
+    // Grants only to a peer that takes them (an older one would fail the link on a GRANT),
+    // and not from a branch: its streams wait for its program's accept.
+    let grant_pool = if hello.flags & FLAG_LINK_GRANTS != 0 && !listener.is_branch() {
         engine.cfg.link_grants
     } else {
         0
@@ -365,7 +453,7 @@ pub(in crate::engine) fn accept_link(engine: &'static Engine, listener: u64, inc
         local,
         local,
         peer,
-        (listener, grant_pool, false),
+        (listener.token, grant_pool, false, false),
     ) else {
         return;
     };
@@ -498,25 +586,55 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
     link.lock().answer(conn_id, r);
 }
 
-/// Acceptor, on the poller: the peer asks for a stream.
+/// Acceptor, on the poller: the peer asks for a stream. A branch's OPENs wait for its
+/// program's accept, as its connect requests do (`listener/branch.rs`).
 pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
-    let refuse = |reason| {
-        log::debug!(
-            "rdma link from {}: OPEN of stream {} refused ({reason:?})",
-            link.peer,
-            open.opener.get()
-        );
-        let mut st = link.lock();
-        st.mux.refuse(open.opener, reason);
-        link.pump(&mut st);
-    };
     let listener = lock(&engine.listeners).get(&link.listener).cloned();
-    // A listener other processes accept through hands its streams over (take-over): not
-    // yet for a link's stream, so its connects come through rdma_cm.
-    let listener = listener.filter(|l| open.dest.port() == link.dest.port() && !l.shared());
-    let Some(listener) = listener else {
-        return refuse(RefuseReason::NotMine);
-    };
+    match listener {
+        Some(l) if l.is_branch() && open.dest.port() == l.shown_port() => {
+            l.defer_open(engine, link.clone(), open)
+        }
+        // A listener other processes accept through hands its streams over (take-over): not
+        // for a link's stream, so its connects come through rdma_cm (or a branch).
+        Some(l) if !l.is_branch() && open.dest.port() == link.dest.port() && !l.shared() => {
+            accept_open(link, engine, &l, open)
+        }
+        _ => refuse_open(link, &open, RefuseReason::NotMine),
+    }
+}
+
+/// Acceptor: refuses the peer's `open` for `reason`.
+pub(in crate::engine) fn refuse_open(link: &Link, open: &Open, reason: RefuseReason) {
+    log::debug!(
+        "rdma link from {}: OPEN of stream {} refused ({reason:?})",
+        link.peer,
+        open.opener.get()
+    );
+    let mut st = link.lock();
+    st.mux.refuse(open.opener, reason);
+    link.pump(&mut st);
+}
+
+/// Acceptor, at a branch whose program accepts: the OPEN that waited for it is answered,
+/// its stream queued on `listener`. The device's poll lock is held meanwhile, as the poller
+/// holds it: the peer's first bytes must not be looked at before the stream exists.
+pub(in crate::engine) fn accept_waiting_open(
+    link: &Arc<Link>,
+    engine: &Engine,
+    listener: &Listener,
+    open: Open,
+) {
+    if link.is_failed() {
+        return; // its opener's stream was reset with the link
+    }
+    let _poll = lock(&link.dev.poll);
+    accept_open(link, engine, listener, open)
+}
+
+/// Acceptor: answers the peer's `open` on `listener` (ACCEPT, or REFUSE for want of room),
+/// and queues its stream there.
+fn accept_open(link: &Arc<Link>, engine: &Engine, listener: &Listener, open: Open) {
+    let refuse = |reason| refuse_open(link, &open, reason);
     if !listener.has_room_for_link_stream() {
         return refuse(RefuseReason::BacklogFull);
     }
@@ -580,7 +698,8 @@ pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
         open.dest,
         mine.get()
     );
-    let shared = listener.shared();
+    // Grants only for a listener this process alone accepts on (not a branch's).
+    let shared = listener.shared() || listener.is_branch();
     let slots = (ring, send);
     super::grant::queue_accepted(
         link,

@@ -15,9 +15,11 @@
 //!   owner's queue takes kernel TCP peers and every client that does not follow
 //!   redirects).
 
-use super::{Accepted, Listener};
+use super::{Accepted, Listener, Waiting};
+use crate::engine::link::Link;
 use crate::engine::tags::TAG_BRANCH_RANG;
 use crate::engine::{ipc, lock, Engine};
+use crate::proto::link::record::Open;
 use crate::proto::{Hello, HelloKind, Redirect};
 use crate::rdma;
 use std::collections::HashMap;
@@ -87,8 +89,10 @@ impl Listener {
             crate::engine::setup::refuse_request(inc, "not a branch hello for this branch");
             return None;
         }
+        // A connect, or a link (whose streams then go to the branch).
         let follows = hello.is_some_and(|h| {
-            h.kind == HelloKind::Connect && h.flags & crate::proto::wire::FLAG_TAKES_REDIRECT != 0
+            matches!(h.kind, HelloKind::Connect | HelloKind::Link)
+                && h.flags & crate::proto::wire::FLAG_TAKES_REDIRECT != 0
         });
         if !follows {
             return Some(inc);
@@ -114,6 +118,29 @@ impl Listener {
     /// A branch (helper): connect requests came; A rings for the program.
     pub(super) fn requests_came(&self) {
         WAITING.store(true, Relaxed);
+        self.ring_if_deferred();
+    }
+
+    /// A branch: the port of the listener it is a branch of (its streams show it).
+    pub(in crate::engine) fn shown_port(&self) -> u16 {
+        self.shown_port
+    }
+
+    /// A branch (whoever polls the link): a link's OPEN waits, as a connect request does,
+    /// for the program's accept; A rings. The helper is woken if it was not looking at
+    /// waiting requests (it sends back those the program does not take in time).
+    pub(in crate::engine) fn defer_open(&self, engine: &Engine, link: Arc<Link>, open: Open) {
+        let mut d = lock(&self.deferred);
+        if d.len() >= super::MAX_DEFERRED {
+            drop(d);
+            return Waiting::Open(link, open).refuse("too many connect requests waiting");
+        }
+        d.push_back((std::time::Instant::now(), Waiting::Open(link, open)));
+        engine.deferred.fetch_add(1, Relaxed);
+        drop(d);
+        if !WAITING.swap(true, Relaxed) {
+            engine.wake();
+        }
         self.ring_if_deferred();
     }
 
@@ -145,20 +172,37 @@ impl Listener {
     /// A branch, for the program's accept: the next stream set up here; else, if none is
     /// being set up, the helper is asked to answer the next connect request (its stream is
     /// queued once established, and A rings).
+    ///
+    /// A link's OPEN at the head of the requests is answered here, at once: its stream
+    /// needs no handshake.
     pub fn branch_take(&self, engine: &'static Engine) -> Option<Accepted> {
-        if let Some(a) = lock(&self.queue).items.pop_front() {
-            return Some(a);
+        loop {
+            if let Some(a) = lock(&self.queue).items.pop_front() {
+                return Some(a);
+            }
+            if self.pending.load(Relaxed) != 0 || self.asked.load(Relaxed) != 0 {
+                return None;
+            }
+            let mut d = lock(&self.deferred);
+            match d.front() {
+                None => return None,
+                Some((_, Waiting::Open(..))) => {
+                    let (_, w) = d.pop_front()?;
+                    drop(d);
+                    engine.deferred.fetch_sub(1, Relaxed);
+                    self.answer(engine, w); // then taken from the queue, above
+                }
+                Some((_, Waiting::Request(_))) => {
+                    self.asked.fetch_add(1, Relaxed);
+                    log::debug!(
+                        "branch {:#x}: the program asks for a connection",
+                        self.branch_id
+                    );
+                    engine.wake();
+                    return None;
+                }
+            }
         }
-        let idle = self.pending.load(Relaxed) == 0 && self.asked.load(Relaxed) == 0;
-        if idle && !lock(&self.deferred).is_empty() {
-            self.asked.fetch_add(1, Relaxed);
-            log::debug!(
-                "branch {:#x}: the program asks for a connection",
-                self.branch_id
-            );
-            engine.wake();
-        }
-        None
     }
 
     /// A branch: whether a stream is being set up for the program's accept (asked for, or
@@ -177,12 +221,12 @@ impl Listener {
     /// not see nothing in flight in between, and ask for a second one.
     pub(super) fn admit_asked(&self, engine: &'static Engine) {
         while self.asked.load(Relaxed) > 0 {
-            let Some((_, inc)) = lock(&self.deferred).pop_front() else {
+            let Some((_, w)) = lock(&self.deferred).pop_front() else {
                 self.asked.fetch_sub(1, Relaxed);
                 break;
             };
             engine.deferred.fetch_sub(1, Relaxed);
-            self.accept_request(engine, inc);
+            self.answer(engine, w);
             self.asked.fetch_sub(1, Relaxed);
         }
         self.ring_if_deferred(); // one the program has not asked for yet
@@ -198,7 +242,7 @@ impl Listener {
         while d.len() > self.asked.load(Relaxed) {
             match d.front() {
                 Some((at, _)) if at.elapsed() >= SEND_BACK_AFTER => {
-                    stale.extend(d.pop_front().map(|(_, inc)| inc));
+                    stale.extend(d.pop_front().map(|(_, w)| w));
                 }
                 _ => break,
             }
@@ -213,22 +257,42 @@ impl Listener {
         );
         drop(d);
         engine.deferred.fetch_sub(stale.len(), Relaxed);
-        for inc in stale {
-            crate::engine::setup::refuse_request(
-                inc,
-                "the branch's program did not accept it in time",
-            );
+        for w in stale {
+            w.refuse("the branch's program did not accept it in time");
         }
         left
     }
 
-    /// A branch: A stops being readable if nothing waits here — no stream, no request the
-    /// program has not asked for — and the owner's doorbell has not rung since it was last
-    /// asked (under the queue lock, which every ring takes).
+    /// A branch, for the program's blocking accept: waits (up to a second) on `fd`, its A,
+    /// and — once links came in here — on their device, whose OPENs this thread then
+    /// handles itself rather than a thread hop later.
+    pub fn wait(&self, engine: &Engine, fd: libc::c_int) {
+        match lock(&engine.links).dev_of_listener(self.token) {
+            Some(dev) => {
+                crate::engine::link::sleep_on_device(engine, &dev, fd, 1000, || self.has_work());
+            }
+            None => {
+                crate::sys::unix::wait(fd, libc::POLLIN, 1000);
+            }
+        }
+    }
+
+    /// A branch: whether something waits here — a stream, a request the program has not
+    /// asked for — or the owner's doorbell rang since it was last asked.
+    fn has_work(&self) -> bool {
+        self.has_work_in(&lock(&self.queue))
+    }
+
+    fn has_work_in(&self, q: &super::Queue) -> bool {
+        let unasked = lock(&self.deferred).len() > self.asked.load(Relaxed);
+        !q.items.is_empty() || q.owner_rang || unasked
+    }
+
+    /// A branch: A stops being readable if nothing waits here (under the queue lock, which
+    /// every ring takes).
     pub fn settle(&self) {
         let q = lock(&self.queue);
-        let unasked = lock(&self.deferred).len() > self.asked.load(Relaxed);
-        if q.items.is_empty() && !q.owner_rang && !unasked {
+        if !self.has_work_in(&q) {
             self.bell.set_readable(false);
         }
     }
@@ -242,7 +306,8 @@ pub type Made = HashMap<(i32, u64, u64), Option<Arc<Listener>>>;
 const MAX_REDIRECTS: usize = 1024;
 
 /// Whether connect requests may wait at this process's branches (the helper then looks
-/// often enough to send back the stale ones). Only the helper changes it.
+/// often enough to send back the stale ones). Set where a request is queued, cleared by the
+/// helper's look.
 static WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// How long a connect request waits at a branch for its program to accept before it is sent
@@ -365,7 +430,9 @@ impl Engine {
 
     /// Helper: sends the stale requests of every branch back to their owners.
     pub(in crate::engine) fn send_back_stale_requests(&self) {
-        if !WAITING.load(Relaxed) {
+        // Cleared first: a request that comes meanwhile sets it again (`defer_open` runs on
+        // any thread).
+        if !WAITING.swap(false, Relaxed) {
             return;
         }
         let branches: Vec<Arc<Listener>> = lock(&self.listeners)
@@ -377,7 +444,9 @@ impl Engine {
         for b in branches {
             left |= b.send_back_stale(self);
         }
-        WAITING.store(left, Relaxed);
+        if left {
+            WAITING.store(true, Relaxed);
+        }
     }
 
     /// Where the last connect to `dest` was redirected, for the next few connects: then
