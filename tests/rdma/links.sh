@@ -47,9 +47,11 @@
 # links_branch: nginx as Debian ships it (www-data workers, accept_mutex off) with branches
 #   (RSOCK_REDIRECT, the default): the client's link request to the master is redirected to
 #   a worker's branch, and its 12 GETs (a connection each, one after another) are streams
-#   of that one link — each OPEN waits at the branch until the worker accepts it. Every body
-#   verified (sha256), none served by the master, all 12 counted as branch connections at
-#   both ends, one link at the client, no RC QP in the master.
+#   of that link — each OPEN waits at the branch until the worker accepts it. The 8th
+#   connect makes a second link, which the master sends to the other worker (a client's
+#   connections spread over the workers). Every body verified (sha256), none served by the
+#   master, both workers served, all 12 counted as branch connections at both ends, two
+#   links at the client, no RC QP in the master.
 # links_branch_busy: examples/prefork_server with one worker holding each client 2 s, two
 #   clients at once from one process over links: the second OPEN waits at the busy branch,
 #   is refused after 50 ms (logged), and the connection is set up another way (rdma_cm,
@@ -316,7 +318,8 @@ cell_links_branch() {
     grep -q "^ok $n" cli.out || fail "client: $(tail -n2 cli.out cli.err | paste -sd' ')"
     echo "# requests per worker pid: $(awk '{ print $1 }' access.log | sort | uniq -c | paste -sd' ')"
     grep -q "^$main " access.log && fail "the master served a request"
-    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'conns.rdma==N' 'conns.tcp==0' 'links.made==1' \
+    [ "$(awk '{ print $1 }' access.log | sort -u | wc -l)" -eq 2 ] || soft fail "not both workers served"
+    soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'conns.rdma==N' 'conns.tcp==0' 'links.made==2' \
         'links.streams==N' 'branches.connects==N'
     soft expect_stats "$CELL_DIR/srv" srv -D N=$n 'links.streams==N' 'branches.accepts==N'
     # (The client's link lives as long as the client, often between two samples.)

@@ -27,11 +27,27 @@ use std::time::{Duration, Instant};
 const LINK_RQ: u32 = STREAM_RECVS * (MAX_STREAMS as u32 + 1);
 const LINK_SQ: u32 = (STREAM_SENDS + 1) * (MAX_STREAMS as u32 + 1);
 
+/// Most links a process keeps to one destination whose listener has branches (its
+/// connects spread over them, as the owner picks branches in turn) ...
+const BRANCH_LINKS: usize = 4;
+/// ... and every how many connects to it another is made, until there are that many.
+const SPREAD_AFTER: u32 = 8;
+
 /// Destinations the links of this process reach, and those whose peer refused a link.
 #[derive(Default)]
 pub struct LinkHints {
     to: HashMap<SocketAddr, Vec<Weak<Link>>>,
     refused: HashSet<SocketAddr>,
+    /// Connects to a destination reached through branches (for [`BRANCH_LINKS`]).
+    turns: HashMap<SocketAddr, u32>,
+}
+
+/// Which link a connect takes.
+enum Pick {
+    /// This one.
+    Use(Arc<Link>),
+    /// A new one; if that cannot be made, this one (if any).
+    Make(Option<Arc<Link>>),
 }
 
 impl LinkHints {
@@ -42,14 +58,33 @@ impl LinkHints {
         }
     }
 
-    /// A link to `dest` with room for a stream.
-    fn usable(&mut self, dest: SocketAddr) -> Option<Arc<Link>> {
-        let links = self.to.get_mut(&dest)?;
+    /// A link to `dest` with room for a stream. Links to branches are taken in turn, and
+    /// another is made every [`SPREAD_AFTER`] connects while there are fewer than
+    /// [`BRANCH_LINKS`]: one link would take all of a client's connections to one worker.
+    fn pick(&mut self, dest: SocketAddr) -> Pick {
+        let Some(links) = self.to.get_mut(&dest) else {
+            return Pick::Make(None);
+        };
         links.retain(|l| l.upgrade().is_some_and(|l| !l.is_failed()));
-        links
+        let roomy: Vec<Arc<Link>> = links
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|l| l.has_room())
+            .filter(|l| l.has_room())
+            .collect();
+        match roomy.first() {
+            None => Pick::Make(None),
+            Some(l) if !l.to_branch => Pick::Use(l.clone()),
+            Some(_) => {
+                let turn = self.turns.entry(dest).or_insert(0);
+                *turn = turn.wrapping_add(1);
+                let l = roomy[*turn as usize % roomy.len()].clone();
+                if links.len() < BRANCH_LINKS && turn.is_multiple_of(SPREAD_AFTER) {
+                    Pick::Make(Some(l))
+                } else {
+                    Pick::Use(l)
+                }
+            }
+        }
     }
 }
 
@@ -74,23 +109,24 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
     let link = {
         // One link is made at a time: connectors to the same destination wait for it.
         let _making = lock(&engine.link_making);
-        let usable = {
+        let pick = {
             let mut h = lock(&engine.link_hints);
             if h.refused.contains(&dest) {
                 return Outcome::NotHere;
             }
-            h.usable(dest)
+            h.pick(dest)
         };
-        match usable {
-            Some(l) => l,
-            None => match make_link(engine, dest, deadline) {
-                Ok(l) => l,
-                Err(NoLink::Fail(c)) => return Outcome::Fail(c),
-                Err(NoLink::NotTaken) => {
+        match pick {
+            Pick::Use(l) => l,
+            Pick::Make(have) => match (make_link(engine, dest, deadline), have) {
+                (Ok(l), _) => l,
+                (Err(_), Some(l)) => l,
+                (Err(NoLink::Fail(c)), None) => return Outcome::Fail(c),
+                (Err(NoLink::NotTaken), None) => {
                     lock(&engine.link_hints).refused.insert(dest);
                     return Outcome::NotHere;
                 }
-                Err(NoLink::NotNow) => return Outcome::NotHere,
+                (Err(NoLink::NotNow), None) => return Outcome::NotHere,
             },
         }
     };
