@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngSeed};
 use rsock_core::proto::wire::{
-    field, Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason, ResumePoint, MAGIC,
-    MAX_REP_PRIVATE_DATA, VERSION,
+    field, names_branch, Hello, HelloError, HelloKind, Imm, ImmError, Reject, RejectReason,
+    ResumePoint, MAGIC, MAX_REP_PRIVATE_DATA, VERSION,
 };
 use rsock_core::proto::{Params, ReadError, State};
 use rsock_core::transport::mem::{Fault, Pair, Side};
@@ -95,7 +95,7 @@ fn valid_hello() -> impl Strategy<Value = Hello> {
                         sent_end: sent,
                         granted_end: granted,
                     }),
-                    branch: kind.names_branch().then_some(sent ^ granted),
+                    branch: names_branch(kind, flags).then_some(sent ^ granted),
                 }
             },
         )

@@ -60,8 +60,9 @@ pub struct Link {
     grant_pool: u32,
     /// The peer shows the port an OPEN carries as its stream's (a connector's link).
     peer_shows_ports: bool,
-    /// A connector's link to a branch of its destination's listener (PROTOCOL.md §15).
-    to_branch: bool,
+    /// A connector's link to a branch of its destination's listener: the branch's id
+    /// (PROTOCOL.md §15).
+    branch: Option<u64>,
     st: Mutex<State>,
     failed: AtomicBool,
     /// It holds CLOSEs back (counted in [`HOLDING`]).

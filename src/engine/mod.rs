@@ -134,7 +134,10 @@ impl Engine {
         match link::connect(self, dest, opts) {
             link::Outcome::Stream(s) => Ok(s),
             link::Outcome::Fail(cause) => Err(cause),
-            link::Outcome::NotHere => setup::connect(self, dest, opts, sizes),
+            link::Outcome::NotHere => setup::connect(self, dest, opts, sizes, None),
+            link::Outcome::SentBack(branch) => {
+                setup::connect(self, dest, opts, sizes, Some(branch))
+            }
         }
     }
 

@@ -155,6 +155,9 @@ impl Engine {
         taker: Option<ipc::Owner>,
     ) -> (ipc::Reply, Option<c_int>) {
         l.served_elsewhere(); // another process accepts through it
+        if let Some(t) = taker {
+            l.branches.set_free(t.pid); // a branch's process is free for connections
+        }
         match l.try_pop(self) {
             None => (ipc::Reply::Failed(libc::EAGAIN), None),
             Some(Accepted::Tcp(fd)) => {

@@ -10,7 +10,7 @@
 use super::steps::Steps;
 use super::stream::{Parts, Stream, StreamBuf, StreamQp};
 use super::Engine;
-use crate::proto::wire::FLAG_TAKES_REDIRECT;
+use crate::proto::wire::{FLAG_SENT_BACK, FLAG_TAKES_REDIRECT};
 use crate::proto::{self, Hello, HelloError, HelloKind, Redirect, Reject, RejectReason};
 use crate::rdma::{
     self, Access, CmEvent, ConnParam, Device, EventKind, Pd, QpCaps, Reason, RegBuf,
@@ -184,8 +184,15 @@ fn connect_hello(m: &Memory, via: Via, conn_id: u64) -> [u8; Hello::RESUME_LEN] 
         .cfg
         .hello(HelloKind::Connect, r.iova(), r.rkey().unwrap_or(0), conn_id);
     match via {
-        Via::Dest { follow: true } => h.flags |= FLAG_TAKES_REDIRECT,
-        Via::Dest { follow: false } => {}
+        Via::Dest { follow, sent_back } => {
+            if follow {
+                h.flags |= FLAG_TAKES_REDIRECT;
+            }
+            if sent_back.is_some() {
+                h.flags |= FLAG_SENT_BACK;
+                h.branch = sent_back;
+            }
+        }
         Via::Branch(r) => {
             h.kind = HelloKind::Branch;
             h.branch = Some(r.branch);
@@ -218,8 +225,12 @@ pub fn opts_socket(peer: &SocketAddr) -> libc::c_int {
 /// Where one attempt of a connect goes.
 #[derive(Clone, Copy, Debug)]
 enum Via {
-    /// To the destination itself; `follow`: the hello says we follow a redirect.
-    Dest { follow: bool },
+    /// To the destination itself; `follow`: the hello says we follow a redirect;
+    /// `sent_back`: the branch that did not take this connect, which the hello names.
+    Dest {
+        follow: bool,
+        sent_back: Option<u64>,
+    },
     /// To a branch of the destination's listener (PROTOCOL.md §15).
     Branch(Redirect),
 }
@@ -237,27 +248,33 @@ enum Tried {
 /// A listener that other processes accept from may send the connect to one of them (a
 /// branch, PROTOCOL.md §15): the connect goes there, and later connects to `dest` go there
 /// first. If the branch does not take it, the connect goes to `dest` again, asking not to
-/// be redirected.
+/// be redirected and naming the branch (so that the owner sends no one there for a while);
+/// `sent_back`: a branch that did not take this connect on a link already.
 pub(super) fn connect(
     engine: &'static Engine,
     dest: SocketAddr,
     opts: OptsSocket,
     sizes: BufSizes,
+    mut sent_back: Option<u64>,
 ) -> Result<Arc<Stream>, Cause> {
     let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let follow = engine.cfg.redirect;
     let to = |via| attempt(engine, dest, opts, sizes, via, deadline);
-    if let Some(r) = follow.then(|| engine.redirect_hint(dest)).flatten() {
+    let hint = (follow && sent_back.is_none()).then(|| engine.redirect_hint(dest));
+    if let Some(r) = hint.flatten() {
         match to(Via::Branch(r)) {
             Ok(s) => {
                 crate::stats::count_branch(false);
                 return Ok(s);
             }
-            Err(_) => engine.forget_redirect(dest),
+            Err(_) => {
+                engine.forget_redirect(dest);
+                sent_back = Some(r.branch);
+            }
         }
     }
-    match to(Via::Dest { follow }) {
+    match to(Via::Dest { follow, sent_back }) {
         Ok(s) => Ok(s),
         Err(Tried::Failed(c)) => Err(c),
         Err(Tried::Redirected(r)) => match to(Via::Branch(r)) {
@@ -266,7 +283,10 @@ pub(super) fn connect(
                 crate::stats::count_branch(false);
                 Ok(s)
             }
-            Err(_) => match to(Via::Dest { follow: false }) {
+            Err(_) => match to(Via::Dest {
+                follow: false,
+                sent_back: Some(r.branch),
+            }) {
                 Ok(s) => Ok(s),
                 Err(Tried::Failed(c)) => Err(c),
                 Err(Tried::Redirected(_)) => Err(Fallback::BadHandshake.into()),
@@ -336,7 +356,7 @@ fn attempt(
         Err(e) => return Err(fail(e)),
     };
     steps.mark("handshake");
-    if let (Via::Dest { follow: true }, EventKind::Rejected) = (via, ev.kind) {
+    if let (Via::Dest { follow: true, .. }, EventKind::Rejected) = (via, ev.kind) {
         if let Some(r) = Redirect::parse(ev.private_data()) {
             log::debug!("rdma connect to {dest}: redirected to port {}", r.port);
             return Err(Tried::Redirected(r));
@@ -460,7 +480,8 @@ pub(super) fn accept_request(
         None => HelloKind::Connect,
     };
     let peer = match Hello::parse_kind(event.private_data(), kind) {
-        Ok(h) if h.branch == branch.map(|b| b.0) => h,
+        // (A connect to the owner may name the branch that sent it back.)
+        Ok(h) if branch.is_none() || h.branch == branch.map(|b| b.0) => h,
         Ok(_) => {
             log::info!("refusing rdma connection from {from:?}: a hello for another branch");
             let _ = id.reject(&Reject::new(RejectReason::BadHello).to_bytes());

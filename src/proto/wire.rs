@@ -46,6 +46,12 @@ pub const FLAG_LINK_PORTS: u16 = 2;
 /// ignores it; only a client that sets it is ever redirected.
 pub const FLAG_TAKES_REDIRECT: u16 = 4;
 
+/// Hello flag of a connect or link hello: the sender comes from a branch of this listener
+/// that did not take it (PROTOCOL.md §15: it sent the request back, or could not be
+/// reached), whose id follows at bytes 40..48 ([`Hello::branch`]); the owner redirects no
+/// one there for a while. An older listener ignores it (and the 8 bytes).
+pub const FLAG_SENT_BACK: u16 = 8;
+
 /// Byte ranges of the fields; see `docs/PROTOCOL.md` §2.
 pub mod field {
     use core::ops::Range;
@@ -222,7 +228,8 @@ pub struct Hello {
     pub conn_id: u64,
     /// Where a resume continues the connection (kind `Resume` only).
     pub resume: Option<ResumePoint>,
-    /// The branch a branch hello is for (kinds `Branch` and `BranchLink` only).
+    /// The branch a branch hello is for (kinds `Branch` and `BranchLink`), or that sent the
+    /// sender back (kinds `Connect` and `Link` with [`FLAG_SENT_BACK`]).
     pub branch: Option<u64>,
 }
 
@@ -259,9 +266,10 @@ impl Hello {
             KIND_REJECT => return Err(HelloError::Rejected(Reject::parse_body(buf, len)?)),
             other => return Err(HelloError::UnknownKind(other)),
         };
+        let names_branch = names_branch(kind, flags);
         let fixed = match kind {
             HelloKind::Resume => Self::RESUME_LEN,
-            HelloKind::Branch | HelloKind::BranchLink => Self::BRANCH_LEN,
+            _ if names_branch => Self::BRANCH_LEN,
             _ => Self::LEN,
         };
         if usize::from(len) < fixed {
@@ -280,7 +288,7 @@ impl Hello {
                 sent_end: be_u64(body, field::SENT_END),
                 granted_end: be_u64(body, field::GRANTED_END),
             }),
-            branch: kind.names_branch().then(|| be_u64(body, field::BRANCH_ID)),
+            branch: names_branch.then(|| be_u64(body, field::BRANCH_ID)),
         };
         hello.check()?;
         Ok(hello)
@@ -311,7 +319,7 @@ impl Hello {
             return Err(HelloError::BadRecvCredits(self.recv_credits));
         }
         if (self.kind == HelloKind::Resume) != self.resume.is_some()
-            || self.kind.names_branch() != self.branch.is_some()
+            || names_branch(self.kind, self.flags) != self.branch.is_some()
         {
             return Err(HelloError::UnexpectedKind(self.kind));
         }
@@ -360,6 +368,12 @@ impl Hello {
         self.emit(&mut out);
         out
     }
+}
+
+/// Whether a hello of `kind` with `flags` carries a branch id ([`Hello::branch`]).
+pub fn names_branch(kind: HelloKind, flags: u16) -> bool {
+    kind.names_branch()
+        || (matches!(kind, HelloKind::Connect | HelloKind::Link) && flags & FLAG_SENT_BACK != 0)
 }
 
 /// Why the passive side refused a connect request.
@@ -897,6 +911,33 @@ mod tests {
         };
         assert_eq!(link.encoded_len(), Hello::LEN);
         assert_eq!(Hello::parse(&link.to_bytes()).map(|h| h.branch), Ok(None));
+    }
+
+    #[test]
+    fn sent_back_connect_golden() {
+        let h = Hello {
+            flags: FLAG_SENT_BACK,
+            branch: Some(0x0000_0102_0304_0506),
+            ..hello()
+        };
+        let b = h.to_bytes();
+        assert_eq!(b[..10], [b'R', b'S', b'C', b'K', 4, 1, 0, 8, 0, 48]);
+        assert_eq!(b[10..40], HELLO_BYTES[10..40]);
+        assert_eq!(b[40..48], [0, 0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(Hello::parse(&b), Ok(h));
+        // The flag promises the id: 40 bytes of it are a bad length ...
+        let mut short = b;
+        short[9] = 40;
+        assert_eq!(Hello::parse(&short), Err(HelloError::BadLength(40)));
+        // ... and an accept never carries one.
+        let accept = Hello {
+            kind: HelloKind::Accept,
+            ..h
+        };
+        assert_eq!(
+            accept.check(),
+            Err(HelloError::UnexpectedKind(HelloKind::Accept))
+        );
     }
 
     #[test]

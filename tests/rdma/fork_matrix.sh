@@ -58,7 +58,7 @@ chmod 755 "$T_WORK"  # postgres (user postgres) reaches its cell's directory
 declare -A EXPECT_QP_OWNER=(
     [prefork_blocking]=child [prefork_epoll]=child [prefork_relay]=parent [fork_echo_relay]=parent
     [prefork_redirect]=child [prefork_redirect_blocking]=child [nginx_redirect]=child
-    [prefork_redirect_setuid]=child [prefork_redirect_busy]=child
+    [prefork_redirect_setuid]=child [prefork_redirect_busy]=child [prefork_redirect_skip_busy]=child
     [fork_echo_plain]=child [fork_echo_data_before_fork]=child [fork_echo_shared]=child
     [fork_echo_sinksrc]=child [fork_echo_daemon]=any [fork_echo_daemon_first]=any
     [fork_echo_setuid]=child [fork_echo_raw_clone]=child [fork_echo_stdin_locked]=parent
@@ -290,6 +290,44 @@ cell_prefork_redirect_busy() {
         soft fail "the second client was not sent back from the busy worker's branch"
     soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==2' 'conns.tcp==0' 'branches.connects==1'
     soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts==1'
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+
+# Two workers, each busy 3 s with a first client (A, B); then three clients C, D, E, 0.3 s
+# apart: C is redirected to a busy worker and sent back, and says so to the master (the
+# hello names the branch: PROTOCOL.md §15), which redirects no one there for a while; D goes
+# to the other busy worker and is sent back too; E finds both marked busy and stays with the
+# master at once. Exactly 2 send-backs (3 without the marks: E would be redirected to a busy
+# worker again); all five served after the holds, bytes checked.
+cell_prefork_redirect_skip_busy() {
+    local -x RSOCK_REDIRECT=1
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/prefork_server" "$A:$PORT" 2 --log "$CELL_DIR/events.log" \
+        --hold-ms 3000 --pidfile "$CELL_DIR/srv.pid" --epoll
+    wait_dual srv
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    both() { [ "$(grep -c 'redirects to it' srv.log)" -ge 2 ]; }
+    wait_until 30 both || fail "the workers made no branches"
+    local main rc=0 c
+    main=$(cat srv.pid)
+    for c in a b c d e; do
+        bg "cli$c" $T shimmed "$CELL_DIR/cli$c" "$EX/fork_client" "$A:$PORT" --conns 1 --bytes 65536 \
+            --timeout 60
+        sleep 0.3
+    done
+    for c in a b c d e; do bg_wait "cli$c" || rc=$?; done
+    kill -TERM "$main" 2>/dev/null
+    expect_status srv 0
+    bg_stop qps
+    [ $rc -eq 0 ] || fail "a client exited $rc: $(tail -c 200 cli*.err | paste -sd' ')"
+    for c in a b c d e; do client_ok "cli$c" 1; done
+    soft events_check events.log "$main"
+    local backs
+    backs=$(grep -c "did not accept it in time" srv.log)
+    echo "# clients sent back by a busy worker: $backs"
+    [ "$backs" -eq 2 ] || soft fail "$backs clients sent back, 2 expected (the third must stay with the master)"
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts==2'
     soft rdma_end "$CLI_TX" 2
     expect_qps_released
 }
@@ -808,7 +846,7 @@ OPT_IN=()
 
 CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
-    prefork_redirect_setuid prefork_redirect_busy
+    prefork_redirect_setuid prefork_redirect_busy prefork_redirect_skip_busy
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked

@@ -73,7 +73,7 @@ impl LinkHints {
             .collect();
         match roomy.first() {
             None => Pick::Make(None),
-            Some(l) if !l.to_branch => Pick::Use(l.clone()),
+            Some(l) if l.branch.is_none() => Pick::Use(l.clone()),
             Some(_) => {
                 let turn = self.turns.entry(dest).or_insert(0);
                 *turn = turn.wrapping_add(1);
@@ -95,6 +95,9 @@ pub enum Outcome {
     /// Not over a link: connect with rdma_cm as before (links off, the peer does not take
     /// links, or did not take this stream).
     NotHere,
+    /// Not over a link: the branch the link reaches did not take it (PROTOCOL.md §15):
+    /// connect with rdma_cm, saying so to the destination's owner.
+    SentBack(u64),
     /// The peer is unreachable or refused: fall back to TCP for this reason.
     Fail(Cause),
 }
@@ -132,19 +135,22 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
     };
     match open_stream(engine, &link, dest, opts, deadline) {
         Ok(s) => {
-            if link.to_branch {
+            if link.branch.is_some() {
                 crate::stats::count_branch(false);
             }
             Outcome::Stream(s)
         }
         Err(why) => {
             log::info!("rdma link to {dest}: stream not opened ({why:?}): rdma_cm instead");
-            if link.to_branch {
+            match link.branch {
                 // The branch did not take it (its program busy, or gone): the next connect
-                // asks the owner again, which sends it to the next branch in turn.
-                lock(&engine.link_hints).forget(dest, &link);
+                // asks the owner again, which sends it to another branch.
+                Some(b) => {
+                    lock(&engine.link_hints).forget(dest, &link);
+                    Outcome::SentBack(b)
+                }
+                None => Outcome::NotHere,
             }
-            Outcome::NotHere
         }
     }
 }
@@ -272,7 +278,12 @@ fn link_attempt(
         dest,
         local,
         target,
-        (0, 0, peer.flags & FLAG_LINK_PORTS != 0, to_branch.is_some()),
+        (
+            0,
+            0,
+            peer.flags & FLAG_LINK_PORTS != 0,
+            to_branch.map(|r| r.branch),
+        ),
     )
     .ok_or(NoLink::NotTaken)?;
     let mut h = lock(&engine.link_hints);
@@ -343,7 +354,7 @@ fn build(
     dest: SocketAddr,
     local: SocketAddr,
     peer: SocketAddr,
-    (listener, grant_pool, peer_shows_ports, to_branch): (u64, u32, bool, bool),
+    (listener, grant_pool, peer_shows_ports, branch): (u64, u32, bool, Option<u64>),
 ) -> Option<Arc<Link>> {
     let caps = rc.caps();
     // A probe's slot per stream stays out of the shares.
@@ -360,7 +371,7 @@ fn build(
         listener,
         grant_pool,
         peer_shows_ports,
-        to_branch,
+        branch,
         st: Mutex::new(State {
             rc,
             mux,
@@ -489,7 +500,7 @@ pub(in crate::engine) fn accept_link(
         local,
         local,
         peer,
-        (listener.token, grant_pool, false, false),
+        (listener.token, grant_pool, false, None),
     ) else {
         return;
     };

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A process accepting from this listener through its own rdma_cm port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +34,14 @@ struct BranchRef {
     pid: i32,
     port: u16,
     id: u64,
+    /// A client said the branch sent it back (its program busy): no one is redirected
+    /// there until then, or until its process asks the owner for a connection.
+    busy_until: Option<Instant>,
 }
+
+/// How long a branch that sent a client back gets no redirects, unless its process comes
+/// for a connection of the owner's queue first (it is free then).
+const BUSY_FOR: Duration = Duration::from_secs(1);
 
 /// The owner's list of a listener's branches.
 #[derive(Default)]
@@ -49,21 +57,52 @@ impl Branches {
         // One branch per process and listener: a new one replaces the old.
         l.retain(|b| b.pid != pid || (port == 0 && b.id != id));
         if port != 0 {
-            l.push(BranchRef { pid, port, id });
+            l.push(BranchRef {
+                pid,
+                port,
+                id,
+                busy_until: None,
+            });
         }
     }
 
-    /// The next branch in turn whose process is alive (a process that is gone is dropped;
-    /// one that closed its branch withdrew it).
-    fn pick(&self) -> Option<BranchRef> {
+    /// A client says branch `id` did not take it (PROTOCOL.md §15, `FLAG_SENT_BACK`).
+    fn set_busy(&self, id: u64, now: Instant) {
         let mut l = lock(&self.list);
-        while !l.is_empty() {
+        if let Some(b) = l.iter_mut().find(|b| b.id == id) {
+            log::debug!("branch {id:#x} (pid {}) sent a client back: busy", b.pid);
+            b.busy_until = Some(now + BUSY_FOR);
+        }
+    }
+
+    /// Process `pid` asks for a connection of the owner's queue: its branch is free.
+    pub(in crate::engine) fn set_free(&self, pid: i32) {
+        let mut l = lock(&self.list);
+        for b in l.iter_mut().filter(|b| b.pid == pid) {
+            b.busy_until = None;
+        }
+    }
+
+    /// The next branch in turn whose process is alive and that is not busy (a process that
+    /// is gone is dropped; one that closed its branch withdrew it). None if every branch is
+    /// busy: the owner takes the client.
+    fn pick(&self, now: Instant) -> Option<BranchRef> {
+        let mut l = lock(&self.list);
+        let mut tries = l.len();
+        while tries > 0 && !l.is_empty() {
+            tries -= 1;
             let i = self.next.fetch_add(1, Relaxed) % l.len();
             let b = l[i];
-            if crate::sys::raw::process_exists(b.pid) {
-                return Some(b);
+            if !crate::sys::raw::process_exists(b.pid) {
+                l.remove(i);
+                continue;
             }
-            l.remove(i);
+            match b.busy_until {
+                Some(t) if t > now => continue,
+                Some(_) => l[i].busy_until = None,
+                None => {}
+            }
+            return Some(b);
         }
         None
     }
@@ -81,6 +120,13 @@ impl Listener {
     /// stale redirect names). `None`: answered here.
     pub(super) fn redirect(&self, inc: rdma::Incoming) -> Option<rdma::Incoming> {
         let hello = Hello::parse(inc.event.private_data()).ok();
+        let now = Instant::now();
+        if let Some(b) = hello
+            .filter(|h| !h.kind.names_branch())
+            .and_then(|h| h.branch)
+        {
+            self.branches.set_busy(b, now); // it sent this client back
+        }
         if self.is_branch() {
             let ours = hello.is_some_and(|h| h.branch == Some(self.branch_id));
             if ours {
@@ -97,8 +143,8 @@ impl Listener {
         if !follows {
             return Some(inc);
         }
-        let Some(b) = self.branches.pick() else {
-            return Some(inc); // no branch (yet, or any more): the owner's, as before
+        let Some(b) = self.branches.pick(now) else {
+            return Some(inc); // no free branch (yet, or any more): the owner's, as before
         };
         let mut id = inc.id;
         log::debug!(
@@ -504,14 +550,39 @@ mod tests {
         let parent = unsafe { libc::getppid() };
         b.set(me, 1000, 1);
         b.set(parent, 2000, 2);
-        let first: Vec<u16> = (0..4).map(|_| b.pick().unwrap().port).collect();
+        let now = Instant::now();
+        let first: Vec<u16> = (0..4).map(|_| b.pick(now).unwrap().port).collect();
         assert_eq!(first, [1000, 2000, 1000, 2000]);
         // No process has pid i32::MAX (the kernel's pid_max is at most 2^22).
         b.set(i32::MAX, 3000, 3);
-        let seen: Vec<u16> = (0..6).map(|_| b.pick().unwrap().port).collect();
+        let seen: Vec<u16> = (0..6).map(|_| b.pick(now).unwrap().port).collect();
         assert!(!seen.contains(&3000), "{seen:?}");
         assert_eq!(ports(&b).len(), 2);
         let none = Branches::default();
-        assert!(none.pick().is_none());
+        assert!(none.pick(now).is_none());
+    }
+
+    #[test]
+    fn a_branch_that_sent_a_client_back_is_skipped_until_free_or_a_while_passed() {
+        let b = Branches::default();
+        let me = crate::sys::raw::getpid();
+        let parent = unsafe { libc::getppid() };
+        b.set(me, 1000, 1);
+        b.set(parent, 2000, 2);
+        let now = Instant::now();
+        b.set_busy(2, now);
+        b.set_busy(99, now); // not one of ours: nothing changes
+        let seen: Vec<u16> = (0..4).map(|_| b.pick(now).unwrap().port).collect();
+        assert_eq!(seen, [1000; 4]);
+        // Every branch busy: the owner keeps the client.
+        b.set_busy(1, now);
+        assert!(b.pick(now).is_none());
+        // Its process came for a connection of the owner's queue: free again.
+        b.set_free(parent);
+        assert_eq!(b.pick(now).map(|r| r.port), Some(2000));
+        // Or the time passed.
+        let later = now + BUSY_FOR + Duration::from_millis(1);
+        let seen: Vec<u16> = (0..4).map(|_| b.pick(later).unwrap().port).collect();
+        assert!(seen.contains(&1000) && seen.contains(&2000), "{seen:?}");
     }
 }
