@@ -16,6 +16,7 @@
 //! link); never the other way round: the driver lets go of the link before it hands a
 //! completion to a stream.
 
+mod accept;
 mod answer;
 mod grant;
 mod make;
@@ -23,8 +24,10 @@ mod member;
 mod parts;
 mod slab;
 
+pub(super) use accept::{
+    accept_link, accept_open, accept_waiting_open, is_link_request, refuse_open, OpenTarget,
+};
 pub(super) use answer::sleep_on_device;
-pub(super) use make::{accept_link, accept_waiting_open, is_link_request, refuse_open};
 pub use make::{connect, LinkHints, Outcome};
 pub use member::{Member, SlotBuf};
 
@@ -153,6 +156,11 @@ impl Link {
     }
 
     /// Whether the link failed (its streams were reset; it takes no new one).
+    /// An accepted link's listener (the token its OPENs are for); 0 for a connector's.
+    pub(super) fn listener_token(&self) -> u64 {
+        self.listener
+    }
+
     pub fn is_failed(&self) -> bool {
         self.failed.load(Acquire)
     }
@@ -266,7 +274,7 @@ impl Link {
     /// stream exists before the link's next completion is looked at).
     fn on_event(self: &Arc<Self>, engine: &Engine, ev: LinkEvent) {
         match ev {
-            LinkEvent::Incoming(open) => make::on_open(self, engine, open),
+            LinkEvent::Incoming(open) => engine.link_open(self, open),
             LinkEvent::IncomingGranted { open, mine, conn } => {
                 grant::on_open_granted(self, engine, open, mine, *conn)
             }

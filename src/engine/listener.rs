@@ -15,7 +15,7 @@ use super::error::Error;
 use super::stream::Stream;
 use super::tags::{TAG_LISTEN_RDMA, TAG_LISTEN_TCP};
 use super::{lock, Engine};
-use crate::proto::link::record::RefuseReason;
+use crate::proto::link::record::{Open, RefuseReason};
 use crate::rdma;
 use crate::readiness::Doorbell;
 use crate::sys::{fcntl, real};
@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod branch;
+mod opens;
 pub use branch::{Branches, Made};
 
 /// Most connect requests a listener keeps unanswered while its accept queue is full; more
@@ -49,7 +50,7 @@ pub(super) enum Waiting {
     /// An rdma_cm connect request, unanswered.
     Request(rdma::Incoming),
     /// A link's OPEN at a branch (`branch.rs`), unanswered.
-    Open(Arc<super::link::Link>, crate::proto::link::record::Open),
+    Open(Arc<super::link::Link>, Open),
 }
 
 impl Waiting {
@@ -358,7 +359,7 @@ impl Listener {
     fn accept_request(&self, engine: &'static Engine, inc: rdma::Incoming) {
         // A link (engine/link.rs) carries this listener's streams, accepted as it opens them.
         if super::link::is_link_request(inc.event.private_data()) {
-            return super::link::accept_link(engine, self, inc);
+            return super::link::accept_link(engine, (self.token, self.is_branch()), inc);
         }
         let branch = self
             .is_branch()
@@ -403,7 +404,7 @@ impl Listener {
                     };
                     // A link to a branch is set up at once: its OPENs are what wait here.
                     if self.is_branch() && super::link::is_link_request(inc.event.private_data()) {
-                        super::link::accept_link(engine, self, inc);
+                        super::link::accept_link(engine, (self.token, true), inc);
                         continue;
                     }
                     let mut d = lock(&self.deferred);

@@ -260,7 +260,13 @@ pub(super) fn connect(
     let timeout = Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
     let deadline = Instant::now() + timeout;
     let follow = engine.cfg.redirect;
-    let to = |via| attempt(engine, dest, opts, sizes, via, deadline);
+    let to = |via| {
+        let by = match via {
+            Via::Branch(_) => branch_deadline(deadline),
+            Via::Dest { .. } => deadline,
+        };
+        attempt(engine, dest, opts, sizes, via, by)
+    };
     let hint = (follow && sent_back.is_none()).then(|| engine.redirect_hint(dest));
     if let Some(r) = hint.flatten() {
         match to(Via::Branch(r)) {
@@ -293,6 +299,14 @@ pub(super) fn connect(
             },
         },
     }
+}
+
+/// How long a connect waits for a branch: half of the time left, so that the owner can
+/// still be asked when the branch does not answer (its process stopped, or its helper is
+/// held up: a local flood of its control socket did so).
+pub(super) fn branch_deadline(deadline: Instant) -> Instant {
+    let now = Instant::now();
+    now + deadline.saturating_duration_since(now) / 2
 }
 
 /// One connect of [`connect`], through `via`, by `deadline`.

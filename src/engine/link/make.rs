@@ -6,15 +6,13 @@ use super::parts::{
     STREAM_SENDS,
 };
 use super::{answer, Link, Opening, Slab, State};
-use crate::engine::listener::Listener;
-use crate::engine::setup::{opts_socket, OptsSocket};
+use crate::engine::setup::OptsSocket;
 use crate::engine::stream::fresh_bell;
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
-use crate::proto::link::record::{Open, RefuseReason};
 use crate::proto::link::Mux;
 use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_PORTS, FLAG_TAKES_REDIRECT};
-use crate::proto::{self, Conn, Hello, HelloKind, Params, Redirect, Reject, RejectReason};
+use crate::proto::{self, Conn, Hello, HelloKind, Params, Redirect};
 use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps};
 use crate::stats::{Cause, Fallback};
 use std::collections::{HashMap, HashSet};
@@ -133,7 +131,11 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
             },
         }
     };
-    match open_stream(engine, &link, dest, opts, deadline) {
+    let by = match link.branch {
+        Some(_) => crate::engine::setup::branch_deadline(deadline),
+        None => deadline,
+    };
+    match open_stream(engine, &link, dest, opts, by) {
         Ok(s) => {
             if link.branch.is_some() {
                 crate::stats::count_branch(false);
@@ -184,7 +186,13 @@ fn make_link(
     let follow = engine.cfg.redirect;
     match link_attempt(engine, dest, None, follow, deadline)? {
         Made::Link(l) => Ok(l),
-        Made::Redirected(r) => match link_attempt(engine, dest, Some(r), false, deadline) {
+        Made::Redirected(r) => match link_attempt(
+            engine,
+            dest,
+            Some(r),
+            false,
+            crate::engine::setup::branch_deadline(deadline),
+        ) {
             Ok(Made::Link(l)) => Ok(l),
             _ => Err(NoLink::NotNow),
         },
@@ -311,15 +319,15 @@ fn refused(target: SocketAddr, ev: &rdma::CmEvent) -> NoLink {
 
 /// A link's memory: its protection domain, and the first slab of its rings and of its send
 /// buffers (only rings are the peer's to write), with stream 0's slots taken.
-struct Memory {
-    pd: Arc<Pd>,
-    rings: Slab,
+pub(super) struct Memory {
+    pub(super) pd: Arc<Pd>,
+    pub(super) rings: Slab,
     sends: Slab,
-    control_ring: proto::link::Slot,
+    pub(super) control_ring: proto::link::Slot,
     control_send: proto::link::Slot,
 }
 
-fn memory(dev: &Arc<rdma::Device>) -> rdma::Result<Memory> {
+pub(super) fn memory(dev: &Arc<rdma::Device>) -> rdma::Result<Memory> {
     let pd = Pd::new(dev)?;
     let (rings, control_ring) = Slab::new(&pd, Access::RemoteWrite)?;
     let (sends, control_send) = Slab::new(&pd, Access::LocalRead)?;
@@ -332,7 +340,7 @@ fn memory(dev: &Arc<rdma::Device>) -> rdma::Result<Memory> {
     })
 }
 
-fn link_caps(engine: &Engine) -> QpCaps {
+pub(super) fn link_caps(engine: &Engine) -> QpCaps {
     QpCaps {
         max_send_wr: LINK_SQ,
         max_recv_wr: LINK_RQ,
@@ -343,7 +351,7 @@ fn link_caps(engine: &Engine) -> QpCaps {
 
 /// The link, registered with the engine.
 #[allow(clippy::too_many_arguments)]
-fn build(
+pub(super) fn build(
     engine: &'static Engine,
     dev: Arc<crate::engine::Dev>,
     rc: rdma::RcQp,
@@ -397,126 +405,6 @@ fn build(
     crate::stats::count_link(false);
     engine.ensure_helper();
     Some(link)
-}
-
-/// Whether a connect request asks for a link (to a listener, or to a branch).
-pub(in crate::engine) fn is_link_request(private_data: &[u8]) -> bool {
-    matches!(Hello::parse(private_data), Ok(h) if h.kind.is_link())
-}
-
-/// Passive side: a connect request for a link on `listener` (of kind Link; of kind
-/// BranchLink on a branch, which checked its id): sets the link up and accepts, or rejects
-/// it ("no resources": the client then connects as before).
-pub(in crate::engine) fn accept_link(
-    engine: &'static Engine,
-    listener: &Listener,
-    inc: rdma::Incoming,
-) {
-    let rdma::Incoming {
-        mut id,
-        device,
-        event,
-    } = inc;
-    let from = id.peer_addr();
-    let no_room = Reject::new(RejectReason::NoResources).to_bytes();
-    let kind = match listener.is_branch() {
-        true => HelloKind::BranchLink,
-        false => HelloKind::Link,
-    };
-    let hello = match Hello::parse_kind(event.private_data(), kind) {
-        Ok(h) if engine.cfg.links => h,
-        _ => {
-            let _ = id.reject(&no_room);
-            return;
-        }
-    };
-    let token = engine.token();
-    id.set_token(token);
-    let refuse = |e: &rdma::Error| log::warn!("refusing an rdma link from {from:?}: {e}");
-    let made = engine.dev(&device).and_then(|d| Ok((d, memory(&device)?)));
-    let (d, mem) = match made {
-        Ok(x) => x,
-        Err(e) => {
-            refuse(&e);
-            let _ = id.reject(&no_room);
-            return;
-        }
-    };
-    let mut rc = match rdma::RcQp::new(id, &mem.pd, link_caps(engine)) {
-        Ok(rc) => rc,
-        Err((e, mut id)) => {
-            refuse(&e);
-            let _ = id.reject(&no_room);
-            return;
-        }
-    };
-    let caps = rc.caps();
-    let params = stream_params(engine, &caps, true);
-    let built = rc.post_recvs(0, params.recv_credits).and_then(|()| {
-        rc.id_mut().migrate(&engine.ch)?;
-        Conn::on_link(&params, &hello, StreamId::CONTROL, StreamId::CONTROL)
-            .map_err(|_| rdma::Error::from_errno("link hello", libc::EPROTO))
-    });
-    let conn = match built {
-        Ok(x) => x,
-        Err(e) => {
-            refuse(&e);
-            let _ = rc.reject(&no_room);
-            return;
-        }
-    };
-    let mr = mem.rings.first().mr();
-    // Grants only to a peer that takes them (an older one would fail the link on a GRANT),
-    // and not from a branch: its streams wait for its program's accept.
-    let grant_pool = if hello.flags & FLAG_LINK_GRANTS != 0 && !listener.is_branch() {
-        engine.cfg.link_grants
-    } else {
-        0
-    };
-    let mut ours = params.hello(
-        HelloKind::Accept,
-        mr.iova() + u64::from(mem.control_ring.offset),
-        mr.rkey().unwrap_or(0),
-        hello.conn_id,
-    );
-    ours.flags |= FLAG_LINK_PORTS;
-    if grant_pool > 0 {
-        ours.flags |= FLAG_LINK_GRANTS;
-    }
-    let ours = ours.to_bytes();
-    let (Some(local), Some(peer)) = (rc.id().local_addr(), rc.id().peer_addr()) else {
-        let _ = rc.reject(&no_room);
-        return;
-    };
-    // Registered before the accept: the client may OPEN as soon as it is established.
-    let Some(link) = build(
-        engine,
-        d,
-        rc,
-        conn,
-        &params,
-        mem,
-        token,
-        local,
-        local,
-        peer,
-        (listener.token, grant_pool, false, None),
-    ) else {
-        return;
-    };
-    let mut st = link.lock();
-    let r = st.rc.accept(&ConnParam {
-        private_data: &ours[..Hello::LEN],
-        ..ConnParam::default()
-    });
-    drop(st);
-    match r {
-        Ok(()) => log::info!("rdma link {local} <- {peer}: up (qp {})", link.qpn),
-        Err(e) => {
-            log::warn!("rdma link from {peer}: accept: {e}");
-            link.fail("accept failed");
-        }
-    }
 }
 
 /// Connector: opens a stream to `dest` on `link` and waits for the answer.
@@ -631,130 +519,4 @@ pub(super) fn on_opened(link: &Arc<Link>, engine: &Engine, mine: StreamId, conn:
     let conn_id = o.conn_id;
     let r = connector_stream(link, engine, mine, conn, o);
     link.lock().answer(conn_id, r);
-}
-
-/// Acceptor, on the poller: the peer asks for a stream. A branch's OPENs wait for its
-/// program's accept, as its connect requests do (`listener/branch.rs`).
-pub(super) fn on_open(link: &Arc<Link>, engine: &Engine, open: Open) {
-    let listener = lock(&engine.listeners).get(&link.listener).cloned();
-    match listener {
-        Some(l) if l.is_branch() && open.dest.port() == l.shown_port() => {
-            l.defer_open(engine, link.clone(), open)
-        }
-        // A listener other processes accept through hands its streams over (take-over): not
-        // for a link's stream, so its connects come through rdma_cm (or a branch).
-        Some(l) if !l.is_branch() && open.dest.port() == link.dest.port() && !l.shared() => {
-            accept_open(link, engine, &l, open)
-        }
-        _ => refuse_open(link, &open, RefuseReason::NotMine),
-    }
-}
-
-/// Acceptor: refuses the peer's `open` for `reason`.
-pub(in crate::engine) fn refuse_open(link: &Link, open: &Open, reason: RefuseReason) {
-    log::debug!(
-        "rdma link from {}: OPEN of stream {} refused ({reason:?})",
-        link.peer,
-        open.opener.get()
-    );
-    let mut st = link.lock();
-    st.mux.refuse(open.opener, reason);
-    link.pump(&mut st);
-}
-
-/// Acceptor, at a branch whose program accepts: the OPEN that waited for it is answered,
-/// its stream queued on `listener`. The device's poll lock is held meanwhile, as the poller
-/// holds it: the peer's first bytes must not be looked at before the stream exists.
-pub(in crate::engine) fn accept_waiting_open(
-    link: &Arc<Link>,
-    engine: &Engine,
-    listener: &Listener,
-    open: Open,
-) {
-    if link.is_failed() {
-        return; // its opener's stream was reset with the link
-    }
-    let _poll = lock(&link.dev.poll);
-    accept_open(link, engine, listener, open)
-}
-
-/// Acceptor: answers the peer's `open` on `listener` (ACCEPT, or REFUSE for want of room),
-/// and queues its stream there.
-fn accept_open(link: &Arc<Link>, engine: &Engine, listener: &Listener, open: Open) {
-    let refuse = |reason| refuse_open(link, &open, reason);
-    if !listener.has_room_for_link_stream() {
-        return refuse(RefuseReason::BacklogFull);
-    }
-    let opts_fd = opts_socket(&link.peer);
-    let bell = match fresh_bell() {
-        Ok(b) if opts_fd >= 0 => b,
-        _ => {
-            crate::sys::raw::close(opts_fd);
-            return refuse(RefuseReason::NoResources);
-        }
-    };
-    let taken = {
-        let mut st = link.lock();
-        let (params, slots) = stream_slots(engine, link, &mut st);
-        match slots {
-            (Some(ring), Some(send)) => {
-                let at = ring.ring_at();
-                st.opened += 1;
-                match st.mux.accept(&open, params, at) {
-                    Ok((mine, conn)) => Ok((ring, send, mine, conn)),
-                    // Refused by the mux (no id or no room in the queues).
-                    Err(_) => {
-                        log::debug!(
-                            "rdma link from {}: no id or queue room ({})",
-                            link.peer,
-                            st.describe()
-                        );
-                        st.mux.release_closes(); // what we hold back keeps the peer's too
-                        Err((Some(ring), Some(send)))
-                    }
-                }
-            }
-            unused => {
-                log::debug!(
-                    "rdma link from {}: no slot for a stream ({})",
-                    link.peer,
-                    st.describe()
-                );
-                st.mux.refuse(open.opener, RefuseReason::NoResources);
-                st.mux.release_closes();
-                Err(unused)
-            }
-        }
-    };
-    let (mut ring, mut send, mine, conn) = match taken {
-        Ok(x) => x,
-        Err(unused) => {
-            drop(unused);
-            crate::sys::raw::close(opts_fd);
-            let mut st = link.lock();
-            link.pump(&mut st);
-            return;
-        }
-    };
-    ring.id = Some(mine);
-    send.id = Some(mine);
-    log::debug!(
-        "rdma link from {}: OPEN of stream {} to {} accepted as {}",
-        link.peer,
-        open.opener.get(),
-        open.dest,
-        mine.get()
-    );
-    // Grants only for a listener this process alone accepts on (not a branch's).
-    let shared = listener.shared() || listener.is_branch();
-    let slots = (ring, send);
-    super::grant::queue_accepted(
-        link,
-        engine,
-        shared,
-        (&open, mine, conn),
-        slots,
-        (opts_fd, bell),
-        |s| listener.push_stream(s),
-    );
 }

@@ -167,11 +167,6 @@ impl Listener {
         self.ring_if_deferred();
     }
 
-    /// A branch: the port of the listener it is a branch of (its streams show it).
-    pub(in crate::engine) fn shown_port(&self) -> u16 {
-        self.shown_port
-    }
-
     /// A branch (whoever polls the link): a link's OPEN waits, as a connect request does,
     /// for the program's accept; A rings. The helper is woken if it was not looking at
     /// waiting requests (it sends back those the program does not take in time).
