@@ -181,8 +181,13 @@ unsafe fn accept_via_branch(
             set_errno(libc::EAGAIN);
             return Some(-1);
         }
-        let _g = crate::guard::enter()?;
-        b.wait(engine, fd);
+        let waited = {
+            let _g = crate::guard::enter()?;
+            b.wait_on_links(engine, fd)
+        };
+        if !waited {
+            unix::wait(fd, libc::POLLIN, 1000);
+        }
     }
 }
 

@@ -304,18 +304,18 @@ impl Listener {
         left
     }
 
-    /// A branch, for the program's blocking accept: waits (up to a second) on `fd`, its A,
-    /// and — once links came in here — on their device, whose OPENs this thread then
-    /// handles itself rather than a thread hop later.
-    pub fn wait(&self, engine: &Engine, fd: libc::c_int) {
-        match lock(&engine.links).dev_of_listener(self.token) {
-            Some(dev) => {
-                crate::engine::link::sleep_on_device(engine, &dev, fd, 1000, || self.has_work());
-            }
-            None => {
-                crate::sys::unix::wait(fd, libc::POLLIN, 1000);
-            }
-        }
+    /// A branch, for the program's blocking accept, once links came in here: waits (up to
+    /// a second) on `fd`, its A, and on their device, whose OPENs this thread then handles
+    /// itself rather than a thread hop later. `false` at once without links (the caller
+    /// waits on `fd` alone, outside the shim).
+    pub fn wait_on_links(&self, engine: &Engine, fd: libc::c_int) -> bool {
+        // (A statement of its own: a match on it would hold the links' lock while it waits.)
+        let dev = lock(&engine.links).dev_of_listener(self.token);
+        let Some(dev) = dev else {
+            return false;
+        };
+        crate::engine::link::sleep_on_device(engine, &dev, fd, 1000, || self.has_work());
+        true
     }
 
     /// A branch: whether something waits here — a stream, a request the program has not
