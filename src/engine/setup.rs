@@ -302,8 +302,8 @@ pub(super) fn connect(
 }
 
 /// How long a connect waits for a branch: half of the time left, so that the owner can
-/// still be asked when the branch does not answer (its process stopped, or its helper is
-/// held up: a local flood of its control socket did so).
+/// still be asked when the branch does not answer (its process stopped, or its helper held
+/// up).
 pub(super) fn branch_deadline(deadline: Instant) -> Instant {
     let now = Instant::now();
     now + deadline.saturating_duration_since(now) / 2
