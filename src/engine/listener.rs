@@ -483,7 +483,10 @@ impl Listener {
             }
             let link_dev = lock(&engine.links).dev_of_listener(self.token);
             match link_dev {
-                Some(dev) => self.wait_on_link(engine, &dev, std::mem::take(&mut spin)),
+                Some(dev) => {
+                    let queued = || !lock(&self.queue).items.is_empty();
+                    self.wait_on_link(engine, &dev, std::mem::take(&mut spin), queued)
+                }
                 None => {
                     crate::sys::unix::wait(self.bell.app_fd(), libc::POLLIN, 1000);
                 }
@@ -497,15 +500,21 @@ impl Listener {
     /// the program one thread hop later, on every connection. `spin` only on an accept's
     /// first wait: a wake-up for another stream's completion (a fork child's relayed
     /// stream, say) must not cost a spin each time.
-    fn wait_on_link(&self, engine: &Engine, dev: &Arc<super::Dev>, spin: bool) {
-        let queued = || !lock(&self.queue).items.is_empty();
+    /// `done`: what ends the wait (a stream queued; at a branch, anything for the program).
+    fn wait_on_link(
+        &self,
+        engine: &Engine,
+        dev: &Arc<super::Dev>,
+        spin: bool,
+        done: impl Fn() -> bool,
+    ) {
         let mut budget = engine.poll_budget.spin();
-        while spin && !queued() && budget.go_on() {
+        while spin && !done() && budget.go_on() {
             engine.progress(dev);
             std::hint::spin_loop();
         }
-        if !queued() {
-            super::link::sleep_on_device(engine, dev, self.bell.app_fd(), 1000, queued);
+        if !done() {
+            super::link::sleep_on_device(engine, dev, self.bell.app_fd(), 1000, done);
         }
     }
 

@@ -326,6 +326,11 @@ impl Hello {
         Ok(())
     }
 
+    /// The branch that sent the sender back ([`FLAG_SENT_BACK`]), if the hello names one.
+    pub fn sent_back_by(&self) -> Option<u64> {
+        self.branch.filter(|_| !self.kind.names_branch())
+    }
+
     /// Bytes [`emit`](Self::emit) writes: [`LEN`](Self::LEN), or
     /// [`RESUME_LEN`](Self::RESUME_LEN) for a resume, [`BRANCH_LEN`](Self::BRANCH_LEN) for
     /// a branch hello.
@@ -925,6 +930,14 @@ mod tests {
         assert_eq!(b[10..40], HELLO_BYTES[10..40]);
         assert_eq!(b[40..48], [0, 0, 1, 2, 3, 4, 5, 6]);
         assert_eq!(Hello::parse(&b), Ok(h));
+        assert_eq!(h.sent_back_by(), Some(0x0000_0102_0304_0506));
+        // A branch hello names the branch it is for, not one that sent it back.
+        let branch = Hello {
+            kind: HelloKind::Branch,
+            flags: 0,
+            ..h
+        };
+        assert_eq!(branch.sent_back_by(), None);
         // The flag promises the id: 40 bytes of it are a bad length ...
         let mut short = b;
         short[9] = 40;

@@ -264,19 +264,26 @@ prefork_redirect_cell() {
 }
 cell_prefork_redirect() { prefork_redirect_cell --epoll; }
 cell_prefork_redirect_blocking() { prefork_redirect_cell; }
+# busy_prefork WORKERS HOLD_MS: examples/prefork_server whose workers each hold a client
+# HOLD_MS before serving it, started once every worker made its branch; its pid in `main`.
+busy_prefork() {
+    bg srv $T shimmed "$CELL_DIR/srv" "$EX/prefork_server" "$A:$PORT" "$1" --log "$CELL_DIR/events.log" \
+        --hold-ms "$2" --pidfile "$CELL_DIR/srv.pid" --epoll
+    wait_dual srv
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    branches() { [ "$(grep -c 'redirects to it' srv.log)" -ge "$1" ]; }
+    wait_until 30 branches "$1" || fail "the workers made no branches"
+    main=$(cat srv.pid)
+}
+
 # One worker, busy with one client (held 2 s) while a second comes: the second is sent back
 # from the branch after 50 ms (logged) and the worker accepts it from the master's queue once
 # free (taken over). Both served, bytes checked.
 cell_prefork_redirect_busy() {
     local -x RSOCK_REDIRECT=1
-    rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" "$EX/prefork_server" "$A:$PORT" 1 --log "$CELL_DIR/events.log" \
-        --hold-ms 2000 --pidfile "$CELL_DIR/srv.pid" --epoll
-    wait_dual srv
-    wait_until 30 test -s srv.pid || fail "no pid file"
-    wait_until 30 grep -q 'redirects to it' srv.log || fail "the worker made no branch"
     local main rc=0
-    main=$(cat srv.pid)
+    rdma_begin
+    busy_prefork 1 2000
     bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --conns 2 --parallel 2 --bytes 1048576 \
         --timeout 60
     bg_wait cli || rc=$?
@@ -302,15 +309,9 @@ cell_prefork_redirect_busy() {
 # worker again); all five served after the holds, bytes checked.
 cell_prefork_redirect_skip_busy() {
     local -x RSOCK_REDIRECT=1
-    rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" "$EX/prefork_server" "$A:$PORT" 2 --log "$CELL_DIR/events.log" \
-        --hold-ms 3000 --pidfile "$CELL_DIR/srv.pid" --epoll
-    wait_dual srv
-    wait_until 30 test -s srv.pid || fail "no pid file"
-    both() { [ "$(grep -c 'redirects to it' srv.log)" -ge 2 ]; }
-    wait_until 30 both || fail "the workers made no branches"
     local main rc=0 c
-    main=$(cat srv.pid)
+    rdma_begin
+    busy_prefork 2 3000
     for c in a b c d e; do
         bg "cli$c" $T shimmed "$CELL_DIR/cli$c" "$EX/fork_client" "$A:$PORT" --conns 1 --bytes 65536 \
             --timeout 60

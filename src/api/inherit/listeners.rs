@@ -183,7 +183,7 @@ unsafe fn accept_via_branch(
         }
         let waited = {
             let _g = crate::guard::enter()?;
-            b.wait_on_links(engine, fd)
+            b.wait_on_links(engine)
         };
         if !waited {
             unix::wait(fd, libc::POLLIN, 1000);

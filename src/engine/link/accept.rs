@@ -246,15 +246,13 @@ pub(in crate::engine) fn accept_open(
         open.dest,
         mine.get()
     );
-    let shared = !target.grants();
     let slots = (ring, send);
     super::grant::queue_accepted(
         link,
         engine,
-        shared,
+        target,
         (&open, mine, conn),
         slots,
         (opts_fd, bell),
-        |s| target.push_stream(s),
     );
 }

@@ -11,7 +11,7 @@
 //! closes is reset).
 
 use super::parts::{accepted_stream, connector_stream, stream_slots, Bell};
-use super::{refused_failed, Link, Opening, SlotBuf, State};
+use super::{refused_failed, Link, OpenTarget, Opening, SlotBuf, State};
 use crate::engine::setup::{opts_socket, OptsSocket};
 use crate::engine::stream::fresh_bell;
 use crate::engine::{lock, Engine, Stream};
@@ -119,41 +119,38 @@ pub(super) fn on_open_granted(
     crate::stats::count_granted();
     link.lock().opened += 1;
     // Queued beyond the backlog if need be: the connector's connect has returned.
-    let shared = listener.shared();
     let slots = (ring, send);
     queue_accepted(
         link,
         engine,
-        shared,
+        &*listener,
         (&open, mine, conn),
         slots,
         (opts_fd, bell),
-        |s| listener.push_stream(s),
     );
 }
 
-/// Acceptor: the records owed go out (an ACCEPT, grants topped up unless the listener is
-/// `shared`), then the stream `mine` the peer's `open` asked for is made of `conn` and its
-/// slots and handed to `queue` (its listener's accept queue). In that order: the program
+/// Acceptor: the records owed go out (an ACCEPT, grants topped up if `target` takes them),
+/// then the stream `mine` the peer's `open` asked for is made of `conn` and its slots and
+/// queued on `target` (its listener). In that order: the program
 /// may write as soon as it accepts, and its first bytes must not overtake the ACCEPT (the
 /// peer would fail the link). The peer's first bytes cannot come before the stream exists:
 /// this runs on the poller, which looks at the link's next completion only after it.
 pub(super) fn queue_accepted(
     link: &Arc<Link>,
     engine: &Engine,
-    shared: bool,
+    target: &dyn OpenTarget,
     (open, mine, conn): (&Open, StreamId, Conn),
     slots: (SlotBuf, SlotBuf),
     fds: (libc::c_int, Bell),
-    queue: impl FnOnce(Arc<Stream>),
 ) {
     let mut st = link.lock();
-    let unused = refill(link, engine, shared, &mut st);
+    let unused = refill(link, engine, !target.grants(), &mut st);
     link.pump(&mut st);
     drop(st);
     drop(unused); // a slot goes back to the link, which takes its lock
     if let Some(s) = accepted_stream(link, engine, open, mine, conn, slots, fds) {
-        queue(s);
+        target.push_stream(s);
     }
 }
 

@@ -127,7 +127,7 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
                     lock(&engine.link_hints).refused.insert(dest);
                     return Outcome::NotHere;
                 }
-                (Err(NoLink::NotNow), None) => return Outcome::NotHere,
+                (Err(NoLink::NotNow(branch)), None) => return Outcome::SentBack(branch),
             },
         }
     };
@@ -161,9 +161,9 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
 enum NoLink {
     /// The peer does not take links (an older rsock, or links off there): not to links.
     NotTaken,
-    /// Not this time (the branch a redirect named did not take the link): rdma_cm now,
-    /// a link again next time.
-    NotNow,
+    /// Not this time (the branch a redirect named, this id, did not take the link): rdma_cm
+    /// now, naming the branch to the owner; a link again next time.
+    NotNow(u64),
     /// RDMA does not reach the peer.
     Fail(Cause),
 }
@@ -194,7 +194,7 @@ fn make_link(
             crate::engine::setup::branch_deadline(deadline),
         ) {
             Ok(Made::Link(l)) => Ok(l),
-            _ => Err(NoLink::NotNow),
+            _ => Err(NoLink::NotNow(r.branch)),
         },
     }
 }

@@ -121,11 +121,8 @@ impl Listener {
     pub(super) fn redirect(&self, inc: rdma::Incoming) -> Option<rdma::Incoming> {
         let hello = Hello::parse(inc.event.private_data()).ok();
         let now = Instant::now();
-        if let Some(b) = hello
-            .filter(|h| !h.kind.names_branch())
-            .and_then(|h| h.branch)
-        {
-            self.branches.set_busy(b, now); // it sent this client back
+        if let Some(b) = hello.and_then(|h| h.sent_back_by()) {
+            self.branches.set_busy(b, now);
         }
         if self.is_branch() {
             let ours = hello.is_some_and(|h| h.branch == Some(self.branch_id));
@@ -305,16 +302,16 @@ impl Listener {
     }
 
     /// A branch, for the program's blocking accept, once links came in here: waits (up to
-    /// a second) on `fd`, its A, and on their device, whose OPENs this thread then handles
-    /// itself rather than a thread hop later. `false` at once without links (the caller
-    /// waits on `fd` alone, outside the shim).
-    pub fn wait_on_links(&self, engine: &Engine, fd: libc::c_int) -> bool {
+    /// a second) on its A and on their device, whose OPENs this thread then handles itself
+    /// rather than a thread hop later — as a listener's accept does. `false` at once
+    /// without links (the caller waits on A alone, outside the shim).
+    pub fn wait_on_links(&self, engine: &Engine) -> bool {
         // (A statement of its own: a match on it would hold the links' lock while it waits.)
         let dev = lock(&engine.links).dev_of_listener(self.token);
         let Some(dev) = dev else {
             return false;
         };
-        crate::engine::link::sleep_on_device(engine, &dev, fd, 1000, || self.has_work());
+        self.wait_on_link(engine, &dev, false, || self.has_work());
         true
     }
 
@@ -538,13 +535,19 @@ mod tests {
         assert!(ports(&b).is_empty());
     }
 
+    /// This process's branch on port 1000 (id 1) and its parent's on port 2000 (id 2):
+    /// two live processes.
+    fn two_branches() -> (Branches, i32) {
+        let b = Branches::default();
+        let parent = unsafe { libc::getppid() };
+        b.set(crate::sys::raw::getpid(), 1000, 1);
+        b.set(parent, 2000, 2);
+        (b, parent)
+    }
+
     #[test]
     fn branches_are_picked_in_turn_and_gone_processes_dropped() {
-        let b = Branches::default();
-        let me = crate::sys::raw::getpid();
-        let parent = unsafe { libc::getppid() };
-        b.set(me, 1000, 1);
-        b.set(parent, 2000, 2);
+        let (b, _) = two_branches();
         let now = Instant::now();
         let first: Vec<u16> = (0..4).map(|_| b.pick(now).unwrap().port).collect();
         assert_eq!(first, [1000, 2000, 1000, 2000]);
@@ -559,11 +562,7 @@ mod tests {
 
     #[test]
     fn a_branch_that_sent_a_client_back_is_skipped_until_free_or_a_while_passed() {
-        let b = Branches::default();
-        let me = crate::sys::raw::getpid();
-        let parent = unsafe { libc::getppid() };
-        b.set(me, 1000, 1);
-        b.set(parent, 2000, 2);
+        let (b, parent) = two_branches();
         let now = Instant::now();
         b.set_busy(2, now);
         b.set_busy(99, now); // not one of ours: nothing changes
