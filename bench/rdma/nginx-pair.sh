@@ -7,8 +7,8 @@
 #
 # MODES (environment), default "tcp rsock links": tcp (no preload), rsock (the defaults: a
 # QP per connection, set up in the worker's branch), links (RSOCK_LINKS=1 at both ends:
-# links redirected to the workers' branches), links-b (the same with the library SO_B
-# names, for an A/B of two builds in one boot).
+# links redirected to the workers' branches), rsock-b and links-b (the same with the
+# library SO_B names, for an A/B of two builds in one boot).
 #
 #   cargo build --release --workspace --lib --bins --examples
 #   tests/rdma-vm/run.sh --topology pair --timeout 1800 -- bench/rdma/nginx-pair.sh
@@ -34,6 +34,7 @@ mode_env() {
   case $1 in
     tcp) echo env; return ;;
     links) extra=RSOCK_LINKS=1 ;;
+    rsock-b) so=${SO_B:?rsock-b needs SO_B} ;;
     links-b) extra=RSOCK_LINKS=1 so=${SO_B:?links-b needs SO_B} ;;
   esac
   mkdir -p "$2" && chmod 1777 "$2" # the workers (nobody) write their stats there

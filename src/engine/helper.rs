@@ -163,7 +163,12 @@ fn cm_events(engine: &'static Engine) {
                 return;
             }
         };
-        let s = lock(&engine.streams_by_token).get(&ev.token).cloned();
+        let mut s = lock(&engine.streams_by_token).get(&ev.token).cloned();
+        if s.is_none() {
+            // An accept on another thread may be registering it (`Engine::accepting`).
+            drop(lock(&engine.accepting));
+            s = lock(&engine.streams_by_token).get(&ev.token).cloned();
+        }
         let Some(s) = s else {
             let link = lock(&engine.links).by_token(ev.token);
             match link {
@@ -176,7 +181,10 @@ fn cm_events(engine: &'static Engine) {
             continue;
         };
         match ev.kind {
-            EventKind::Established => super::listener::established(engine, &s),
+            EventKind::Established => {
+                s.on_established();
+                super::listener::established(engine, &s)
+            }
             EventKind::Disconnected | EventKind::DeviceRemoval => {
                 // Completions that arrived before the disconnect come first.
                 engine.progress_all(&s.dev);

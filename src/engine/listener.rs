@@ -103,10 +103,6 @@ pub struct Listener {
     /// listener another process owns, taking only the clients redirected to it, and
     /// answering each when the program accepts.
     pub(super) branch_id: u64,
-    /// A branch: connect requests its program asked for, which the helper answers
-    /// (it handles their ESTABLISHED events, which must not come before their stream is
-    /// registered).
-    asked: AtomicUsize,
     /// A branch: the port of the listener it is a branch of, which its streams show as
     /// their local port (their rdma_cm port is the branch's own).
     shown_port: u16,
@@ -173,7 +169,6 @@ impl Listener {
             nonblocking: AtomicBool::new(nonblock),
             served_elsewhere: AtomicBool::new(false),
             branch_id: 0,
-            asked: AtomicUsize::new(0),
             shown_port: 0,
             branches: Default::default(),
             sent: AtomicUsize::new(0),
@@ -361,10 +356,19 @@ impl Listener {
         if super::link::is_link_request(inc.event.private_data()) {
             return super::link::accept_link(engine, (self.token, self.is_branch()), inc);
         }
-        let branch = self
-            .is_branch()
-            .then_some((self.branch_id, self.shown_port));
-        super::setup::accept_request(engine, self.sizes, inc, branch, |s| {
+        if self.is_branch() {
+            // On the program's accepting thread: the stream is its at once (writes wait for
+            // the connection to be established), and none is left queued here for an accept
+            // that gave up on it — a program may stop watching the listener after an accept
+            // (nginx's accept_mutex), and a kernel listener would have given the connection
+            // to another process.
+            let at = Some((self.branch_id, self.shown_port));
+            if let Some(s) = super::setup::accept_request(engine, self.sizes, inc, at, |_| {}) {
+                self.push_stream(s);
+            }
+            return;
+        }
+        super::setup::accept_request(engine, self.sizes, inc, None, |s| {
             s.pending_for.store(self.token, Relaxed);
             self.pending.fetch_add(1, Relaxed);
         });
@@ -432,7 +436,7 @@ impl Listener {
     /// Answers deferred connect requests while the accept queue has room (helper thread).
     pub(super) fn admit_deferred(self: &Arc<Self>, engine: &'static Engine) {
         if self.is_branch() {
-            return self.admit_asked(engine);
+            return; // a branch answers a request when its program accepts
         }
         while self.has_room() {
             let Some((_, w)) = lock(&self.deferred).pop_front() else {
@@ -669,9 +673,6 @@ pub(super) fn abandon_pending(engine: &'static Engine, s: &Arc<Stream>) {
     if let Some(l) = pending_listener(engine, s) {
         if let Some(l) = l {
             l.pending.fetch_sub(1, Relaxed);
-            if l.is_branch() {
-                l.ring_if_deferred(); // its program waits for the next request
-            }
         }
         s.app_closed(true);
         engine.retire(s.clone());

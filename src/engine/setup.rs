@@ -9,7 +9,7 @@
 
 use super::steps::Steps;
 use super::stream::{Parts, Stream, StreamBuf, StreamQp};
-use super::Engine;
+use super::{lock, Engine};
 use crate::proto::wire::{FLAG_SENT_BACK, FLAG_TAKES_REDIRECT};
 use crate::proto::{self, Hello, HelloError, HelloKind, Redirect, Reject, RejectReason};
 use crate::rdma::{
@@ -475,13 +475,18 @@ pub(super) fn refuse_request(inc: rdma::Incoming, why: &str) {
 /// pending stream with buffers of `sizes`, which `pending` hands to the listener before the
 /// stream is registered (its ESTABLISHED event may come at once), or reject it. `branch`:
 /// the request came to a branch (its id, and the port its streams show as theirs).
+///
+/// The stream's writes wait until the connection is established ([`Stream::await_peer`]),
+/// so that it can be the program's at once (a branch's accept). Runs on the helper or, at a
+/// branch, on the accepting thread: `Engine::accepting` keeps the helper from taking the
+/// stream's first cm event for a stranger's.
 pub(super) fn accept_request(
     engine: &'static Engine,
     sizes: BufSizes,
     inc: rdma::Incoming,
     branch: Option<(u64, u16)>,
     pending: impl FnOnce(&Arc<Stream>),
-) {
+) -> Option<Arc<Stream>> {
     let mut steps = Steps::start();
     let rdma::Incoming {
         mut id,
@@ -499,7 +504,7 @@ pub(super) fn accept_request(
         Ok(_) => {
             log::info!("refusing rdma connection from {from:?}: a hello for another branch");
             let _ = id.reject(&Reject::new(RejectReason::BadHello).to_bytes());
-            return;
+            return None;
         }
         Err(e) => {
             log::info!("refusing rdma connection from {from:?}: {e}");
@@ -508,7 +513,7 @@ pub(super) fn accept_request(
                 e => Reject::new(RejectReason::for_error(&e)).to_bytes().to_vec(),
             };
             let _ = id.reject(&data);
-            return;
+            return None;
         }
     };
     let token = engine.token();
@@ -526,7 +531,7 @@ pub(super) fn accept_request(
         Err(e) => {
             refuse(&e);
             let _ = id.reject(&no_room);
-            return;
+            return None;
         }
     };
     steps.mark("memory");
@@ -535,9 +540,11 @@ pub(super) fn accept_request(
         Err((e, mut id)) => {
             refuse(&e);
             let _ = id.reject(&no_room);
-            return;
+            return None;
         }
     };
+    // From its move to the engine's channel until the stream is registered (see the doc).
+    let accepting = lock(&engine.accepting);
     let built = fit_and_post(&mut rc, &mut m)
         .and_then(|()| rc.id_mut().migrate(&engine.ch))
         .and_then(|()| {
@@ -549,7 +556,7 @@ pub(super) fn accept_request(
         Err(e) => {
             refuse(&e);
             let _ = rc.reject(&no_room);
-            return;
+            return None;
         }
     };
     steps.mark("qp");
@@ -561,7 +568,7 @@ pub(super) fn accept_request(
     // In the listening socket's family: an IPv4 peer of an AF_INET6 listener is mapped.
     let (local, peer_addr) = (rc.id().local_addr(), rc.id().peer_addr());
     let (Some(mut local), Some(peer_addr)) = (local, peer_addr) else {
-        return;
+        return None;
     };
     if let Some((_, port)) = branch {
         local.set_port(port); // the listener's, as the program knows it
@@ -578,7 +585,7 @@ pub(super) fn accept_request(
         Err(e) => {
             log::warn!("refusing rdma connection from {peer_addr}: no fds for the stream: {e}");
             let _ = rc.reject(&no_room);
-            return;
+            return None;
         }
     };
     if let Err(e) = rc.accept(&ConnParam {
@@ -589,7 +596,7 @@ pub(super) fn accept_request(
         // Nobody else holds the copy of the socket made for this stream (the bell closes
         // its own fds on drop).
         crate::sys::raw::close(opts_fd);
-        return;
+        return None;
     }
     steps.mark("accept");
     let parts = Parts {
@@ -607,17 +614,21 @@ pub(super) fn accept_request(
     };
     match Stream::new(parts, d, engine.spin_max(), engine.owner) {
         Ok(s) => {
+            s.await_peer();
             pending(&s);
             engine.register(&s);
+            drop(accepting);
             steps.mark("stream");
             let (ring, send) = s.sizes();
             steps.log(format_args!(
                 "rdma stream {local} <- {peer_addr}: accepted, ring {ring} send buffer {send},"
             ));
+            Some(s)
         }
         Err(e) => {
             log::warn!("rdma accept from {peer_addr}: doorbell: {e}");
             crate::sys::raw::close(opts_fd); // the stream that would have owned it was not made
+            None
         }
     }
 }

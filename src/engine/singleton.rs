@@ -207,6 +207,7 @@ impl Engine {
             link_hints: Mutex::new(Default::default()),
             link_making: Mutex::new(()),
             streams_by_token: Mutex::new(HashMap::new()),
+            accepting: Mutex::new(()),
             listeners: Mutex::new(HashMap::new()),
             branches: Mutex::new(Default::default()),
             redirects: Mutex::new(HashMap::new()),

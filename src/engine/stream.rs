@@ -184,6 +184,11 @@ pub(super) struct Inner<P: Port = Dev> {
     /// Moving to another process ([`Phase::Moving`]): when the taker's time to ask for the
     /// state is up.
     move_deadline: Option<Instant>,
+    /// An accepted stream whose connection is not established yet: its writes wait
+    /// (`rdma_accept` made our queue pair ready to send before the client's can receive, and
+    /// what it dropped would come again only after a retransmission timeout, half a second
+    /// on RoCE). See [`Stream::await_peer`].
+    awaits_peer: bool,
 }
 
 /// Everything a new stream is made of (built by `setup`).
@@ -282,6 +287,7 @@ impl<P: Port> Stream<P> {
                 confirmed: 0,
                 resume_scheduled: false,
                 move_deadline: None,
+                awaits_peer: false,
                 read_rate: Rate::default(),
                 write_rate: Rate::default(),
             }),

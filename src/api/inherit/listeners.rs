@@ -147,9 +147,6 @@ unsafe fn accept_via_branch(
             crate::stats::count_branch(true);
             return Some(give_accepted(engine, a, l.tcp_fd, addr, len, flags));
         }
-        if await_own_stream(&b) {
-            continue;
-        }
         if b.take_owner_rang() {
             drain_tokens(owners_a);
             let mut owner = l.owner;
@@ -189,27 +186,6 @@ unsafe fn accept_via_branch(
             unix::wait(fd, libc::POLLIN, 1000);
         }
     }
-}
-
-/// Waits while branch `b` sets a stream up for this accept (the client's answer to the
-/// accept: one round trip), as long as a client waits for its connect
-/// (`RSOCK_CONNECT_TIMEOUT_MS`): whether it came (or the setup ended: the caller looks
-/// again). The stream is this call's even if the listener is nonblocking: a program that
-/// stops watching the listener after an accept that said EAGAIN (nginx with accept_mutex,
-/// whose other worker then holds the mutex for seconds) would leave it there.
-fn await_own_stream(b: &Listener) -> bool {
-    if !b.in_flight() {
-        return false;
-    }
-    let wait = crate::config::Config::get().connect_timeout_ms;
-    let until = std::time::Instant::now() + std::time::Duration::from_millis(u64::from(wait));
-    while b.in_flight() && !b.has_stream() {
-        if std::time::Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
-    true
 }
 
 /// This process's branch of `l`, which the program holds as `fd` (`RSOCK_REDIRECT`),

@@ -207,90 +207,39 @@ impl Listener {
         self.owner_rang();
     }
 
-    /// A branch, for the program's accept: the next stream set up here; else, if none is
-    /// being set up, the helper is asked to answer the next connect request (its stream is
-    /// queued once established, and A rings).
-    ///
-    /// A link's OPEN at the head of the requests is answered here, at once: its stream
-    /// needs no handshake.
+    /// A branch, for the program's accept: the next stream set up here; else the next
+    /// connect request or link OPEN waiting here, answered now, on this thread. The stream
+    /// is the program's at once (a connect's writes wait for the connection to be
+    /// established), so none can be left queued for an accept that gave up on it.
     pub fn branch_take(&self, engine: &'static Engine) -> Option<Accepted> {
         loop {
             if let Some(a) = lock(&self.queue).items.pop_front() {
                 return Some(a);
             }
-            if self.pending.load(Relaxed) != 0 || self.asked.load(Relaxed) != 0 {
-                return None;
-            }
-            let mut d = lock(&self.deferred);
-            match d.front() {
-                None => return None,
-                Some((_, Waiting::Open(..))) => {
-                    let (_, w) = d.pop_front()?;
-                    drop(d);
-                    engine.deferred.fetch_sub(1, Relaxed);
-                    self.answer(engine, w); // then taken from the queue, above
-                }
-                Some((_, Waiting::Request(_))) => {
-                    self.asked.fetch_add(1, Relaxed);
-                    log::debug!(
-                        "branch {:#x}: the program asks for a connection",
-                        self.branch_id
-                    );
-                    engine.wake();
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// A branch: whether a stream is being set up for the program's accept (asked for, or
-    /// answered and not yet established).
-    pub fn in_flight(&self) -> bool {
-        self.asked.load(Relaxed) > 0 || self.pending.load(Relaxed) > 0
-    }
-
-    /// A branch: whether a stream waits for the program's accept.
-    pub fn has_stream(&self) -> bool {
-        !lock(&self.queue).items.is_empty()
-    }
-
-    /// A branch (helper): answers the connect requests its program asked for.
-    /// An ask is taken back only once its stream is pending (or failed): the program must
-    /// not see nothing in flight in between, and ask for a second one.
-    pub(super) fn admit_asked(&self, engine: &'static Engine) {
-        while self.asked.load(Relaxed) > 0 {
-            let Some((_, w)) = lock(&self.deferred).pop_front() else {
-                self.asked.fetch_sub(1, Relaxed);
-                break;
-            };
+            let (_, w) = lock(&self.deferred).pop_front()?;
             engine.deferred.fetch_sub(1, Relaxed);
-            self.answer(engine, w);
-            self.asked.fetch_sub(1, Relaxed);
+            self.answer(engine, w); // then taken from the queue, above
         }
-        self.ring_if_deferred(); // one the program has not asked for yet
     }
 
-    /// A branch (helper): the requests its program has not asked for that waited longer
+    /// A branch (helper): the requests its program has not accepted that waited longer
     /// than [`SEND_BACK_AFTER`] are refused, and their clients connect to the owner, whose
     /// queue any process accepting from the listener takes from (this one is busy). Whether
     /// requests still wait here.
     pub(in crate::engine) fn send_back_stale(&self, engine: &Engine) -> bool {
         let mut d = lock(&self.deferred);
         let mut stale = Vec::new();
-        while d.len() > self.asked.load(Relaxed) {
-            match d.front() {
-                Some((at, _)) if at.elapsed() >= SEND_BACK_AFTER => {
-                    stale.extend(d.pop_front().map(|(_, w)| w));
-                }
-                _ => break,
-            }
+        while d
+            .front()
+            .is_some_and(|(at, _)| at.elapsed() >= SEND_BACK_AFTER)
+        {
+            stale.extend(d.pop_front().map(|(_, w)| w));
         }
         let left = !d.is_empty();
         log::trace!(
-            "branch {:#x}: {} waiting, {} asked for, {} stale",
+            "branch {:#x}: {} waiting, {} stale",
             self.branch_id,
             d.len(),
-            self.asked.load(Relaxed),
             stale.len()
         );
         drop(d);
@@ -315,15 +264,14 @@ impl Listener {
         true
     }
 
-    /// A branch: whether something waits here — a stream, a request the program has not
-    /// asked for — or the owner's doorbell rang since it was last asked.
+    /// A branch: whether something waits here — a stream, a request — or the owner's
+    /// doorbell rang since it was last asked.
     fn has_work(&self) -> bool {
         self.has_work_in(&lock(&self.queue))
     }
 
     fn has_work_in(&self, q: &super::Queue) -> bool {
-        let unasked = lock(&self.deferred).len() > self.asked.load(Relaxed);
-        !q.items.is_empty() || q.owner_rang || unasked
+        !q.items.is_empty() || q.owner_rang || !lock(&self.deferred).is_empty()
     }
 
     /// A branch: A stops being readable if nothing waits here (under the queue lock, which

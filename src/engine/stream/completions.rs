@@ -28,6 +28,9 @@ impl<P: Port> Stream<P> {
                 return;
             }
             inner.recvs_owed += 1;
+            // The peer wrote: its queue pair is ready, whatever became of the CM's last
+            // message (a lost RTU is sent again only when our REP is, seconds later).
+            inner.awaits_peer = false;
             if inner.live.any() {
                 inner.timers.heard(Instant::now());
             }
@@ -80,6 +83,22 @@ impl<P: Port> Stream<P> {
             }
         }
         self.pump(inner);
+    }
+
+    /// An accepted stream not established yet: its writes wait until
+    /// [`on_established`](Self::on_established) or the peer's first write. Call before it is
+    /// registered (nothing else sees it yet).
+    pub(in crate::engine) fn await_peer(&self) {
+        self.lock().awaits_peer = true;
+    }
+
+    /// The CM says the connection is established: writes held back go out.
+    pub(in crate::engine) fn on_established(&self) {
+        self.with(|inner| {
+            if std::mem::take(&mut inner.awaits_peer) {
+                self.pump(inner);
+            }
+        });
     }
 
     /// The device says this stream's QP (or its CQ, device or port) failed: reset, as a TCP

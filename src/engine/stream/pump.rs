@@ -109,6 +109,9 @@ impl<P: Port> Stream<P> {
 
     /// Posts every write the protocol wants.
     fn post_all(&self, inner: &mut Inner<P>) {
+        if inner.awaits_peer {
+            return; // the protocol keeps them until the connection is established
+        }
         let Some(rc) = inner.rc.as_mut() else { return };
         while let Some(w) = inner.proto.poll_write() {
             if let Err(e) = rc.post(&w, &inner.send) {

@@ -504,3 +504,36 @@ fn a_closed_reader_keeps_its_receives_posted_until_the_writer_hears_the_reset() 
         "a write found no receive posted"
     );
 }
+
+#[test]
+fn an_accepted_streams_writes_wait_until_established_or_the_peer_writes() {
+    let mut buf = [0; 16];
+    // Established by the CM's event.
+    let (a, b) = pair(&small());
+    a.await_peer();
+    assert_eq!(send(&a, b"early", 0), Ok(5), "queued, not refused");
+    assert_eq!(
+        recv(&b, &mut buf, libc::MSG_DONTWAIT),
+        Err(libc::EAGAIN),
+        "held back"
+    );
+    a.on_established();
+    assert_eq!(recv(&b, &mut buf, 0), Ok(5));
+    assert_eq!(&buf[..5], b"early");
+    // Or by the peer's first write, which proves its queue pair ready (a lost RTU).
+    let (a, b) = pair(&small());
+    a.await_peer();
+    assert_eq!(send(&a, b"reply", 0), Ok(5));
+    assert_eq!(
+        recv(&b, &mut buf, libc::MSG_DONTWAIT),
+        Err(libc::EAGAIN),
+        "held back"
+    );
+    assert_eq!(send(&b, b"request", 0), Ok(7));
+    assert_eq!(recv(&a, &mut buf, 0), Ok(7));
+    assert_eq!(recv(&b, &mut buf, 0), Ok(5));
+    assert_eq!(&buf[..5], b"reply");
+    // A late event changes nothing.
+    a.on_established();
+    assert_eq!(recv(&b, &mut buf, libc::MSG_DONTWAIT), Err(libc::EAGAIN));
+}
