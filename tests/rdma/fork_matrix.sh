@@ -367,6 +367,36 @@ cell_prefork_redirect_setuid() {
     expect_qps_released
 }
 
+# A server that speaks first, through branches: each of 2 workers writes a 256 KiB banner as
+# soon as accept() returns (the client's RTU may not have come yet: the stream's writes wait
+# for the connection to be established) and takes the listener out of its epoll set while
+# it serves (as nginx's worker that lost the accept_mutex does: a stream left queued in it
+# would wait there). 6 clients at once; banners and uploads sha-checked.
+cell_prefork_banner() {
+    local -x RSOCK_REDIRECT=1
+    local main rc=0
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 "$FK/banner_prefork.py" serve "$A" "$PORT" --workers 2 \
+        --log "$CELL_DIR/events.log" --pidfile "$CELL_DIR/srv.pid"
+    wait_dual srv
+    wait_until 30 test -s srv.pid || fail "no pid file"
+    wait_until 30 bash -c "[ \$(grep -c 'redirects to it' $CELL_DIR/srv.log) -ge 2 ]" ||
+        fail "not every worker made a branch: $(grep -c 'redirects to it' srv.log)"
+    main=$(cat srv.pid)
+    bg cli $T shimmed "$CELL_DIR/cli" python3 "$FK/banner_prefork.py" connect "$A" "$PORT" "$DATA" \
+        --conns 6 --timeout 60
+    bg_wait cli || rc=$?
+    kill -TERM "$main" 2>/dev/null
+    expect_status srv 0
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 300 cli.err | paste -sd' ')"
+    client_ok cli 6
+    soft events_check events.log "$main"
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==6' 'conns.tcp==0' 'branches.connects>=1'
+    soft expect_stats "$CELL_DIR/srv" srv 'branches.accepts>=1'
+    soft rdma_end "$((CLI_TX + CLI_RX))" 2
+    expect_qps_released
+}
+
 # ---- 2. fork after accept ---------------------------------------------------------------------
 
 # fork_echo_cell K CLIENT_ARGS -- SERVER_ARGS: K connections of examples/fork_client
@@ -847,7 +877,7 @@ OPT_IN=()
 
 CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
-    prefork_redirect_setuid prefork_redirect_busy prefork_redirect_skip_busy
+    prefork_redirect_setuid prefork_redirect_busy prefork_redirect_skip_busy prefork_banner
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked
