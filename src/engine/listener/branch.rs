@@ -216,8 +216,13 @@ impl Listener {
             if let Some(a) = lock(&self.queue).items.pop_front() {
                 return Some(a);
             }
-            let (_, w) = lock(&self.deferred).pop_front()?;
+            let (came, w) = lock(&self.deferred).pop_front()?;
             engine.deferred.fetch_sub(1, Relaxed);
+            log::debug!(
+                "branch {:#x}: answering a request that waited {} us",
+                self.branch_id,
+                came.elapsed().as_micros()
+            );
             self.answer(engine, w); // then taken from the queue, above
         }
     }
