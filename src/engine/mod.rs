@@ -83,9 +83,9 @@ pub struct Engine {
     /// Held while a link is set up (connectors to one destination share the first link).
     link_making: Mutex<()>,
     streams_by_token: Mutex<HashMap<u64, Arc<Stream>>>,
-    /// Held from an accept's `rdma_accept` until its stream is registered: the helper waits
-    /// for it before it calls a cm event's token unknown (a branch accepts on the program's
-    /// thread, and the ESTABLISHED event may come first).
+    /// Held from an accepted id's move to the engine's event channel until its stream is
+    /// registered: the helper waits for it before it calls a cm event's token unknown (a
+    /// branch accepts on the program's thread, and the ESTABLISHED event may come first).
     accepting: Mutex<()>,
     listeners: Mutex<HashMap<u64, Arc<Listener>>>,
     /// Branches this process made of listeners other processes own (listener/branch.rs).
