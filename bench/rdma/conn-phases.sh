@@ -3,9 +3,11 @@
 # node 1 runs nginx (master + 2 workers as nobody, a 4 KiB file), node 0 a Python client
 # (bench/rdma/conn_phases.py) that makes N connections one after another, each a `GET` with
 # `Connection: close` read to EOF, and prints the medians of socket(), connect(), the
-# request to EOF and close(), per mode, twice. With DEBUG=1 it then makes N more with the
-# shim's debug log at both ends and prints the medians of the setup steps it logs (the
-# client's handshake, the request's wait at the worker's branch, the branch's answer).
+# request to EOF and close(), per mode, twice; then, for the floor, N bare rdma_cm
+# connections one after another, twice (examples/cm_churn: resolve, QP, handshake, teardown;
+# no rsock). With DEBUG=1 it then makes N more HTTP ones with the shim's debug log at both
+# ends and prints the medians of the setup steps it logs (the client's handshake, the
+# request's wait at the worker's branch, the branch's answer).
 #
 #   cargo build --release --workspace --lib --bins --examples
 #   tests/rdma-vm/run.sh --topology pair --timeout 900 -- env N=150 DEBUG=1 bench/rdma/conn-phases.sh
@@ -34,10 +36,13 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
   lvl=info; [ "${DEBUG:-0}" = 1 ] && lvl=debug
   $PRE RSOCK_LOG=$d/log/srv.log RSOCK_LOG_LEVEL=$lvl nginx -p "$d" -c "$d/nginx.conf" -e "$d/nginx-error.log" &
   sp=$!
+  timeout 600 "$B/examples/cm_churn" server "$SRV" $((port + 1)) --conns $((2 * N)) &
+  cp=$!
   sleep 3 # the workers make their branches
   pair_signal up
   pair_wait done 600
   kill -QUIT "$(cat $d/nginx.pid)"; wait $sp
+  wait $cp || echo "cm_churn server: exit $?"
   if [ "${DEBUG:-0}" = 1 ]; then
     cat $d/log/srv.log* > $d/srv.all
     echo "server: a request's wait at the branch (us) $(median $d/srv.all 's/.*answering a request that waited \([0-9]*\) us.*/\1/p')"
@@ -51,6 +56,9 @@ P=$ROOT/bench/rdma/conn_phases.py
 for round in 1 2; do
   python3 "$P" "$SRV" "$port" "$N" "tcp (round $round)"
   $PRE python3 "$P" "$SRV" "$port" "$N" "rsock (round $round)"
+done
+for round in 1 2; do
+  timeout 300 "$B/examples/cm_churn" client "$SRV" $((port + 1)) --conns "$N"
 done
 if [ "${DEBUG:-0}" = 1 ]; then
   $PRE RSOCK_LOG=/tmp/conn-phases-cli.log RSOCK_LOG_LEVEL=debug python3 "$P" "$SRV" "$port" "$N" "rsock, debug log"
