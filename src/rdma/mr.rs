@@ -6,7 +6,7 @@
 //! offset range and an rkey — says nothing about this process's address space.
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use rdma_sys::{ibv_access_flags, ibv_mr, ibv_sge};
@@ -187,12 +187,14 @@ pub struct Sge {
 
 const _: () = assert!(std::mem::size_of::<Sge>() == std::mem::size_of::<ibv_sge>());
 
-/// Bytes of [`RegBuf`]s this process holds, and the most it may ([`set_pinned_limit`]).
-static PINNED: AtomicUsize = AtomicUsize::new(0);
+/// Pages of [`RegBuf`]s this process holds (low 32 bits) and the process they count for
+/// (high 32 bits: a fork child starts from 0, its parent's buffers in its memory are never
+/// freed there). One word, so that threads of a new process that register at once cannot
+/// wipe each other's count (a count reset after another thread's reservation went
+/// below zero at its release, and refused every registration from then on).
+static PINNED: AtomicU64 = AtomicU64::new(0);
 static PINNED_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
-/// The process `PINNED` counts for: a fork child starts from 0 (its parent's buffers in
-/// its memory are never freed there).
-static PINNED_PID: AtomicI32 = AtomicI32::new(0);
+const PAGE: usize = 4096;
 
 /// The most bytes of registered buffers this process may hold; beyond it [`RegBuf::new`]
 /// fails with [`Reason::Resources`] (before the kernel would pin pages the machine may not
@@ -201,29 +203,42 @@ pub fn set_pinned_limit(bytes: usize) {
     PINNED_LIMIT.store(bytes, Relaxed);
 }
 
-/// Counts `len` more pinned bytes, or refuses if that goes beyond the limit.
-fn reserve_pinned(len: usize) -> Result<()> {
-    let me = crate::sys::raw::pid();
-    if PINNED_PID.load(Relaxed) != me {
-        PINNED.store(0, Relaxed);
-        PINNED_PID.store(me, Relaxed);
+/// This process's pages in `PINNED`'s word `w` (none if it counts for another process).
+fn pages_of(w: u64, me: u32) -> u64 {
+    if (w >> 32) as u32 == me {
+        w & u64::from(u32::MAX)
+    } else {
+        0
     }
-    let before = PINNED.fetch_add(len, Relaxed);
-    if before.saturating_add(len) > PINNED_LIMIT.load(Relaxed) {
-        PINNED.fetch_sub(len, Relaxed);
-        return Err(Error::new(
+}
+
+/// Counts `len` (whole pages) more pinned bytes, or refuses if that goes beyond the limit.
+fn reserve_pinned(len: usize) -> Result<()> {
+    let me = crate::sys::raw::pid() as u32;
+    let limit = PINNED_LIMIT.load(Relaxed);
+    let add = len.div_ceil(PAGE) as u64;
+    let r = PINNED.fetch_update(Relaxed, Relaxed, |w| {
+        let pages = pages_of(w, me) + add;
+        let fits = pages <= u64::from(u32::MAX)
+            && usize::try_from(pages).is_ok_and(|p| p.saturating_mul(PAGE) <= limit);
+        fits.then_some(u64::from(me) << 32 | pages)
+    });
+    match r {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::new(
             "pinned memory limit (RSOCK_MAX_PINNED_MB)",
             libc::ENOMEM,
             Reason::Resources,
-        ));
+        )),
     }
-    Ok(())
 }
 
 fn release_pinned(len: usize) {
-    if PINNED_PID.load(Relaxed) == crate::sys::raw::pid() {
-        PINNED.fetch_sub(len, Relaxed);
-    }
+    let me = crate::sys::raw::pid() as u32;
+    let sub = len.div_ceil(PAGE) as u64;
+    let _ = PINNED.fetch_update(Relaxed, Relaxed, |w| {
+        ((w >> 32) as u32 == me).then(|| u64::from(me) << 32 | pages_of(w, me).saturating_sub(sub))
+    });
 }
 
 /// A page-aligned, zeroed buffer with its registration (the usual ring or send buffer)
@@ -243,7 +258,7 @@ impl RegBuf {
     /// Maps `len` bytes (rounded up to a page), zeroed and left out of fork children
     /// ([`crate::sys::mem::map_unforked`]), and registers them
     pub fn new(pd: &Arc<Pd>, len: usize, access: Access) -> Result<RegBuf> {
-        let page = 4096;
+        let page = PAGE;
         let size = len.max(1).div_ceil(page) * page;
         reserve_pinned(size)?;
         let ptr = match crate::sys::mem::map_unforked(size) {
@@ -352,5 +367,39 @@ impl RemoteBuf {
     pub fn at(&self, offset: u64) -> u64 {
         assert!(offset <= self.len);
         self.addr + offset
+    }
+}
+
+#[cfg(test)]
+mod pinned_tests {
+    use super::*;
+
+    #[test]
+    fn threads_of_a_new_process_count_their_pinned_pages_together_and_the_limit_holds() {
+        let me = crate::sys::raw::pid() as u32;
+        // As a fork child finds it: its parent's count.
+        PINNED.store(u64::from(me.wrapping_add(1)) << 32 | 5, Relaxed);
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..2000 {
+                        reserve_pinned(3 * PAGE).expect("no limit");
+                        release_pinned(3 * PAGE);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        assert_eq!(pages_of(PINNED.load(Relaxed), me), 0, "every page released");
+        set_pinned_limit(10 * PAGE);
+        reserve_pinned(8 * PAGE).expect("within the limit");
+        assert!(reserve_pinned(4 * PAGE).is_err(), "beyond the limit");
+        release_pinned(8 * PAGE);
+        reserve_pinned(10 * PAGE).expect("all of it");
+        release_pinned(10 * PAGE);
+        set_pinned_limit(usize::MAX);
+        assert_eq!(pages_of(PINNED.load(Relaxed), me), 0);
     }
 }
