@@ -236,8 +236,53 @@ cell_nginx_dualstack() {
     expect_qps_released
 }
 
+# ---- (e) nginx as Debian ships it ---------------------------------------------------------------
+
+# The packaged /etc/nginx/nginx.conf and sites-enabled/default, untouched: `listen 80` and
+# `listen [::]:80` (two sockets, the IPv6 one v6-only), www-data workers (`user www-data`),
+# `worker_processes auto`, accept_mutex off, sendfile with tcp_nopush (TCP_CORK), gzip, pid
+# and logs where the package puts them. Two shimmed curls on IPv4 and one on native IPv6 take
+# the workers' branches (RSOCK_REDIRECT is on by default); a plain curl is the expected
+# peer_tcp fallback.
+cell_nginx_packaged() {
+    local PORT=80 i url bad=() rc
+    need_cell nginx
+    ln -sf "$DATA" /var/www/html/data.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" nginx -g 'daemon off;'
+    wait_dual srv
+    wait_until 30 test -s /run/nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 /var/log/nginx/error.log)"
+    echo "# listeners: $(ss -Hltn 'sport = :80' | awk '{ print $4 }' | paste -sd' ');" \
+        "workers: $(ps -o user= --ppid "$(cat /run/nginx.pid)" | sort | uniq -c | paste -sd' ')"
+    for i in 1 2 3; do
+        url="http://$A/data.bin"
+        [ $i = 3 ] && url="http://[$A6]/data.bin"
+        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -g -sS --fail --max-time 120 -o "$CELL_DIR/got$i.bin" "$url"
+    done
+    bg plain $T curl -4 -sS --fail --max-time 120 -o "$CELL_DIR/plain.bin" "http://$A/data.bin"
+    for i in cli1 cli2 cli3 plain; do
+        rc=0; bg_wait "$i" || rc=$?
+        [ $rc -eq 0 ] || bad+=("$i: status $rc $(tail -c 150 "$i.err" | paste -sd' ')")
+    done
+    bg_stop srv
+    cp /var/log/nginx/error.log nginx-error.log 2>/dev/null
+    cp /var/log/nginx/access.log access.log 2>/dev/null
+    rm -f /var/www/html/data.bin
+    [ ${#bad[@]} -eq 0 ] || fail "curl failed: ${bad[*]}"
+    for i in 1 2 3; do soft expect_same_file "$DATA" "got$i.bin" "curl $i"; done
+    soft expect_same_file "$DATA" plain.bin "plain curl"
+    soft rdma_end $((3 * SIZE)) 2
+    soft expect_stats "$CELL_DIR/cli" cli 'nproc==3' 'conns.rdma==3' 'conns.tcp==0' 'branches.connects>=1'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=3' 'conns.tcp==1' 'fallback.peer_tcp==1' 'branches.accepts>=1'
+    soft expect_log cli.log "connected to \[$A6\]:80 over RDMA"
+    local e
+    e=$(grep -E '\[(alert|crit|emerg)\]' nginx-error.log | head -n 3 | paste -sd'|')
+    [ -z "$e" ] || soft fail "nginx error log: $e"
+    expect_qps_released
+}
+
 for c in py_dualstack py_dualstack_native_v6 py_bound_mapped v6only_refuses_ipv4 fallback_plain_server \
-    java nginx_dualstack; do
+    java nginx_dualstack nginx_packaged; do
     selected "$c" && run_cell "$c"
 done
 t_summary
