@@ -20,7 +20,7 @@ set -u
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/rdma_suite.sh"
 # shellcheck source=fork/servers.sh
 . tests/rdma/fork/servers.sh
-need python3 curl ss timeout sha256sum rdma ibv_devinfo ip java javac nginx
+need python3 curl ss timeout sha256sum rdma ibv_devinfo ip java javac nginx apache2ctl
 PATTERN=${1:-}
 MB=${T_MB:-8}
 MUT=0
@@ -236,24 +236,14 @@ cell_nginx_dualstack() {
     expect_qps_released
 }
 
-# ---- (e) nginx as Debian ships it ---------------------------------------------------------------
+# ---- (e) web servers as Debian ships them -------------------------------------------------------
 
-# The packaged /etc/nginx/nginx.conf and sites-enabled/default, untouched: `listen 80` and
-# `listen [::]:80` (two sockets, the IPv6 one v6-only), www-data workers (`user www-data`),
-# `worker_processes auto`, accept_mutex off, sendfile with tcp_nopush (TCP_CORK), gzip, pid
-# and logs where the package puts them. Two shimmed curls on IPv4 and one on native IPv6 take
-# the workers' branches (RSOCK_REDIRECT is on by default); a plain curl is the expected
-# peer_tcp fallback.
-cell_nginx_packaged() {
-    local PORT=80 i url bad=() rc
-    need_cell nginx
-    ln -sf "$DATA" /var/www/html/data.bin
-    rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" nginx -g 'daemon off;'
-    wait_dual srv
-    wait_until 30 test -s /run/nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 /var/log/nginx/error.log)"
-    echo "# listeners: $(ss -Hltn 'sport = :80' | awk '{ print $4 }' | paste -sd' ');" \
-        "workers: $(ps -o user= --ppid "$(cat /run/nginx.pid)" | sort | uniq -c | paste -sd' ')"
+# packaged_round NAME LOGDIR: with the server NAME started from its packaged configuration on
+# port 80, two shimmed curls on IPv4 and one on native IPv6 take the workers' branches
+# (RSOCK_REDIRECT is on by default); a plain curl is the expected peer_tcp fallback. Stops
+# the server, copies its logs from LOGDIR, checks bytes, counters and the error log.
+packaged_round() {
+    local name=$1 logs=$2 i url bad=() rc
     for i in 1 2 3; do
         url="http://$A/data.bin"
         [ $i = 3 ] && url="http://[$A6]/data.bin"
@@ -265,8 +255,8 @@ cell_nginx_packaged() {
         [ $rc -eq 0 ] || bad+=("$i: status $rc $(tail -c 150 "$i.err" | paste -sd' ')")
     done
     bg_stop srv
-    cp /var/log/nginx/error.log nginx-error.log 2>/dev/null
-    cp /var/log/nginx/access.log access.log 2>/dev/null
+    cp "$logs/error.log" "$name-error.log" 2>/dev/null
+    cp "$logs/access.log" "$name-access.log" 2>/dev/null
     rm -f /var/www/html/data.bin
     [ ${#bad[@]} -eq 0 ] || fail "curl failed: ${bad[*]}"
     for i in 1 2 3; do soft expect_same_file "$DATA" "got$i.bin" "curl $i"; done
@@ -276,13 +266,45 @@ cell_nginx_packaged() {
     soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=3' 'conns.tcp==1' 'fallback.peer_tcp==1' 'branches.accepts>=1'
     soft expect_log cli.log "connected to \[$A6\]:80 over RDMA"
     local e
-    e=$(grep -E '\[(alert|crit|emerg)\]' nginx-error.log | head -n 3 | paste -sd'|')
-    [ -z "$e" ] || soft fail "nginx error log: $e"
+    e=$(grep -E '\[(alert|crit|emerg)\]|:(alert|crit|emerg)\]' "$name-error.log" | head -n 3 | paste -sd'|')
+    [ -z "$e" ] || soft fail "$name error log: $e"
     expect_qps_released
 }
 
+# nginx's packaged /etc/nginx/nginx.conf and default site, untouched: `listen 80` and
+# `listen [::]:80` (two sockets, the IPv6 one v6-only), www-data workers, `worker_processes
+# auto`, accept_mutex off, sendfile with tcp_nopush (TCP_CORK), gzip.
+cell_nginx_packaged() {
+    local PORT=80
+    ln -sf "$DATA" /var/www/html/data.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" nginx -g 'daemon off;'
+    wait_dual srv
+    wait_until 30 test -s /run/nginx.pid || fail "nginx wrote no pid file: $(tail -c 300 /var/log/nginx/error.log)"
+    echo "# listeners: $(ss -Hltn 'sport = :80' | awk '{ print $4 }' | paste -sd' ');" \
+        "workers: $(ps -o user= --ppid "$(cat /run/nginx.pid)" | sort | uniq -c | paste -sd' ')"
+    packaged_round nginx /var/log/nginx
+}
+
+# Apache httpd as Debian ships it (`apache2ctl -D FOREGROUND`, as container images run it):
+# the event MPM (threaded children, a listener thread each), `Listen 80` (one dual-stack [::]
+# socket: IPv4 clients are mapped), www-data children.
+cell_apache_packaged() {
+    local PORT=80
+    # /var/lock is /run/lock, which systemd-tmpfiles makes at boot (the guest has no systemd).
+    mkdir -p /run/lock
+    ln -sf "$DATA" /var/www/html/data.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" apache2ctl -D FOREGROUND
+    wait_dual srv
+    wait_until 30 test -s /var/run/apache2/apache2.pid || fail "apache wrote no pid file: $(tail -c 300 /var/log/apache2/error.log)"
+    echo "# listeners: $(ss -Hltn 'sport = :80' | awk '{ print $4 }' | paste -sd' ');" \
+        "children: $(ps -o user= --ppid "$(cat /var/run/apache2/apache2.pid)" | sort | uniq -c | paste -sd' ')"
+    packaged_round apache /var/log/apache2
+}
+
 for c in py_dualstack py_dualstack_native_v6 py_bound_mapped v6only_refuses_ipv4 fallback_plain_server \
-    java nginx_dualstack nginx_packaged; do
+    java nginx_dualstack nginx_packaged apache_packaged; do
     selected "$c" && run_cell "$c"
 done
 t_summary
