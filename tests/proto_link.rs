@@ -3,7 +3,7 @@
 //! opening, accepting, refusing and closing streams, and failing on a malformed record.
 
 use rsock_core::proto::link::imm::StreamId;
-use rsock_core::proto::link::record::{Accept, Grant, Open, RefuseReason};
+use rsock_core::proto::link::record::{Accept, Grant, Grow, Open, RefuseReason};
 use rsock_core::proto::link::{Control, ControlError, ControlEvent, NoId};
 use rsock_core::proto::Params;
 use rsock_core::transport::mem::{Pair, Side};
@@ -274,6 +274,61 @@ fn records_for_streams_that_are_not_there_fail_the_link() {
     assert!(matches!(r, Err(ControlError::Link(_))), "{r:?}");
 }
 
+#[test]
+fn a_grow_reaches_the_streams_other_end_and_a_hostile_one_fails_the_link() {
+    let mut l = Link::new(8);
+    let mine = l.ends[0].open(open_to(80)).unwrap();
+    let [_, b] = l.run();
+    let [ControlEvent::Incoming(open)] = &b[..] else {
+        panic!("{b:?}")
+    };
+    let theirs = l.ends[1].accept(open, our_side()).unwrap();
+    l.run();
+    // B's ring of the stream grows: A hears it for its id of the stream.
+    l.ends[1].grow(theirs, 256 * 1024, 0x77, 0x4_0000);
+    let [a, _] = l.run();
+    let want = Grow {
+        grower: theirs,
+        peer: mine,
+        ring_size: 256 * 1024,
+        ring_rkey: 0x77,
+        ring_addr: 0x4_0000,
+    };
+    assert_eq!(a, vec![ControlEvent::Grow(want)]);
+    // GROWs B writes straight into stream 0: naming a stream of A's that is not B's (the
+    // wrong grower), and one A never opened. Each fails the link.
+    for bad in [
+        Grow {
+            grower: id(5),
+            ..want
+        },
+        Grow {
+            peer: id(6),
+            ..want
+        },
+    ] {
+        let mut l2 = Link::new(8);
+        let m = l2.ends[0].open(open_to(80)).unwrap();
+        let [_, b] = l2.run();
+        let [ControlEvent::Incoming(open)] = &b[..] else {
+            panic!("{b:?}")
+        };
+        let t = l2.ends[1].accept(open, our_side()).unwrap();
+        l2.run();
+        assert_eq!((m, t), (mine, theirs), "the same ids as above");
+        let mut buf = [0u8; 64];
+        let n = rsock_core::proto::link::record::Record::Grow(bad)
+            .write_to(&mut buf)
+            .unwrap();
+        let ep = l2.wire.ep_mut(Side::B);
+        ep.conn.write(&mut ep.send_buf, &buf[..n]).unwrap();
+        l2.wire.drive().unwrap();
+        let ep = l2.wire.ep_mut(Side::A);
+        let r = l2.ends[0].receive(&mut ep.conn, &ep.ring);
+        assert!(matches!(r, Err(ControlError::Link(_))), "{bad:?}: {r:?}");
+    }
+}
+
 mod random {
     //! Random opens, answers and closes from both ends, with stream 0's send buffer small
     //! enough that records go out in pieces and across the ring's wrap.
@@ -294,6 +349,8 @@ mod random {
         Grant,
         /// End `.0` opens a stream on a grant of the other's, if it holds one.
         OpenGranted(usize),
+        /// End `.0` grows its ring of one of its open streams (a GROW record).
+        Grow(usize, usize),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -304,6 +361,7 @@ mod random {
             2 => (0..2usize, any::<usize>()).prop_map(|(e, k)| Step::Close(e, k)),
             1 => Just(Step::Grant),
             2 => Just(Step::OpenGranted(0)),
+            1 => (0..2usize, any::<usize>()).prop_map(|(e, k)| Step::Grow(e, k)),
         ]
     }
 
@@ -345,7 +403,9 @@ mod random {
                     }
                     ControlEvent::Accepted(acc) => self.open[e].push(acc.opener),
                     ControlEvent::IncomingGranted { mine, .. } => self.open[e].push(mine),
-                    ControlEvent::Refused { .. } | ControlEvent::PeerClosed { .. } => {}
+                    ControlEvent::Refused { .. }
+                    | ControlEvent::PeerClosed { .. }
+                    | ControlEvent::Grow(_) => {}
                     ControlEvent::Goodbye => prop_assert!(false, "nobody said goodbye"),
                 }
             }
@@ -377,6 +437,12 @@ mod random {
                 }
                 Step::Grant => {
                     let _ = self.link.ends[1].grant(grant());
+                }
+                Step::Grow(e, k) => {
+                    if !self.open[e].is_empty() {
+                        let mine = self.open[e][k % self.open[e].len()];
+                        self.link.ends[e].grow(mine, 64 * 1024, 0x99, 0);
+                    }
                 }
                 Step::OpenGranted(e) => {
                     let c = &mut self.link.ends[e];

@@ -50,6 +50,10 @@ struct End {
     next_rkey: u32,
     /// Stream 0's writes posted (control messages).
     control_writes: usize,
+    /// Our stream id -> the rkey of the bigger ring offered and not switched to yet.
+    next_ring: HashMap<u16, u32>,
+    /// Rings that grew here.
+    grew: usize,
 }
 
 /// What stream 0 said (a [`LinkEvent`] whose connection the end kept).
@@ -62,6 +66,8 @@ enum Said {
     Refused(StreamId, RefuseReason),
     PeerClosed(StreamId),
     Goodbye,
+    /// The peer's GROW record for our stream, handed to its connection.
+    Grew(StreamId),
 }
 
 /// The receiving end's rings, and one write's payload.
@@ -106,6 +112,8 @@ impl End {
             wire: VecDeque::new(),
             next_rkey: 100,
             control_writes: 0,
+            next_ring: HashMap::new(),
+            grew: 0,
         }
     }
 
@@ -186,6 +194,11 @@ impl End {
                                     }
                                     LinkEvent::PeerClosed { mine } => Said::PeerClosed(mine),
                                     LinkEvent::Goodbye => Said::Goodbye,
+                                    LinkEvent::Grow { mine, size, ring } => {
+                                        let conn = self.conns.get_mut(&mine.get()).unwrap();
+                                        conn.on_grow_record(size, ring.rkey, ring.addr).unwrap();
+                                        Said::Grew(mine)
+                                    }
                                 };
                                 self.said.push(said);
                             }
@@ -201,6 +214,33 @@ impl End {
                     }
                 }
                 other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// What a driver does for rings that grow: makes the ring a connection asks for, sends
+    /// its GROW record, and after the peer's SWITCHED moves the unread bytes into it.
+    fn sync_growth(&mut self) {
+        let ids: Vec<u16> = self.conns.keys().copied().collect();
+        for id in ids {
+            let sid = StreamId::new(id).unwrap();
+            if let Some(size) = self.conns[&id].ring_grow_wanted() {
+                let (rkey, at) = self.ring(size);
+                self.next_ring.insert(id, rkey);
+                self.conn(sid).offer_ring_at(at.rkey, at.addr);
+            }
+            if let Some((size, rkey, addr)) = self.conn(sid).take_grow_record() {
+                self.mux.grow(sid, size, RingAt { rkey, addr });
+            }
+            if let Some(copy) = self.conn(sid).take_ring_copy() {
+                let new = self.next_ring.remove(&id).unwrap();
+                let old = self.rings[&self.ring_of[&id]].clone();
+                let ring = self.rings.get_mut(&new).unwrap();
+                for (from, to) in copy.pieces() {
+                    ring[to].copy_from_slice(&old[from]);
+                }
+                self.ring_of.insert(id, new);
+                self.grew += 1;
             }
         }
     }
@@ -311,12 +351,14 @@ impl Link {
 
     /// A opens a stream with a ring of `a_ring`, B accepts with `b_ring`: (A's id, B's id).
     fn open(&mut self, a_ring: u32, b_ring: u32) -> (StreamId, StreamId) {
-        let (rk, at) = self.ends[0].ring(a_ring);
+        self.open_with(params(a_ring), params(b_ring))
+    }
+
+    /// As `open`, with A's params `pa` and B's `pb`.
+    fn open_with(&mut self, pa: Params, pb: Params) -> (StreamId, StreamId) {
+        let (rk, at) = self.ends[0].ring(pa.ring_size);
         let dest = "10.0.0.2:80".parse().unwrap();
-        let a_id = self.ends[0]
-            .mux
-            .open(params(a_ring), at, 42, (dest, 40_001))
-            .unwrap();
+        let a_id = self.ends[0].mux.open(pa, at, 42, (dest, 40_001)).unwrap();
         self.ends[0].adopt(a_id, rk, 4096);
         // A CLOSE held back rides with the OPEN or ACCEPT: its PeerClosed comes first.
         let not_closes = |ev: Vec<Said>| -> Vec<Said> {
@@ -330,8 +372,8 @@ impl Link {
             panic!("{b_ev:?}")
         };
         assert_eq!(open.from_port, 40_001);
-        let (rk, at) = self.ends[1].ring(b_ring);
-        let (b_id, conn) = self.ends[1].mux.accept(open, params(b_ring), at).unwrap();
+        let (rk, at) = self.ends[1].ring(pb.ring_size);
+        let (b_id, conn) = self.ends[1].mux.accept(open, pb, at).unwrap();
         self.ends[1].conns.insert(b_id.get(), conn);
         self.ends[1].adopt(b_id, rk, 4096);
         let [a_ev, _] = self.settle();
@@ -905,4 +947,55 @@ fn an_answerers_bytes_that_overtake_its_accept_wait_for_it() {
     let mut got = Vec::new();
     l.ends[1].read(b_id, &mut got);
     assert_eq!(got, back);
+}
+
+#[test]
+fn a_streams_ring_grows_on_the_link_and_every_byte_arrives() {
+    let mut l = Link::new();
+    let growing = Params {
+        ring_grow_to: 65536,
+        ..params(4096)
+    };
+    // Two streams: B's ring of the first grows while A streams at it; the second, beside
+    // it, keeps its ring and its bytes.
+    let (a, b) = l.open_with(params(4096), growing);
+    let (a2, b2) = l.open(4096, 4096);
+    let big = pattern(300_000, 3);
+    let small = pattern(50_000, 77);
+    let (mut sent, mut sent2) = (0, 0);
+    let (mut got, mut got2) = (Vec::new(), Vec::new());
+    let mut grew_records = 0;
+    for _ in 0..20_000 {
+        if sent < big.len() {
+            sent += l.ends[0].write(a, &big[sent..]);
+        }
+        if sent2 < small.len() {
+            sent2 += l.ends[0].write(a2, &small[sent2..(sent2 + 700).min(small.len())]);
+        }
+        l.round();
+        // As a driver does: the memory in order before it is used after any input.
+        for e in &mut l.ends {
+            e.sync_growth();
+        }
+        l.ends[1].read(b, &mut got);
+        l.ends[1].read(b2, &mut got2);
+        for e in &mut l.ends {
+            e.sync_growth();
+        }
+        grew_records += l.ends[0]
+            .said
+            .drain(..)
+            .filter(|s| matches!(s, Said::Grew(id) if *id == a))
+            .count();
+        if got.len() == big.len() && got2.len() == small.len() {
+            break;
+        }
+    }
+    assert_eq!(got, big);
+    assert_eq!(got2, small);
+    assert_eq!(grew_records, 1, "A heard one GROW for the stream");
+    assert_eq!(l.ends[1].grew, 1, "B switched to the bigger ring once");
+    assert_eq!(l.ends[1].conn(b).ring_size(), 65536);
+    assert_eq!(l.ends[1].conn(b2).ring_size(), 4096);
+    assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
 }

@@ -291,7 +291,7 @@ impl Link {
                 drop(opening);
             }
             // Taken in `on_completion` (see there).
-            LinkEvent::PeerClosed { .. } | LinkEvent::Goodbye => {}
+            LinkEvent::PeerClosed { .. } | LinkEvent::Goodbye | LinkEvent::Grow { .. } => {}
         }
     }
 

@@ -262,8 +262,10 @@ pub struct Conn {
 impl Conn {
     /// A stream of a link (docs/DESIGN.md, "Links") that this end calls `mine` and the peer
     /// `theirs`: as [`new`](Self::new), with the link's immediates. Its ring must hold at
-    /// least one credit unit and cannot grow, and it cannot migrate (a link's immediates
-    /// have no room for either).
+    /// least one credit unit. It cannot migrate (a link's immediates have no room for it), and
+    /// its ring grows by a GROW record on the link's control stream, which the driver sends
+    /// ([`take_grow_record`](Self::take_grow_record)) and hands over
+    /// ([`on_grow_record`](Self::on_grow_record)).
     pub fn on_link(
         config: &Params,
         peer: &Hello,
@@ -273,9 +275,6 @@ impl Conn {
         let codec = Codec::Link { mine, theirs };
         if config.ring_size < codec.credit_caps().2 {
             return Err(ConfigError::RingSize(config.ring_size));
-        }
-        if config.ring_grow_to != 0 {
-            return Err(ConfigError::RingSize(config.ring_grow_to));
         }
         let mut c = Conn::new(config, peer)?;
         c.rx = c.rx.with_caps(codec.credit_caps());

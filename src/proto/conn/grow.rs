@@ -30,8 +30,9 @@ pub(super) enum Growth {
     Idle,
     /// The driver is asked for a buffer of this size.
     Wanted(u32),
-    /// The driver gave one (the ring's rkey): the GROW pair, or the swap, is due.
-    Offered { size: u32, rkey: u32 },
+    /// The driver gave one (where the peer writes into the ring: rkey, address): the GROW
+    /// pair (on a link, the GROW record), or the swap, is due.
+    Offered { size: u32, rkey: u32, addr: u64 },
     /// GROW sent; waiting for SWITCHED.
     Sent { size: u32 },
     /// Grown, declined, or cancelled: stays as it is.
@@ -110,9 +111,36 @@ impl Conn {
     /// [`take_ring_copy`](Self::take_ring_copy) (it is now the ring) or until
     /// [`pending_ring`](Self::pending_ring) is `None` (cancelled: free it).
     pub fn offer_ring(&mut self, rkey: u32) {
+        self.offer_ring_at(rkey, 0);
+    }
+
+    /// As [`offer_ring`](Self::offer_ring), for a ring at `addr` of its memory region: a
+    /// link's stream, whose ring is a slot of a slab (a lone connection's rings start at 0).
+    /// On a link the driver then sends it with [`take_grow_record`](Self::take_grow_record).
+    pub fn offer_ring_at(&mut self, rkey: u32, addr: u64) {
         if let Growth::Wanted(size) = self.ring_growth {
-            self.ring_growth = Growth::Offered { size, rkey };
+            self.ring_growth = Growth::Offered { size, rkey, addr };
         }
+    }
+
+    /// On a link: the bigger ring offered, for the driver to announce in a GROW record on
+    /// the link's control stream (PROTOCOL.md §14) — `(size, rkey, addr)`. From now until
+    /// the peer's SWITCHED no ring bytes are returned (as after §12's GROW pair). `None`
+    /// while nothing is offered, on a lone connection (its GROW pair is an immediate), or
+    /// when the offer is off (the peer will write no more, or not here).
+    pub fn take_grow_record(&mut self) -> Option<(u32, u32, u64)> {
+        let Growth::Offered { size, rkey, addr } = self.ring_growth else {
+            return None;
+        };
+        if self.codec.carries_moves() {
+            return None;
+        }
+        if self.fin_received || self.migrating() {
+            self.ring_growth = Growth::Done;
+            return None;
+        }
+        self.ring_growth = Growth::Sent { size };
+        Some((size, rkey, addr))
     }
 
     /// The driver judged the connection busy (it moves several rings' worth in a short
@@ -171,7 +199,11 @@ impl Conn {
     /// has completed, then [`send_buf_size`](Self::send_buf_size) says it is the one in use.
     pub fn offer_send_buf(&mut self) {
         if let Growth::Wanted(size) = self.send_growth {
-            self.send_growth = Growth::Offered { size, rkey: 0 };
+            self.send_growth = Growth::Offered {
+                size,
+                rkey: 0,
+                addr: 0,
+            };
             self.need_signal = true;
             self.swap_send_buf_if_drained();
         }
@@ -244,9 +276,12 @@ impl Conn {
     /// The GROW pair, when offered and the credits allow: two immediates back to back,
     /// leaving the control reserve.
     pub(super) fn grow_write(&mut self) -> Option<super::Write> {
-        let Growth::Offered { size, rkey } = self.ring_growth else {
+        let Growth::Offered { size, rkey, .. } = self.ring_growth else {
             return None;
         };
+        if !self.codec.carries_moves() {
+            return None; // a link's GROW is a record: take_grow_record
+        }
         if self.fin_received || self.migrating() {
             self.ring_growth = Growth::Done; // the peer will write no more, or not here
             return None;
@@ -277,8 +312,30 @@ impl Conn {
 
     /// The peer's GROW pair (halves already combined): write into the new ring from now on.
     pub(super) fn on_grow(&mut self, rkey: u32, pages: u32) -> Result<(), ProtocolError> {
-        let size = pages.saturating_mul(GROW_PAGE);
-        if pages == 0 || size <= self.peer_ring.size() || self.switch_owed {
+        self.peer_ring_grew(pages.saturating_mul(GROW_PAGE), rkey, 0)
+    }
+
+    /// On a link: the peer's GROW record for this stream (PROTOCOL.md §14), a ring of `size`
+    /// bytes (whole pages: the record says so) at `addr` of the region `rkey`. As §12's GROW
+    /// pair: write into the new ring from now on, and answer SWITCHED. The driver hands it
+    /// over in the order the link's completions came.
+    pub fn on_grow_record(&mut self, size: u32, rkey: u32, addr: u64) -> Result<(), ProtocolError> {
+        if self.failed.is_some() || self.peer_reset {
+            return Ok(());
+        }
+        let r = if self.codec.carries_moves() {
+            Err(ProtocolError::BadGrow)
+        } else {
+            self.peer_ring_grew(size, rkey, addr)
+        };
+        if let Err(e) = r {
+            self.fail_on_input(e);
+        }
+        r
+    }
+
+    fn peer_ring_grew(&mut self, size: u32, rkey: u32, addr: u64) -> Result<(), ProtocolError> {
+        if size == 0 || size <= self.peer_ring.size() || self.switch_owed {
             return Err(ProtocolError::BadGrow);
         }
         if self.fin_sent || self.migration_sent() {
@@ -287,7 +344,7 @@ impl Conn {
         self.tx.regrow(size);
         self.peer_ring = Ring::new(size);
         self.peer_rkey = rkey;
-        self.peer_ring_addr = 0;
+        self.peer_ring_addr = addr;
         self.switch_owed = true;
         // The peer's window ran out: we stream at it, and our send buffer should keep up.
         self.want_bigger_send_buf();

@@ -134,11 +134,17 @@ impl Conn {
         self.stats.imms_received += 1;
         let result = self.process_imm(imm, byte_len);
         if let Err(e) = result {
-            self.failed = Some(e);
-            self.planned.clear();
-            self.events |= EV_RESET;
+            self.fail_on_input(e);
         }
         result
+    }
+
+    /// What the peer sent broke the protocol: the connection is failed (see
+    /// [`handle_imm`](Self::handle_imm)).
+    pub(super) fn fail_on_input(&mut self, e: ProtocolError) {
+        self.failed = Some(e);
+        self.planned.clear();
+        self.events |= EV_RESET;
     }
 
     fn process_imm(&mut self, raw: u32, byte_len: u32) -> Result<(), ProtocolError> {

@@ -11,7 +11,7 @@
 //! order on the queue pair, and so must the driver).
 
 use super::imm::StreamId;
-use super::record::{Accept, Grant, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN};
+use super::record::{Accept, Grant, Grow, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN};
 use super::streams::{LinkError, NoId, Streams};
 use crate::proto::{Conn, ReadError, WriteError};
 use core::fmt;
@@ -46,6 +46,9 @@ pub enum ControlEvent {
     },
     /// The peer means to tear the idle link down: no new stream either way.
     Goodbye,
+    /// The peer grew its ring of our stream `grow.peer` (its GROW record): the stream's
+    /// connection takes it ([`Conn::on_grow_record`]).
+    Grow(Grow),
 }
 
 /// The peer broke the link's protocol: the link and every stream on it fail.
@@ -195,6 +198,21 @@ impl Control {
                 opener: theirs,
                 reason,
             });
+        }
+    }
+
+    /// Queues a GROW record for our stream `mine` (its connection's
+    /// [`Conn::take_grow_record`]): a ring of `size` bytes at `addr` of region `rkey`.
+    /// Nothing once we closed the stream (the peer's id may be free after our CLOSE).
+    pub fn grow(&mut self, mine: StreamId, size: u32, rkey: u32, addr: u64) {
+        if let Some(peer) = self.streams.theirs_before_our_close(mine) {
+            self.queue(&Record::Grow(Grow {
+                grower: mine,
+                peer,
+                ring_size: size,
+                ring_rkey: rkey,
+                ring_addr: addr,
+            }));
         }
     }
 
@@ -364,6 +382,17 @@ impl Control {
                 self.streams.on_close(closer, peer).map_err(link)?;
                 self.events
                     .push_back(ControlEvent::PeerClosed { mine: peer });
+            }
+            Record::Grow(grow) => {
+                // As an immediate for the stream would be: the peer has not closed it.
+                self.streams.accepts_input(grow.peer).map_err(link)?;
+                if self.streams.theirs(grow.peer) != Some(grow.grower) {
+                    return Err(link(LinkError::WrongPeerId {
+                        mine: grow.peer.get(),
+                        theirs: grow.grower.get(),
+                    }));
+                }
+                self.events.push_back(ControlEvent::Grow(grow));
             }
             Record::Goodbye => {
                 self.streams.say_goodbye();

@@ -4,12 +4,13 @@
 //! ```text
 //! 0   | stream:15 | len:16               DATA, len 1..=65535
 //! 100 | stream:15 | wrs:4 | pages:10     CREDIT, not both zero; bytes in 4 KiB pages
-//! 101 | stream:15 | op:6  | 0:8          FIN (op 1), RESET (op 2)
+//! 101 | stream:15 | op:6  | 0:8          FIN (op 1), RESET (op 2), SWITCHED (op 6)
 //! 11x                                    reserved
 //! ```
 //!
-//! Growth and migration carry addresses and ports that do not fit: on a link they are records
-//! of the link's control stream (stream 0), not immediates. Decoding is canonical: whatever
+//! A ring's growth (§12's GROW pair) and migration carry addresses and ports that do not fit:
+//! on a link GROW is a record of the link's control stream (stream 0), and migration is not
+//! carried at all; SWITCHED, which must stay in order with the stream's data, is an immediate. Decoding is canonical: whatever
 //! decodes re-encodes to the same value.
 
 use crate::proto::wire::{Imm, ImmError};
@@ -36,6 +37,8 @@ const OP_SHIFT: u32 = 8;
 const OP_MASK: u32 = 0x3f;
 const OP_FIN: u32 = 1;
 const OP_RESET: u32 = 2;
+/// §12's SWITCHED, with §3's op number.
+const OP_SWITCHED: u32 = 6;
 
 /// A stream's number on its link, `0..=MAX_STREAM`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,7 +67,7 @@ impl StreamId {
 /// Why an immediate cannot go on a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotEncodable {
-    /// Growth and migration are control records on a link.
+    /// The GROW pair is a control record on a link, and a link's streams do not migrate.
     NotOnLink,
     /// A value beyond the link's limits (a burst over [`MAX_DATA_LEN`], a credit over its
     /// caps or not in whole pages, or an empty one).
@@ -89,10 +92,9 @@ pub fn encode(id: StreamId, imm: Imm) -> Result<u32, NotEncodable> {
         }
         Imm::Fin => Ok(control(stream, OP_FIN)),
         Imm::Reset => Ok(control(stream, OP_RESET)),
+        Imm::Switched => Ok(control(stream, OP_SWITCHED)),
         Imm::Data { .. } | Imm::Credit { .. } => Err(NotEncodable::OutOfRange),
-        Imm::Migrate { .. } | Imm::GrowHi { .. } | Imm::Grow { .. } | Imm::Switched => {
-            Err(NotEncodable::NotOnLink)
-        }
+        Imm::Migrate { .. } | Imm::GrowHi { .. } | Imm::Grow { .. } => Err(NotEncodable::NotOnLink),
     }
 }
 
@@ -126,6 +128,7 @@ pub fn decode(v: u32) -> Result<(StreamId, Imm), ImmError> {
             match (v >> OP_SHIFT) & OP_MASK {
                 OP_FIN => Ok((id, Imm::Fin)),
                 OP_RESET => Ok((id, Imm::Reset)),
+                OP_SWITCHED => Ok((id, Imm::Switched)),
                 op => Err(ImmError::UnknownOp(op as u8)),
             }
         }
@@ -226,7 +229,9 @@ mod tests {
         assert_eq!(encode(id(5), credit), Ok(0x8001_4c02));
         assert_eq!(encode(id(5), Imm::Fin), Ok(0xa001_4100));
         assert_eq!(encode(id(0x7fff), Imm::Reset), Ok(0xbfff_c200));
+        assert_eq!(encode(id(5), Imm::Switched), Ok(0xa001_4600));
         for v in [
+            0xa001_4600,
             0x0001_0001,
             0x7fff_ffff,
             0x8001_4c02,
@@ -266,8 +271,8 @@ mod tests {
         }
         for imm in [
             Imm::Migrate { port: 80 },
-            Imm::Switched,
             Imm::grow_pair(7, 9)[0],
+            Imm::grow_pair(7, 9)[1],
         ] {
             assert_eq!(encode(s, imm), Err(NotEncodable::NotOnLink), "{imm:?}");
         }

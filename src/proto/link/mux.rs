@@ -97,6 +97,16 @@ pub enum LinkEvent {
     },
     /// The peer means to tear the idle link down: no new stream either way.
     Goodbye,
+    /// The peer grew its ring of our stream `mine` (its GROW record): the stream's
+    /// connection takes it ([`Conn::on_grow_record`]) before the link's next completion.
+    Grow {
+        /// Our id of the stream.
+        mine: StreamId,
+        /// The new ring's size.
+        size: u32,
+        /// Where it lies.
+        ring: RingAt,
+    },
 }
 
 /// One stream's shares of the link's queues.
@@ -371,6 +381,12 @@ impl Mux {
         }
     }
 
+    /// Announces the bigger ring of our stream `mine` (its connection's
+    /// [`Conn::take_grow_record`]): a GROW record, after every record queued before it.
+    pub fn grow(&mut self, mine: StreamId, size: u32, ring: RingAt) {
+        self.plane.grow(mine, size, ring.rkey, ring.addr);
+    }
+
     /// Says GOODBYE: no new stream on this link from now on, either way (before the link is
     /// closed for want of streams).
     pub fn goodbye(&mut self) {
@@ -630,6 +646,14 @@ impl Mux {
                     LinkEvent::IncomingGranted { open, mine, conn }
                 }
                 ControlEvent::Goodbye => LinkEvent::Goodbye,
+                ControlEvent::Grow(g) => LinkEvent::Grow {
+                    mine: g.peer,
+                    size: g.ring_size,
+                    ring: RingAt {
+                        rkey: g.ring_rkey,
+                        addr: g.ring_addr,
+                    },
+                },
             };
             self.events.push_back(ev);
         }

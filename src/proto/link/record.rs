@@ -37,6 +37,7 @@ const KIND_REFUSE: u8 = 3;
 const KIND_CLOSE: u8 = 4;
 const KIND_GOODBYE: u8 = 5;
 const KIND_GRANT: u8 = 6;
+const KIND_GROW: u8 = 7;
 
 /// An OPEN's flag: it takes a stream granted ahead (its acceptor id is set).
 const FLAG_GRANTED: u8 = 1;
@@ -47,6 +48,7 @@ const REFUSE_LEN: usize = 8;
 const CLOSE_LEN: usize = 8;
 const GOODBYE_LEN: usize = HEADER_LEN;
 const GRANT_LEN: usize = 24;
+const GROW_LEN: usize = 24;
 
 const FAMILY_V4: u8 = 4;
 const FAMILY_V6: u8 = 6;
@@ -91,6 +93,12 @@ mod at {
     pub const GRANT_RING_SIZE: usize = 8;
     pub const GRANT_RING_RKEY: usize = 12;
     pub const GRANT_RING_ADDR: usize = 16;
+
+    pub const GROW_GROWER: usize = 4;
+    pub const GROW_PEER: usize = 6;
+    pub const GROW_RING_SIZE: usize = 8;
+    pub const GROW_RING_RKEY: usize = 12;
+    pub const GROW_RING_ADDR: usize = 16;
 }
 
 /// One control record.
@@ -118,6 +126,25 @@ pub enum Record {
     Goodbye,
     /// The sender has a stream ready for the receiver to open without an answer.
     Grant(Grant),
+    /// The sender has a bigger ring for one of its streams (PROTOCOL.md §14, "Rings that
+    /// grow on a link"): §12's GROW pair, which a link's immediates have no room for.
+    Grow(Grow),
+}
+
+/// A GROW: the bigger ring the sender made for a stream, which the receiver writes into from
+/// the moment it reads this record (and answers SWITCHED on the stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grow {
+    /// The sender's id of the stream (the ring's owner).
+    pub grower: StreamId,
+    /// The receiver's id of the stream.
+    pub peer: StreamId,
+    /// Size of the new ring: whole 4 KiB pages.
+    pub ring_size: u32,
+    /// Remote key of the memory region the ring is in.
+    pub ring_rkey: u32,
+    /// Address of the ring's byte 0 in that region.
+    pub ring_addr: u64,
 }
 
 /// An OPEN: a new stream to `dest`, and where the answerer writes its bytes.
@@ -288,6 +315,7 @@ impl Record {
             Record::Close { .. } => CLOSE_LEN,
             Record::Goodbye => GOODBYE_LEN,
             Record::Grant(_) => GRANT_LEN,
+            Record::Grow(_) => GROW_LEN,
         }
     }
 
@@ -351,6 +379,13 @@ impl Record {
                 put(out, at::GRANT_RING_RKEY, &g.ring_rkey.to_be_bytes());
                 put(out, at::GRANT_RING_ADDR, &g.ring_addr.to_be_bytes());
             }
+            Record::Grow(g) => {
+                put(out, at::GROW_GROWER, &g.grower.get().to_be_bytes());
+                put(out, at::GROW_PEER, &g.peer.get().to_be_bytes());
+                put(out, at::GROW_RING_SIZE, &g.ring_size.to_be_bytes());
+                put(out, at::GROW_RING_RKEY, &g.ring_rkey.to_be_bytes());
+                put(out, at::GROW_RING_ADDR, &g.ring_addr.to_be_bytes());
+            }
         }
         Some(len)
     }
@@ -411,6 +446,13 @@ impl Record {
                 ring_rkey: u32_at(rec, at::GRANT_RING_RKEY),
                 ring_addr: u64_at(rec, at::GRANT_RING_ADDR),
             }),
+            KIND_GROW => Record::Grow(Grow {
+                grower: id_at(rec, at::GROW_GROWER)?,
+                peer: id_at(rec, at::GROW_PEER)?,
+                ring_size: u32_at(rec, at::GROW_RING_SIZE),
+                ring_rkey: u32_at(rec, at::GROW_RING_RKEY),
+                ring_addr: u64_at(rec, at::GROW_RING_ADDR),
+            }),
             _ => return Err(RecordError::UnknownKind(kind)),
         };
         record.check()?;
@@ -444,6 +486,14 @@ impl Record {
                 check_id(g.acceptor)?;
                 check_stream(g.recv_credits, g.ring_size, g.ring_addr)
             }
+            Record::Grow(g) => {
+                check_id(g.grower)?;
+                check_id(g.peer)?;
+                if g.ring_size % MIN_RING_SIZE != 0 {
+                    return Err(RecordError::BadRingSize(g.ring_size));
+                }
+                check_stream(MIN_RECV_CREDITS, g.ring_size, g.ring_addr)
+            }
         }
     }
 
@@ -455,6 +505,7 @@ impl Record {
             Record::Close { .. } => KIND_CLOSE,
             Record::Goodbye => KIND_GOODBYE,
             Record::Grant(_) => KIND_GRANT,
+            Record::Grow(_) => KIND_GROW,
         }
     }
 }
@@ -468,6 +519,7 @@ fn kind_len(kind: u8) -> Option<usize> {
         KIND_CLOSE => Some(CLOSE_LEN),
         KIND_GOODBYE => Some(GOODBYE_LEN),
         KIND_GRANT => Some(GRANT_LEN),
+        KIND_GROW => Some(GROW_LEN),
         _ => None,
     }
 }

@@ -4,7 +4,7 @@
 
 use super::imm::StreamId;
 use super::record::{
-    Accept, Grant, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN, MAX_RING_SIZE,
+    Accept, Grant, Grow, Open, Record, RecordError, RefuseReason, MAX_RECORD_LEN, MAX_RING_SIZE,
     MIN_RECV_CREDITS, MIN_RING_SIZE,
 };
 use proptest::prelude::*;
@@ -221,6 +221,53 @@ fn grant() -> Grant {
     }
 }
 
+/// PROTOCOL.md §14, GROW: stream 7 (the grower's id) / 3 (the receiver's), a 256 KiB ring.
+const GROW_BYTES: [u8; 24] = [
+    0x00, 0x18, 0x07, 0x00, // header: len 24, kind 7, flags 0
+    0x00, 0x07, 0x00, 0x03, // grower id, peer id
+    0x00, 0x04, 0x00, 0x00, // ring size
+    0xca, 0xfe, 0xf0, 0x0d, // ring rkey
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, // ring addr
+];
+
+fn grow() -> Grow {
+    Grow {
+        grower: id(7),
+        peer: id(3),
+        ring_size: 256 * 1024,
+        ring_rkey: 0xcafe_f00d,
+        ring_addr: 0x4_0000,
+    }
+}
+
+#[test]
+fn grow_golden_bytes_and_limits() {
+    let mut out = [0u8; MAX_RECORD_LEN];
+    assert_eq!(Record::Grow(grow()).write_to(&mut out), Some(24));
+    assert_eq!(out[..24], GROW_BYTES);
+    assert_eq!(
+        Record::parse(&GROW_BYTES),
+        Ok(Some((Record::Grow(grow()), 24)))
+    );
+    // A ring of part of a page, a control stream's id, an address that overflows.
+    assert_eq!(
+        Record::parse(&patched(&GROW_BYTES, 8, &[0, 4, 0, 1])),
+        Err(RecordError::BadRingSize(0x4_0001))
+    );
+    assert_eq!(
+        Record::parse(&patched(&GROW_BYTES, 6, &[0, 0])),
+        Err(RecordError::BadStreamId(0))
+    );
+    assert_eq!(
+        Record::parse(&patched(&GROW_BYTES, 16, &[0xff; 8])),
+        Err(RecordError::BadRingAddr(u64::MAX))
+    );
+    assert_eq!(
+        Record::parse(&patched(&GROW_BYTES, 3, &[1])),
+        Err(RecordError::ReservedBits(3))
+    );
+}
+
 #[test]
 fn grant_and_granted_open_golden_bytes() {
     let mut out = [0u8; MAX_RECORD_LEN];
@@ -318,7 +365,7 @@ fn every_refusal() {
     use RecordError::*;
     let cases: Vec<(&str, Vec<u8>, RecordError)> = vec![
         ("kind 0", patched(&GOODBYE_BYTES, 2, &[0]), UnknownKind(0)),
-        ("kind 7", patched(&GOODBYE_BYTES, 2, &[7]), UnknownKind(7)),
+        ("kind 8", patched(&GOODBYE_BYTES, 2, &[8]), UnknownKind(8)),
         (
             "kind 255",
             patched(&OPEN_BYTES, 2, &[255]),
@@ -666,6 +713,18 @@ fn record() -> impl Strategy<Value = Record> {
         (stream_id(), reason()).prop_map(|(opener, reason)| Record::Refuse { opener, reason }),
         (stream_id(), stream_id()).prop_map(|(closer, peer)| Record::Close { closer, peer }),
         Just(Record::Goodbye),
+        (stream_id(), stream_id(), ring()).prop_map(
+            |(grower, peer, (ring_size, ring_rkey, ring_addr))| {
+                let ring_size = (ring_size & !(MIN_RING_SIZE - 1)).max(MIN_RING_SIZE);
+                Record::Grow(Grow {
+                    grower,
+                    peer,
+                    ring_size,
+                    ring_rkey,
+                    ring_addr: ring_addr.min(u64::MAX - u64::from(ring_size)),
+                })
+            }
+        ),
         (stream_id(), credits, ring()).prop_map(
             |(acceptor, recv_credits, (ring_size, ring_rkey, ring_addr))| {
                 Record::Grant(Grant {
@@ -701,10 +760,10 @@ proptest! {
 
     /// Arbitrary bodies under a header that fits its kind, so the body checks are reached.
     #[test]
-    fn arbitrary_bodies_parse_canonically(kind in 1u8..=6, flags in 0u8..=1,
+    fn arbitrary_bodies_parse_canonically(kind in 1u8..=7, flags in 0u8..=1,
                                           body in prop::collection::vec(any::<u8>(), 0..60)) {
         // The length of each kind, from PROTOCOL.md §14's tables.
-        let len: u16 = [0, 56, 36, 8, 8, 4, 24][usize::from(kind)];
+        let len: u16 = [0, 56, 36, 8, 8, 4, 24, 24][usize::from(kind)];
         let mut buf = len.to_be_bytes().to_vec();
         buf.extend([kind, flags]);
         buf.extend(body);

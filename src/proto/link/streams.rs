@@ -294,6 +294,20 @@ impl Streams {
         }
     }
 
+    /// The peer's id of our stream `mine` while we have not sent its CLOSE: a record about
+    /// the stream (GROW) may still go.
+    pub fn theirs_before_our_close(&self, mine: StreamId) -> Option<StreamId> {
+        match self.get(mine)? {
+            Entry::Open { theirs }
+            | Entry::Closing {
+                theirs,
+                sent: false,
+                ..
+            } => Some(theirs),
+            _ => None,
+        }
+    }
+
     /// Whether the peer's id `theirs` names a stream it may still send for (open, or not
     /// yet closed at both ends). A linear scan: opens are rare next to messages.
     pub fn uses_theirs(&self, theirs: StreamId) -> bool {
