@@ -919,7 +919,7 @@ fn link_credits_return_whole_pages() {
 
 /// A stream of a link has no room for growth or a hand-over: both are refused up front.
 #[test]
-fn link_streams_neither_grow_nor_migrate() {
+fn link_streams_grow_by_record_and_do_not_migrate() {
     let config = Params {
         ring_size: 4096,
         ring_grow_to: 64 * 1024,
@@ -927,19 +927,29 @@ fn link_streams_neither_grow_nor_migrate() {
     };
     let id = rsock_core::proto::link::imm::StreamId::new(1).unwrap();
     let peer = config.hello(rsock_core::proto::HelloKind::Accept, 0, 1, 2);
-    let on_link = |c: &Params| rsock_core::proto::Conn::on_link(c, &peer, id, id).map(|_| ());
-    assert!(on_link(&config).is_err(), "a ring that grows");
+    let on_link = |c: &Params| rsock_core::proto::Conn::on_link(c, &peer, id, id);
+    // A ring that grows is fine on a link (its GROW is a record); one below a page is not.
+    assert!(on_link(&config).is_ok(), "a ring that grows");
     assert!(on_link(&Params {
         ring_size: 2048,
         ring_grow_to: 0,
         ..config.clone()
     })
     .is_err());
-    assert!(on_link(&Params {
-        ring_grow_to: 0,
-        ..config.clone()
-    })
-    .is_ok());
+    // A lone connection takes no GROW record; a link stream takes one bigger ring only.
+    let mut lone = rsock_core::proto::Conn::new(&config, &peer).unwrap();
+    assert!(lone.on_grow_record(8192, 9, 0).is_err());
+    let mut c = on_link(&config).unwrap();
+    assert!(
+        c.on_grow_record(4096, 9, 0).is_err(),
+        "no bigger than the ring"
+    );
+    let mut c = on_link(&config).unwrap();
+    assert!(c.on_grow_record(8192, 9, 0x1000).is_ok());
+    assert!(
+        c.on_grow_record(16384, 9, 0).is_err(),
+        "a second GROW before SWITCHED"
+    );
     let mut p = link_pair(4096, 4096);
     assert!(p.a.conn.start_migration(7).is_err());
 }

@@ -63,6 +63,8 @@ pub struct Link {
     grant_pool: u32,
     /// The peer shows the port an OPEN carries as its stream's (a connector's link).
     peer_shows_ports: bool,
+    /// The peer takes GROW records: its streams' rings here may grow (PROTOCOL.md §14).
+    peer_grows: bool,
     /// A connector's link to a branch of its destination's listener: the branch's id
     /// (PROTOCOL.md §15).
     branch: Option<u64>,
@@ -109,6 +111,8 @@ enum Said {
     Event(LinkEvent),
     /// The peer's CLOSE, with the stream it closes (if it is still here).
     PeerClosed(Option<Arc<Stream>>),
+    /// The peer's GROW, with the stream whose peer ring grew (if it is still here).
+    Grew(Option<Arc<Stream>>, u32, crate::proto::link::RingAt),
 }
 
 /// What a connector left for the answer to its OPEN: everything its stream is made of.
@@ -238,6 +242,11 @@ impl Link {
                             LinkEvent::PeerClosed { mine } => Said::PeerClosed(
                                 st.members.get(&mine.get()).and_then(Weak::upgrade),
                             ),
+                            LinkEvent::Grow { mine, size, ring } => Said::Grew(
+                                st.members.get(&mine.get()).and_then(Weak::upgrade),
+                                size,
+                                ring,
+                            ),
                             other => Said::Event(other),
                         });
                     }
@@ -256,6 +265,12 @@ impl Link {
         for said in events {
             match said {
                 Said::Event(ev) => self.on_event(engine, ev),
+                // A stream gone here since has nothing more to write.
+                Said::Grew(s, size, ring) => {
+                    if let Some(s) = s {
+                        s.on_grow_record(size, ring);
+                    }
+                }
                 // The peer is done with the stream: one not finished here is reset.
                 Said::PeerClosed(s) => {
                     self.lock().free_quarantined();

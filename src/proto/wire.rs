@@ -52,6 +52,12 @@ pub const FLAG_TAKES_REDIRECT: u16 = 4;
 /// one there for a while. An older listener ignores it (and the 8 bytes).
 pub const FLAG_SENT_BACK: u16 = 8;
 
+/// Hello flag of a link's hellos (kind link, and the accept that answers one): the sender
+/// takes GROW records and SWITCHED on the link (PROTOCOL.md §14, "Rings that grow on a
+/// link"), so the rings of its streams' peers may grow. A peer that does not know it ignores
+/// it, and its streams keep their rings.
+pub const FLAG_LINK_GROW: u16 = 16;
+
 /// Byte ranges of the fields; see `docs/PROTOCOL.md` §2.
 pub mod field {
     use core::ops::Range;

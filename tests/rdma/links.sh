@@ -15,6 +15,10 @@
 #   own pattern through 32 KiB link rings (many credit rounds per stream, all streams' data
 #   interleaved on one queue pair): every byte verified per stream, all 20 on RDMA, at most
 #   one link each way (two RC QPs on the device while they run: the sampler), nothing left.
+# links_grow: one connection over a link echoing 16 MiB: the ring and the send buffer at each
+#   end grow from 32 KiB (the receiver's GROW record on the link's control stream, the
+#   sender's SWITCHED; PROTOCOL.md §14, "Rings that grow on a link") while every byte is
+#   verified — grown.rings==1 and grown.send==1 at both ends, one link, one stream.
 # links_old_peer: the server takes no links (RSOCK_LINKS=0, as an older rsock): the client's
 #   link request is refused, and its connections go through rdma_cm as before — every one
 #   on RDMA, no link made at either end.
@@ -132,6 +136,23 @@ cell_links_interleaved() {
     [ "$most" -ge 2 ] && [ "$most" -le 2 ] || soft fail "$most RC QPs seen with $n connections open, want 2 (one link)"
     soft expect_stats "$CELL_DIR/cli" cli -D N=$n 'nproc==1' 'conns.rdma==N' 'links.made==1' 'links.streams==N'
     soft expect_stats "$CELL_DIR/srv" srv -D N=$n 'nproc==1' 'conns.rdma==N' 'links.made==1' 'links.streams==N'
+    expect_qps_released 30
+}
+
+cell_links_grow() {
+    local bytes=$((16 << 20)) rc=0
+    bg srv $T shimmed "$CELL_DIR/srv" "${LINKS[@]}" "$EX/many_conns" server "$A:$PORT" 1 $bytes
+    wait_dual srv
+    bg cli $T shimmed "$CELL_DIR/cli" "${LINKS[@]}" "$EX/many_conns" client "$A:$PORT" 1 $bytes
+    bg_wait cli || rc=$?
+    [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.out | paste -sd' ')"
+    grep -q "^ok 1 connections" cli.out || fail "client: $(tail -n2 cli.out | paste -sd' ')"
+    expect_status srv 0
+    local side
+    for side in cli srv; do
+        soft expect_stats "$CELL_DIR/$side" $side 'nproc==1' 'conns.rdma==1' 'conns.tcp==0' \
+            'links.made==1' 'links.streams==1' 'grown.rings==1' 'grown.send==1'
+    done
     expect_qps_released 30
 }
 
@@ -383,7 +404,7 @@ cell_links_slabs() {
     expect_qps_released 30
 }
 
-CELLS=(links_churn links_parallel links_interleaved links_old_peer links_peer_killed links_idle links_listener_gone links_ports links_fork links_prefork links_branch links_branch_busy links_slabs)
+CELLS=(links_churn links_parallel links_interleaved links_grow links_old_peer links_peer_killed links_idle links_listener_gone links_ports links_fork links_prefork links_branch links_branch_busy links_slabs)
 for c in "${CELLS[@]}"; do
     selected "$c" && run_cell "$c"
 done

@@ -10,7 +10,7 @@ use crate::engine::stream::fresh_bell;
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::record::{Open, RefuseReason};
-use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_PORTS};
+use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_GROW, FLAG_LINK_PORTS};
 use crate::proto::{Conn, Hello, HelloKind, Reject, RejectReason};
 use crate::rdma::{self, ConnParam};
 use std::sync::Arc;
@@ -106,7 +106,7 @@ pub(in crate::engine) fn accept_link(
         mr.rkey().unwrap_or(0),
         hello.conn_id,
     );
-    ours.flags |= FLAG_LINK_PORTS;
+    ours.flags |= FLAG_LINK_PORTS | FLAG_LINK_GROW;
     if grant_pool > 0 {
         ours.flags |= FLAG_LINK_GRANTS;
     }
@@ -127,7 +127,8 @@ pub(in crate::engine) fn accept_link(
         local,
         local,
         peer,
-        (listener, grant_pool, false, None),
+        // A connector's hello never says it shows ports (an accept's flag).
+        (listener, grant_pool, hello.flags & !FLAG_LINK_PORTS, None),
     ) else {
         return;
     };

@@ -11,7 +11,7 @@ use crate::engine::stream::fresh_bell;
 use crate::engine::{lock, Engine, Stream};
 use crate::proto::link::imm::StreamId;
 use crate::proto::link::Mux;
-use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_PORTS, FLAG_TAKES_REDIRECT};
+use crate::proto::wire::{FLAG_LINK_GRANTS, FLAG_LINK_GROW, FLAG_LINK_PORTS, FLAG_TAKES_REDIRECT};
 use crate::proto::{self, Conn, Hello, HelloKind, Params, Redirect};
 use crate::rdma::{self, Access, ConnParam, EventKind, Pd, QpCaps};
 use crate::stats::{Cause, Fallback};
@@ -230,6 +230,7 @@ fn link_attempt(
         mr.rkey().unwrap_or(0),
         conn_id,
     );
+    hello.flags |= FLAG_LINK_GROW;
     if engine.cfg.link_grants > 0 {
         hello.flags |= FLAG_LINK_GRANTS;
     }
@@ -286,12 +287,7 @@ fn link_attempt(
         dest,
         local,
         target,
-        (
-            0,
-            0,
-            peer.flags & FLAG_LINK_PORTS != 0,
-            to_branch.map(|r| r.branch),
-        ),
+        (0, 0, peer.flags, to_branch.map(|r| r.branch)),
     )
     .ok_or(NoLink::NotTaken)?;
     let mut h = lock(&engine.link_hints);
@@ -362,7 +358,7 @@ pub(super) fn build(
     dest: SocketAddr,
     local: SocketAddr,
     peer: SocketAddr,
-    (listener, grant_pool, peer_shows_ports, branch): (u64, u32, bool, Option<u64>),
+    (listener, grant_pool, peer_flags, branch): (u64, u32, u16, Option<u64>),
 ) -> Option<Arc<Link>> {
     let caps = rc.caps();
     // A probe's slot per stream stays out of the shares.
@@ -378,7 +374,9 @@ pub(super) fn build(
         peer,
         listener,
         grant_pool,
-        peer_shows_ports,
+        // Only an accept hello says it (a connector's never does).
+        peer_shows_ports: peer_flags & FLAG_LINK_PORTS != 0,
+        peer_grows: peer_flags & FLAG_LINK_GROW != 0,
         branch,
         st: Mutex::new(State {
             rc,

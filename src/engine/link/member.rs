@@ -6,7 +6,7 @@ use super::{Link, State};
 use crate::engine::stream::{LinkEnd, LinkSlot, QueuePair};
 use crate::proto;
 use crate::proto::link::imm::StreamId;
-use crate::proto::link::{tag, Slot, WR_STREAM_SHIFT};
+use crate::proto::link::{tag, RingAt, Slot, WR_STREAM_SHIFT};
 use crate::rdma::{self, RegBuf, RemoteBuf};
 use std::sync::Arc;
 
@@ -79,6 +79,31 @@ impl LinkEnd for Member {
         if held {
             self.link.holds_closes();
         }
+    }
+
+    fn alloc(&self, len: u32, ring: bool) -> rdma::Result<(Box<dyn LinkSlot>, RingAt)> {
+        let mut st = self.link.lock();
+        let Some(mut slot) = SlotBuf::take(&self.link, &mut st, len, ring) else {
+            return Err(rdma::Error::from_errno("link slot", libc::ENOMEM));
+        };
+        // Kept aside when it drops while the peer may still write into it (as every slot
+        // of a stream is).
+        slot.id = Some(self.id);
+        let at = if ring {
+            slot.ring_at()
+        } else {
+            RingAt { rkey: 0, addr: 0 }
+        };
+        Ok((Box::new(slot), at))
+    }
+
+    fn send_grow(&self, size: u32, at: RingAt) {
+        if self.closed {
+            return;
+        }
+        let mut st = self.link.lock();
+        st.mux.grow(self.id, size, at);
+        self.link.pump(&mut st);
     }
 
     fn is_drained(&self) -> bool {

@@ -13,8 +13,12 @@ use crate::stats::{Cause, Fallback};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// A link stream's ring and send buffer (they do not grow on a link).
+/// A link stream's ring and send buffer to start with: they grow, up to
+/// [`STREAM_BUF_MAX`] (`RSOCK_RING_SIZE` and `RSOCK_SEND_BUF` if less), when the stream
+/// streams and the peer takes GROW records.
 pub(super) const STREAM_BUF: u32 = 32 * 1024;
+/// The most a link stream's ring or send buffer grows to: a whole slab.
+pub(super) const STREAM_BUF_MAX: u32 = 256 * 1024;
 /// Stream 0's ring and send buffer.
 pub(super) const CONTROL_BUF: u32 = 16 * 1024;
 /// Each stream's share of the link's queues, and stream 0's.
@@ -44,7 +48,11 @@ pub(super) fn stream_slots(
     link: &Arc<Link>,
     st: &mut State,
 ) -> (Params, (Option<SlotBuf>, Option<SlotBuf>)) {
-    let params = stream_params(engine, &st.rc.caps(), false);
+    let mut params = stream_params(engine, &st.rc.caps(), false);
+    if link.peer_grows {
+        params.ring_grow_to = engine.cfg.ring_size.min(STREAM_BUF_MAX);
+        params.send_grow_to = engine.cfg.send_buf.min(STREAM_BUF_MAX);
+    }
     let ring = SlotBuf::take(link, st, params.ring_size, true);
     let send = SlotBuf::take(link, st, params.send_buf_size, false);
     (params, (ring, send))

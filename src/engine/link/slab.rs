@@ -10,10 +10,11 @@ use crate::proto::link::{SlabId, Slot, Slots, SlotsError};
 use crate::rdma::{self, Access, Pd, RegBuf};
 use std::sync::Arc;
 
-use super::parts::{CONTROL_BUF, MAX_STREAMS, STREAM_BUF};
+use super::parts::{CONTROL_BUF, MAX_STREAMS, STREAM_BUF, STREAM_BUF_MAX};
 
-/// One slab's size: stream 0's slot and seven streams' in the first.
-const SLAB: u32 = 256 << 10;
+/// One slab's size: stream 0's slot and seven streams' in the first, or one stream's ring
+/// (or send buffer) grown as far as it goes.
+const SLAB: u32 = STREAM_BUF_MAX;
 /// Slabs of each kind a link may have: room for stream 0 and [`MAX_STREAMS`] streams (the
 /// 2 MiB the link registered at once before).
 const MAX_SLABS: usize = (MAX_STREAMS as u32 * STREAM_BUF + CONTROL_BUF).div_ceil(SLAB) as usize;

@@ -85,6 +85,21 @@ impl<P: Port> Stream<P> {
         self.pump(inner);
     }
 
+    /// A link stream's peer grew its ring (its GROW record, PROTOCOL.md §14): our writes
+    /// go into the new one, after SWITCHED.
+    pub(in crate::engine) fn on_grow_record(&self, size: u32, at: crate::proto::link::RingAt) {
+        self.with(|inner| {
+            if let Err(e) = inner.proto.on_grow_record(size, at.rkey, at.addr) {
+                log::warn!(
+                    "rdma stream {} -> {}: protocol error from peer: {e}",
+                    self.local,
+                    self.peer
+                );
+            }
+            self.pump(inner);
+        });
+    }
+
     /// An accepted stream not established yet: its writes wait until
     /// [`on_established`](Self::on_established) or the peer's first write. Call before it is
     /// registered (nothing else sees it yet).

@@ -4,7 +4,8 @@
 //! [`LinkSlot`].
 
 use super::{QueuePair, Region, Written};
-use crate::proto::{self, link::WR_STREAM_BITS};
+use crate::proto;
+use crate::proto::link::{RingAt, WR_STREAM_BITS};
 use crate::rdma::{self, RegBuf, RemoteBuf, Wc};
 use std::ops::Range;
 
@@ -21,6 +22,11 @@ pub trait LinkEnd: Send {
     fn post_recvs(&mut self) -> rdma::Result<()>;
     /// The stream is done: its CLOSE goes out.
     fn close(&mut self);
+    /// A slot of `len` bytes of the link's slabs for the stream's bigger ring (`ring`) or
+    /// send buffer, and where the peer writes into it.
+    fn alloc(&self, len: u32, ring: bool) -> rdma::Result<(Box<dyn LinkSlot>, RingAt)>;
+    /// The stream's bigger ring, offered: its GROW record goes out on the control stream.
+    fn send_grow(&self, size: u32, at: RingAt);
     /// Nothing can reach the stream any more (its id is free at both ends).
     fn is_drained(&self) -> bool;
 }
@@ -131,13 +137,22 @@ impl QueuePair for StreamQp {
         }
     }
 
-    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(StreamBuf, u32)> {
+    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(StreamBuf, RingAt)> {
         match self {
             StreamQp::Own(rc) => {
-                QueuePair::alloc(rc, len, ring).map(|(b, k)| (StreamBuf::Own(b), k))
+                QueuePair::alloc(rc, len, ring).map(|(b, at)| (StreamBuf::Own(b), at))
             }
-            // A link stream's buffers do not grow (PROTOCOL.md §14).
-            StreamQp::Link(_) => Err(rdma::Error::from_errno("link slot", libc::ENOTSUP)),
+            StreamQp::Link(m) => {
+                let len = u32::try_from(len)
+                    .map_err(|_| rdma::Error::from_errno("link slot", libc::EINVAL))?;
+                m.alloc(len, ring).map(|(b, at)| (StreamBuf::Slot(b), at))
+            }
+        }
+    }
+
+    fn send_grow(&self, size: u32, at: RingAt) {
+        if let StreamQp::Link(m) = self {
+            m.send_grow(size, at);
         }
     }
 

@@ -15,15 +15,19 @@ impl<P: Port> Stream<P> {
         let p = &mut inner.proto;
         if let Some(size) = p.ring_grow_wanted() {
             match rc.alloc(size as usize, true) {
-                Ok((buf, rkey)) => {
+                Ok((buf, at)) => {
                     inner.next_ring = Some(buf);
-                    p.offer_ring(rkey);
+                    p.offer_ring_at(at.rkey, at.addr);
                 }
                 Err(e) => {
                     log::info!("rdma stream {}: ring stays small: {e}", self.peer);
                     p.decline_ring();
                 }
             }
+        }
+        // On a link the GROW is a record of the link's control stream.
+        if let Some((size, rkey, addr)) = p.take_grow_record() {
+            rc.send_grow(size, crate::proto::link::RingAt { rkey, addr });
         }
         if let Some(copy) = p.take_ring_copy() {
             let Some(mut new) = inner.next_ring.take() else {

@@ -18,6 +18,7 @@
 use super::{Parts, Port, QueuePair, Region, Stream};
 use crate::engine::ipc::Owner;
 use crate::proto::link::imm::Codec;
+use crate::proto::link::RingAt;
 use crate::proto::{self, Hello, HelloKind, Params};
 use crate::rdma::{self, RemoteBuf, Wc, DRAIN_SEND_WR_ID, RECV_FLAG};
 use crate::readiness::Doorbell;
@@ -301,12 +302,15 @@ impl QueuePair for MemQp {
         self.execute(wr, &[])
     }
 
-    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(HeapBuf, u32)> {
+    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(HeapBuf, RingAt)> {
         if !ring {
-            return Ok((HeapBuf::new(len), 0));
+            return Ok((HeapBuf::new(len), RingAt { rkey: 0, addr: 0 }));
         }
         let rkey = self.wire.rkeys.fetch_add(1, SeqCst) as u32 + 1;
-        Ok((HeapBuf::ring(&self.wire, self.side, rkey, len), rkey))
+        Ok((
+            HeapBuf::ring(&self.wire, self.side, rkey, len),
+            RingAt { rkey, addr: 0 },
+        ))
     }
 
     fn post_recvs(&mut self, _: u64, n: u32) -> rdma::Result<()> {

@@ -6,6 +6,7 @@
 use super::PROTO_SIGNALED;
 use crate::engine::{Dev, Engine};
 use crate::proto;
+use crate::proto::link::RingAt;
 use crate::rdma::{self, RegBuf, RemoteBuf, Signal, Wc};
 use libc::c_int;
 use std::ops::Range;
@@ -107,9 +108,15 @@ pub trait QueuePair: Send {
     fn post(&mut self, w: &proto::Write, send: &Self::Buf) -> rdma::Result<()>;
     /// A zero-length signaled WRITE with `wr_id` (a keepalive probe, unknown to the protocol).
     fn post_probe(&mut self, wr_id: u64, remote: &RemoteBuf) -> rdma::Result<()>;
-    /// Memory of `len` bytes for a buffer that grows: a ring the peer may write (with the
-    /// rkey to announce, addressed from 0) if `ring`, else a send buffer.
-    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(Self::Buf, u32)>;
+    /// Memory of `len` bytes for a buffer that grows: a ring the peer may write (with where
+    /// it lies, to announce: a region of its own from 0, or a link's slot) if `ring`, else a
+    /// send buffer.
+    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(Self::Buf, RingAt)>;
+    /// A link stream's bigger ring, offered (`Conn::take_grow_record`): its GROW record goes
+    /// out on the link's control stream. A queue pair of its own sends the GROW pair itself.
+    fn send_grow(&self, size: u32, at: RingAt) {
+        let _ = (size, at);
+    }
     /// Posts `n` receives for the peer's immediates.
     fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()>;
     /// Accounts one completion of this QP (either queue).
@@ -287,7 +294,7 @@ impl QueuePair for rdma::RcQp {
         unsafe { self.post_write(wr_id, &[], remote.at(0), remote.rkey, None, Signal::Yes) }
     }
 
-    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(RegBuf, u32)> {
+    fn alloc(&self, len: usize, ring: bool) -> rdma::Result<(RegBuf, RingAt)> {
         let access = if ring {
             rdma::Access::RemoteWrite
         } else {
@@ -295,7 +302,7 @@ impl QueuePair for rdma::RcQp {
         };
         let buf = RegBuf::new(self.pd(), len, access)?;
         let rkey = buf.remote().map_or(0, |r| r.rkey);
-        Ok((buf, rkey))
+        Ok((buf, RingAt { rkey, addr: 0 }))
     }
 
     fn post_recvs(&mut self, wr_id: u64, n: u32) -> rdma::Result<()> {
