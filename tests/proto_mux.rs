@@ -999,3 +999,36 @@ fn a_streams_ring_grows_on_the_link_and_every_byte_arrives() {
     assert_eq!(l.ends[1].conn(b2).ring_size(), 4096);
     assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
 }
+
+#[test]
+fn a_grow_before_its_granted_open_is_announced_brings_the_open_first() {
+    let mut l = Link::new();
+    let granted = l.grant(1, 8192);
+    let (rk, at) = l.ends[0].ring(4096);
+    let dest = "10.0.0.2:80".parse().unwrap();
+    let a = &mut l.ends[0];
+    let growing = Params {
+        ring_grow_to: 16384,
+        ..params(4096)
+    };
+    let (id, conn) = a.mux.open_granted(growing, at, 43, (dest, 40_002)).unwrap();
+    a.conns.insert(id.get(), conn);
+    a.adopt(id, rk, 4096);
+    // A's ring grows before its OPEN was announced: the GROW must not reach B before the
+    // OPEN that takes the grant.
+    a.conn(id).ask_bigger_ring();
+    let size = a.conns[&id.get()].ring_grow_wanted().unwrap();
+    let (rkey, new) = a.ring(size);
+    a.next_ring.insert(id.get(), rkey);
+    a.conn(id).offer_ring_at(new.rkey, new.addr);
+    let (size, rkey, addr) = a.conn(id).take_grow_record().unwrap();
+    a.mux.grow(id, size, RingAt { rkey, addr });
+    let [_, b] = l.settle();
+    l.ends[0].sync_growth();
+    assert_eq!(l.ends[0].grew, 1, "B's SWITCHED reached A");
+    assert!(
+        matches!(&b[..], [Said::IncomingGranted(_, g), Said::Grew(m)] if *g == granted[0] && *m == granted[0]),
+        "{b:?}"
+    );
+    assert!(l.ends.iter().all(|e| e.mux.error().is_none()));
+}

@@ -384,6 +384,7 @@ impl Mux {
     /// Announces the bigger ring of our stream `mine` (its connection's
     /// [`Conn::take_grow_record`]): a GROW record, after every record queued before it.
     pub fn grow(&mut self, mine: StreamId, size: u32, ring: RingAt) {
+        self.announce(mine); // the peer must know a stream before its GROW
         self.plane.grow(mine, size, ring.rkey, ring.addr);
     }
 
