@@ -156,10 +156,13 @@ impl Conn {
         // A burst ends at the send buffer's end (the rest is the next burst): it is then
         // split only where the peer's ring wraps, which the peer can compute, so the peer
         // checks the length of the write carrying the immediate exactly (PROTOCOL.md §4).
-        let len = unsent
-            .min(u64::from(self.send_ring.size() - local))
-            .min(self.tx.bytes_after(self.tx_posted))
-            .min(u64::from(self.codec.max_data_len()));
+        let len = u64::from(
+            self.codec.burst_len(
+                unsent
+                    .min(u64::from(self.send_ring.size() - local))
+                    .min(self.tx.bytes_after(self.tx_posted)),
+            ),
+        );
         if len == 0 {
             return None;
         }

@@ -5,7 +5,8 @@
 //! 0   | stream:15 | len:16               DATA, len 1..=65535
 //! 100 | stream:15 | wrs:4 | pages:10     CREDIT, not both zero; bytes in 4 KiB pages
 //! 101 | stream:15 | op:6  | 0:8          FIN (op 1), RESET (op 2), SWITCHED (op 6)
-//! 11x                                    reserved
+//! 110 | stream:15 | pages:14             DATA of pages x 4 KiB, pages 16..=16383
+//! 111                                    reserved
 //! ```
 //!
 //! A ring's growth (§12's GROW pair) and migration carry addresses and ports that do not fit:
@@ -17,8 +18,14 @@ use crate::proto::wire::{Imm, ImmError};
 
 /// Highest stream id on a link; 0 is the link's control stream.
 pub const MAX_STREAM: u16 = 0x7fff;
-/// Longest burst one link immediate announces: bursts on a link are cut to this.
+/// Longest burst of any length one link immediate announces (DATA).
 pub const MAX_DATA_LEN: u32 = 0xffff;
+/// Longest burst one link immediate announces (DATA in pages, for a ring that grew): longer
+/// bursts are cut to whole pages, and bursts over [`MAX_DATA_LEN`] are whole pages.
+pub const MAX_PAGED_DATA_LEN: u32 = MAX_PAGED * CREDIT_UNIT;
+const MAX_PAGED: u32 = 0x3fff;
+/// The fewest pages DATA in pages carries: fewer fit DATA, which is then the only encoding.
+const MIN_PAGED: u32 = MAX_DATA_LEN / CREDIT_UNIT + 1;
 /// Most receives one credit immediate returns.
 pub const MAX_CREDIT_WRS: u32 = 0xf;
 /// Unit of ring bytes a credit immediate returns: rings on a link are whole pages.
@@ -31,6 +38,7 @@ const CTRL_STREAM_SHIFT: u32 = 14;
 const TAG_SHIFT: u32 = 29;
 const TAG_CREDIT: u32 = 0b100;
 const TAG_CONTROL: u32 = 0b101;
+const TAG_PAGED: u32 = 0b110;
 const WRS_SHIFT: u32 = 10;
 const PAGES_MASK: u32 = 0x3ff;
 const OP_SHIFT: u32 = 8;
@@ -79,6 +87,11 @@ pub fn encode(id: StreamId, imm: Imm) -> Result<u32, NotEncodable> {
     let stream = u32::from(id.0);
     match imm {
         Imm::Data { len } if (1..=MAX_DATA_LEN).contains(&len) => Ok(stream << STREAM_SHIFT | len),
+        Imm::Data { len }
+            if len > MAX_DATA_LEN && len % CREDIT_UNIT == 0 && len <= MAX_PAGED_DATA_LEN =>
+        {
+            Ok((TAG_PAGED << TAG_SHIFT) | (stream << CTRL_STREAM_SHIFT) | (len / CREDIT_UNIT))
+        }
         Imm::Credit { wrs, bytes }
             if wrs <= MAX_CREDIT_WRS
                 && bytes <= MAX_CREDIT_BYTES
@@ -132,6 +145,18 @@ pub fn decode(v: u32) -> Result<(StreamId, Imm), ImmError> {
                 op => Err(ImmError::UnknownOp(op as u8)),
             }
         }
+        TAG_PAGED => {
+            let pages = v & MAX_PAGED;
+            if pages < MIN_PAGED {
+                return Err(ImmError::ReservedBits(v)); // DATA says it
+            }
+            Ok((
+                id,
+                Imm::Data {
+                    len: pages * CREDIT_UNIT,
+                },
+            ))
+        }
         tag => Err(ImmError::UnknownOp(tag as u8)),
     }
 }
@@ -178,11 +203,16 @@ impl Codec {
         }
     }
 
-    /// Longest burst one immediate announces.
-    pub fn max_data_len(self) -> u32 {
+    /// The burst to post of the `len` bytes the windows allow: all of them, or as many as
+    /// one immediate announces (on a link: any length up to [`MAX_DATA_LEN`], whole pages
+    /// beyond it).
+    pub fn burst_len(self, len: u64) -> u32 {
         match self {
-            Codec::Lone => crate::proto::wire::MAX_DATA_LEN,
-            Codec::Link { .. } => MAX_DATA_LEN,
+            Codec::Lone => len.min(u64::from(crate::proto::wire::MAX_DATA_LEN)) as u32,
+            Codec::Link { .. } if len <= u64::from(MAX_DATA_LEN) => len as u32,
+            Codec::Link { .. } => {
+                len.min(u64::from(MAX_PAGED_DATA_LEN)) as u32 / CREDIT_UNIT * CREDIT_UNIT
+            }
         }
     }
 
@@ -230,7 +260,15 @@ mod tests {
         assert_eq!(encode(id(5), Imm::Fin), Ok(0xa001_4100));
         assert_eq!(encode(id(0x7fff), Imm::Reset), Ok(0xbfff_c200));
         assert_eq!(encode(id(5), Imm::Switched), Ok(0xa001_4600));
+        // 64 KiB and 64 MiB - 4 KiB of stream 5, in pages.
+        assert_eq!(encode(id(5), Imm::Data { len: 0x10000 }), Ok(0xc001_4010));
+        assert_eq!(
+            encode(id(5), Imm::Data { len: 0x3fff * 4096 }),
+            Ok(0xc001_7fff)
+        );
         for v in [
+            0xc001_4010,
+            0xc001_7fff,
             0xa001_4600,
             0x0001_0001,
             0x7fff_ffff,
@@ -244,16 +282,40 @@ mod tests {
     }
 
     #[test]
+    fn bursts_on_a_link_are_any_length_to_64_kib_then_whole_pages() {
+        let l = Codec::Link {
+            mine: id(1),
+            theirs: id(2),
+        };
+        assert_eq!(l.burst_len(1), 1);
+        assert_eq!(l.burst_len(65_535), 65_535);
+        assert_eq!(l.burst_len(70_000), 69_632);
+        assert_eq!(l.burst_len(200_000), 196_608);
+        assert_eq!(l.burst_len(u64::MAX), MAX_PAGED_DATA_LEN);
+        assert_eq!(Codec::Lone.burst_len(200_000), 200_000);
+        for len in [1, 65_535, 70_000, 200_000, 1 << 40] {
+            let b = l.burst_len(len);
+            assert_eq!(
+                decode(l.encode(Imm::Data { len: b })),
+                Ok((id(2), Imm::Data { len: b }))
+            );
+        }
+    }
+
+    #[test]
     fn what_a_link_cannot_carry() {
         let s = id(1);
         assert_eq!(
             encode(s, Imm::Data { len: 0 }),
             Err(NotEncodable::OutOfRange)
         );
-        assert_eq!(
-            encode(s, Imm::Data { len: 0x10000 }),
-            Err(NotEncodable::OutOfRange)
-        );
+        for len in [0x10001, 0x10000 + 4095, MAX_PAGED_DATA_LEN + 4096] {
+            assert_eq!(
+                encode(s, Imm::Data { len }),
+                Err(NotEncodable::OutOfRange),
+                "{len}"
+            );
+        }
         for credit in [
             Imm::Credit { wrs: 16, bytes: 0 },
             Imm::Credit { wrs: 0, bytes: 100 },
@@ -288,7 +350,16 @@ mod tests {
             Err(ImmError::ReservedBits(0xa001_4101))
         );
         assert_eq!(decode(0xa001_4300), Err(ImmError::UnknownOp(3)));
-        assert_eq!(decode(0xc000_0000), Err(ImmError::UnknownOp(0b110)));
+        // DATA in pages of 15 pages or fewer (DATA says it), and the reserved tag.
+        assert_eq!(
+            decode(0xc001_400f),
+            Err(ImmError::ReservedBits(0xc001_400f))
+        );
+        assert_eq!(
+            decode(0xc000_0000),
+            Err(ImmError::ReservedBits(0xc000_0000))
+        );
+        assert_eq!(decode(0xe000_0000), Err(ImmError::UnknownOp(0b111)));
         assert_eq!(decode(0xffff_ffff), Err(ImmError::UnknownOp(0b111)));
     }
 
@@ -304,9 +375,15 @@ mod tests {
         /// Everything encodable comes back as it went.
         #[test]
         fn round_trip(n in 0..=MAX_STREAM, len in 1..=MAX_DATA_LEN, wrs in 0..=MAX_CREDIT_WRS,
-                      pages in 0..=MAX_CREDIT_BYTES / CREDIT_UNIT) {
+                      pages in 0..=MAX_CREDIT_BYTES / CREDIT_UNIT, paged in MIN_PAGED..=MAX_PAGED) {
             let s = id(n);
-            let mut imms = vec![Imm::Data { len }, Imm::Fin, Imm::Reset];
+            let mut imms = vec![
+                Imm::Data { len },
+                Imm::Data { len: paged * CREDIT_UNIT },
+                Imm::Fin,
+                Imm::Reset,
+                Imm::Switched,
+            ];
             if (wrs, pages) != (0, 0) {
                 imms.push(Imm::Credit { wrs, bytes: pages * CREDIT_UNIT });
             }
