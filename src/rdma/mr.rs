@@ -258,8 +258,7 @@ impl RegBuf {
     /// Maps `len` bytes (rounded up to a page), zeroed and left out of fork children
     /// ([`crate::sys::mem::map_unforked`]), and registers them
     pub fn new(pd: &Arc<Pd>, len: usize, access: Access) -> Result<RegBuf> {
-        let page = PAGE;
-        let size = len.max(1).div_ceil(page) * page;
+        let size = len.max(1).div_ceil(PAGE) * PAGE;
         reserve_pinned(size)?;
         let ptr = match crate::sys::mem::map_unforked(size) {
             Ok(p) => p,

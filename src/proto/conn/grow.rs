@@ -129,17 +129,24 @@ impl Conn {
     /// while nothing is offered, on a lone connection (its GROW pair is an immediate), or
     /// when the offer is off (the peer will write no more, or not here).
     pub fn take_grow_record(&mut self) -> Option<(u32, u32, u64)> {
-        let Growth::Offered { size, rkey, addr } = self.ring_growth else {
-            return None;
-        };
         if self.codec.carries_moves() {
             return None;
         }
+        let (size, rkey, addr) = self.standing_ring_offer()?;
+        self.ring_growth = Growth::Sent { size };
+        Some((size, rkey, addr))
+    }
+
+    /// The ring offered and not announced yet, unless the offer is off: the peer will
+    /// write no more (its FIN), or not here (a move).
+    fn standing_ring_offer(&mut self) -> Option<(u32, u32, u64)> {
+        let Growth::Offered { size, rkey, addr } = self.ring_growth else {
+            return None;
+        };
         if self.fin_received || self.migrating() {
             self.ring_growth = Growth::Done;
             return None;
         }
-        self.ring_growth = Growth::Sent { size };
         Some((size, rkey, addr))
     }
 
@@ -276,16 +283,10 @@ impl Conn {
     /// The GROW pair, when offered and the credits allow: two immediates back to back,
     /// leaving the control reserve.
     pub(super) fn grow_write(&mut self) -> Option<super::Write> {
-        let Growth::Offered { size, rkey, .. } = self.ring_growth else {
-            return None;
-        };
         if !self.codec.carries_moves() {
             return None; // a link's GROW is a record: take_grow_record
         }
-        if self.fin_received || self.migrating() {
-            self.ring_growth = Growth::Done; // the peer will write no more, or not here
-            return None;
-        }
+        let (size, rkey, _) = self.standing_ring_offer()?;
         if !(self.tx.allows(MsgClass::GrowPair) && self.sq_room(2)) {
             return None;
         }
