@@ -70,6 +70,33 @@ expect_log() {
     grep -qE "$2" "$1" || fail "$(basename "$1"): no line matching '$2'"
 }
 
+# curls_round PLAIN_URL URL...: a shimmed curl of each URL (cli1.. into got1.bin..) and a
+# plain one of PLAIN_URL (plain.bin, kernel TCP) at once; waits for them and stops the server
+# (bg srv). Sets CURLS_BAD to the curls that failed; curls_bodies checks what they got.
+curls_round() {
+    local plain=$1 i=0 u n rc; shift
+    for u in "$@"; do
+        i=$((i + 1))
+        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -g -sS --fail --max-time 120 -o "$CELL_DIR/got$i.bin" "$u"
+    done
+    CURLS_N=$i
+    bg plain $T curl -4 -sS --fail --max-time 120 -o "$CELL_DIR/plain.bin" "$plain"
+    CURLS_BAD=()
+    for n in $(seq -f 'cli%g' 1 "$CURLS_N") plain; do
+        rc=0; bg_wait "$n" || rc=$?
+        [ $rc -eq 0 ] || CURLS_BAD+=("$n: status $rc $(tail -c 150 "$n.err" | paste -sd' ')")
+    done
+    bg_stop srv
+}
+
+# curls_bodies: after curls_round, every curl succeeded and got the data file.
+curls_bodies() {
+    [ ${#CURLS_BAD[@]} -eq 0 ] || fail "curl failed: ${CURLS_BAD[*]}"
+    local i
+    for i in $(seq 1 "$CURLS_N"); do soft expect_same_file "$DATA" "got$i.bin" "curl $i"; done
+    soft expect_same_file "$DATA" plain.bin "plain curl"
+}
+
 # ---- (a) Python dual-stack server ----------------------------------------------------------------
 
 # An IPv4 client and an IPv4-mapped AF_INET6 client, one after the other, on one
@@ -212,21 +239,9 @@ cell_nginx_dualstack() {
     rdma_begin
     bg srv $T shimmed "$CELL_DIR/srv" nginx -p "$CELL_DIR" -c "$CELL_DIR/nginx.conf" -e "$CELL_DIR/nginx-error.log"
     wait_dual srv
-    local i url bad=() rc
-    for i in 1 2 3; do
-        url="http://$A:$PORT/data.bin"
-        [ $i = 3 ] && url="http://[::ffff:$A]:$PORT/data.bin"
-        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -sS --fail --max-time 120 -o "$CELL_DIR/got$i.bin" "$url"
-    done
-    bg plain $T curl -4 -sS --fail --max-time 120 -o "$CELL_DIR/plain.bin" "http://$A:$PORT/data.bin"
-    for i in cli1 cli2 cli3 plain; do
-        rc=0; bg_wait "$i" || rc=$?
-        [ $rc -eq 0 ] || bad+=("$i: status $rc $(tail -c 150 "$i.err" | paste -sd' ')")
-    done
-    bg_stop srv
-    [ ${#bad[@]} -eq 0 ] || fail "curl failed: ${bad[*]}"
-    for i in 1 2 3; do soft expect_same_file "$DATA" "got$i.bin" "curl $i"; done
-    soft expect_same_file "$DATA" plain.bin "plain curl"
+    local url="http://$A:$PORT/data.bin"
+    curls_round "$url" "$url" "$url" "http://[::ffff:$A]:$PORT/data.bin"
+    curls_bodies
     soft rdma_end $((3 * SIZE)) 2
     soft expect_stats "$CELL_DIR/cli" cli 'nproc==3' 'conns.rdma==3' 'conns.tcp==0'
     soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=3' 'conns.tcp==1' 'fallback.peer_tcp==1'
@@ -243,24 +258,12 @@ cell_nginx_dualstack() {
 # (RSOCK_REDIRECT is on by default); a plain curl is the expected peer_tcp fallback. Stops
 # the server, copies its logs from LOGDIR, checks bytes, counters and the error log.
 packaged_round() {
-    local name=$1 logs=$2 i url bad=() rc
-    for i in 1 2 3; do
-        url="http://$A/data.bin"
-        [ $i = 3 ] && url="http://[$A6]/data.bin"
-        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -g -sS --fail --max-time 120 -o "$CELL_DIR/got$i.bin" "$url"
-    done
-    bg plain $T curl -4 -sS --fail --max-time 120 -o "$CELL_DIR/plain.bin" "http://$A/data.bin"
-    for i in cli1 cli2 cli3 plain; do
-        rc=0; bg_wait "$i" || rc=$?
-        [ $rc -eq 0 ] || bad+=("$i: status $rc $(tail -c 150 "$i.err" | paste -sd' ')")
-    done
-    bg_stop srv
+    local name=$1 logs=$2 url="http://$A/data.bin"
+    curls_round "$url" "$url" "$url" "http://[$A6]/data.bin"
     cp "$logs/error.log" "$name-error.log" 2>/dev/null
     cp "$logs/access.log" "$name-access.log" 2>/dev/null
     rm -f /var/www/html/data.bin
-    [ ${#bad[@]} -eq 0 ] || fail "curl failed: ${bad[*]}"
-    for i in 1 2 3; do soft expect_same_file "$DATA" "got$i.bin" "curl $i"; done
-    soft expect_same_file "$DATA" plain.bin "plain curl"
+    curls_bodies
     soft rdma_end $((3 * SIZE)) 2
     soft expect_stats "$CELL_DIR/cli" cli 'nproc==3' 'conns.rdma==3' 'conns.tcp==0' 'branches.connects>=1'
     soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=3' 'conns.tcp==1' 'fallback.peer_tcp==1' 'branches.accepts>=1'

@@ -28,6 +28,8 @@ import socket
 import sys
 import threading
 
+from forklib import prefork, read_digest, until_sigterm
+
 BANNER = 256 * 1024
 
 
@@ -46,14 +48,8 @@ def serve_one(c, logf):
     me = os.getpid()
     c.setblocking(True)
     c.sendall(f"banner pid={me} n={BANNER}\n".encode() + pattern(BANNER))
-    h, n = hashlib.sha256(), 0
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        h.update(d)
-        n += len(d)
-    c.sendall(f"digest up={h.hexdigest()} n={n} pid={me}\n".encode())
+    d, n = read_digest(c)
+    c.sendall(f"digest up={d} n={n} pid={me}\n".encode())
     c.close()
     log(logf, f"served pid={me} n={n}")
 
@@ -81,32 +77,11 @@ def worker(ls, logf):
 
 
 def serve(a):
-    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind((a.addr, a.port))
-    ls.listen(64)
-    ls.setblocking(False)
-    kids = []
-    for _ in range(a.workers):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                worker(ls, a.log)
-            finally:
-                os._exit(1)
-        kids.append(pid)
+    kids = prefork(a.addr, a.port, a.workers, worker, a.log)
     if a.pidfile:
         with open(a.pidfile, "w") as f:
             f.write(f"{os.getpid()}\n")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    while not stop.wait(0.2):
-        pass
-    for k in kids:
-        os.kill(k, signal.SIGTERM)
-    for k in kids:
-        os.waitpid(k, 0)
-    return 0
+    until_sigterm(kids)
 
 
 def one(a, payload):

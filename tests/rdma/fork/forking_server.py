@@ -11,10 +11,11 @@ line per event) has `listen pid=P`, `serve pid=C ppid=P`, `served pid=C op=E up=
 """
 
 import argparse
-import hashlib
 import os
 import socketserver
 import sys
+
+from forklib import read_digest
 
 args = None
 
@@ -43,15 +44,7 @@ class Handler(socketserver.BaseRequestHandler):
                 return
             if op != b"E":
                 raise ValueError(f"unknown operation byte {op!r}")
-            h, n = hashlib.sha256(), 0
-            while True:
-                d = c.recv(65536)
-                if not d:
-                    break
-                h.update(d)
-                n += len(d)
-                c.sendall(d)
-            d = h.hexdigest()
+            d, n = read_digest(c, echo=True)
             c.sendall(f"digest up={d} n={n} down={d} m={n} pid={os.getpid()}\n".encode())
             log(f"served pid={os.getpid()} op=E up={n}")
         except Exception as e:  # logged, and the child exits 1 (ForkingMixIn: os._exit(1))

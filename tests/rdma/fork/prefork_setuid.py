@@ -9,12 +9,10 @@ Logs `worker pid=P uid=U` once a worker dropped root, `served pid=P op=E up=N` p
 """
 
 import argparse
-import hashlib
 import os
 import select
-import signal
-import socket
-import sys
+
+from forklib import prefork, read_digest, until_sigterm
 
 
 def log(path, line):
@@ -29,15 +27,7 @@ def echo(c):
     c.settimeout(60)
     if c.recv(1) != b"E":
         raise ValueError("unknown operation byte")
-    h, n = hashlib.sha256(), 0
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        h.update(d)
-        n += len(d)
-        c.sendall(d)
-    d = h.hexdigest()
+    d, n = read_digest(c, echo=True)
     c.sendall(f"digest up={d} n={n} down={d} m={n} pid={os.getpid()}\n".encode())
     return n
 
@@ -75,31 +65,10 @@ def main():
     # The workers log as nobody: the file is made here, writable by them.
     os.close(os.open(a.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666))
     os.chmod(a.log, 0o666)
-    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    l.bind((a.addr, a.port))
-    l.listen(64)
-    l.setblocking(False)
-    kids = []
-    for _ in range(a.workers):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                worker(l, a.log)
-            finally:
-                os._exit(1)
-        kids.append(pid)
+    kids = prefork(a.addr, a.port, a.workers, worker, a.log)
     with open(a.pidfile, "w") as f:
         f.write(f"{os.getpid()}\n")
-
-    def stop(*_):
-        for k in kids:
-            os.kill(k, signal.SIGTERM)
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    while True:
-        signal.pause()
+    until_sigterm(kids)
 
 
 if __name__ == "__main__":
