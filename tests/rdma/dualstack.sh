@@ -207,8 +207,23 @@ cell_fallback_plain_server() {
 
 # Small, serial JVMs: the guest has 2 GiB and TCG is slow.
 JVM=(java -Xmx64m -Xss256k -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData)
+# javac is the cell's build step and runs without the shim. Under TCG a JVM has been seen to
+# die once in its own C1-compiled code (CI, 2026-11-29: a fatal error in
+# CharacterDataLatin1.isJavaIdentifierPart); such a crash, which leaves an hs_err file, is
+# retried. A compile error is not.
+compile_java() {
+    local try err
+    for try in 1 2 3; do
+        err="$CELL_DIR/javac-hs_err-$try.log"
+        env -u LD_PRELOAD javac -J-XX:ErrorFile="$err" -d "$CELL_DIR/classes" "$D"/java/*.java && return 0
+        [ -e "$err" ] || return 1
+        echo "# javac: the JVM crashed (try $try, $(grep -m1 -o 'SIG[A-Z]*' "$err")); compiling again"
+    done
+    return 1
+}
+
 cell_java() {
-    env -u LD_PRELOAD javac -d "$CELL_DIR/classes" "$D"/java/*.java || fail "javac failed"
+    compile_java || fail "javac failed"
     rdma_begin
     bg srv $T shimmed "$CELL_DIR/srv" "${JVM[@]}" -cp classes EchoServer "$PORT" 2
     wait_dual srv
