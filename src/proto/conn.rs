@@ -387,13 +387,22 @@ impl Conn {
     }
 
     /// Whether completing the writes already posted could, by itself, make the stream
-    /// [`poll_writable`](Self::poll_writable) — what a writer that just hit EAGAIN waits out.
+    /// [`poll_writable`](Self::poll_writable) — what a writer that just hit EAGAIN waits out:
+    /// not once it is (unsignaled writes stay in flight until a later signaled one
+    /// completes), and only for bytes whose completion will be reported (a signaled write's,
+    /// or the fence a waiting writer is owed).
     pub fn completions_could_wake_writer(&self) -> bool {
-        if self.is_reset() || self.write_shut {
+        if self.is_reset() || self.write_shut || self.poll_writable() {
             return false;
         }
-        let free = self.writable() as u64 + (self.tx_posted - self.tx_acked);
-        self.tx_posted > self.tx_acked && free * 3 >= u64::from(self.send_ring.size())
+        let reported_end = if self.need_signal && self.unsignaled_wrs > 0 {
+            self.tx_posted
+        } else {
+            self.signaled.back().map_or(self.tx_acked, |&(_, end)| end)
+        };
+        let coming = reported_end.saturating_sub(self.tx_acked);
+        let free = self.writable() as u64 + coming;
+        coming > 0 && free * 3 >= u64::from(self.send_ring.size())
     }
 
     /// Whether something is waiting to be sent that the next [`poll_write`](Self::poll_write)

@@ -144,7 +144,9 @@ impl<P: Port> Stream<P> {
                             return Ok(done);
                         }
                     }
-                    Err(WriteError::Blocked) => self.show(inner),
+                    // Blocked asks for a completion (a fence, if the writes in flight are
+                    // unsignaled): the pump posts it.
+                    Err(WriteError::Blocked) => self.pump(inner),
                     Err(WriteError::Closed) => {
                         return if done > 0 { Ok(done) } else { Err(libc::EPIPE) }
                     }
