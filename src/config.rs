@@ -85,7 +85,7 @@ pub struct Config {
     /// is closed (its queue pair and pinned memory freed); the next connect sets one up.
     pub link_idle_ms: u32,
     /// `RSOCK_LINK_GRANTS` (default 8, 0: none, at most 32): streams a link's accepting end
-    /// keeps ready for the connecting end (GRANT, PROTOCOL.md §14), each a 32 KiB ring and
+    /// keeps ready for the connecting end (GRANT, PROTOCOL.md §14), each a 16 KiB ring and
     /// send buffer of the link's slabs: a connect that takes one writes at once, without
     /// waiting for an answer. 0 at either end: every stream waits for its ACCEPT.
     pub link_grants: u32,

@@ -11,6 +11,7 @@
 #
 #   cargo build --release --workspace --lib --bins --examples
 #   tests/rdma-vm/run.sh --topology pair --timeout 900 -- env N=150 DEBUG=1 bench/rdma/conn-phases.sh
+#   LINKS=1: nginx runs with RSOCK_LINKS=1 too, and each round adds a client on links
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 ROOT=$PWD
@@ -34,7 +35,7 @@ if [ "$RDMA_VM_NODE" = 1 ]; then
   nginx_conf "$d" "$SRV" "$port" off
   head -c 4096 /dev/urandom > "$d/www/4k.bin"; chmod 755 $d $d/www; chmod 644 $d/www/4k.bin
   lvl=info; [ "${DEBUG:-0}" = 1 ] && lvl=debug
-  $PRE RSOCK_LOG=$d/log/srv.log RSOCK_LOG_LEVEL=$lvl nginx -p "$d" -c "$d/nginx.conf" -e "$d/nginx-error.log" &
+  $PRE RSOCK_LINKS=${LINKS:-0} RSOCK_LOG=$d/log/srv.log RSOCK_LOG_LEVEL=$lvl nginx -p "$d" -c "$d/nginx.conf" -e "$d/nginx-error.log" &
   sp=$!
   timeout 600 "$B/examples/cm_churn" server "$SRV" $((port + 1)) --conns $((2 * N)) &
   cp=$!
@@ -56,6 +57,7 @@ P=$ROOT/bench/rdma/conn_phases.py
 for round in 1 2; do
   python3 "$P" "$SRV" "$port" "$N" "tcp (round $round)"
   $PRE python3 "$P" "$SRV" "$port" "$N" "rsock (round $round)"
+  [ "${LINKS:-0}" = 1 ] && $PRE RSOCK_LINKS=1 python3 "$P" "$SRV" "$port" "$N" "links (round $round)"
 done
 for round in 1 2; do
   timeout 300 "$B/examples/cm_churn" client "$SRV" $((port + 1)) --conns "$N"

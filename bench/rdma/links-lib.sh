@@ -1,6 +1,7 @@
 # Shared by bench/rdma/links.sh (one guest) and links-pair.sh (two guests): the modes, the
 # report of one run, and the plan of runs (MODES: the modes compared, default
-# "tcp nolinks links"; links-nogrant is links with RSOCK_LINK_GRANTS=0). The caller defines `one MODE PAR [keep]
+# "tcp nolinks links"; links-nogrant is links with RSOCK_LINK_GRANTS=0; links-b is links
+# with another build of the shim, SO_B, for an A/B in one boot). The caller defines `one MODE PAR [keep]
 # EXTRA...` (run the server and client of one measurement) and sets B (target/release).
 
 # links_env MODE STATS_DIR CONNECT_TIMEOUT_MS: the env command that runs a program in MODE.
@@ -9,6 +10,7 @@ links_env() {
     tcp) echo env ;;
     links) echo env LD_PRELOAD=$B/librsock.so RSOCK_LINKS=1 ${XENV:-} RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$3 ;;
     links-nogrant) echo env LD_PRELOAD=$B/librsock.so RSOCK_LINKS=1 RSOCK_LINK_GRANTS=0 RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$3 ;;
+    links-b) echo env LD_PRELOAD=${SO_B:?links-b needs SO_B, another build of librsock.so} RSOCK_LINKS=1 RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$3 ;;
     nolinks) echo env LD_PRELOAD=$B/librsock.so RSOCK_STATS_DIR=$2 RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$3 ;;
   esac
 }
@@ -24,7 +26,7 @@ lines = [l for l in open('/tmp/cli.out') if l.startswith('{')]
 if not lines:
     print(f"{mode:13} par={par:>2} {extra:18} rc={rc} no result"); sys.exit()
 j = json.loads(lines[-1])
-print(f"{mode:13} par={par:>2} {extra:18} rc={rc} ok={j['ok']} setup/s={j['setup_per_s']:8.1f} cpu_ms={j['cpu_ms_per_setup']:5.2f} connect_p50={j['connect_ms_p50']:6.2f} rtt_p50={j['rtt_us_p50']:8.1f} qps={j['rc_qps']}")
+print(f"{mode:13} par={par:>2} {extra:18} rc={rc} ok={j['ok']} setup/s={j['setup_per_s']:8.1f} cpu_ms={j['cpu_ms_per_setup']:5.2f} connect_p50={j['connect_ms_p50']:6.2f} rtt_p50={j['rtt_us_p50']:8.1f} qps={j['rc_qps']} cli_pin_kib={j['cli_vmpin_kib']}")
 PY
   [ "$mode" != tcp ] && env -u LD_PRELOAD "$B/rsock" stat --dir "$d" --all --json | python3 -c '
 import sys, json

@@ -12,11 +12,11 @@
 #   and on RDMA, at least 380 of them over links (those a full link cannot take go through
 #   rdma_cm; a stream's slots come back as soon as the peer's CLOSE frees its id).
 # links_interleaved: examples/many_conns, 20 connections at once each echoing 1 MiB of its
-#   own pattern through 32 KiB link rings (many credit rounds per stream, all streams' data
+#   own pattern through 16 KiB link rings (many credit rounds per stream, all streams' data
 #   interleaved on one queue pair): every byte verified per stream, all 20 on RDMA, at most
 #   one link each way (two RC QPs on the device while they run: the sampler), nothing left.
 # links_grow: one connection over a link echoing 16 MiB: the ring and the send buffer at each
-#   end grow from 32 KiB (the receiver's GROW record on the link's control stream, the
+#   end grow from 16 KiB (the receiver's GROW record on the link's control stream, the
 #   sender's SWITCHED; PROTOCOL.md §14, "Rings that grow on a link") while every byte is
 #   verified — grown.rings==1 and grown.send==1 at both ends, one link, one stream.
 # links_old_peer: the server takes no links (RSOCK_LINKS=0, as an older rsock): the client's
@@ -307,10 +307,11 @@ cell_links_prefork() {
     expect_qps_released 30
 }
 
-# A link registers its memory as its streams need it: 256 KiB slabs of rings and of send
-# buffers, one each with a single stream — at the accepting end too, which grants two
-# streams ahead to a peer that opened one (link/grant.rs) —; more while 31 streams are
-# open; back to at most one spare beyond the first once 30 closed (engine/link/slab.rs).
+# A link registers its memory as its streams need it: a 64 KiB first slab of rings and one
+# of send buffers with a single stream — at the accepting end too, which grants two
+# streams ahead to a peer that opened one (link/grant.rs) —; 256 KiB ones more while 31
+# streams are open; back to at most one spare beyond the first once 30 closed
+# (engine/link/slab.rs).
 # Read from the device's memory regions (`rdma resource show mr`) per process.
 mr_bytes() { # [PID]: bytes of the device's memory regions (that PID holds)
     rdma resource show mr 2>/dev/null | awk -v p="${1:+ pid $1 }" 'p == "" || index($0, p) { for (i = 1; i < NF; i++) if ($i == "mrlen") s += $(i + 1) } END { print s + 0 }'
@@ -387,13 +388,14 @@ cell_links_slabs() {
     wait_cond 60 'grep -q "^few" cli.out' || fail "the $n did not close: $(tail -c 300 cli.err | paste -sd' ')"
     few=$(mr_bytes "$cpid")
     echo "# registered bytes: client with one stream $one, $((n + 1)) streams $many, one again $few; server with one stream $srv_one, now $(($(mr_bytes) - few))"
-    # One slab of each kind (256 KiB), within a page of it.
-    [ "$one" -ge $((512 << 10)) ] && [ "$one" -le $((520 << 10)) ] || fail "one stream: $one bytes registered, want 512 KiB (a slab of each kind)"
-    [ "$srv_one" -ge $((512 << 10)) ] && [ "$srv_one" -le $((520 << 10)) ] || fail "the server with one stream: $srv_one bytes registered, want 512 KiB"
-    # 31 streams of 32 KiB and stream 0's 16 KiB: at least 4 slabs of each kind.
-    [ "$many" -ge $((2 * 4 * 256 << 10)) ] || fail "$((n + 1)) streams: $many bytes registered, want >= 2 MiB"
+    # The first slab of each kind (64 KiB: stream 0's 16 KiB and three streams' at the
+    # server, one stream and two granted ahead), within a page of it.
+    [ "$one" -ge $((128 << 10)) ] && [ "$one" -le $((136 << 10)) ] || fail "one stream: $one bytes registered, want 128 KiB (the first slab of each kind)"
+    [ "$srv_one" -ge $((128 << 10)) ] && [ "$srv_one" -le $((136 << 10)) ] || fail "the server with one stream: $srv_one bytes registered, want 128 KiB"
+    # 31 streams of 16 KiB and stream 0's 16 KiB: the first slab and two of 256 KiB each.
+    [ "$many" -ge $((2 * (64 + 2 * 256) << 10)) ] || fail "$((n + 1)) streams: $many bytes registered, want >= 1152 KiB"
     # Back to the first slab of each kind and at most one idle spare.
-    [ "$few" -le $((2 * 2 * 256 << 10 + 8192)) ] || fail "after the $n closed: $few bytes registered, want <= 1 MiB"
+    [ "$few" -le $((2 * (64 + 256) << 10 + 8192)) ] || fail "after the $n closed: $few bytes registered, want <= 640 KiB"
     touch "$step.3"
     bg_wait cli || rc=$?
     [ $rc -eq 0 ] || fail "client exited $rc: $(tail -c 300 cli.err | paste -sd' ')"

@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// A link stream's ring and send buffer to start with: they grow, up to
 /// [`STREAM_BUF_MAX`] (`RSOCK_RING_SIZE` and `RSOCK_SEND_BUF` if less), when the stream
 /// streams and the peer takes GROW records.
-pub(super) const STREAM_BUF: u32 = 32 * 1024;
+pub(super) const STREAM_BUF: u32 = 16 * 1024;
 /// The most a link stream's ring or send buffer grows to: a whole slab.
 pub(super) const STREAM_BUF_MAX: u32 = 256 * 1024;
 /// Stream 0's ring and send buffer.

@@ -3,23 +3,29 @@
 //!
 //! Why slabs that grow: a link used to register 2 MiB of each kind when it came up, room
 //! for all 62 streams it may carry, so a link with one stream pinned 4 MiB at each end
-//! where a connection with a queue pair of its own pins 64 KiB. The slots' allocator
+//! where a connection with a queue pair of its own pins 32 KiB. The slots' allocator
 //! (`proto::link::Slots`) already placed slots in several slabs; this registers them.
+//!
+//! Why the first slab is small: most links carry one connection, and with 256 KiB slabs a
+//! link pinned 512 KiB at each end for it. The first slab holds stream 0's slot and three
+//! streams' (one, and the two an acceptor grants ahead): 128 KiB at each end.
 
 use crate::proto::link::{SlabId, Slot, Slots, SlotsError};
 use crate::rdma::{self, Access, Pd, RegBuf};
 use std::sync::Arc;
 
-use super::parts::{CONTROL_BUF, MAX_STREAMS, STREAM_BUF, STREAM_BUF_MAX};
+use super::parts::{CONTROL_BUF, STREAM_BUF, STREAM_BUF_MAX};
 
-/// One slab's size: stream 0's slot and seven streams' in the first, or one stream's ring
-/// (or send buffer) grown as far as it goes.
+/// The first slab's size: stream 0's slot and three streams'.
+const FIRST_SLAB: u32 = CONTROL_BUF + 3 * STREAM_BUF;
+/// Every later slab's: sixteen streams' slots, or one stream's ring (or send buffer) grown
+/// as far as it goes.
 const SLAB: u32 = STREAM_BUF_MAX;
-/// Slabs of each kind a link may have: room for stream 0 and [`MAX_STREAMS`] streams (the
-/// 2 MiB the link registered at once before).
-const MAX_SLABS: usize = (MAX_STREAMS as u32 * STREAM_BUF + CONTROL_BUF).div_ceil(SLAB) as usize;
+/// Slabs of each kind a link may add after the first: room for `MAX_STREAMS` streams, or
+/// for eight grown ones.
+const MORE_SLABS: usize = 8;
 /// The most a link registers of each kind.
-const ROOM: u64 = SLAB as u64 * MAX_SLABS as u64;
+const ROOM: u64 = FIRST_SLAB as u64 + SLAB as u64 * MORE_SLABS as u64;
 /// Idle slabs kept registered, so a link whose streams come and go does not register and
 /// deregister one at each.
 const SPARE_SLABS: usize = 1;
@@ -40,21 +46,21 @@ impl Slab {
         let bad = |_| rdma::Error::from_errno("link slab", libc::EINVAL);
         let mut s = Slab {
             bufs: Vec::new(),
-            slots: Slots::new(4096, SLAB, MAX_SLABS).map_err(bad)?,
+            slots: Slots::new(4096, SLAB, 1 + MORE_SLABS).map_err(bad)?,
             pd: pd.clone(),
             access,
         };
-        s.add()?;
+        s.add(FIRST_SLAB)?;
         let control = s.slots.alloc(CONTROL_BUF).map_err(bad)?;
         Ok((s, control))
     }
 
-    /// Registers one more slab.
-    fn add(&mut self) -> rdma::Result<()> {
-        let buf = RegBuf::new(&self.pd, SLAB as usize, self.access)?;
+    /// Registers one more slab, of `size` bytes.
+    fn add(&mut self, size: u32) -> rdma::Result<()> {
+        let buf = RegBuf::new(&self.pd, size as usize, self.access)?;
         let id = self
             .slots
-            .add_slab()
+            .add_slab_of(size)
             .map_err(|_| rdma::Error::from_errno("link slab", libc::ENOSPC))?;
         self.bufs.push((id, Arc::new(buf)));
         Ok(())
@@ -66,7 +72,7 @@ impl Slab {
         let slot = match self.slots.alloc(len) {
             Ok(slot) => slot,
             Err(SlotsError::NeedSlab) => {
-                if let Err(e) = self.add() {
+                if let Err(e) = self.add(SLAB) {
                     log::info!("rdma link: no slab for a new stream: {e}");
                     return None;
                 }
@@ -127,23 +133,22 @@ impl Slab {
 
     /// Bytes taken, and bytes registered.
     pub(super) fn usage(&self) -> (u64, u64) {
-        (
-            self.slots.allocated_bytes(),
-            u64::from(SLAB) * self.bufs.len() as u64,
-        )
+        (self.slots.allocated_bytes(), self.slots.slab_bytes())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::parts::MAX_STREAMS;
     use super::*;
 
     #[test]
     fn the_slabs_hold_every_stream_a_link_may_carry() {
         let streams = u64::from(MAX_STREAMS) * u64::from(STREAM_BUF) + u64::from(CONTROL_BUF);
-        assert!(ROOM >= streams && ROOM - streams < u64::from(SLAB));
+        assert!(ROOM >= streams);
         // Whole slots per slab: the buddy allocator wastes nothing on these sizes.
         assert_eq!(SLAB % STREAM_BUF, 0);
-        assert_eq!(MAX_SLABS, 8);
+        assert!(FIRST_SLAB.is_power_of_two() && FIRST_SLAB <= SLAB);
+        assert_eq!(FIRST_SLAB, 64 * 1024);
     }
 }

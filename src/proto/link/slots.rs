@@ -1,13 +1,15 @@
 //! Where each stream's memory lies in a link's registered slabs: a buddy allocator over
 //! offsets, with no memory of its own to hand out.
 //!
-//! A link registers memory in slabs of one size (`slab` bytes) and gives every stream a slot
-//! of a slab for its receive ring and another for its send buffer. [`Slots`] only decides
-//! which slab and offset a slot gets; the driver registers a slab when told
-//! [`SlotsError::NeedSlab`] and deregisters the ones [`Slots::release_idle`] gives back.
+//! A link registers memory in slabs (of `slab` bytes, or a smaller power of two: a link's
+//! first slab is small, so that a link with one connection pins little) and gives every
+//! stream a slot of a slab for its receive ring and another for its send buffer.
+//! [`Slots`] only decides which slab and offset a slot gets; the driver registers a slab
+//! when told [`SlotsError::NeedSlab`] and deregisters the ones [`Slots::release_idle`]
+//! gives back.
 //!
 //! Why a buddy allocator: every slot is a power of two from `min` to `slab` bytes, aligned
-//! to its size, and a freed slot merges with its free buddy. Rings start at 32 KiB and grow
+//! to its size, and a freed slot merges with its free buddy. Rings start at 16 KiB and grow
 //! towards 256 KiB and beyond, so sizes mix; merging means a slab whose slots are all freed
 //! is one whole block again, never fragmented for good. Alignment makes checking a slot
 //! handed back a matter of one bit: is a block of that size allocated at that offset.
@@ -49,11 +51,11 @@ pub struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SlotsError {
     /// `min` or `slab` is not a power of two with `4096 <= min <= slab <= 1 << 30`, or
-    /// `max_slabs` is 0.
+    /// `max_slabs` is 0, or a slab added is not a power of two from `min` to `slab`.
     BadSizes,
     /// A slot of 0 bytes was asked for.
     ZeroLen,
-    /// A slot larger than a slab was asked for.
+    /// A slot larger than the largest slab was asked for.
     TooBig,
     /// No live slab has room; register a slab, call [`Slots::add_slab`] and ask again.
     NeedSlab,
@@ -100,8 +102,8 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// An allocator of slots from `min` to `slab` bytes in at most `max_slabs` slabs of
-    /// `slab` bytes each, with no slab yet.
+    /// An allocator of slots from `min` to `slab` bytes in at most `max_slabs` slabs of at
+    /// most `slab` bytes each, with no slab yet.
     pub fn new(min: u32, slab: u32, max_slabs: usize) -> Result<Slots, SlotsError> {
         let pow2 = |v: u32| v.is_power_of_two();
         if !(pow2(min) && pow2(slab) && MIN_SLOT <= min && min <= slab && slab <= MAX_SLAB)
@@ -133,7 +135,8 @@ impl Slots {
         let size = len.next_power_of_two().max(1 << self.min_shift);
         let order = size.trailing_zeros() - self.min_shift;
         for slab in &mut self.slabs {
-            if self.slab_size - slab.used_bytes < size {
+            // Also skips a slab smaller than the slot.
+            if slab.size - slab.used_bytes < size {
                 continue;
             }
             if let Some(block) = slab.take(order) {
@@ -153,15 +156,28 @@ impl Slots {
         })
     }
 
-    /// Takes a newly registered slab into use, all of it free, and names it. `Full` if
-    /// `max_slabs` are live already.
+    /// Takes a newly registered slab of the largest size into use, all of it free, and
+    /// names it. `Full` if `max_slabs` are live already.
     pub fn add_slab(&mut self) -> Result<SlabId, SlotsError> {
+        self.add_slab_of(self.slab_size)
+    }
+
+    /// As [`add_slab`](Self::add_slab), for a slab of `size` bytes: a power of two from
+    /// `min` to the largest slab (`BadSizes` otherwise).
+    pub fn add_slab_of(&mut self, size: u32) -> Result<SlabId, SlotsError> {
+        if !size.is_power_of_two()
+            || size.trailing_zeros() < self.min_shift
+            || size > self.slab_size
+        {
+            return Err(SlotsError::BadSizes);
+        }
         if self.slabs.len() >= self.max_slabs {
             return Err(SlotsError::Full);
         }
         let id = SlabId(self.next_id);
         self.next_id = self.next_id.checked_add(1).ok_or(SlotsError::Full)?;
-        self.slabs.push(Slab::new(id, self.orders()));
+        let orders = size.trailing_zeros() - self.min_shift + 1;
+        self.slabs.push(Slab::new(id, size, orders));
         Ok(id)
     }
 
@@ -169,14 +185,15 @@ impl Slots {
     /// changed) unless `slot` is allocated exactly as given.
     pub fn free(&mut self, slot: Slot) -> Result<(), SlotsError> {
         let Slot { slab, offset, len } = slot;
-        let fits = len.is_power_of_two()
-            && len.trailing_zeros() >= self.min_shift
-            && len <= self.slab_size
-            && offset % len == 0
-            && offset < self.slab_size;
         let Ok(at) = self.slabs.binary_search_by_key(&slab, |s| s.id) else {
             return Err(SlotsError::NotAllocated);
         };
+        let size = self.slabs[at].size;
+        let fits = len.is_power_of_two()
+            && len.trailing_zeros() >= self.min_shift
+            && len <= size
+            && offset % len == 0
+            && offset < size;
         if !fits {
             return Err(SlotsError::NotAllocated);
         }
@@ -217,19 +234,19 @@ impl Slots {
         self.allocated
     }
 
-    /// A slab's size in bytes.
+    /// The largest slab's size in bytes.
     pub fn slab_size(&self) -> u32 {
         self.slab_size
+    }
+
+    /// Bytes of all live slabs.
+    pub fn slab_bytes(&self) -> u64 {
+        self.slabs.iter().map(|s| u64::from(s.size)).sum()
     }
 
     /// Nothing is allocated (there may still be live slabs).
     pub fn is_idle(&self) -> bool {
         self.allocated == 0
-    }
-
-    /// The number of block sizes, `min` to `slab`.
-    fn orders(&self) -> u32 {
-        self.slab_size.trailing_zeros() - self.min_shift + 1
     }
 }
 
@@ -237,6 +254,8 @@ impl Slots {
 #[derive(Debug)]
 struct Slab {
     id: SlabId,
+    /// Its size in bytes.
+    size: u32,
     /// Per order, the blocks that are free as a whole (neither split nor merged into a
     /// bigger free block).
     free: Vec<Bitmap>,
@@ -246,12 +265,14 @@ struct Slab {
 }
 
 impl Slab {
-    /// A slab of `orders` block sizes, all of it one free block of the top order.
-    fn new(id: SlabId, orders: u32) -> Slab {
+    /// A slab of `size` bytes in `orders` block sizes, all of it one free block of the top
+    /// order.
+    fn new(id: SlabId, size: u32, orders: u32) -> Slab {
         let top = orders - 1;
         let maps = || (0..orders).map(|k| Bitmap::new(1 << (top - k))).collect();
         let mut slab = Slab {
             id,
+            size,
             free: maps(),
             used: maps(),
             used_bytes: 0,

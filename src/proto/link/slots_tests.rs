@@ -118,6 +118,33 @@ fn the_lowest_slab_with_room_is_filled_first() {
 }
 
 #[test]
+fn a_small_first_slab_serves_small_slots_and_bigger_ones_need_a_slab() {
+    let mut s = Slots::new(4 * KIB, 256 * KIB, 3).unwrap();
+    assert_eq!(s.add_slab_of(3 * 4 * KIB), Err(SlotsError::BadSizes));
+    assert_eq!(s.add_slab_of(512 * KIB), Err(SlotsError::BadSizes));
+    assert_eq!(s.add_slab_of(2 * KIB), Err(SlotsError::BadSizes));
+    assert_eq!(s.add_slab_of(64 * KIB), Ok(SlabId(0)));
+    assert_eq!(s.slab_bytes(), u64::from(64 * KIB));
+    assert_eq!(s.alloc(16 * KIB), Ok(slot(0, 0, 16 * KIB)));
+    // Bigger than the first slab: another slab, of the full size.
+    assert_eq!(s.alloc(128 * KIB), Err(SlotsError::NeedSlab));
+    assert_eq!(s.add_slab(), Ok(SlabId(1)));
+    assert_eq!(s.alloc(128 * KIB), Ok(slot(1, 0, 128 * KIB)));
+    // Small ones still fill the first slab first.
+    assert_eq!(s.alloc(32 * KIB), Ok(slot(0, 32 * KIB, 32 * KIB)));
+    assert_eq!(s.alloc(16 * KIB), Ok(slot(0, 16 * KIB, 16 * KIB)));
+    assert_eq!(s.alloc(16 * KIB), Ok(slot(1, 128 * KIB, 16 * KIB)));
+    assert_eq!(s.slab_bytes(), u64::from(320 * KIB));
+    // A slot of the first slab is checked against its size.
+    let past = Slot {
+        offset: 64 * KIB,
+        ..slot(0, 0, 16 * KIB)
+    };
+    assert_eq!(s.free(past), Err(SlotsError::NotAllocated));
+    assert_eq!(s.free(slot(0, 0, 64 * KIB)), Err(SlotsError::NotAllocated));
+}
+
+#[test]
 fn bad_frees_change_nothing() {
     let mut s = with_slab(4 * KIB, MIB, 2);
     let a = s.alloc(8 * KIB).unwrap();
@@ -251,7 +278,8 @@ enum Op {
     Free(usize),
     /// Free the live slot at this index moved by `offset` and resized to `len`.
     FreeBogus(usize, u32, u32),
-    AddSlab,
+    /// Add a slab of this size (not a power of two from `MIN` to `SLAB`: refused).
+    AddSlab(u32),
     ReleaseIdle(usize),
 }
 
@@ -261,7 +289,8 @@ fn op() -> impl Strategy<Value = Op> {
         5 => any::<usize>().prop_map(Op::Free),
         1 => (any::<usize>(), prop_oneof![Just(0), 0..SLAB * 2], prop_oneof![Just(MIN), 0..SLAB * 2])
             .prop_map(|(i, offset, len)| Op::FreeBogus(i, offset, len)),
-        2 => Just(Op::AddSlab),
+        2 => prop_oneof![4 => Just(SLAB), 2 => Just(SLAB / 4), 1 => Just(MIN), 1 => Just(3 * MIN), 1 => Just(2 * SLAB)]
+            .prop_map(Op::AddSlab),
         1 => (0..3usize).prop_map(Op::ReleaseIdle),
     ]
 }
@@ -270,6 +299,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct Model {
     slots: Vec<Slot>,
     slabs: Vec<SlabId>,
+    /// Each live slab's size, by id.
+    sizes: std::collections::HashMap<SlabId, u32>,
     ids_seen: Vec<SlabId>,
 }
 
@@ -286,7 +317,7 @@ impl Model {
         self.slabs
             .iter()
             .copied()
-            .find(|&slab| (0..SLAB / len).any(|i| !self.overlaps(slab, i * len, len)))
+            .find(|&slab| (0..self.sizes[&slab] / len).any(|i| !self.overlaps(slab, i * len, len)))
     }
 
     fn idle(&self) -> Vec<SlabId> {
@@ -309,12 +340,14 @@ fn check(s: &Slots, m: &Model) -> Result<(), TestCaseError> {
         prop_assert!(m.slabs.contains(&t.slab), "{:?} not in a live slab", t);
         prop_assert!(t.len.is_power_of_two() && (MIN..=SLAB).contains(&t.len));
         prop_assert_eq!(t.offset % t.len, 0);
-        prop_assert!(t.offset + t.len <= SLAB);
+        prop_assert!(t.offset + t.len <= m.sizes[&t.slab]);
     }
     let sum: u64 = slots.iter().map(|t| u64::from(t.len)).sum();
     prop_assert_eq!(s.allocated_bytes(), sum);
     prop_assert_eq!(s.is_idle(), slots.is_empty());
     prop_assert_eq!(s.live_slabs(), m.slabs.len());
+    let bytes: u64 = m.slabs.iter().map(|id| u64::from(m.sizes[id])).sum();
+    prop_assert_eq!(s.slab_bytes(), bytes);
     prop_assert_eq!(s.idle_slabs(), m.idle().len());
     Ok(())
 }
@@ -365,11 +398,15 @@ fn step(s: &mut Slots, m: &mut Model, op: &Op) -> Result<(), TestCaseError> {
                 None => prop_assert_eq!(s.free(t), Err(SlotsError::NotAllocated)),
             }
         }
-        Op::AddSlab => match s.add_slab() {
+        Op::AddSlab(size) => match s.add_slab_of(size) {
             Ok(id) => {
                 prop_assert!(m.ids_seen.iter().all(|old| *old < id), "{:?} reused", id);
                 m.slabs.push(id);
+                m.sizes.insert(id, size);
                 m.ids_seen.push(id);
+            }
+            Err(SlotsError::BadSizes) => {
+                prop_assert!(!size.is_power_of_two() || !(MIN..=SLAB).contains(&size))
             }
             Err(e) => {
                 prop_assert_eq!(e, SlotsError::Full);
@@ -408,12 +445,21 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         prop_assert_eq!(s.free(t), Ok(()));
     }
     prop_assert!(s.is_idle());
-    let mut whole: Vec<SlabId> = (0..m.slabs.len())
-        .map(|_| s.alloc(SLAB).map(|t| t.slab))
-        .collect::<Result<_, _>>()
-        .map_err(|e| TestCaseError::fail(format!("a slab is not whole: {e:?}")))?;
-    whole.sort();
-    prop_assert_eq!(whole, m.slabs.clone());
+    // Each slab, lowest first, is one block of its size (the lower ones are taken whole).
+    for id in &m.slabs {
+        let size = m.sizes[id];
+        let t = s
+            .alloc(size)
+            .map_err(|e| TestCaseError::fail(format!("slab {id:?} is not whole: {e:?}")))?;
+        prop_assert_eq!(
+            t,
+            Slot {
+                slab: *id,
+                offset: 0,
+                len: size
+            }
+        );
+    }
     let more = s.alloc(SLAB);
     prop_assert!(more == Err(SlotsError::NeedSlab) || more == Err(SlotsError::Full));
     Ok(())
