@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// File magic; the last byte is the layout version.
-pub const MAGIC: [u8; 8] = *b"RSOCKST\x08";
+pub const MAGIC: [u8; 8] = *b"RSOCKST\x09";
 
 /// The layout version: the last byte of [`MAGIC`].
 pub const VERSION: u8 = MAGIC[7];
@@ -136,6 +136,11 @@ pub struct Counters {
     /// wake-up on its way: lost wake-ups (none expected; see docs/DESIGN.md, "One source of
     /// truth, and a seam").
     pub woke_late: AtomicU64,
+    /// Nonblocking writes that found the send buffer full and waited out their whole bound
+    /// (50 ms) for the writes in flight to complete: none expected, as completions come in
+    /// milliseconds at most (a stream on a link waited so at most of its EAGAINs for one
+    /// that was never coming, fixed 2026-11-29).
+    pub settle_timeouts: AtomicU64,
     /// Receive rings that grew to their full size (a peer streamed into them).
     pub grown_rings: AtomicU64,
     /// Send buffers that grew to their full size.
@@ -449,6 +454,14 @@ pub fn count_sleep(woke_late: bool) {
         if woke_late {
             h.counters.woke_late.fetch_add(1, Relaxed);
         }
+    }
+}
+
+/// Counts a nonblocking write that waited out its bound for completions (see
+/// [`Counters::settle_timeouts`]).
+pub fn count_settle_timeout() {
+    if let Some(h) = region() {
+        h.counters.settle_timeouts.fetch_add(1, Relaxed);
     }
 }
 

@@ -78,7 +78,7 @@ pub fn render(procs: &[Snapshot]) -> String {
             s.connects_failed
         );
     }
-    let simple: [Family; 12] = [
+    let simple: [Family; 13] = [
         (
             "rsock_listens",
             "counter",
@@ -96,6 +96,12 @@ pub fn render(procs: &[Snapshot]) -> String {
             "counter",
             "Sleeps that woke only at their bound with the stream ready (lost wake-ups).",
             |s| s.woke_late,
+        ),
+        (
+            "rsock_settle_timeouts",
+            "counter",
+            "Nonblocking writes that waited out their bound for completions (none expected).",
+            |s| s.settle_timeouts,
         ),
         (
             "rsock_grown_rings",
@@ -192,6 +198,7 @@ mod tests {
             fallback: [0; rsock_core::stats::REASONS],
             slept: 0,
             woke_late: 0,
+            settle_timeouts: 0,
             grown_rings: 0,
             grown_send: 0,
             listens: 1,
@@ -242,6 +249,6 @@ mod tests {
                 assert!(line.starts_with(family), "{line} outside {family}");
             }
         }
-        assert_eq!(seen.len(), 17);
+        assert_eq!(seen.len(), 18);
     }
 }

@@ -334,6 +334,12 @@ pub fn print_human(s: &Snapshot) {
             s.woke_late
         );
     }
+    if s.settle_timeouts > 0 {
+        outln!(
+            "  nonblocking writes waited out their bound for completions {} times",
+            s.settle_timeouts
+        );
+    }
     if s.grown_rings + s.grown_send > 0 {
         outln!(
             "  buffers grown under load: {} rings, {} send buffers",

@@ -33,6 +33,8 @@ pub struct Snapshot {
     pub slept: u64,
     /// See [`Counters::woke_late`](super::Counters::woke_late).
     pub woke_late: u64,
+    /// See [`Counters::settle_timeouts`](super::Counters::settle_timeouts).
+    pub settle_timeouts: u64,
     /// See [`Counters::grown_rings`](super::Counters::grown_rings) and `grown_send`.
     pub grown_rings: u64,
     /// See [`Counters::grown_send`](super::Counters::grown_send).
@@ -128,6 +130,7 @@ pub fn parse(bytes: &[u8]) -> Option<Snapshot> {
         fallback: load(&h.counters.fallback).try_into().ok()?,
         slept: h.counters.slept.load(Relaxed),
         woke_late: h.counters.woke_late.load(Relaxed),
+        settle_timeouts: h.counters.settle_timeouts.load(Relaxed),
         grown_rings: h.counters.grown_rings.load(Relaxed),
         grown_send: h.counters.grown_send.load(Relaxed),
         listens: h.counters.listens.load(Relaxed),
@@ -339,7 +342,7 @@ impl Snapshot {
             })
             .collect();
         format!(
-            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"links\":{{\"made\":{},\"streams\":{},\"granted\":{}}},\"branches\":{{\"connects\":{},\"accepts\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
+            "{{\"pid\":{},\"comm\":\"{}\",\"alive\":{},\"pid_reused\":{},\"conns\":{},\"tx\":{},\"rx\":{},\"fallback\":{{{}}},\"waits\":{{\"slept\":{},\"woke_late\":{},\"settle_timeouts\":{}}},\"grown\":{{\"rings\":{},\"send\":{}}},\"listens\":{},\"connects\":{{\"refused\":{},\"failed\":{}}},\"links\":{{\"made\":{},\"streams\":{},\"granted\":{}}},\"branches\":{{\"connects\":{},\"accepts\":{}}},\"log\":{},\"sockets\":[{}],\"listeners\":[{}]}}",
             self.pid,
             json_escape(&self.comm),
             self.alive,
@@ -350,6 +353,7 @@ impl Snapshot {
             reasons.join(","),
             self.slept,
             self.woke_late,
+            self.settle_timeouts,
             self.grown_rings,
             self.grown_send,
             self.listens,

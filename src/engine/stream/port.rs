@@ -187,6 +187,9 @@ pub trait Port: Send + Sync + Sized + 'static {
     fn count_sleep(&self, woke_late: bool) {
         let _ = woke_late;
     }
+    /// A nonblocking write waited out its bound for completions (see `Stream::settle`).
+    /// For the process's counters.
+    fn count_settle_timeout(&self) {}
     /// A stream needs its completions handled while no program thread waits on it.
     fn demand_up(&self);
     /// ... and no longer does.
@@ -228,6 +231,10 @@ impl Port for Dev {
 
     fn count_sleep(&self, woke_late: bool) {
         crate::stats::count_sleep(woke_late);
+    }
+
+    fn count_settle_timeout(&self) {
+        crate::stats::count_settle_timeout();
     }
 
     fn demand_up(&self) {

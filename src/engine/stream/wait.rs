@@ -24,6 +24,7 @@ impl<P: Port> Stream<P> {
             if i % 8 == 7 {
                 let now = Instant::now();
                 if now >= give_up {
+                    self.dev.count_settle_timeout();
                     return any;
                 }
                 if now >= spin_until {

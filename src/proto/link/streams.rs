@@ -225,16 +225,8 @@ impl Streams {
     /// it was reset): the peer's id, to send CLOSE with. `None` if it is not open here (a
     /// second close, or an id we never opened: nothing to send).
     pub fn close(&mut self, mine: StreamId) -> Option<StreamId> {
-        let e = self.get(mine)?;
-        let (theirs, got) = match e {
-            Entry::Open { theirs } => (theirs, false),
-            Entry::Closing {
-                theirs,
-                sent: false,
-                got,
-            } => (theirs, got),
-            _ => return None,
-        };
+        let theirs = self.theirs_before_our_close(mine)?;
+        let got = matches!(self.get(mine), Some(Entry::Closing { got: true, .. }));
         if got {
             self.release(mine);
         } else {
