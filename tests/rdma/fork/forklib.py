@@ -1,5 +1,5 @@
-"""What the fork test servers share: reading a connection to its end with a digest, and a
-prefork master (a listener, its workers, SIGTERM)."""
+"""What the fork test servers share (links/nb_send.py too): reading a connection to its end
+with a digest, and a prefork master (a listener, its workers, SIGTERM)."""
 
 import hashlib
 import os

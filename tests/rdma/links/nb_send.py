@@ -2,14 +2,15 @@
 """A nonblocking writer that waits in select(), as iperf3's client does (tests/rdma/links.sh,
 links_nonblocking).
 
-server ADDR PORT: takes one connection, reads it to its end in 16 KiB reads (slower than
-the writer, which then waits for credits as well as for its buffer), prints "got BYTES
-SHA256".
+server ADDR PORT: takes one connection, reads it to its end, prints "got BYTES SHA256".
 client ADDR PORT BYTES: sends BYTES of a deterministic pattern from a nonblocking socket in
 128 KiB writes, select()ing for writability whenever a write is short or EAGAIN, then
 half-closes, waits for the server's end and prints "sent BYTES SHA256".
 """
-import hashlib, select, socket, sys
+import hashlib, os, select, socket, sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fork"))
+from forklib import read_digest  # noqa: E402
 
 CHUNK = 128 * 1024
 
@@ -29,15 +30,9 @@ def server(addr, port):
     l.bind((addr, port))
     l.listen(1)
     c, _ = l.accept()
-    h, got = hashlib.sha256(), 0
-    while True:
-        d = c.recv(16384)
-        if not d:
-            break
-        h.update(d)
-        got += len(d)
+    digest, got = read_digest(c)
     c.close()
-    print(f"got {got} {h.hexdigest()}", flush=True)
+    print(f"got {got} {digest}", flush=True)
 
 
 def client(addr, port, total):
