@@ -73,11 +73,15 @@ expect_log() {
 # curls_round PLAIN_URL URL...: a shimmed curl of each URL (cli1.. into got1.bin..) and a
 # plain one of PLAIN_URL (plain.bin, kernel TCP) at once; waits for them and stops the server
 # (bg srv). Sets CURLS_BAD to the curls that failed; curls_bodies checks what they got.
+# The shimmed curls read at most 2 MB/s, so that each transfer lasts about 4 s and its queue
+# pairs are listed by several of rdma_begin's samples (every 0.5 s): unthrottled, CI
+# (2026-11-29) finished all three between two samples and saw no RC QP.
 curls_round() {
     local plain=$1 i=0 u n rc; shift
     for u in "$@"; do
         i=$((i + 1))
-        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -g -sS --fail --max-time 120 -o "$CELL_DIR/got$i.bin" "$u"
+        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -g -sS --fail --max-time 120 --limit-rate 2M \
+            -o "$CELL_DIR/got$i.bin" "$u"
     done
     CURLS_N=$i
     bg plain $T curl -4 -sS --fail --max-time 120 -o "$CELL_DIR/plain.bin" "$plain"
