@@ -26,6 +26,7 @@ fn run(engine: &'static Engine) {
     let mut next_tick = Instant::now();
     let mut draining = false;
     let mut busy_passes = 0u32;
+    let mut look_soon = false;
     loop {
         let timed = TIMED.load(Relaxed) > 0;
         let watched = WATCHED.load(Relaxed) > 0;
@@ -43,9 +44,9 @@ fn run(engine: &'static Engine) {
         } else {
             1000
         };
-        // A device with links the program hears: back soon to see whether it went quiet.
+        // A device with links the program polls: back soon to see whether it went quiet.
         let devices = engine.devices();
-        let timeout = if devices.iter().any(|d| d.deaf_to_links()) {
+        let timeout = if look_soon {
             timeout.min(super::device::LINK_QUIET.as_millis() as i32)
         } else {
             timeout
@@ -107,9 +108,10 @@ fn run(engine: &'static Engine) {
             // program thread that is polling.
             engine.progress_devices(false);
         }
-        for d in &devices {
-            d.listen_if_quiet(); // its wake makes the next pass poll what landed before
-        }
+        // A device listened to again: its wake makes the next pass poll what landed before.
+        look_soon = devices
+            .iter()
+            .fold(false, |soon, d| d.look_at_links() | soon);
         busy_passes = if n > 0 { busy_passes + 1 } else { 0 };
         if n == 0 || busy_passes.is_multiple_of(super::link::LOOK_EVERY_BUSY) {
             super::link::look_after(engine);

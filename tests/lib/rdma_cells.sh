@@ -26,6 +26,9 @@
 #                             per WRITE_WITH_IMM, so per message, however short-lived the QPs)
 #   expect_qps_released [S]   no RC QP left (within S s, default 30)
 #   res_summary, cell_leaks   rxe0's resource totals; the leaks cell (needs res.start)
+# Idle waiters:
+#   idle_waiters [VAR=VALUE]...  an echo server and three silent clients: CPU and the
+#                             helpers' wake-ups while idle (below)
 # Counters:
 #   expect_rdma SIDE N [-D K=V]... [EXPR...]   stats of SIDE: N RDMA conns, nothing on TCP
 #   reasons SIDE              prints SIDE's non-zero conns and fallback reasons
@@ -43,6 +46,61 @@ shimmed() {
     local dir=$1; shift
     env LD_PRELOAD="$T_SO" RSOCK_STATS_DIR="$dir" RSOCK_STATS_KEEP=1 RSOCK_CONNECT_TIMEOUT_MS=$CTO \
         RSOCK_LOG="$dir.log" RSOCK_LOG_LEVEL="${SHIM_LOG_LEVEL:-info}" "$@"
+}
+
+# ---- idle waiters ---------------------------------------------------------------------------
+
+# cpu_ticks PID: user + system clock ticks of every thread of PID.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# helper_wakes PID: how often PID's helper thread (rsock-engine) went to sleep.
+helper_wakes() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        if [ "$(cat "$t/comm" 2>/dev/null)" = rsock-engine ]; then
+            awk '$1 == "voluntary_ctxt_switches:" { print $2 }' "$t/status"
+            return
+        fi
+    done
+    echo 0
+}
+
+# idle_waiters [VAR=VALUE]...: examples/echo_server (bg srv) and three clients of it (bg
+# cli_recv, cli_epoll, cli_poll; tests/lib/idle_waiter.py) that wait on their silent
+# connections after one echo — in a blocking recv, in epoll, in poll — all four shimmed
+# with the VARs. Over 5 s of idleness each process uses at most 1 % of a CPU, and each
+# one's helper thread wakes at most 100 times (its safety nets; a server's helper looked at
+# idle link streams every 2 ms until 2026-11-29, about 2,600 times). Stops them all.
+idle_waiters() {
+    local modes=(recv epoll poll) m hz limit secs=5 wakes=100 i d w
+    local before=() after=() wb=() wa=() pids=() names=() report=() over=()
+    hz=$(getconf CLK_TCK)
+    limit=$((hz * secs / 100)) # 1 % of the window
+    bg srv $T shimmed "$CELL_DIR/srv" "$@" "$EX/echo_server" "$A:$PORT"
+    wait_dual srv
+    for m in "${modes[@]}"; do
+        bg "cli_$m" 120 shimmed "$CELL_DIR/cli_$m" "$@" python3 "$T_LIB_DIR/idle_waiter.py" "$A" "$PORT" "$m"
+    done
+    for m in "${modes[@]}"; do
+        wait_until 60 grep -q '^ready' "$CELL_DIR/cli_$m.out" ||
+            fail "the $m waiter got no echo: $(tail -c 300 "$CELL_DIR/cli_$m.err" | paste -sd' ')"
+        pids+=("$(pgrep -P "$(bg_pid "cli_$m")" | head -n1)") names+=("$m")
+    done
+    pids+=("$(pgrep -P "$(bg_pid srv)" | head -n1)") names+=(server)
+    sleep 1 # past the last spin
+    for i in "${!pids[@]}"; do before+=("$(cpu_ticks "${pids[i]}")") wb+=("$(helper_wakes "${pids[i]}")"); done
+    sleep $secs
+    for i in "${!pids[@]}"; do after+=("$(cpu_ticks "${pids[i]}")") wa+=("$(helper_wakes "${pids[i]}")"); done
+    for i in "${!pids[@]}"; do
+        d=$((after[i] - before[i])) w=$((wa[i] - wb[i]))
+        report+=("${names[i]} $d/$w")
+        [ "$MUT" = 1 ] && d=$((d + limit + 1))
+        [ "$d" -le "$limit" ] || over+=("${names[i]} (pid ${pids[i]}) used $d ticks of 1/$hz s, want <= $limit (1 %)")
+        [ "$w" -le "$wakes" ] || over+=("${names[i]}'s helper woke $w times, want <= $wakes")
+    done
+    echo "# while idle for ${secs}s, CPU ticks of 1/$hz s / helper wake-ups: ${report[*]}"
+    for m in "${modes[@]}"; do bg_stop "cli_$m"; done
+    bg_stop srv
+    [ ${#over[@]} -eq 0 ] || fail "while idle for ${secs}s: $(IFS=';'; echo "${over[*]}")"
 }
 
 # ---- device evidence ------------------------------------------------------------------------

@@ -791,60 +791,14 @@ cell_foreign_listener() {
 
 # ---- 9. idle waiters use no CPU (issue #10) --------------------------------------------------------
 
-# A client that exchanges one message, then waits on its silent connection: in a blocking
-# recv, in epoll, or in poll.
-IDLE_PY='import select, socket, sys
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-s.sendall(b"ping")
-got = b""
-while len(got) < 4:
-    got += s.recv(4 - len(got))
-assert got == b"ping", got
-print("ready", flush=True)
-m = sys.argv[3]
-if m == "recv":
-    s.recv(1)
-elif m == "epoll":
-    e = select.epoll(); e.register(s.fileno(), select.EPOLLIN); e.poll()
-else:
-    p = select.poll(); p.register(s.fileno(), select.POLLIN); p.poll()
-'
-# cpu_ticks PID: user + system clock ticks of every thread of PID.
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
-
+# An echo server and three clients waiting on their silent connections (blocking recv,
+# epoll, poll): at most 1 % of a CPU each, and few helper wake-ups (rdma_cells.sh).
 cell_idle_cpu() {
-    local modes=(recv epoll poll) m pid hz limit secs=5 before=() after=() pids=() names=()
-    hz=$(getconf CLK_TCK)
-    limit=$((hz * secs / 100)) # 1 % of the window
+    local m
     rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" "$EX/echo_server" "$A:$PORT"
-    wait_dual srv
-    for m in "${modes[@]}"; do
-        bg "cli_$m" 120 shimmed "$CELL_DIR/cli_$m" python3 -c "$IDLE_PY" "$A" "$PORT" "$m"
-    done
-    for m in "${modes[@]}"; do
-        wait_until 60 grep -q '^ready' "$CELL_DIR/cli_$m.out" ||
-            fail "the $m waiter got no echo: $(tail -c 300 "$CELL_DIR/cli_$m.err" | paste -sd' ')"
-        pids+=("$(pgrep -P "$(bg_pid "cli_$m")" | head -n1)") names+=("$m")
-    done
-    pids+=("$(pgrep -P "$(bg_pid srv)" | head -n1)") names+=(server)
-    sleep 1 # past the last spin
-    for pid in "${pids[@]}"; do before+=("$(cpu_ticks "$pid")"); done
-    sleep $secs
-    for pid in "${pids[@]}"; do after+=("$(cpu_ticks "$pid")"); done
-    local i d report=() over=()
-    for i in "${!pids[@]}"; do
-        d=$((after[i] - before[i]))
-        report+=("${names[i]} $d")
-        [ "$MUT" = 1 ] && d=$((d + limit + 1))
-        [ "$d" -le "$limit" ] || over+=("${names[i]} (pid ${pids[i]}) used $d ticks")
-    done
-    echo "# CPU while idle for ${secs}s, ticks of 1/$hz s: ${report[*]}"
-    [ ${#over[@]} -eq 0 ] || fail "while idle for ${secs}s: ${over[*]} of 1/$hz s, want <= $limit (1 %)"
-    for m in "${modes[@]}"; do bg_stop "cli_$m"; done
-    bg_stop srv
+    idle_waiters
     soft rdma_end 0 3
-    for m in "${modes[@]}"; do soft expect_rdma "cli_$m" 1; done
+    for m in recv epoll poll; do soft expect_rdma "cli_$m" 1; done
     soft expect_rdma srv 3
     expect_qps_released
 }
@@ -865,7 +819,7 @@ cell_providers_present() {
         n=$([ $e = all ] && echo RDMAV_DRIVERS=rxe || echo X=1)
         bg "srv_$e" $T shimmed "$CELL_DIR/srv_$e" env "$n" "$EX/echo_server" "$A:$PORT"
         wait_dual "srv_$e"
-        bg "cli_$e" 120 shimmed "$CELL_DIR/cli_$e" python3 -c "$IDLE_PY" "$A" "$PORT" recv
+        bg "cli_$e" 120 shimmed "$CELL_DIR/cli_$e" python3 "$T_LIB_DIR/idle_waiter.py" "$A" "$PORT" recv
         wait_until 60 grep -q '^ready' "$CELL_DIR/cli_$e.out" ||
             fail "$e: no echo: $(tail -c 300 "$CELL_DIR/cli_$e.err" | paste -sd' ')"
         pid=$(pgrep -P "$(bg_pid "srv_$e")" | head -n1)

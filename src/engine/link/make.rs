@@ -122,6 +122,12 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
             Pick::Make(have) => match (make_link(engine, dest, deadline), have) {
                 (Ok(l), _) => l,
                 (Err(_), Some(l)) => l,
+                // A link needs more memory and device objects than a connection of its
+                // own (a slab of each kind), which may still fit: rdma_cm, as without links.
+                (Err(NoLink::Fail(c)), None) if c.reason == Some(Fallback::Resources) => {
+                    log::info!("rdma link to {dest}: no resources for a link: rdma_cm instead");
+                    return Outcome::NotHere;
+                }
                 (Err(NoLink::Fail(c)), None) => return Outcome::Fail(c),
                 (Err(NoLink::NotTaken), None) => {
                     lock(&engine.link_hints).refused.insert(dest);
