@@ -212,6 +212,15 @@ fn pages_of(w: u64, me: u32) -> u64 {
     }
 }
 
+/// Bytes of registered buffers this process may still add under [`set_pinned_limit`].
+pub fn pinned_room() -> usize {
+    let me = crate::sys::raw::pid() as u32;
+    let held = pages_of(PINNED.load(Relaxed), me) as usize;
+    PINNED_LIMIT
+        .load(Relaxed)
+        .saturating_sub(held.saturating_mul(PAGE))
+}
+
 /// Counts `len` (whole pages) more pinned bytes, or refuses if that goes beyond the limit.
 fn reserve_pinned(len: usize) -> Result<()> {
     let me = crate::sys::raw::pid() as u32;
