@@ -383,8 +383,10 @@ cell_prefork_banner() {
     wait_until 30 bash -c "[ \$(grep -c 'redirects to it' $CELL_DIR/srv.log) -ge 2 ]" ||
         fail "not every worker made a branch: $(grep -c 'redirects to it' srv.log)"
     main=$(cat srv.pid)
+    # Each client holds its connection 1.5 s after the banner, so that the QP sampler (every
+    # 0.5 s) sees them: a run on 2026-11-29 saw them in one sample of ten.
     bg cli $T shimmed "$CELL_DIR/cli" python3 "$FK/banner_prefork.py" connect "$A" "$PORT" "$DATA" \
-        --conns 6 --timeout 60
+        --conns 6 --timeout 60 --hold-ms 1500
     bg_wait cli || rc=$?
     kill -TERM "$main" 2>/dev/null
     expect_status srv 0

@@ -464,11 +464,16 @@ cell_socket_edges() {
 # the calls they batch). Echoed both ways, sha256-verified; both ends on RDMA by their
 # counters and the device. Before the hooks, the stdio cell's bytes vanished into the doorbell.
 libc_echo() { # IN OUT (server) IN OUT (client) DATA [--stdio-first|--fork]
-    local sx="" cx=${6:-}
+    local sx="" cx=${6:-} half
     [ "$cx" = --fork ] && sx=$cx cx=""
     bg srv $T shimmed "$CELL_DIR/srv" "$EX/libc_io" server "$A:$PORT" "$1" "$2" $sx
     wait_dual srv
-    bg_in cli $T "$5" shimmed "$CELL_DIR/cli" "$EX/libc_io" client "$A:$PORT" "$3" "$4" $cx
+    # The client's input pauses 1.5 s halfway, so that its connection stays open for the QP
+    # sampler (every 0.5 s): unpaused, a run on 2026-11-29 saw it in one sample of three.
+    half=$(($(stat -c %s "$5") / 2))
+    mkfifo "$CELL_DIR/cli.in"
+    { head -c "$half" "$5"; sleep 1.5; tail -c +$((half + 1)) "$5"; } > "$CELL_DIR/cli.in" &
+    bg_in cli $T "$CELL_DIR/cli.in" shimmed "$CELL_DIR/cli" "$EX/libc_io" client "$A:$PORT" "$3" "$4" $cx
     expect_status cli 0
     expect_status srv 0
     soft expect_same_file "$5" cli.out "echo"
@@ -660,10 +665,10 @@ cell_many_conns() {
     bg srv 400 shimmed "$CELL_DIR/srv" "$EX/many_conns" server "$A:$PORT" "$MANY" 4096
     wait_dual srv
     local t0=$SECONDS
-    # All MANY stay open 1.5 s before their echoes, so the QP sampler (every 0.5 s) sees
-    # them. It wants one end's worth: across runs it saw 376 to 400 of the 400 (why not
+    # All MANY stay open 5 s before their echoes, so the QP sampler sees them: listing 400
+    # QPs takes it seconds (with 1.5 s, a run on 2026-11-29 saw them in one sample of three). It wants one end's worth: across runs it saw 376 to 400 of the 400 (why not
     # always all is not known); the counters below say every one is on RDMA at both ends.
-    bg cli 400 shimmed "$CELL_DIR/cli" "$EX/many_conns" client "$A:$PORT" "$MANY" 4096 1500
+    bg cli 400 shimmed "$CELL_DIR/cli" "$EX/many_conns" client "$A:$PORT" "$MANY" 4096 5000
     local rc=0
     bg_wait cli || rc=$?
     echo "# client: status $rc after $((SECONDS - t0))s: $(tail -n 3 cli.out | paste -sd'|')"

@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 from forklib import prefork, read_digest, until_sigterm
 
@@ -94,6 +95,7 @@ def one(a, payload):
     got = f.read(BANNER)
     if got != pattern(BANNER):
         raise ValueError(f"banner differs ({len(got)} of {BANNER} bytes)")
+    time.sleep(a.hold_ms / 1000)  # the connection stays open for the QP sampler
     c.sendall(payload)
     c.shutdown(socket.SHUT_WR)
     tail = f.read().decode(errors="replace").split()
@@ -147,6 +149,7 @@ def main():
     p.add_argument("--pidfile")
     p.add_argument("--conns", type=int, default=1)
     p.add_argument("--timeout", type=int, default=60)
+    p.add_argument("--hold-ms", type=int, default=0)
     a = p.parse_args()
     return serve(a) if a.mode == "serve" else connect(a)
 
