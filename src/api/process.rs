@@ -137,6 +137,8 @@ pub unsafe fn fork() -> pid_t {
     // A daemon that dropped root and now forks its workers: they inherit its listeners as
     // dual ones (see `creds.rs`).
     super::creds::relisten_if_pending();
+    // Connections a child gave back as it exited: the new child asks this process for them.
+    super::inherit::reattach_given_back();
     real::fork()
 }
 

@@ -2,7 +2,7 @@
 //! handed on, and every stream delivers what it holds, FIN included, bounded by the linger
 //! time — on the exiting thread, or for `_exit` on the helper thread.
 
-use super::{active, existing, listener, lock, Engine, Listener, Stream};
+use super::{active, existing, ipc, listener, lock, Engine, Listener, Stream};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,6 +118,7 @@ impl Engine {
 /// inside the reentrancy guard). `on_helper`: the helper thread drains, so it answers other
 /// processes' requests here itself.
 fn drain_streams(e: &'static Engine, on_helper: bool) {
+    give_back_taken(e, on_helper, &e.all_streams());
     let streams: Vec<Arc<Stream>> = e.all_streams();
     let deadline = std::time::Instant::now() + e.linger();
     // A stream the program let go of while another process holds its A (passed with
@@ -140,10 +141,76 @@ fn drain_streams(e: &'static Engine, on_helper: bool) {
         streams.iter().for_each(|s| s.on_hold_event());
         std::thread::sleep(Duration::from_micros(200));
     }
-    for s in &streams {
+    for s in streams.iter().filter(|s| !s.life().released()) {
         s.close_for_exit();
     }
     e.wait_for(&streams, deadline, "exit", Stream::flushed);
+}
+
+/// Streams this process took over from another (a fork child's use of its parent's
+/// connection) go back there if that process's program still holds them: a TCP connection
+/// outlives any one of the processes that hold it, and a parent that waits for its child
+/// and then reads on would otherwise find the connection gone with the child. The old owner
+/// takes each back (`Request::Reclaim`, exiting), asking this engine for it (Take, Export),
+/// or answers that its program let go; those close here as before. On the helper (`_exit`)
+/// the requests go from another thread, while this one answers them.
+fn give_back_taken(e: &'static Engine, on_helper: bool, streams: &[Arc<Stream>]) {
+    let back: Vec<(Arc<Stream>, ipc::Owner)> = streams
+        .iter()
+        .filter(|s| s.owner().is_me() && !s.life().released())
+        .filter_map(|s| s.taken_from.get().map(|&from| (s.clone(), from)))
+        .collect();
+    if back.is_empty() {
+        return;
+    }
+    let ask = move || {
+        let _g = crate::guard::enter();
+        for (s, from) in back {
+            let req = ipc::Request::Reclaim {
+                token: s.token,
+                taker: e.owner,
+                exiting: true,
+            };
+            // Our copy of A, or B if the program closed its fds (A went with them).
+            let proof = match s.bell().app_fd() {
+                a if a >= 0 => a,
+                _ => s.bell().shim_fd(),
+            };
+            let mut at = from;
+            match ipc::call(&mut at, &req, proof) {
+                Ok((ipc::Reply::Done, _)) => log::info!(
+                    "exit: rdma stream {} -> {}: given back to pid {}",
+                    s.local,
+                    s.peer,
+                    from.pid
+                ),
+                r => log::debug!(
+                    "exit: rdma stream {} -> {}: not given back to pid {} ({:?})",
+                    s.local,
+                    s.peer,
+                    from.pid,
+                    r.map(|x| x.0)
+                ),
+            }
+        }
+    };
+    if !on_helper {
+        ask();
+        return;
+    }
+    match std::thread::Builder::new()
+        .name("rsock-exit".into())
+        .spawn(ask)
+    {
+        Ok(t) => {
+            while !t.is_finished() {
+                e.serve_requests();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = t.join();
+        }
+        Err(err) => log::warn!("exit: no thread to give streams back ({err})"),
+    }
 }
 
 impl Engine {

@@ -70,6 +70,11 @@ fn stream_fd_closed(s: &Arc<Stream>) {
             if s.life().moved() && s.advance(Event::LetGo).is_some() {
                 s.close_opts_once();
             }
+            // Given back here by a taker that exited, while the program's fds still named
+            // this copy: the program lets go of the one it has now.
+            if let Some(back) = get().and_then(|e| e.given_back_for(s)) {
+                stream_fd_closed(&back);
+            }
         }
     }
 }

@@ -100,6 +100,9 @@ pub struct Engine {
     tended: Mutex<HashMap<usize, Arc<Stream>>>,
     /// Streams handed over to another process, by token: requests for them are sent on.
     moved: Mutex<takeover::Moved>,
+    /// Streams taken back from an exiting taker for this process's program, whose fds
+    /// still name the taker (`api` points them here: [`Engine::take_given_back`]).
+    given_back: Mutex<Vec<Arc<Stream>>>,
     /// Streams whose peer moved (token, the taker's port): resumes for the helper to start.
     resumes: Mutex<takeover::Resumes>,
     resume_cv: std::sync::Condvar,

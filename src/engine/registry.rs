@@ -72,7 +72,7 @@ impl Engine {
 
     pub(super) fn unregister(&self, s: &Stream) {
         if s.on_link {
-            if lock(&self.streams_by_token).remove(&s.token).is_some() {
+            if self.unregister_token(s) {
                 ACTIVE_STREAMS.fetch_sub(1, Relaxed);
             }
             return;
@@ -80,7 +80,42 @@ impl Engine {
         if lock(&self.streams_by_qp).remove(&s.qp_num()).is_some() {
             ACTIVE_STREAMS.fetch_sub(1, Relaxed);
         }
-        lock(&self.streams_by_token).remove(&s.token);
+        self.unregister_token(s);
+    }
+
+    /// Removes `s` from the token map if it is there: a stream handed over and taken back
+    /// is registered again under the same token, and its old copy, freed later, must not
+    /// take the new one's entry with it.
+    fn unregister_token(&self, s: &Stream) -> bool {
+        let mut by_token = lock(&self.streams_by_token);
+        let here = by_token
+            .get(&s.token)
+            .is_some_and(|x| std::ptr::eq(Arc::as_ptr(x), s));
+        here && by_token.remove(&s.token).is_some()
+    }
+
+    /// This process's own stream `token` whose doorbell `fd` is, served here: one a fork
+    /// child gave back as it exited (`Request::Reclaim`, exiting).
+    pub fn given_back(&self, token: u64, fd: libc::c_int) -> Option<Arc<Stream>> {
+        lock(&self.streams_by_token)
+            .get(&token)
+            .filter(|s| s.owner().is_me() && !s.life().released() && s.bell().is_this(fd))
+            .cloned()
+    }
+
+    /// The stream given back here for `old`, the copy the program's fds still name (same
+    /// token, same A).
+    pub(super) fn given_back_for(&self, old: &Stream) -> Option<Arc<Stream>> {
+        lock(&self.streams_by_token)
+            .get(&old.token)
+            .filter(|s| {
+                !std::ptr::eq(Arc::as_ptr(s), old)
+                    && s.owner().is_me()
+                    && !s.life().released()
+                    && s.bell().identity().is_some()
+                    && s.bell().identity() == old.bell().identity()
+            })
+            .cloned()
     }
 
     /// Keeps the completions of QP `qp` from now until its stream is registered with

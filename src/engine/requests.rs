@@ -49,8 +49,13 @@ impl Engine {
         call: ipc::Call,
     ) -> Option<(ipc::Reply, Option<c_int>)> {
         let proof = call.proof;
-        if let ipc::Request::Reclaim { token, taker } = *req {
-            return self.defer_reclaim(token, taker, call);
+        if let ipc::Request::Reclaim {
+            token,
+            taker,
+            exiting,
+        } = *req
+        {
+            return self.defer_reclaim(token, taker, exiting, call);
         }
         Some(self.answer_now(req, proof))
     }

@@ -215,6 +215,7 @@ impl Engine {
             devices: Mutex::new(Vec::new()),
             tended: Mutex::new(HashMap::new()),
             moved: Mutex::new(takeover::Moved::default()),
+            given_back: Mutex::new(Vec::new()),
             resumes: Mutex::new(takeover::Resumes::default()),
             resume_cv: std::sync::Condvar::new(),
             early: Mutex::new(QpMap::default()),

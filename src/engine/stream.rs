@@ -105,7 +105,7 @@ pub struct Stream<P: Port = Dev> {
     owner_pid: AtomicI32,
     owner_nonce: AtomicU64,
     /// The process this one took the stream over from, if it did: the one to give it back to
-    /// before a credential change (`Request::Reclaim`).
+    /// before a credential change, an exec or this process's exit (`Request::Reclaim`).
     pub taken_from: std::sync::OnceLock<Owner>,
     /// Where it is in its life (stream/life.rs).
     life: Lifecycle,

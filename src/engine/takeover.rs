@@ -261,8 +261,10 @@ pub fn take_over(st: &mut Inherited, fd: c_int) -> Result<Arc<Stream>, TakeError
     };
     let s = Stream::new(parts, d, engine.spin_max(), engine.owner)
         .map_err(|e| TakeError::Lost(Error::at("stream")(e)))?;
-    let _ = s.taken_from.set(owner);
-    lock(&engine.moved).forget(st.token); // it came back, if it had been ours
+    // One this engine had handed over and takes back is its own again, taken from nobody.
+    if !lock(&engine.moved).forget(st.token) {
+        let _ = s.taken_from.set(owner);
+    }
     engine.register(&s);
     drop(early);
     engine.ensure_helper();

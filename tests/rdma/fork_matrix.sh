@@ -64,6 +64,7 @@ declare -A EXPECT_QP_OWNER=(
     [fork_echo_setuid]=child [fork_echo_raw_clone]=child [fork_echo_stdin_locked]=parent
     [python_forking]=child
     [python_client_control]=parent [subprocess_during_transfer]=parent  # no fork on the server side
+    [children_then_parent]=parent
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
     [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
     [nginx_accept_mutex]=child [nginx_epollexclusive]=child [nginx_reuseport]=child
@@ -554,6 +555,21 @@ cell_python_client_control() {
     nofork_server_cell python3 "$FK/echo_client.py" "$A" "$PORT" "$DATA" --pause-ms $PAUSE
 }
 
+# The client's fork children use its connection one after another and exit (os._exit,
+# exit(), or after reading their part's echo) while it holds on; it reads each echo once
+# the child is gone, then sends the rest itself. Each child took the connection over and
+# gave it back as it exited: a TCP connection stays with the processes that hold it (until
+# 2026-11-29 the first child's exit ended it: the parent read EOF).
+cell_children_then_parent() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (the server does not fork; the client's children use its connection)"
+    nofork_server_cell python3 "$FK/child_then_parent.py" "$A" "$PORT" "$DATA"
+    grep '^child ' cli.out | paste -sd' ' | sed 's/^/# /'
+    local back
+    back=$(grep -c 'given back to pid' "$CELL_DIR/cli.log")
+    echo "# client: $back of 6 children gave the connection back as they exited"
+    [ "$back" -eq 6 ] || soft fail "$back of 6 children gave the connection back (client log)"
+}
+
 cell_subprocess_during_transfer() {
     echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (the server does not fork; the client spawns)"
     nofork_server_cell python3 "$FK/spawn_during_transfer.py" "$A" "$PORT" "$DATA"
@@ -883,7 +899,7 @@ CELL_LIST=(
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked
-    python_forking python_client_control subprocess_during_transfer
+    python_forking python_client_control subprocess_during_transfer children_then_parent
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
     ncat_sh_exec ncat_sh_exec_plain
     nginx_accept_mutex nginx_epollexclusive nginx_reuseport nginx_www_data nginx_redirect

@@ -29,7 +29,9 @@ pub(super) use listeners::{
     accept, adopt_listener, branch_before_wait, to_kernel_only, unbranch, Accepted,
 };
 pub(super) use received::received_rights;
-pub(super) use streams::{give_back, onto_stdio, relay_for_libc, relay_for_sending};
+pub(super) use streams::{
+    give_back, onto_stdio, reattach_given_back, relay_for_libc, relay_for_sending,
+};
 
 use crate::engine::Stream;
 use crate::socket::{Attachment, Socket};

@@ -36,6 +36,36 @@ pub(in crate::api) fn onto_stdio(s: &Socket) {
     }
 }
 
+/// Points the program's fds of streams taken back from an exiting taker (a fork child that
+/// used them, `Request::Reclaim`) at the streams here — before a fork, so that the next
+/// child asks this process for them, not the taker that is gone (the program's own next
+/// call finds them anyway, in `take_or_adopt`). One load or two when there are none.
+pub(in crate::api) fn reattach_given_back() {
+    let Some(e) = crate::engine::existing() else {
+        return;
+    };
+    let back = e.take_given_back();
+    if back.is_empty() {
+        return;
+    }
+    let _g = crate::guard::enter();
+    for fd in 0..fdtable::high_water().min(fdtable::MAX_FDS) as c_int {
+        let Some(sock) = fdtable::get(fd) else {
+            continue;
+        };
+        let Some(Attachment::Stream(st)) = sock.attachment() else {
+            continue;
+        };
+        if let Some(s) = back
+            .iter()
+            .find(|s| s.token == st.token && !Arc::ptr_eq(s, &st))
+        {
+            s.set_nonblocking(fd_flags(fd).0);
+            sock.attach(Attachment::Stream(s.clone()));
+        }
+    }
+}
+
 /// Makes the inherited stream `st` this process's own (take-over), or else a relayed socket.
 pub(super) fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     let _g = crate::guard::enter();
@@ -43,6 +73,14 @@ pub(super) fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
     let Some(&first) = fds.first() else {
         return Attachment::Stream(st.clone());
     };
+    // Taken back from a fork child that used it and exited: this engine's again.
+    if let Some(own) = crate::engine::get().and_then(|e| e.given_back(st.token, first)) {
+        log::debug!("fd {first}: rdma stream to {}: given back here", st.peer);
+        own.set_nonblocking(fd_flags(first).0);
+        let a = Attachment::Stream(own);
+        s.attach(a.clone());
+        return a;
+    }
     // On stdio it is the inetd-style hand-off to a program that is about to exec (or was
     // exec'd): a relay end survives that, an owned stream would not.
     if fds.iter().any(|&fd| fd <= 2) {
@@ -201,6 +239,7 @@ pub(in crate::api) fn give_back(s: &Socket, st: &Arc<Stream>, from: ipc::Owner, 
     let req = Request::Reclaim {
         token: st.token,
         taker: st.owner(),
+        exiting: false,
     };
     let mut at = from;
     match ipc::call(&mut at, &req, first) {

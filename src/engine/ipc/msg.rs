@@ -43,8 +43,13 @@ pub enum Request {
     Describe { token: u64 },
     /// "Take back the stream you handed to me, `taker`, and relay it to me": the caller is
     /// about to change its credentials, after which it could not drive the queue pair;
-    /// reply [`Reply::Relay`].
-    Reclaim { token: u64, taker: Owner },
+    /// reply [`Reply::Relay`]. `exiting`: the caller is exiting — take it back, relay
+    /// nothing, and only if your program still holds it; reply [`Reply::Done`].
+    Reclaim {
+        token: u64,
+        taker: Owner,
+        exiting: bool,
+    },
     /// "Send the clients that follow redirects to my branch of the listener: my rdma_cm
     /// listener on `port`, named `id` (48 bits) in their hellos"; `port` 0 withdraws the
     /// branch `id`. Reply [`Reply::Done`].
@@ -146,7 +151,7 @@ impl Request {
                 resume_at, taker, ..
             } => (4, resume_at, Some(taker)),
             Request::Describe { .. } => (5, 0, None),
-            Request::Reclaim { taker, .. } => (6, 0, Some(taker)),
+            Request::Reclaim { taker, exiting, .. } => (6, u64::from(exiting), Some(taker)),
             Request::Branch {
                 port, id, taker, ..
             } => (
@@ -184,9 +189,10 @@ impl Request {
                     .ok_or(BadMsg::Field)?,
                 taker: needs(caller)?,
             },
-            6 if arg == 0 => Request::Reclaim {
+            6 if arg <= 1 => Request::Reclaim {
                 token,
                 taker: needs(caller)?,
+                exiting: arg == 1,
             },
             4 => Request::Export {
                 token,

@@ -34,10 +34,17 @@ impl Engine {
         &'static self,
         token: u64,
         taker: ipc::Owner,
+        exiting: bool,
         call: ipc::Call,
     ) -> Option<(Reply, Option<c_int>)> {
-        if lock(&self.moved).get(token, call.proof) != Some(taker) {
-            return Some((Reply::Failed(libc::ENOENT), None));
+        {
+            let moved = lock(&self.moved);
+            // An exiting taker's stream comes back only to a program that holds it.
+            if moved.get(token, call.proof) != Some(taker)
+                || exiting && !moved.held_by_program(token)
+            {
+                return Some((Reply::Failed(libc::ENOENT), None));
+            }
         }
         // Copies of fds the ipc server holds for this call.
         let (conn, proof) = (dup_hidden(call.conn), dup_hidden(call.proof));
@@ -47,7 +54,12 @@ impl Engine {
             return Some((Reply::Failed(libc::EMFILE), None));
         }
         let call = ipc::Call { conn, proof };
-        self.to_mover(MoverJob::Reclaim { token, taker, call });
+        self.to_mover(MoverJob::Reclaim {
+            token,
+            taker,
+            exiting,
+            call,
+        });
         None
     }
 
@@ -100,8 +112,13 @@ impl Engine {
                         resume(self, s, port);
                     }
                 }
-                MoverJob::Reclaim { token, taker, call } => {
-                    let (r, fd) = self.answer_reclaim(token, taker, call.proof);
+                MoverJob::Reclaim {
+                    token,
+                    taker,
+                    exiting,
+                    call,
+                } => {
+                    let (r, fd) = self.answer_reclaim(token, taker, exiting, call.proof);
                     ipc::reply(call.conn, &r, fd);
                     raw::close(call.proof);
                 }
@@ -118,6 +135,7 @@ enum MoverJob {
     Reclaim {
         token: u64,
         taker: ipc::Owner,
+        exiting: bool,
         call: ipc::Call,
     },
 }

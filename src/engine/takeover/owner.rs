@@ -10,7 +10,8 @@ use crate::engine::{lock, Engine, Stream};
 use crate::sys::fcntl::dup_hidden;
 use crate::sys::{raw, unix};
 use libc::c_int;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// How many handed-over streams an engine remembers (to send requests on), and how long.
@@ -24,15 +25,20 @@ pub struct Moved {
     by_token: std::collections::HashMap<u64, Gone>,
 }
 
-/// Where a stream went, the identity of its A, and when.
+/// Where a stream went, the identities of its A and B, when, and this process's old stream
+/// (its program's fds hold it).
 struct Gone {
     to: ipc::Owner,
     identity: Option<unix::Identity>,
+    shim_identity: Option<unix::Identity>,
     at: Instant,
+    old: Weak<Stream>,
 }
 
 impl Moved {
-    fn insert(&mut self, token: u64, to: ipc::Owner, identity: Option<unix::Identity>) {
+    fn insert(&mut self, old: &Arc<Stream>, to: ipc::Owner) {
+        let (token, identity) = (old.token, old.bell().identity());
+        let shim_identity = unix::file_identity(old.bell().shim_fd());
         let at = Instant::now();
         self.by_token
             .retain(|_, g| at.duration_since(g.at) < MOVED_FOR);
@@ -42,11 +48,22 @@ impl Moved {
                 self.by_token.remove(&t);
             }
         }
-        self.by_token.insert(token, Gone { to, identity, at });
+        let old = Arc::downgrade(old);
+        self.by_token.insert(
+            token,
+            Gone {
+                to,
+                identity,
+                shim_identity,
+                at,
+                old,
+            },
+        );
     }
 
-    pub(super) fn forget(&mut self, token: u64) {
-        self.by_token.remove(&token);
+    /// Forgets stream `token`; whether it had been handed over from here.
+    pub(super) fn forget(&mut self, token: u64) -> bool {
+        self.by_token.remove(&token).is_some()
     }
 
     /// No stream handed over is remembered (none may be asked about any more).
@@ -54,9 +71,26 @@ impl Moved {
         self.by_token.is_empty()
     }
 
+    /// Whether this process's program still holds an fd of the stream it handed over.
+    pub(super) fn held_by_program(&self, token: u64) -> bool {
+        self.old_held(token).is_some()
+    }
+
+    /// This process's old stream `token` (handed over), while its program holds an fd of it.
+    fn old_held(&self, token: u64) -> Option<Arc<Stream>> {
+        self.by_token
+            .get(&token)
+            .and_then(|g| g.old.upgrade())
+            .filter(|s| s.life().program)
+    }
+
+    /// Where stream `token` went, told to a caller that proves it holds the stream's A — or
+    /// its B, which only the shim's processes hold (a taker whose program closed its fds
+    /// gives the stream back with B as it exits).
     pub(super) fn get(&self, token: u64, proof: c_int) -> Option<ipc::Owner> {
         let g = self.by_token.get(&token)?;
-        (g.identity.is_some() && unix::file_identity(proof) == g.identity).then_some(g.to)
+        let id = unix::file_identity(proof)?;
+        (g.identity == Some(id) || g.shim_identity == Some(id)).then_some(g.to)
     }
 }
 
@@ -130,7 +164,7 @@ impl Engine {
         // The stream is the taker's: this engine forgets it (requests are sent on), keeps
         // nothing of its doorbell, and frees its QP and memory once drained.
         lock(&self.streams_by_token).remove(&s.token);
-        lock(&self.moved).insert(s.token, taker, s.bell().identity());
+        lock(&self.moved).insert(s, taker);
         self.unwatch(s.bell().shim_fd());
         for fd in s.relay_fds() {
             self.unwatch(fd);
@@ -175,15 +209,30 @@ impl Engine {
     /// `token` to (`taker`, holding its A as `proof`) is about to change its credentials,
     /// after which the kernel refuses its writes to the verbs and rdma_cm files: this process
     /// takes the stream back (the same hand-over, the other way) and relays it to the taker.
+    /// `exiting`: the taker is exiting and this process's program still holds the stream,
+    /// as a TCP connection stays with the processes that hold it: taken back for the
+    /// program (its fds find it here again: `api::inherit::streams`), relayed to nobody.
     pub(in crate::engine) fn answer_reclaim(
         &'static self,
         token: u64,
         taker: ipc::Owner,
+        exiting: bool,
         proof: c_int,
     ) -> (Reply, Option<c_int>) {
         if lock(&self.moved).get(token, proof) != Some(taker) {
             return (Reply::Failed(libc::ENOENT), None);
         }
+        // An exiting taker may hold only B; the stream's new doorbell here needs an fd of
+        // A: the copy this process's old stream keeps while the program holds the stream.
+        let old = if exiting {
+            match lock(&self.moved).old_held(token) {
+                Some(old) if old.bell().app_fd() >= 0 => Some(old),
+                _ => return (Reply::Failed(libc::ENOENT), None),
+            }
+        } else {
+            None
+        };
+        let proof = old.as_ref().map_or(proof, |o| o.bell().app_fd());
         let mut at = taker;
         let facts = match ipc::call(&mut at, &Request::Describe { token }, proof) {
             Ok((Reply::Described { sizes, ends, .. }, _)) if at == taker => {
@@ -212,6 +261,20 @@ impl Engine {
         let taken = take_over(&mut st, proof);
         raw::close(opts_fd); // the stream has its own copy
         match taken {
+            Ok(s) if exiting => {
+                log::info!(
+                    "rdma stream {} -> {}: taken back from pid {}, which exits",
+                    s.local,
+                    s.peer,
+                    taker.pid
+                );
+                // The program's fds are to name the stream here (they still name the
+                // taker): at their next call, or before the program's next fork.
+                lock(&self.given_back).push(s);
+                GIVEN_BACK.store(true, Release);
+                drop(old); // the old stream's copy of A was the proof until here
+                (Reply::Done, None)
+            }
             Ok(s) => {
                 // No program here holds it: only the relay does.
                 s.advance(crate::engine::stream::Event::LetGo);
@@ -231,5 +294,19 @@ impl Engine {
             Some(to) => (Reply::Moved(to), None),
             None => (Reply::Failed(libc::ENOENT), None),
         }
+    }
+}
+
+/// Some engine took a stream back for its program (`Engine::take_given_back`): one load for
+/// the fork hook.
+static GIVEN_BACK: AtomicBool = AtomicBool::new(false);
+
+impl Engine {
+    /// The streams taken back for the program since the last call (none: one load).
+    pub fn take_given_back(&self) -> Vec<Arc<Stream>> {
+        if !GIVEN_BACK.swap(false, Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *lock(&self.given_back))
     }
 }

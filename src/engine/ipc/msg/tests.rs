@@ -106,6 +106,12 @@ fn every_message_round_trips() {
         Request::Reclaim {
             token: 9,
             taker: TAKER,
+            exiting: false,
+        },
+        Request::Reclaim {
+            token: 9,
+            taker: TAKER,
+            exiting: true,
         },
         Request::Branch {
             token: 10,
@@ -186,6 +192,14 @@ fn malformed_messages_are_refused() {
     assert_eq!(Request::decode(&b), Err(BadMsg::Field));
     let mut b = take;
     b[24..28].fill(0); // a take-over needs the taker's engine
+    assert_eq!(Request::decode(&b), Err(BadMsg::Field));
+    let mut b = Request::Reclaim {
+        token: 9,
+        taker: TAKER,
+        exiting: true,
+    }
+    .encode();
+    b[16] = 2; // exiting or not: nothing else
     assert_eq!(Request::decode(&b), Err(BadMsg::Field));
     // Replies: sizes that would overflow, an errno out of range, a Moved to nobody.
     let ends = Ends {
