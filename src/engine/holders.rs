@@ -72,7 +72,8 @@ fn stream_fd_closed(s: &Arc<Stream>) {
             }
             // Given back here by a taker that exited, while the program's fds still named
             // this copy: the program lets go of the one it has now.
-            if let Some(back) = get().and_then(|e| e.given_back_for(s)) {
+            // (`existing`: never an engine made for it, and none of a parent's copy.)
+            if let Some(back) = super::existing().and_then(|e| e.given_back_for(s)) {
                 stream_fd_closed(&back);
             }
         }
