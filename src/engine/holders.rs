@@ -73,7 +73,7 @@ fn stream_fd_closed(s: &Arc<Stream>) {
             // Given back here by a taker that exited, while the program's fds still named
             // this copy: the program lets go of the one it has now.
             // (`existing`: never an engine made for it, and none of a parent's copy.)
-            if let Some(back) = super::existing().and_then(|e| e.given_back_for(s)) {
+            if let Some(back) = super::existing().and_then(|e| e.given_back(s)) {
                 stream_fd_closed(&back);
             }
         }

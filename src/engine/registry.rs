@@ -94,18 +94,10 @@ impl Engine {
         here && by_token.remove(&s.token).is_some()
     }
 
-    /// This process's own stream `token` whose doorbell `fd` is, served here: one a fork
-    /// child gave back as it exited (`Request::Reclaim`, exiting).
-    pub fn given_back(&self, token: u64, fd: libc::c_int) -> Option<Arc<Stream>> {
-        lock(&self.streams_by_token)
-            .get(&token)
-            .filter(|s| s.owner().is_me() && !s.life().released() && s.bell().is_this(fd))
-            .cloned()
-    }
-
-    /// The stream given back here for `old`, the copy the program's fds still name (same
-    /// token, same A).
-    pub(super) fn given_back_for(&self, old: &Stream) -> Option<Arc<Stream>> {
+    /// This process's own stream `old.token`, served here, on the same A as `old`, the copy
+    /// the program's fds still name: one a fork child gave back as it exited
+    /// (`Request::Reclaim`, exiting).
+    pub fn given_back(&self, old: &Stream) -> Option<Arc<Stream>> {
         lock(&self.streams_by_token)
             .get(&old.token)
             .filter(|s| {

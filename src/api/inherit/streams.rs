@@ -74,7 +74,7 @@ pub(super) fn take_or_adopt(s: &Socket, st: &Arc<Stream>) -> Attachment {
         return Attachment::Stream(st.clone());
     };
     // Taken back from a fork child that used it and exited: this engine's again.
-    if let Some(own) = crate::engine::existing().and_then(|e| e.given_back(st.token, first)) {
+    if let Some(own) = crate::engine::existing().and_then(|e| e.given_back(st)) {
         log::debug!("fd {first}: rdma stream to {}: given back here", st.peer);
         own.set_nonblocking(fd_flags(first).0);
         let a = Attachment::Stream(own);

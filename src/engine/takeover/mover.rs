@@ -41,7 +41,7 @@ impl Engine {
             let moved = lock(&self.moved);
             // An exiting taker's stream comes back only to a program that holds it.
             if moved.get(token, call.proof) != Some(taker)
-                || exiting && !moved.held_by_program(token)
+                || exiting && moved.old_held(token).is_none()
             {
                 return Some((Reply::Failed(libc::ENOENT), None));
             }

@@ -71,13 +71,8 @@ impl Moved {
         self.by_token.is_empty()
     }
 
-    /// Whether this process's program still holds an fd of the stream it handed over.
-    pub(super) fn held_by_program(&self, token: u64) -> bool {
-        self.old_held(token).is_some()
-    }
-
     /// This process's old stream `token` (handed over), while its program holds an fd of it.
-    fn old_held(&self, token: u64) -> Option<Arc<Stream>> {
+    pub(super) fn old_held(&self, token: u64) -> Option<Arc<Stream>> {
         self.by_token
             .get(&token)
             .and_then(|g| g.old.upgrade())

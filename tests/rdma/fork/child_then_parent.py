@@ -22,6 +22,8 @@ import socket
 import sys
 import threading
 
+from echo_client import check_trailer, read_to_end
+
 MODES = ["_exit", "exit", "reads"] * 2
 PART = 8192
 
@@ -80,19 +82,12 @@ def main():
     if echo != last:
         raise SystemExit("conn 0 FAIL the echo of the parent's part differs")
     rx += len(last)
-    tail = bytearray()
-    while True:
-        d = c.recv(4096)
-        if not d:
-            break
-        tail += d
-    t = tail.decode(errors="replace")
-    if not t.startswith("digest "):
-        raise SystemExit(f"conn 0 FAIL no trailer: {t!r}")
-    kv = dict(x.split("=", 1) for x in t.split()[1:])
+    tail = read_to_end(c)
+    try:
+        kv = check_trailer(tail, payload)
+    except ValueError as e:
+        raise SystemExit(f"conn 0 FAIL {e}")
     sha = hashlib.sha256(payload).hexdigest()
-    if kv.get("up") != sha or kv.get("n") != str(len(payload)):
-        raise SystemExit(f"conn 0 FAIL server received n={kv.get('n')} up={kv.get('up')}")
     tx = 1 + len(payload)
     rx += len(tail)
     print(f"conn 0 ok pid={kv.get('pid')} up={len(payload)} up_sha={sha} tx={tx} rx={rx}")

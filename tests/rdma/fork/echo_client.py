@@ -50,17 +50,29 @@ def transfer(addr, port, payload, chunk=65536, between=None, pause_ms=0, timeout
             if d != payload[len(got):len(got) + len(d)]:
                 raise ValueError(f"echo differs within bytes {len(got)}..{len(got) + len(d)}")
             got += d
-        tail = bytearray()
-        while True:
-            d = c.recv(4096)
-            if not d:
-                break
-            tail += d
+        tail = read_to_end(c)
     finally:
         w.join()
         c.close()
     if errs:
         raise RuntimeError("; ".join(errs))
+    kv = check_trailer(tail, payload)
+    return kv.get("pid"), 1 + len(payload), len(got) + len(tail)
+
+
+def read_to_end(c):
+    """What `c` holds until the peer's half-close (the server's trailer, after the echo)."""
+    tail = bytearray()
+    while True:
+        d = c.recv(4096)
+        if not d:
+            return bytes(tail)
+        tail += d
+
+
+def check_trailer(tail, payload):
+    """The server's `digest up=<sha256> n=<count> ...` trailer as a dict; raises ValueError
+    unless it names exactly `payload`."""
     t = tail.decode(errors="replace")
     if not t.startswith("digest "):
         raise ValueError(f"no trailer: {t!r}")
@@ -68,7 +80,7 @@ def transfer(addr, port, payload, chunk=65536, between=None, pause_ms=0, timeout
     sha = hashlib.sha256(payload).hexdigest()
     if kv.get("up") != sha or kv.get("n") != str(len(payload)):
         raise ValueError(f"server received n={kv.get('n')} up={kv.get('up')}, sent {len(payload)} bytes sha256 {sha}")
-    return kv.get("pid"), 1 + len(payload), len(got) + len(tail)
+    return kv
 
 
 def main():
