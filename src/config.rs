@@ -260,8 +260,10 @@ pub const KNOWN: &[&str] = &[
     "RSOCK_LINK_IDLE_MS",
     "RSOCK_LINK_GRANTS",
     "RSOCK_CONFIG",
-    // Not a setting: the exec hooks name the streams they pass to the new image with it.
+    // Not settings: the exec hooks name the streams they pass to the new image, and the
+    // relay ends it inherits, with them.
     "RSOCK_PASSED_FDS",
+    "RSOCK_RELAYED_FDS",
     // Not the shim's: `rsock run` finds the shim with it (and passes it on to the program).
     "RSOCK_LIB",
 ];
@@ -347,7 +349,7 @@ impl Config {
                 }
                 // The shim's own note to an exec'd image (api::inherit), not a setting; the
                 // CLI's.
-                "RSOCK_PASSED_FDS" | "RSOCK_LIB" => {}
+                "RSOCK_PASSED_FDS" | "RSOCK_RELAYED_FDS" | "RSOCK_LIB" => {}
                 _ => warnings.push(format!(
                     "{name}: unknown variable, ignored (known: {})",
                     KNOWN.join(", ")

@@ -98,6 +98,17 @@ impl Doorbell {
         self.shim.swap(-1, std::sync::atomic::Ordering::AcqRel)
     }
 
+    /// In a fork child: closes the child's copy of B, so that the owner's going (its exit,
+    /// its exec) hangs A up for every process still holding it; a copy here would keep A
+    /// quiet. Only a listener's: a stream's B is the proof a child gives when it gives the
+    /// stream back (docs/DESIGN.md, "Processes").
+    pub fn forget_shim_in_child(&self) {
+        let shim = self.take_shim();
+        if shim >= 0 {
+            crate::sys::raw::close(shim);
+        }
+    }
+
     fn shim(&self) -> c_int {
         self.shim.load(std::sync::atomic::Ordering::Acquire)
     }

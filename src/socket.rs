@@ -218,6 +218,14 @@ impl Socket {
             self.pending.reclaim();
             self.epoll.reclaim();
         }
+        // A listener's B is its owner's alone. The holders of A learn that the owner went
+        // (exited, exec'd) from A's hang-up, and take the listener over at their next
+        // accept; a copy kept here would keep A quiet, and a worker asleep on it in
+        // epoll_wait would sleep on while connections queue in the kernel (haproxy's worker,
+        // whose master re-execs itself).
+        if let Some(Attachment::Listener(l)) = self.attached.lock().as_ref() {
+            l.bell().forget_shim_in_child();
+        }
     }
 
     pub(crate) fn publish(&self) {

@@ -70,16 +70,32 @@ unsafe fn with_exec_env(
     if fdtable::high_water() == 0 {
         return exec(envp);
     }
-    let passed = match guard::enter() {
+    let handoff = match guard::enter() {
         Some(_g) => keep_errno(inherit::before_exec),
-        None => Vec::new(),
+        None => inherit::ExecHandOff::default(),
     };
-    if passed.is_empty() || envp.is_null() {
+    if (handoff.passed.is_empty() && handoff.relayed.is_empty()) || envp.is_null() {
         return exec(envp);
     }
-    let list: Vec<String> = passed.iter().map(|fd| fd.to_string()).collect();
-    let mut added = vec![format!("{}={}\0", inherit::PASSED_FDS, list.join(","))];
-    let prefix = format!("{}=", inherit::PASSED_FDS);
+    // Passed streams need the shim in the new image; relay ends work without it (the
+    // addresses are only answered where it is).
+    let add_shim = !handoff.passed.is_empty();
+    let mut added = Vec::new();
+    if add_shim {
+        let list: Vec<String> = handoff.passed.iter().map(|fd| fd.to_string()).collect();
+        added.push(format!("{}={}\0", inherit::PASSED_FDS, list.join(",")));
+    }
+    if !handoff.relayed.is_empty() {
+        added.push(format!(
+            "{}={}\0",
+            inherit::RELAYED_FDS,
+            handoff.relayed.join(",")
+        ));
+    }
+    let ours = [
+        format!("{}=", inherit::PASSED_FDS),
+        format!("{}=", inherit::RELAYED_FDS),
+    ];
     let mut env: Vec<*const libc::c_char> = Vec::new();
     let mut names: Vec<Vec<u8>> = Vec::new();
     let mut preload = None;
@@ -87,22 +103,25 @@ unsafe fn with_exec_env(
     while !(*p).is_null() {
         let var = std::ffi::CStr::from_ptr(*p).to_bytes();
         let name = var.split(|&b| b == b'=').next().unwrap_or(var);
-        if name == b"LD_PRELOAD" {
+        if name == b"LD_PRELOAD" && add_shim {
             preload = Some(var[name.len()..].strip_prefix(b"=").unwrap_or(b"").to_vec());
-        } else if !var.starts_with(prefix.as_bytes()) {
+        } else if !ours.iter().any(|o| var.starts_with(o.as_bytes())) {
             env.push(*p);
         }
         names.push(name.to_vec());
         p = p.add(1);
     }
-    added.push(with_shim(preload));
-    for (k, v) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if k.starts_with("RSOCK_")
-            && k != inherit::PASSED_FDS
-            && !names.contains(&k.as_bytes().to_vec())
-        {
-            added.push(format!("{k}={}\0", v.to_string_lossy()));
+    if add_shim {
+        added.push(with_shim(preload));
+        for (k, v) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("RSOCK_")
+                && k != inherit::PASSED_FDS
+                && k != inherit::RELAYED_FDS
+                && !names.contains(&k.as_bytes().to_vec())
+            {
+                added.push(format!("{k}={}\0", v.to_string_lossy()));
+            }
         }
     }
     env.extend(added.iter().map(|v| v.as_ptr().cast()));

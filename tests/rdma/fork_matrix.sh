@@ -400,6 +400,102 @@ cell_prefork_banner() {
     expect_qps_released
 }
 
+# A master that leaves its workers the listener while they wait on it in epoll_wait: it
+# re-execs itself (haproxy's master-worker mode; the new image holds the listener) or exits (a
+# daemon that listens, then detaches). Its going hangs up the workers' doorbell of its
+# listener, and they take the listener over: one of them listens on rdma_cm again and serves
+# the clients over RDMA. Until 2026-11-29 each worker kept a copy of the master's end of that
+# doorbell from the fork, so it never hung up: the workers slept on while connections queued
+# in the kernel (haproxy as Debian ships it accepted nothing).
+master_leaves_cell() {
+    local rc=0 w
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" python3 "$FK/master_leaves.py" "$A" "$PORT" --leave "$1" \
+        --log "$CELL_DIR/events.log" --pidfile "$CELL_DIR/srv.pid"
+    wait_until 30 test -s srv.pid || fail "no pid file: $(tail -c 300 srv.err | paste -sd' ')"
+    took() { [ "$(grep -c 'taking the listener over' "$CELL_DIR/srv.log")" -ge 2 ]; }
+    wait_until 30 took || fail "the workers did not take the listener over ($(grep -c 'taking the listener over' srv.log) of 2)"
+    wait_rdma_listen "$PORT" 30 || fail "no rdma_cm listener on $PORT after the take-over"
+    bg cli $T shimmed "$CELL_DIR/cli" "$EX/fork_client" "$A:$PORT" --conns 4 --parallel 2 --bytes 1048576 \
+        --pause-ms $PAUSE --timeout 60
+    bg_wait cli || rc=$?
+    for w in $(cat srv.pid); do kill -TERM "$w" 2>/dev/null; done
+    [ $rc -eq 0 ] || fail "client exited $rc: $(grep -m3 FAIL cli.out | paste -sd'|') $(tail -c 200 cli.err)"
+    client_ok cli 4
+    soft events_check events.log
+    soft client_stats 4 'nproc==1'
+    soft server_stats 4
+    soft rdma_end "$CLI_TX" 2
+    expect_qps_released
+}
+cell_master_leaves_exec() { master_leaves_cell exec; }
+cell_master_leaves_exit() { master_leaves_cell exit; }
+
+# haproxy as Debian ships it (/etc/haproxy/haproxy.cfg: chroot /var/lib/haproxy, user haproxy;
+# `haproxy -Ws` as its systemd unit runs it: a master that forks the worker and re-execs
+# itself), with a frontend on $PORT and a shimmed backend. The worker chroots before its
+# first connection, so it cannot reach the RDMA device (LIMITATIONS: chroot): everything on
+# kernel TCP, without a client waiting out its RDMA connect. Until 2026-11-29 it accepted
+# nothing (master_leaves_exec).
+cell_haproxy_packaged() {
+    need_cell haproxy curl
+    local i bport
+    alloc_port bport
+    mkdir -p /run/haproxy /var/lib/haproxy www && ln -sf "$DATA" www/data.bin
+    { cat /etc/haproxy/haproxy.cfg
+      printf 'frontend web\n\tbind :%s\n\tdefault_backend app\nbackend app\n\tserver s1 %s:%s\n' "$PORT" "$A" "$bport"
+    } > haproxy.cfg
+    bg be $T shimmed "$CELL_DIR/be" python3 -m http.server "$bport" --bind "$A" --directory "$CELL_DIR/www"
+    wait_listen "$bport" 30 be || fail "the backend did not listen"
+    bg srv $T shimmed "$CELL_DIR/srv" haproxy -Ws -f "$CELL_DIR/haproxy.cfg" -p "$CELL_DIR/haproxy.pid"
+    wait_listen "$PORT" 30 srv || fail "haproxy did not listen: $(tail -c 300 srv.err | paste -sd' ')"
+    wait_until 30 test -s haproxy.pid || fail "haproxy wrote no pid file"
+    echo "# processes: $(ps -o pid=,user=,args= --ppid "$(cat haproxy.pid)" | paste -sd'|')"
+    for i in 1 2 3; do
+        shimmed "$CELL_DIR/cli" curl -sS --max-time 60 -o "got.$i" "http://$A:$PORT/data.bin" || fail "curl $i exited $?"
+        expect_same_file "$DATA" "got.$i" "curl $i"
+    done
+    curl -sS --max-time 60 -o got.plain "http://$A:$PORT/data.bin" || fail "plain curl exited $?"
+    expect_same_file "$DATA" got.plain "plain curl"
+    kill -TERM "$(cat haproxy.pid)" 2>/dev/null
+    expect_stats "$CELL_DIR/cli" cli 'conns.tcp==3' 'conns.rdma==0'
+    reasons cli
+    grep -q 'listening on 0.0.0.0:'"$PORT"'  tcp only' <(env -u LD_PRELOAD "$T_BIN" stat --dir "$CELL_DIR/srv" --all) ||
+        fail "haproxy's worker does not list its listener as kernel TCP only"
+}
+
+# OpenSSH's sshd as Debian ships it (/etc/ssh/sshd_config untouched: port 22, root by key):
+# the listening process forks per connection and the child re-execs sshd with the
+# connection on its stdin and stdout (relayed by the listening process). The key is
+# restricted to the client's address (`from=`), which sshd reads from the socket: until
+# 2026-11-29 the re-exec'd sshd found an AF_UNIX socket there ("from  port 0" in its log,
+# SSH_CONNECTION empty), and a `from=` key or `Match Address` could never match.
+cell_sshd_packaged() {
+    [ -x /usr/sbin/sshd ] || fail "missing program /usr/sbin/sshd (scripts/setup.sh installs openssh-server on the host)"
+    need_cell ssh ssh-keygen
+    local PORT=22 conn
+    mkdir -p /run/sshd /root/.ssh && chmod 700 /root/.ssh
+    ssh-keygen -q -t ed25519 -N '' -f key
+    echo "from=\"$A\" $(cat key.pub)" > /root/.ssh/authorized_keys
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" /usr/sbin/sshd -D -e
+    wait_dual srv
+    shimmed "$CELL_DIR/cli" ssh -i key -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+        -o BatchMode=yes -o LogLevel=ERROR "root@$A" "echo \$SSH_CONNECTION >&2; cat $DATA" > got.bin 2> ssh.err ||
+        fail "ssh exited $?: $(tail -c 300 ssh.err | paste -sd' ') | sshd: $(tail -c 300 srv.err | paste -sd' ')"
+    expect_same_file "$DATA" got.bin ssh
+    conn=$(head -n1 ssh.err)
+    echo "# SSH_CONNECTION: $conn; sshd: $(grep -m1 'Accepted publickey' srv.err | cut -c1-80)"
+    read -r -a f <<<"$conn"
+    [ "${f[0]:-}" = "$A" ] && [ "${f[2]:-}" = "$A" ] && [ "${f[3]:-}" = 22 ] && [ "${f[1]:-0}" -gt 0 ] ||
+        fail "SSH_CONNECTION is '$conn', want '$A <port> $A 22'"
+    grep -q "Accepted publickey for root from $A port ${f[1]}" srv.err || fail "sshd logged no login from $A port ${f[1]}"
+    kill -TERM "$(main_pid srv)" 2>/dev/null
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==1' 'conns.tcp==0'
+    soft rdma_end "$SIZE" 2
+    rm -f /root/.ssh/authorized_keys
+}
+
 # ---- 2. fork after accept ---------------------------------------------------------------------
 
 # fork_echo_cell K CLIENT_ARGS -- SERVER_ARGS: K connections of examples/fork_client
@@ -896,6 +992,7 @@ OPT_IN=()
 CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
     prefork_redirect_setuid prefork_redirect_busy prefork_redirect_skip_busy prefork_banner
+    master_leaves_exec master_leaves_exit haproxy_packaged sshd_packaged
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked

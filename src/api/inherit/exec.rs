@@ -21,15 +21,21 @@ use std::sync::Arc;
 /// before, since a program that only inherited it must not take it from the process that
 /// uses it. No thread, no device, no request: a getsockname per fd.
 pub fn passed_at_exec() {
-    let Some(list) = std::env::var_os(PASSED_FDS) else {
+    let passed = std::env::var_os(PASSED_FDS);
+    let relayed = std::env::var_os(RELAYED_FDS);
+    if passed.is_none() && relayed.is_none() {
         return;
-    };
+    }
     let Some(_g) = crate::guard::enter() else {
         return;
     };
     if !crate::init::enabled() {
         return;
     }
+    if let Some(list) = relayed {
+        relayed_at_exec(&list.to_string_lossy());
+    }
+    let Some(list) = passed else { return };
     let list = list.to_string_lossy().into_owned();
     for fd in list.split(',').filter_map(|f| f.parse::<c_int>().ok()) {
         let named = unix::abstract_name(fd).and_then(|n| ipc::parse_stream_name(&n));
@@ -44,6 +50,67 @@ pub fn passed_at_exec() {
 /// The environment variable that names, for an exec'd image, the fds of streams passed to
 /// it ([`passed_at_exec`]).
 pub const PASSED_FDS: &str = "RSOCK_PASSED_FDS";
+
+/// The environment variable that says, for an exec'd image, which of its fds are relay ends
+/// of RDMA streams and what their addresses are: `FD|DEV|INO|LOCAL|PEER`, comma-separated.
+pub const RELAYED_FDS: &str = "RSOCK_RELAYED_FDS";
+
+/// The relay ends of this process that survive an exec, described for the new image
+/// ([`RELAYED_FDS`]).
+fn relayed_entries() -> Vec<String> {
+    (0..fdtable::high_water() as c_int)
+        .filter(|&fd| fdtable::owns(fd) && !fd_flags(fd).1)
+        .filter_map(|fd| match fdtable::get(fd)?.attachment()? {
+            Attachment::Relayed(r) => {
+                let (dev, ino) = unix::file_identity(fd)?;
+                Some(format!("{fd}|{dev}|{ino}|{}|{}", r.local, r.peer))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// In an exec'd image, before `main`: the relay ends named in [`RELAYED_FDS`] that are
+/// still the same files answer `getpeername`, `getsockname` and options as the connection
+/// they carry. Without this a program that reads its peer's address from the socket on its
+/// stdin saw an `AF_UNIX` socket (sshd, which re-execs itself per connection, logged
+/// "from  port 0", and `from=` in authorized_keys or `Match Address` could not match).
+fn relayed_at_exec(list: &str) {
+    for entry in list.split(',') {
+        let f: Vec<&str> = entry.split('|').collect();
+        let [fd, dev, ino, local, peer] = f[..] else {
+            continue;
+        };
+        let (Ok(fd), Ok(dev), Ok(ino), Ok(local), Ok(peer)) = (
+            fd.parse::<c_int>(),
+            dev.parse::<u64>(),
+            ino.parse::<u64>(),
+            local.parse::<std::net::SocketAddr>(),
+            peer.parse::<std::net::SocketAddr>(),
+        ) else {
+            continue;
+        };
+        if fdtable::owns(fd) || unix::file_identity(fd) != Some((dev, ino)) {
+            continue; // closed, or another file by now
+        }
+        let relayed = crate::engine::relay::Relayed {
+            local,
+            peer,
+            opts_fd: crate::engine::opts_socket(&peer),
+        };
+        track(fd, |s| s.attach(Attachment::Relayed(Arc::new(relayed))));
+        log::debug!("fd {fd}: relay end of a stream from {peer}, passed at exec");
+    }
+}
+
+/// What an exec hands the new image besides the fds themselves: the streams it takes over
+/// or accepts through on first use ([`PASSED_FDS`]), and the relay ends' addresses
+/// ([`RELAYED_FDS`]).
+#[derive(Default)]
+pub struct ExecHandOff {
+    pub passed: Vec<c_int>,
+    pub relayed: Vec<String>,
+}
 
 /// First use of a stream this image got across `exec` ([`passed_at_exec`]): its owner says
 /// what it is, then it is taken over, or relayed, or — if the owner is gone or does not
@@ -113,10 +180,11 @@ pub(super) fn use_passed(s: &Socket, p: &ipc::Passed) -> Attachment {
 /// are left as they are and returned: the new image (given the shim by `with_exec_env`)
 /// takes them over, or accepts through the owner, on first use ([`passed_at_exec`]). A
 /// stream this process made itself cannot outlive its engine (logged).
-pub(in crate::api) fn before_exec() -> Vec<c_int> {
+pub(in crate::api) fn before_exec() -> ExecHandOff {
     let mut passed = Vec::new();
     if fdtable::high_water() == 0 || raw::in_vfork_child() {
-        return passed; // nothing owned; or a vfork child, which must not change its parent's memory
+        // nothing owned; or a vfork child, which must not change its parent's memory
+        return ExecHandOff::default();
     }
     // This process's branches go with its image: their owners stop redirecting to them, and
     // a listener that survives the exec is the owner's A again (named, for the new image).
@@ -162,5 +230,8 @@ pub(in crate::api) fn before_exec() -> Vec<c_int> {
             _ => {}
         }
     }
-    passed
+    ExecHandOff {
+        passed,
+        relayed: relayed_entries(),
+    }
 }

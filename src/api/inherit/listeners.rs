@@ -18,6 +18,14 @@ use crate::sys::{real, sockaddr as saddr, unix};
 use libc::{c_int, sockaddr, socklen_t};
 use std::sync::Arc;
 
+/// Held by the thread taking a listener over from its departed owner.
+static TAKING_OVER: crate::forklock::ProcessMutex<()> = crate::forklock::ProcessMutex::new(|| ());
+
+/// Whether `s` is still attached to `l` (no other thread took it over meanwhile).
+fn still_attached(s: &Socket, l: &Arc<Listener>) -> bool {
+    matches!(s.attachment(), Some(Attachment::Listener(now)) if Arc::ptr_eq(&now, l))
+}
+
 /// What [`accept`] on a listener another process owns came to.
 pub(in crate::api) enum Accepted {
     /// What `accept4` returns (a new fd, or -1 with errno set).
@@ -74,6 +82,13 @@ pub(in crate::api) unsafe fn accept(
                 unix::wait(fd, libc::POLLIN, 1000); // readable: the owner's queue has one
             }
             Err(ipc::CallError::Gone) => {
+                // One thread takes it over (each of haproxy's threads accepts with an epoll
+                // set of its own, and all woke for the hang-up); the others accept as its
+                // new owner.
+                let _one = TAKING_OVER.lock();
+                if !still_attached(s, l) {
+                    return Accepted::TakenOver;
+                }
                 log::info!(
                     "fd {fd}: listener owner pid {} is gone: taking the listener over",
                     l.owner.pid

@@ -24,7 +24,7 @@ mod received;
 mod streams;
 
 pub use exec::passed_at_exec;
-pub(super) use exec::{before_exec, PASSED_FDS};
+pub(super) use exec::{before_exec, ExecHandOff, PASSED_FDS, RELAYED_FDS};
 pub(super) use listeners::{
     accept, adopt_listener, branch_before_wait, to_kernel_only, unbranch, Accepted,
 };

@@ -196,8 +196,11 @@ fn exchange(
     })?;
     let mut buf = [0u8; msg::REPLY_LEN];
     let got = unix::recv_one(fd, &mut buf).map_err(|e| match e.raw_os_error() {
-        Some(libc::EAGAIN) => CallError::Failed(libc::ETIMEDOUT),
-        other => CallError::Failed(other.unwrap_or(libc::EIO)),
+        Some(libc::EAGAIN) => CallError::Failed(libc::ETIMEDOUT).into(),
+        // The owner closed the connection with the request unread in it (an exit or exec
+        // under way: the next connect finds no one): nothing was done, ask again.
+        Some(libc::ECONNRESET) => Exchange::Unsent(libc::ECONNRESET),
+        other => CallError::Failed(other.unwrap_or(libc::EIO)).into(),
     })?;
     let reply = Reply::decode(&buf[..got.len]);
     match (reply, got.fd) {
