@@ -313,9 +313,21 @@ cell_prefork_redirect_skip_busy() {
     local main rc=0 c
     rdma_begin
     busy_prefork 2 3000
+    # The clients start first and each connects when its FIFO says so, 0.3 s apart: a busy
+    # branch stays marked for a second, and starting a process under load took up to 0.9 s
+    # (a run of 2026-11-29 saw the fifth client come 1.5 s after the third was sent back).
     for c in a b c d e; do
-        bg "cli$c" $T shimmed "$CELL_DIR/cli$c" "$EX/fork_client" "$A:$PORT" --conns 1 --bytes 65536 \
-            --timeout 60
+        mkfifo "go.$c"
+        bg "cli$c" $T shimmed "$CELL_DIR/cli$c" bash -c 'read -r _ < "$0"; exec "$@"' "go.$c" \
+            "$EX/fork_client" "$A:$PORT" --conns 1 --bytes 65536 --timeout 60
+    done
+    local w
+    for c in a b c d e; do
+        # Opened for reading and writing, a FIFO never blocks (a client that died first would
+        # leave a plain `echo >` waiting), and no process is started between two turns.
+        exec {w}<>"go.$c"
+        echo go >&"$w"
+        exec {w}>&-
         sleep 0.3
     done
     for c in a b c d e; do bg_wait "cli$c" || rc=$?; done
@@ -459,7 +471,7 @@ cell_haproxy_packaged() {
     expect_same_file "$DATA" got.plain "plain curl"
     kill -TERM "$(cat haproxy.pid)" 2>/dev/null
     expect_stats "$CELL_DIR/cli" cli 'conns.tcp==3' 'conns.rdma==0'
-    reasons cli
+    procs cli
     grep -q 'listening on 0.0.0.0:'"$PORT"'  tcp only' <(env -u LD_PRELOAD "$T_BIN" stat --dir "$CELL_DIR/srv" --all) ||
         fail "haproxy's worker does not list its listener as kernel TCP only"
 }

@@ -107,60 +107,99 @@ pub fn connect(engine: &'static Engine, dest: SocketAddr, opts: OptsSocket) -> O
         return Outcome::NotHere;
     }
     let deadline = Instant::now() + Duration::from_millis(engine.cfg.connect_timeout_ms as u64);
-    let link = {
-        // One link is made at a time: connectors to the same destination wait for it.
-        let _making = lock(&engine.link_making);
-        let pick = {
-            let mut h = lock(&engine.link_hints);
-            if h.refused.contains(&dest) {
-                return Outcome::NotHere;
-            }
-            h.pick(dest)
+    // The stream's local address: fixed at the first try (it may bind the program's socket).
+    let mut local = None;
+    let mut tries = 0;
+    loop {
+        let link = match pick_or_make(engine, dest, deadline) {
+            Ok(l) => l,
+            Err(done) => return done,
         };
-        match pick {
-            Pick::Use(l) => l,
-            Pick::Make(have) => match (make_link(engine, dest, deadline), have) {
-                (Ok(l), _) => l,
-                (Err(_), Some(l)) => l,
-                // A link needs more memory and device objects than a connection of its
-                // own (a slab of each kind), which may still fit: rdma_cm, as without links.
-                (Err(NoLink::Fail(c)), None) if c.reason == Some(Fallback::Resources) => {
-                    log::info!("rdma link to {dest}: no resources for a link: rdma_cm instead");
-                    return Outcome::NotHere;
+        let by = match link.branch {
+            Some(_) => crate::engine::setup::branch_deadline(deadline),
+            None => deadline,
+        };
+        match open_stream(engine, &link, dest, opts, &mut local, by) {
+            Ok(s) => {
+                if link.branch.is_some() {
+                    crate::stats::count_branch(false);
                 }
-                (Err(NoLink::Fail(c)), None) => return Outcome::Fail(c),
-                (Err(NoLink::NotTaken), None) => {
-                    lock(&engine.link_hints).refused.insert(dest);
-                    return Outcome::NotHere;
-                }
-                (Err(NoLink::NotNow(branch)), None) => return Outcome::SentBack(branch),
-            },
-        }
-    };
-    let by = match link.branch {
-        Some(_) => crate::engine::setup::branch_deadline(deadline),
-        None => deadline,
-    };
-    match open_stream(engine, &link, dest, opts, by) {
-        Ok(s) => {
-            if link.branch.is_some() {
-                crate::stats::count_branch(false);
+                return Outcome::Stream(s);
             }
-            Outcome::Stream(s)
-        }
-        Err(why) => {
-            log::info!("rdma link to {dest}: stream not opened ({why:?}): rdma_cm instead");
-            match link.branch {
-                // The branch did not take it (its program busy, or gone): the next connect
-                // asks the owner again, which sends it to another branch.
-                Some(b) => {
-                    lock(&engine.link_hints).forget(dest, &link);
-                    Outcome::SentBack(b)
+            // Connectors that picked the link at once took its last room: the next pick
+            // finds it full and makes another (before, this connect went to rdma_cm, a
+            // queue pair of its own: most of them, with 16 threads connecting).
+            Err(NotOpened::Full) if link.branch.is_none() && tries < FULL_RETRIES => {
+                tries += 1;
+                log::debug!("rdma link to {dest}: full since it was picked: another link");
+            }
+            Err(why) => {
+                match why {
+                    NotOpened::Full => log::info!("rdma link to {dest}: full: rdma_cm instead"),
+                    NotOpened::Other(c) => log::info!(
+                        "rdma link to {dest}: stream not opened ({c:?}): rdma_cm instead"
+                    ),
                 }
-                None => Outcome::NotHere,
+                return match link.branch {
+                    // The branch did not take it (its program busy, or gone): the next
+                    // connect asks the owner again, which sends it to another branch.
+                    Some(b) => {
+                        lock(&engine.link_hints).forget(dest, &link);
+                        Outcome::SentBack(b)
+                    }
+                    None => Outcome::NotHere,
+                };
             }
         }
     }
+}
+
+/// Times a connect picks a link again after the one it picked filled up.
+const FULL_RETRIES: u32 = 2;
+
+/// The link a connect to `dest` takes — one with room, or a new one — or, if none, what the
+/// connect comes to.
+fn pick_or_make(
+    engine: &'static Engine,
+    dest: SocketAddr,
+    deadline: Instant,
+) -> Result<Arc<Link>, Outcome> {
+    // One link is made at a time: connectors to the same destination wait for it.
+    let _making = lock(&engine.link_making);
+    let pick = {
+        let mut h = lock(&engine.link_hints);
+        if h.refused.contains(&dest) {
+            return Err(Outcome::NotHere);
+        }
+        h.pick(dest)
+    };
+    match pick {
+        Pick::Use(l) => Ok(l),
+        Pick::Make(have) => match (make_link(engine, dest, deadline), have) {
+            (Ok(l), _) => Ok(l),
+            (Err(_), Some(l)) => Ok(l),
+            // A link needs more memory and device objects than a connection of its own (a
+            // slab of each kind), which may still fit: rdma_cm, as without links.
+            (Err(NoLink::Fail(c)), None) if c.reason == Some(Fallback::Resources) => {
+                log::info!("rdma link to {dest}: no resources for a link: rdma_cm instead");
+                Err(Outcome::NotHere)
+            }
+            (Err(NoLink::Fail(c)), None) => Err(Outcome::Fail(c)),
+            (Err(NoLink::NotTaken), None) => {
+                lock(&engine.link_hints).refused.insert(dest);
+                Err(Outcome::NotHere)
+            }
+            (Err(NoLink::NotNow(branch)), None) => Err(Outcome::SentBack(branch)),
+        },
+    }
+}
+
+/// Why a stream was not opened on a link.
+enum NotOpened {
+    /// The link has no stream id or slot left.
+    Full,
+    /// Refused, timed out, or the link failed.
+    Other(Cause),
 }
 
 /// Why no link carries a connect.
@@ -417,13 +456,17 @@ fn open_stream(
     link: &Arc<Link>,
     dest: SocketAddr,
     opts: OptsSocket,
+    local: &mut Option<(SocketAddr, u16)>,
     deadline: Instant,
-) -> Result<Arc<Stream>, Cause> {
+) -> Result<Arc<Stream>, NotOpened> {
     let bell = fresh_bell().map_err(|e| {
         log::info!("rdma link to {}: doorbell: {e}", link.peer);
-        Cause::errno(Fallback::Resources, e.raw_os_error().unwrap_or(0))
+        NotOpened::Other(Cause::errno(
+            Fallback::Resources,
+            e.raw_os_error().unwrap_or(0),
+        ))
     })?;
-    let (local, from_port) = stream_local(link, &opts);
+    let (local, from_port) = *local.get_or_insert_with(|| stream_local(link, &opts));
     let bell = match super::grant::open(
         engine,
         link,
@@ -432,7 +475,7 @@ fn open_stream(
         (bell, (local, from_port)),
         deadline,
     ) {
-        Ok(r) => return r,
+        Ok(r) => return r.map_err(NotOpened::Other),
         Err(bell) => bell, // no grant to take: open and wait for the answer
     };
     let token = engine.token();
@@ -442,7 +485,7 @@ fn open_stream(
         // Failed or closed since the hint found it: `fail` answers only the openings it
         // finds under this lock.
         if link.is_failed() {
-            return Err(Cause::from(Fallback::Resources));
+            return Err(NotOpened::Other(Cause::from(Fallback::Resources)));
         }
         let (params, slots) = stream_slots(engine, link, &mut st);
         let (ring, send) = match slots {
@@ -455,7 +498,7 @@ fn open_stream(
                 );
                 drop(st);
                 drop(unused); // a slot goes back to the link, which takes its lock
-                return Err(Cause::from(Fallback::Resources));
+                return Err(NotOpened::Full);
             }
         };
         let at = ring.ring_at();
@@ -470,7 +513,7 @@ fn open_stream(
                 );
                 drop(st);
                 drop((ring, send));
-                return Err(Cause::from(Fallback::Resources));
+                return Err(NotOpened::Full);
             }
         };
         let (mut ring, mut send) = (ring, send);
@@ -496,7 +539,7 @@ fn open_stream(
         );
         mine
     };
-    answer::wait(engine, link, conn_id, mine, deadline)
+    answer::wait(engine, link, conn_id, mine, deadline).map_err(NotOpened::Other)
 }
 
 /// Connector, on the poller: our OPEN of `mine` was accepted, `conn` its connection: the
