@@ -45,7 +45,7 @@ fn server(addr: SocketAddr, n: usize, timeout: Duration) {
     let mut pd: Option<std::sync::Arc<Pd>> = None;
     let mut last = None;
     for _ in 0..n {
-        let inc = match listener.next_request(Some(timeout)) {
+        let inc = match listener.next_request(Some(timeout), &[]) {
             Ok(Some(i)) => i,
             Ok(None) => {
                 eprintln!("cm_churn: no connect request in time");

@@ -301,7 +301,7 @@ fn caps() -> QpCaps {
 fn server(addr: SocketAddr, o: &Opts) {
     let listener = rdma::CmListener::bind(addr, 16, 1).unwrap_or_else(|e| fail("listen", e));
     println!("server: listening on {addr}");
-    let inc = match listener.next_request(Some(o.timeout)) {
+    let inc = match listener.next_request(Some(o.timeout), &[]) {
         Ok(Some(i)) => i,
         Ok(None) => die("no connect request in time"),
         Err(e) => fail("next_request", e),

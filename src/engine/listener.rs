@@ -398,7 +398,7 @@ impl Listener {
     pub(super) fn on_rdma_ready(self: &Arc<Self>, engine: &'static Engine) {
         loop {
             let next = match lock(&self.rdma).as_ref() {
-                Some(rl) => rl.next_request(Some(Duration::ZERO)),
+                Some(rl) => rl.next_request(Some(Duration::ZERO), &super::setup::no_room()),
                 None => return,
             };
             match next {

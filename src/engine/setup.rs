@@ -208,6 +208,13 @@ pub(super) fn hello(m: &Memory, kind: HelloKind, conn_id: u64) -> [u8; Hello::RE
         .to_bytes()
 }
 
+/// The private data of a reject for want of resources here (memlock, CQ entries, QPs, an
+/// event channel): it says nothing against the listener, so the client falls back at once
+/// without remembering this server as one that cannot do RDMA.
+pub fn no_room() -> [u8; Reject::LEN] {
+    Reject::new(RejectReason::NoResources).to_bytes()
+}
+
 /// An unconnected kernel TCP socket of `peer`'s family (an AF_INET6 one for a mapped
 /// peer, as the listener's): holds the program's socket options.
 pub fn opts_socket(peer: &SocketAddr) -> libc::c_int {
@@ -521,7 +528,7 @@ pub(super) fn accept_request(
     // Out of resources here (memlock, CQ entries, QPs) says nothing against the peer's
     // listener: the rsock reject makes the client fall back at once, without remembering
     // this server as one that cannot do RDMA.
-    let no_room = Reject::new(RejectReason::NoResources).to_bytes();
+    let no_room = no_room();
     let refuse = |e: &rdma::Error| log::warn!("refusing rdma connection from {from:?}: {e}");
     let (d, mut m) = match engine.dev(&device).and_then(|d| {
         let start = sizes.start(engine.cfg.buf_start);

@@ -296,7 +296,7 @@ fn next_resume(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let inc = listener
-            .next_request(Some(left))
+            .next_request(Some(left), &setup::no_room())
             .map_err(Error::at("resume"))?
             .ok_or_else(|| Error::new(Some("resume"), Why::Timeout("the peer did not come")))?;
         let from = inc.id.peer_addr().map(|a| a.ip());

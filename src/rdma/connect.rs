@@ -164,8 +164,15 @@ impl CmListener {
     }
 
     /// Next connect request within `timeout` (`None` = wait forever); `Ok(None)` on
-    /// timeout. Other events on the listener (e.g. device removal) are errors.
-    pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Incoming>> {
+    /// timeout. Other events on the listener (e.g. device removal) are errors. A request
+    /// this side cannot take (its device unknown, no event channel of its own) is rejected
+    /// with `refusal` — the caller's "no resources here", which a client must not hold
+    /// against the listener — and its error returned.
+    pub fn next_request(
+        &self,
+        timeout: Option<Duration>,
+        refusal: &[u8],
+    ) -> Result<Option<Incoming>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let Some(mut ev) = self.id.channel().get_event(fd::remaining(deadline))? else {
@@ -179,20 +186,36 @@ impl CmListener {
             }
             let Some(mut id) = ev.take_id() else { continue };
             id.set_v6(self.id.is_v6());
-            let device = match Device::for_id(&id) {
+            let device = match Device::for_id(&id).and_then(|d| own_channel(&mut id).map(|()| d)) {
                 Ok(d) => d,
                 Err(e) => {
-                    let _ = id.reject(&[]);
+                    let _ = id.reject(refusal);
                     return Err(e);
                 }
             };
-            let ch = EventChannel::new()?;
-            id.migrate(&ch)?;
             return Ok(Some(Incoming {
                 id,
                 device,
                 event: ev,
             }));
+        }
+    }
+}
+
+/// Moves a connect request's id to an event channel of its own. `rdma_migrate_id` failed
+/// with EAGAIN once under load (a node server, four clients connecting in turn; the kernel
+/// path shows no such error, cause not found): it is tried again before the request is
+/// refused.
+fn own_channel(id: &mut CmId) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match EventChannel::new().and_then(|ch| id.migrate(&ch)) {
+            Ok(()) => return Ok(()),
+            Err(e) if tries >= 2 => return Err(e),
+            Err(e) => {
+                tries += 1;
+                log::debug!("rdma listener: {e}: trying again");
+            }
         }
     }
 }
