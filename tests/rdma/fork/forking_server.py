@@ -15,18 +15,14 @@ import os
 import socketserver
 import sys
 
-from forklib import read_digest
+from forklib import log_line, read_digest
 
 args = None
 
 
 def log(line):
     if args.log:
-        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
+        log_line(args.log, line)
 
 
 class Handler(socketserver.BaseRequestHandler):

@@ -19,15 +19,7 @@ import signal
 import socket
 import sys
 
-from forklib import read_digest
-
-
-def log(path, line):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+from forklib import log_line as log, read_digest
 
 
 def worker(ready_w):

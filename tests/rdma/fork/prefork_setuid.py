@@ -12,15 +12,7 @@ import argparse
 import os
 import select
 
-from forklib import prefork, read_digest, until_sigterm
-
-
-def log(path, line):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+from forklib import log_line as log, prefork, read_digest, until_sigterm
 
 
 def echo(c):
