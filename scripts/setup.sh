@@ -21,6 +21,8 @@ PACKAGES=(
   iperf3 iperf netcat-openbsd socat curl python3 iproute2 procps valgrind coreutils
   # servers that fork (tests/rdma/fork_matrix.sh, bench/rdma/fork.sh); never started on the host
   nginx ncat wrk postgresql util-linux haproxy openssh-server
+  # key-value servers (tests/rdma/shim_matrix.sh)
+  redis-server redis-tools memcached libmemcached-tools
   # servers in their default configurations: workers that drop root, sockets passed between
   # processes (tests/rdma/fork_matrix.sh, tests/rdma/passed_fds.sh)
   apache2 gunicorn rsync systemd nodejs

@@ -846,6 +846,73 @@ cell_providers_present() {
     expect_qps_released
 }
 
+# ---- 9b. key-value servers as Debian ships them ---------------------------------------------------
+
+# A sticky, world-writable stats dir and log for a server that runs as another user.
+shared_stats() { mkdir -p -m 1777 "$CELL_DIR/$1" && touch "$CELL_DIR/$1.log" && chmod 666 "$CELL_DIR/$1.log"; }
+
+# redis-server with Debian's /etc/redis/redis.conf, as its systemd unit runs it (user redis,
+# not daemonized), bound to the RDMA address instead of loopback (which never tries RDMA)
+# and with protected mode off (it refuses other clients without a password). redis-cli
+# stores and fetches an 8 MiB value (sha256 checked); redis-benchmark runs SET and GET,
+# pipelined; every connection on RDMA at both ends, the device's receives counted.
+cell_redis_packaged() {
+    command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null ||
+        fail "missing redis-server/redis-tools (scripts/setup.sh installs them on the host)"
+    head -c 8388608 "$DATA" > val.bin
+    mkdir -p /run/redis /var/lib/redis && chown redis:redis /run/redis /var/lib/redis
+    shared_stats srv
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" setpriv --reuid redis --regid redis --init-groups \
+        redis-server /etc/redis/redis.conf --bind "$A" --port "$PORT" --protected-mode no \
+        --daemonize no --supervised no --logfile '' --save ''
+    wait_dual srv
+    shimmed "$CELL_DIR/cli" redis-cli -h "$A" -p "$PORT" -x set blob < val.bin > set.out 2>&1 ||
+        fail "redis-cli set exited $?: $(head -c 200 set.out)"
+    shimmed "$CELL_DIR/cli" redis-cli -h "$A" -p "$PORT" --raw get blob > got.raw 2> get.err ||
+        fail "redis-cli get exited $?: $(head -c 200 get.err)"
+    head -c 8388608 got.raw > got.bin # --raw ends the value with a newline
+    expect_same_file val.bin got.bin "redis GET"
+    shimmed "$CELL_DIR/bench" redis-benchmark -h "$A" -p "$PORT" -q -n 2000 -c 4 -P 8 -t set,get \
+        > bench.out 2>&1 || fail "redis-benchmark exited $?: $(tail -c 200 bench.out)"
+    tr '\r' '\n' < bench.out | grep 'requests per second' | sed 's/^/# /'
+    [ "$(tr '\r' '\n' < bench.out | grep -c 'requests per second')" -eq 2 ] || fail "redis-benchmark: $(tail -c 200 bench.out)"
+    bg_stop srv
+    soft expect_rdma cli 2 'nproc==2'
+    soft expect_stats "$CELL_DIR/bench" bench 'conns.rdma>=4' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=6' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft rdma_end $((2 * 8388608)) 0 200
+    expect_qps_released
+}
+
+# memcached with Debian's /etc/memcached.conf options (`-u memcache`: it listens as root,
+# then drops root), on the RDMA address: memccp/memccat of a 1 MB item (sha256 checked) and
+# memcslap with 4 connections; every connection on RDMA at both ends.
+cell_memcached_packaged() {
+    command -v memcached >/dev/null && command -v memcslap >/dev/null ||
+        fail "missing memcached/libmemcached-tools (scripts/setup.sh installs them on the host)"
+    head -c 1000000 "$DATA" > item.bin
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" memcached -m 64 -p "$PORT" -u memcache -l "$A" -I 4m
+    wait_dual srv
+    shimmed "$CELL_DIR/cli" memccp --servers="$A:$PORT" item.bin > cp.out 2>&1 ||
+        fail "memccp exited $?: $(head -c 200 cp.out)"
+    shimmed "$CELL_DIR/cli" memccat --servers="$A:$PORT" item.bin > got.raw 2> cat.err ||
+        fail "memccat exited $?: $(head -c 200 cat.err)"
+    [ "$(stat -c %s got.raw)" -eq 1000001 ] || fail "memccat printed $(stat -c %s got.raw) bytes, want 1000001"
+    head -c 1000000 got.raw > got.bin # memccat ends the item with a newline
+    expect_same_file item.bin got.bin "memccat"
+    shimmed "$CELL_DIR/slap" memcslap --servers="$A:$PORT" --concurrency=4 --execute-number=500 \
+        > slap.out 2>&1 || fail "memcslap exited $?: $(tail -c 200 slap.out)"
+    grep -q 'Time to set' slap.out || fail "memcslap: $(tail -c 200 slap.out)"
+    bg_stop srv
+    soft expect_rdma cli 2 'nproc==2'
+    soft expect_stats "$CELL_DIR/slap" slap 'conns.rdma>=4' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma>=6' 'conns.tcp==0' 'tx.tcp==0' 'rx.tcp==0'
+    soft rdma_end 2000000 0 100
+    expect_qps_released
+}
+
 # ---- 10. leaks: cell_leaks (tests/lib/rdma_cells.sh) ----------------------------------------------
 
 # ---- run ------------------------------------------------------------------------------------------
@@ -867,6 +934,7 @@ CELLS=(
     many_conns threads_sleeping
     foreign_listener
     idle_cpu providers_present
+    redis_packaged memcached_packaged
 )
 
 res_summary > "$T_WORK/res.start"
