@@ -848,8 +848,12 @@ cell_providers_present() {
 
 # ---- 9b. key-value servers as Debian ships them ---------------------------------------------------
 
-# A sticky, world-writable stats dir and log for a server that runs as another user.
-shared_stats() { mkdir -p -m 1777 "$CELL_DIR/$1" && touch "$CELL_DIR/$1.log" && chmod 666 "$CELL_DIR/$1.log"; }
+# A sticky, world-writable stats dir and log for a server that runs as another user (the
+# suite's work dir is made 0700).
+shared_stats() {
+    chmod 755 "$T_WORK" "$CELL_DIR"
+    mkdir -p -m 1777 "$CELL_DIR/$1" && touch "$CELL_DIR/$1.log" && chmod 666 "$CELL_DIR/$1.log"
+}
 
 # redis-server with Debian's /etc/redis/redis.conf, as its systemd unit runs it (user redis,
 # not daemonized), bound to the RDMA address instead of loopback (which never tries RDMA)
@@ -892,6 +896,7 @@ cell_memcached_packaged() {
     command -v memcached >/dev/null && command -v memcslap >/dev/null ||
         fail "missing memcached/libmemcached-tools (scripts/setup.sh installs them on the host)"
     head -c 1000000 "$DATA" > item.bin
+    shared_stats srv # memcached drops root before it makes its sockets
     rdma_begin
     bg srv $T shimmed "$CELL_DIR/srv" memcached -m 64 -p "$PORT" -u memcache -l "$A" -I 4m
     wait_dual srv
