@@ -252,16 +252,18 @@ impl Engine {
         };
     }
 
-    /// Starts the helper thread (once).
-    pub fn ensure_helper(&'static self) {
+    /// Starts the helper thread (once); whether it runs.
+    pub fn ensure_helper(&'static self) -> bool {
         self.helper.call_once(|| {
             let r = std::thread::Builder::new()
                 .name("rsock-engine".into())
                 .spawn(move || run(self));
             if let Err(e) = r {
+                self.helper_failed.store(true, Relaxed);
                 log::error!("cannot start the engine thread: {e}; blocking calls will poll");
             }
         });
+        !self.helper_failed.load(Relaxed)
     }
 
     /// Helper: answers the deferred connect requests that accept queues have room for now.

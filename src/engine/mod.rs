@@ -119,6 +119,9 @@ pub struct Engine {
     stop_helper: AtomicBool,
     next_token: AtomicU64,
     helper: Once,
+    /// The helper thread could not be started (`RLIMIT_NPROC`: haproxy's workers set it
+    /// to 0 after their own threads started, to forbid forks).
+    helper_failed: AtomicBool,
     /// Destinations that failed RDMA recently.
     pub negcache: NegCache,
     /// How long the poll/select/epoll hooks poll before the real wait (engine/spin.rs).

@@ -228,6 +228,7 @@ impl Engine {
             // starts at a random point.
             next_token: AtomicU64::new((crate::sys::unix::random_u64() >> 16) | 1),
             helper: Once::new(),
+            helper_failed: AtomicBool::new(false),
             negcache: NegCache::new(),
             poll_budget: spin::Budget::new(Duration::from_micros(u64::from(Config::get().spin_us))),
         };
