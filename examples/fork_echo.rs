@@ -7,7 +7,7 @@
 //! fork_echo ADDR:PORT [--mode fork|shared|nofork] [--wait-data MS]
 //!           [--daemon | --daemon-first] [--pidfile F] [--log F]
 //!           [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID]
-//!           [--raw-clone] [--stdin-locked]
+//!           [--raw-clone] [--stdin-locked] [--drop-caps capset|syscall|prctl]
 //! ```
 //!
 //! - `fork` (default): the parent closes its copy of the connection right after fork.
@@ -27,6 +27,10 @@
 //! - `--stdin-locked`: as vsftpd's session process, the child moves the connection to fd 0
 //!   (`dup2`, then closes the original), sets `RLIMIT_NOFILE` to 0 (no new fd at all) and
 //!   serves it on fd 0.
+//! - `--drop-caps HOW`: once it listens, the server installs new credentials without
+//!   changing its ids, as Dovecot's master drops capabilities after it made its listeners:
+//!   `capset` (libc's, which libcap calls) or `syscall` (`SYS_capset`) clear
+//!   `CAP_SYS_MODULE`; `prctl` sets `PR_SET_KEEPCAPS`. Logged as `caps pid=P how=HOW`.
 //!
 //! The event log (`--log`, one line per event, O_APPEND) has `listen pid=P`, `accept pid=P
 //! conn=I peer=..`, `fork pid=P child=C conn=I readable_before_fork=0|1`, `serve pid=C
@@ -63,6 +67,7 @@ struct Opts {
     idle_exit: Option<u64>,
     timeout: Duration,
     drop_to: Option<u32>,
+    drop_caps: Option<String>,
 }
 
 /// `--raw-clone`: fork with the raw `clone` system call through `syscall(2)`, as vsftpd does
@@ -214,6 +219,10 @@ fn run(o: &Opts) -> io::Result<u8> {
         o.log.as_deref(),
         &format!("listen pid={} addr={}", pid(), o.addr),
     );
+    if let Some(how) = &o.drop_caps {
+        drop_caps(how).map_err(|e| io::Error::new(e.kind(), format!("--drop-caps {how}: {e}")))?;
+        log_line(o.log.as_deref(), &format!("caps pid={} how={how}", pid()));
+    }
     listener.set_nonblocking(o.idle_exit.is_some())?;
     let mut kept: HashMap<libc::pid_t, TcpStream> = HashMap::new();
     let (mut n, mut failed, mut last) = (0u64, 0u64, Instant::now());
@@ -338,6 +347,62 @@ fn run(o: &Opts) -> io::Result<u8> {
     Ok(st)
 }
 
+/// `--drop-caps HOW` (see the module doc).
+fn drop_caps(how: &str) -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    extern "C" {
+        fn capget(h: *mut Header, d: *mut Data) -> libc::c_int;
+        fn capset(h: *mut Header, d: *const Data) -> libc::c_int;
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    const CAP_SYS_MODULE: u32 = 16;
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: a version-3 header and the two data words it names; prctl takes plain words.
+    let r = unsafe {
+        match how {
+            "prctl" => libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0),
+            "capset" | "syscall" => {
+                if capget(&mut h, d.as_mut_ptr()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                d[0].effective &= !(1 << CAP_SYS_MODULE);
+                d[0].permitted &= !(1 << CAP_SYS_MODULE);
+                if how == "capset" {
+                    capset(&mut h, d.as_ptr())
+                } else {
+                    libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr())
+                        as libc::c_int
+                }
+            }
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "--drop-caps: capset, syscall or prctl",
+                ))
+            }
+        }
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Gives up root for good: no supplementary groups, then the group, then the user.
 fn drop_root(uid: u32) -> io::Result<()> {
     // SAFETY: plain credential syscalls in a single-threaded fork child.
@@ -357,7 +422,8 @@ fn drop_root(uid: u32) -> io::Result<()> {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: fork_echo ADDR:PORT [--mode fork|shared|nofork] [--wait-data MS] [--daemon|--daemon-first] \
-         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID] [--raw-clone] [--stdin-locked]"
+         [--pidfile F] [--log F] [--max-conns K] [--idle-exit SECS] [--timeout SECS] [--drop-to UID] [--raw-clone] [--stdin-locked] \
+         [--drop-caps capset|syscall|prctl]"
     );
     ExitCode::from(2)
 }
@@ -378,6 +444,7 @@ fn main() -> ExitCode {
         idle_exit: None,
         timeout: Duration::from_secs(60),
         drop_to: None,
+        drop_caps: None,
     };
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
@@ -405,6 +472,7 @@ fn main() -> ExitCode {
                     ("--idle-exit", Some(n)) => o.idle_exit = Some(n),
                     ("--timeout", Some(n)) if n > 0 => o.timeout = Duration::from_secs(n),
                     ("--drop-to", Some(n)) => o.drop_to = u32::try_from(n).ok(),
+                    ("--drop-caps", _) => o.drop_caps = Some(v.clone()),
                     _ => return usage(),
                 }
             }

@@ -1,7 +1,11 @@
-//! Credential changes: `setuid` and its family. The kernel lets only the credentials that
-//! opened the verbs and rdma_cm files write to them (`ib_safe_file_access`; Soft-RoCE even
-//! posts through `write`), and any successful `set*id` call installs new credentials. So
-//! before one, what this process's engine drives must go where it can still be driven:
+//! Credential changes: `setuid` and its family, `capset`, and the `prctl` options and raw
+//! system calls that install credentials ([`changes_credentials`]). The kernel lets only
+//! the credentials that opened the verbs and rdma_cm files write to them
+//! (`ib_safe_file_access` compares the very credentials object; Soft-RoCE even posts
+//! through `write`), and each of those calls installs a new one even when no id or
+//! capability changes: Dovecot's master drops capabilities with `capset` after it listens,
+//! and its next post failed with EACCES. So before one, what this process's engine drives
+//! must go where it can still be driven:
 //!
 //! - a stream this process took over (a fork child that read its request before dropping
 //!   root, as rsyncd's children do) is handed back to the process it came from, which
@@ -57,9 +61,44 @@ cred_hooks! {
     fn setresgid(r: gid_t, e: gid_t, s: gid_t);
     fn setgroups(n: size_t, list: *const gid_t);
     fn initgroups(user: *const libc::c_char, group: gid_t);
+    fn capset(hdr: *mut libc::c_void, data: *mut libc::c_void);
 }
 
-fn before_change() {
+/// Whether the system call `n` (with its first two arguments) installs new credentials for
+/// the calling thread: the `set*id` family, `capset`, a session keyring joined, and the
+/// `prctl` options of [`prctl_changes_credentials`]. Those made through `syscall(2)` change
+/// only the calling thread's (glibc's wrappers change every thread's).
+pub(super) fn changes_credentials(n: libc::c_long, a1: libc::c_long, a2: libc::c_long) -> bool {
+    /// keyctl(2)'s KEYCTL_JOIN_SESSION_KEYRING (pam_keyinit's), which installs credentials.
+    const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+    match n {
+        libc::SYS_setuid
+        | libc::SYS_setgid
+        | libc::SYS_setreuid
+        | libc::SYS_setregid
+        | libc::SYS_setresuid
+        | libc::SYS_setresgid
+        | libc::SYS_setgroups
+        | libc::SYS_capset => true,
+        libc::SYS_keyctl => a1 == KEYCTL_JOIN_SESSION_KEYRING,
+        libc::SYS_prctl => prctl_changes_credentials(a1 as c_int, a2 as libc::c_ulong),
+        _ => false,
+    }
+}
+
+/// Whether `prctl(option, a2, ...)` installs new credentials: the bounding set, the secure
+/// bits (`PR_SET_KEEPCAPS` among them) and the ambient set (not its query).
+pub(super) fn prctl_changes_credentials(option: c_int, a2: libc::c_ulong) -> bool {
+    match option {
+        libc::PR_SET_KEEPCAPS | libc::PR_CAPBSET_DROP | libc::PR_SET_SECUREBITS => true,
+        libc::PR_CAP_AMBIENT => a2 != libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+        _ => false,
+    }
+}
+
+/// What a credential change needs done first (see the module's doc). Idempotent: after the
+/// engine is abandoned or retired, the next change finds nothing to do.
+pub(super) fn before_change() {
     if fdtable::high_water() == 0 {
         return; // the shim never owned an fd here
     }

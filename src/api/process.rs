@@ -163,8 +163,9 @@ pub unsafe fn fork() -> pid_t {
 
 /// `syscall(2)`: passed to the kernel as it is, except a fork made with it — `clone` or
 /// `clone3` without `CLONE_VM`/`CLONE_THREAD` and without a new stack, or `fork` — which gets
-/// the fork handlers glibc's `fork` would have run (see `init::around_raw_fork`). The shim's
-/// own `syscall` calls come here too: nothing on this path locks, allocates or resolves.
+/// the fork handlers glibc's `fork` would have run (see `init::around_raw_fork`), and a
+/// credential change, which gets the shim's preparations (`creds.rs`). The shim's own
+/// `syscall` calls come here too: nothing on their path locks, allocates or resolves.
 pub unsafe fn syscall(
     n: libc::c_long,
     a1: libc::c_long,
@@ -177,6 +178,9 @@ pub unsafe fn syscall(
     let args = [a1, a2, a3, a4, a5, a6];
     if installs_seccomp(n, a1) {
         init::seal("syscall(seccomp)");
+    }
+    if super::creds::changes_credentials(n, a1, a2) {
+        super::creds::before_change();
     }
     if raw_fork(n, a1, a2) {
         init::around_raw_fork(|| raw::syscall6(n, args))
@@ -197,7 +201,8 @@ fn installs_seccomp(n: libc::c_long, a1: libc::c_long) -> bool {
     }
 }
 
-/// `prctl(2)`: passed to the kernel, after [`init::seal`] when it installs a seccomp filter.
+/// `prctl(2)`: passed to the kernel, after [`init::seal`] when it installs a seccomp filter,
+/// and after the shim's preparations when it installs new credentials (`creds.rs`).
 pub unsafe fn prctl(
     option: c_int,
     a2: libc::c_ulong,
@@ -207,6 +212,9 @@ pub unsafe fn prctl(
 ) -> c_int {
     if option == libc::PR_SET_SECCOMP {
         init::seal("prctl(PR_SET_SECCOMP)");
+    }
+    if super::creds::prctl_changes_credentials(option, a2) {
+        super::creds::before_change();
     }
     let args = [
         option as libc::c_long,

@@ -190,6 +190,7 @@ macro_rules! with_hooked_functions {
             fn setresgid(r: libc::gid_t, e: libc::gid_t, s: libc::gid_t) -> c_int;
             fn setgroups(n: size_t, list: *const libc::gid_t) -> c_int;
             fn initgroups(user: *const libc::c_char, group: libc::gid_t) -> c_int;
+            fn capset(hdr: *mut c_void, data: *mut c_void) -> c_int;
         }
     };
 }

@@ -64,6 +64,7 @@ declare -A EXPECT_QP_OWNER=(
     [fork_echo_setuid]=child [fork_echo_raw_clone]=child [fork_echo_stdin_locked]=parent
     [python_forking]=child
     [python_client_control]=parent [subprocess_during_transfer]=parent  # no fork on the server side
+    [drop_caps_capset]=parent [drop_caps_syscall]=parent [drop_caps_prctl]=parent
     [children_then_parent]=parent
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
     [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
@@ -72,6 +73,7 @@ declare -A EXPECT_QP_OWNER=(
     [postgres_pgbench]=child
 )
 SRV_ENV=  # extra environment (VAR=VALUE words) of a cell's server, set for one call
+SRV_ARGS=  # more arguments (words) of nofork_server_cell's server, set for one call
 owner_of() { echo "${T_QP_OWNER:-${EXPECT_QP_OWNER[$1]:-any}}"; }
 
 echo "# data: ${MB} MiB per echoed stream, active_mtu $MTU, work dir $T_WORK"
@@ -508,6 +510,37 @@ cell_sshd_packaged() {
     rm -f /root/.ssh/authorized_keys
 }
 
+# Dovecot's IMAP server as Debian ships it (dovecot-imapd, its config untouched but for
+# the log's path; port 143 on every address): the master makes the listeners as root,
+# then drops capabilities (libcap's capset); an imap-login process (user dovenull,
+# chrooted, so without the device: its connection is relayed by the master) accepts and
+# passes the connection with SCM_RIGHTS to an imap process running as the mail user.
+# Python's imaplib logs in, APPENDs a message of the data file in base64 and FETCHes it
+# back, twice. Until 2026-11-29 the master's posts failed after its capset (EACCES) and
+# every APPEND broke after 16 KiB.
+cell_dovecot_packaged() {
+    [ -x /usr/sbin/dovecot ] || fail "missing program /usr/sbin/dovecot (scripts/setup.sh installs dovecot-imapd on the host)"
+    local PORT=143 i line
+    id rsockmail >/dev/null 2>&1 || useradd -m rsockmail || fail "cannot add the mail user"
+    echo rsockmail:rsock-pw | chpasswd || fail "cannot set the mail user's password"
+    install -o rsockmail -g mail -m 660 /dev/null /var/mail/rsockmail
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" /usr/sbin/dovecot -F -o log_path="$CELL_DIR/dovecot.log"
+    wait_dual srv
+    for i in 1 2; do
+        shimmed "$CELL_DIR/cli" python3 "$FK/imap_roundtrip.py" "$A" rsockmail rsock-pw "$DATA" > "imap.$i" 2> "imap.$i.err" ||
+            fail "imap client $i exited $?: $(tail -c 300 "imap.$i.err" | paste -sd' ') | dovecot: $(grep -v ' Info: ' dovecot.log | tail -c 300 | paste -sd' ')"
+        line=$(cat "imap.$i")
+        echo "# imap $i: ${line:0:40}"
+        [[ $line == *"fetched_sha=$DATA_SHA" ]] || fail "imap $i: the fetched body's sha256 is not the file's: $line"
+    done
+    echo "# dovecot: $(grep -c 'Login: user=<rsockmail>' dovecot.log) logins, $(grep -c 'Logged out' dovecot.log) logged out"
+    kill -TERM "$(cat /run/dovecot/master.pid 2>/dev/null)" 2>/dev/null
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==2' 'conns.tcp==0'
+    soft rdma_end "$SIZE" 2
+    userdel -r rsockmail 2>/dev/null; rm -f /var/mail/rsockmail
+}
+
 # ---- 2. fork after accept ---------------------------------------------------------------------
 
 # fork_echo_cell K CLIENT_ARGS -- SERVER_ARGS: K connections of examples/fork_client
@@ -631,11 +664,13 @@ cell_python_forking() {
     expect_qps_released
 }
 
-# nofork_server_cell CLIENT_CMD...: one connection to examples/fork_echo --mode nofork.
+# nofork_server_cell CLIENT_CMD...: one connection to examples/fork_echo --mode nofork
+# (SRV_ARGS: more of its arguments, words).
 nofork_server_cell() {
     rdma_begin
+    # shellcheck disable=SC2086 # SRV_ARGS is a word list
     bg srv $T shimmed "$CELL_DIR/srv" "$EX/fork_echo" "$A:$PORT" --mode nofork --max-conns 1 \
-        --log "$CELL_DIR/events.log" --pidfile "$CELL_DIR/srv.pid" --timeout 120
+        --log "$CELL_DIR/events.log" --pidfile "$CELL_DIR/srv.pid" --timeout 120 $SRV_ARGS
     wait_dual srv
     local main
     main=$(cat srv.pid)
@@ -677,6 +712,23 @@ cell_children_then_parent() {
     echo "# client: $back of 6 children gave the connection back as they exited"
     [ "$back" -eq 6 ] || soft fail "$back of 6 children gave the connection back (client log)"
 }
+
+# The server installs new credentials once it listens, its ids unchanged, as Dovecot's
+# master drops capabilities (libcap's capset) after it made its listeners. The kernel lets
+# only the credentials object that opened the verbs and rdma_cm files use them: until
+# 2026-11-29 the shim knew only the set*id calls, the server's posts failed with EACCES and
+# the connection died after its first 16 KiB (Dovecot's APPEND of a large message). Three
+# ways in: libc's capset, syscall(SYS_capset), prctl(PR_SET_KEEPCAPS).
+drop_caps_cell() {
+    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (no fork: the server drops capabilities with $1)"
+    SRV_ARGS="--drop-caps $1" nofork_server_cell python3 "$FK/echo_client.py" "$A" "$PORT" "$DATA" --pause-ms $PAUSE
+    grep -q "^caps pid=.* how=$1" events.log || fail "the server logged no capability change"
+    grep -q 'over RDMA again, with the new credentials' "$CELL_DIR/srv.log" ||
+        fail "the server's listener was not made again for the new credentials"
+}
+cell_drop_caps_capset() { drop_caps_cell capset; }
+cell_drop_caps_syscall() { drop_caps_cell syscall; }
+cell_drop_caps_prctl() { drop_caps_cell prctl; }
 
 cell_subprocess_during_transfer() {
     echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (the server does not fork; the client spawns)"
@@ -1004,11 +1056,12 @@ OPT_IN=()
 CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
     prefork_redirect_setuid prefork_redirect_busy prefork_redirect_skip_busy prefork_banner
-    master_leaves_exec master_leaves_exit haproxy_packaged sshd_packaged
+    master_leaves_exec master_leaves_exit haproxy_packaged sshd_packaged dovecot_packaged
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked
     python_forking python_client_control subprocess_during_transfer children_then_parent
+    drop_caps_capset drop_caps_syscall drop_caps_prctl
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
     ncat_sh_exec ncat_sh_exec_plain
     nginx_accept_mutex nginx_epollexclusive nginx_reuseport nginx_www_data nginx_redirect
