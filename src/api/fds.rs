@@ -52,7 +52,17 @@ fn closing(fd: c_int, close: impl FnOnce() -> c_int) -> c_int {
 
 #[inline]
 pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    let r = real::close_range(first, last, flags);
+    close_range_by(first, last, flags, || real::close_range(first, last, flags))
+}
+
+/// `close_range`, made by `call`.
+fn close_range_by(
+    first: c_uint,
+    last: c_uint,
+    flags: c_int,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
+    let r = call();
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         let end = (last as usize).saturating_add(1).min(fdtable::high_water());
         if end <= first as usize || raw::in_vfork_child() {
@@ -67,10 +77,15 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn dup(fd: c_int) -> c_int {
+    dup_by(fd, || real::dup(fd))
+}
+
+/// `dup` (or `fcntl`'s `F_DUPFD`), made by `call`.
+fn dup_by(fd: c_int, call: impl FnOnce() -> c_int) -> c_int {
     let Some(s) = fdtable::get(fd) else {
-        return real::dup(fd);
+        return call();
     };
-    let new = real::dup(fd);
+    let new = call();
     if new >= 0 {
         share(&s, new);
     }
@@ -105,7 +120,12 @@ fn duped_onto(old: c_int, new: c_int) {
 
 #[inline]
 pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
-    let r = real::dup2(old, new);
+    dup2_by(old, new, || real::dup2(old, new))
+}
+
+/// `dup2` or `dup3` (which refuses `old == new`), made by `call`.
+fn dup2_by(old: c_int, new: c_int, call: impl FnOnce() -> c_int) -> c_int {
+    let r = call();
     if r >= 0 && old != new {
         duped_onto(old, new);
     }
@@ -114,9 +134,31 @@ pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[inline]
 pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    let r = real::dup3(old, new, flags);
-    if r >= 0 {
-        duped_onto(old, new);
-    }
-    r
+    dup2_by(old, new, || real::dup3(old, new, flags))
+}
+
+/// The fd system calls made through `syscall(2)` rather than their libc functions get the
+/// same bookkeeping: libuv (Node.js, BIND's named and dig) closes with `syscall(SYS_close)`
+/// to skip libc's cancellation point, and until 2026-11-29 such a close left the stream
+/// open — the peer never saw its end, the queue pair stayed, and the fd's number, reused,
+/// still looked like the stream's. `call` makes the system call. None: not one of those.
+pub(super) fn by_syscall(
+    n: libc::c_long,
+    a: [libc::c_long; 6],
+    call: impl FnOnce() -> libc::c_long,
+) -> Option<libc::c_long> {
+    let (fd, new, arg) = (a[0] as c_int, a[1] as c_int, a[2] as c_int);
+    let r = match n {
+        libc::SYS_close => closing(fd, || call() as c_int),
+        libc::SYS_close_range => {
+            close_range_by(fd as c_uint, new as c_uint, arg, || call() as c_int)
+        }
+        libc::SYS_dup => dup_by(fd, || call() as c_int),
+        libc::SYS_dup2 | libc::SYS_dup3 => dup2_by(fd, new, || call() as c_int),
+        libc::SYS_fcntl if new == libc::F_DUPFD || new == libc::F_DUPFD_CLOEXEC => {
+            dup_by(fd, || call() as c_int)
+        }
+        _ => return None,
+    };
+    Some(r as libc::c_long)
 }

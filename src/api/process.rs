@@ -163,9 +163,10 @@ pub unsafe fn fork() -> pid_t {
 
 /// `syscall(2)`: passed to the kernel as it is, except a fork made with it — `clone` or
 /// `clone3` without `CLONE_VM`/`CLONE_THREAD` and without a new stack, or `fork` — which gets
-/// the fork handlers glibc's `fork` would have run (see `init::around_raw_fork`), and a
-/// credential change, which gets the shim's preparations (`creds.rs`). The shim's own
-/// `syscall` calls come here too: nothing on their path locks, allocates or resolves.
+/// the fork handlers glibc's `fork` would have run (see `init::around_raw_fork`), a
+/// credential change, which gets the shim's preparations (`creds.rs`), and the fd calls of
+/// `fds::by_syscall`, which keep the fd table true. The shim's own `syscall` calls come here
+/// too: nothing on their path locks, allocates or resolves.
 pub unsafe fn syscall(
     n: libc::c_long,
     a1: libc::c_long,
@@ -181,6 +182,9 @@ pub unsafe fn syscall(
     }
     if super::creds::changes_credentials(n, a1, a2) {
         super::creds::before_change();
+    }
+    if let Some(r) = super::fds::by_syscall(n, args, || raw::syscall6(n, args)) {
+        return r;
     }
     if raw_fork(n, a1, a2) {
         init::around_raw_fork(|| raw::syscall6(n, args))

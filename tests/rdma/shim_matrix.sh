@@ -889,6 +889,41 @@ cell_redis_packaged() {
     expect_qps_released
 }
 
+# A Node.js server that ends each connection with destroy() (no shutdown first) after its
+# write: libuv closes with syscall(SYS_close), which the shim took for any other system call
+# until 2026-11-29 — the stream stayed open (the client waited for an end that never came),
+# its queue pair stayed while the server ran, and the fd number, reused by the server's next
+# file read, still looked like the stream's. Three clients read to the end (sha256); the
+# server's queue pairs must go while it runs; its re-reads of the file must be the file.
+cell_node_destroy() {
+    command -v node > /dev/null || fail "node is not installed (scripts/setup.sh installs nodejs)"
+    local i got
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" node "$T_ROOT/tests/rdma/fork/node_destroy.js" "$A" "$PORT" "$DATA2" \
+        "$CELL_DIR/srv.pid" "$CELL_DIR/served.log"
+    wait_dual srv
+    for i in 1 2 3; do
+        shimmed "$CELL_DIR/cli" timeout 60 python3 -c '
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+with open(sys.argv[3], "wb") as f:
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        f.write(d)' "$A" "$PORT" "got.$i" || fail "client $i exited $? (no end of stream within 60 s?), $(stat -c %s "got.$i" 2>/dev/null) bytes"
+        expect_same_file "$DATA2" "got.$i" "client $i"
+    done
+    wait_until 30 no_rc_qps || fail "$(rc_qps) RC QP(s) still listed 30 s after the clients exited, the server running"
+    wait_until 10 test "$(grep -c '^served' served.log)" -eq 3 || fail "the server logged $(grep -c '^served' served.log) of 3 connections"
+    got=$(grep -v "reread_sha=$(sha_of "$DATA2")" served.log | head -n 2 | paste -sd'|')
+    [ -z "$got" ] || fail "the server's re-reads of its file: $got"
+    bg_stop srv
+    soft expect_rdma cli 3 -D SIZE="$SIZE2" 'nproc==3' 'rx.rdma==3*SIZE'
+    soft expect_stats "$CELL_DIR/srv" srv 'conns.rdma==3' 'conns.tcp==0'
+    soft rdma_end $((3 * SIZE2)) 2
+}
+
 # memcached with Debian's /etc/memcached.conf options (`-u memcache`: it listens as root,
 # then drops root), on the RDMA address: memccp/memccat of a 1 MB item (sha256 checked) and
 # memcslap with 4 connections; every connection on RDMA at both ends.
@@ -926,7 +961,7 @@ CELLS=(
     nc_client_to_server nc_server_to_client
     iperf3 iperf3_reverse iperf3_parallel4 iperf2
     socat_tcp_to_file socat_file_to_tcp socat_relay
-    curl_http_server
+    curl_http_server node_destroy
     stream_copy stream_copy_sendfile stream_copy_splice
     big_stream
     fallback_rejected fallback_plain_ns fallback_client_no_device
