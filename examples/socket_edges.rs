@@ -18,6 +18,9 @@
 //!   peer reads EOF;
 //! - `close_while_blocked`: `close(c)` while a thread is blocked in recv(c) does not interrupt
 //!   that recv: it returns the byte the peer sends 300 ms later; then the peer reads EOF;
+//! - `raw_close`: `close` made with `syscall(SYS_close)` (libuv's way), then with
+//!   `syscall(SYS_close_range)`: the peer reads EOF, and a file opened next (the lowest free
+//!   fd: the closed one's number) reads back what was written to it;
 //! - `eintr`: a blocked recv interrupted by SIGALRM whose handler lacks SA_RESTART returns
 //!   EINTR; with SA_RESTART it keeps waiting and returns the data sent 500 ms after the signal;
 //! - `handler_write`: the main thread is blocked in recv(c); a SIGALRM handler (SA_RESTART)
@@ -625,6 +628,57 @@ fn sec_shut_rdwr(ctx: &Ctx) -> io::Result<()> {
     Ok(())
 }
 
+fn sec_raw_close(ctx: &Ctx) -> io::Result<()> {
+    const S: &str = "raw_close";
+    for (how, nr) in [
+        ("SYS_close", libc::SYS_close),
+        ("SYS_close_range", libc::SYS_close_range),
+    ] {
+        let (c, s) = pair(ctx)?;
+        let r =
+            unsafe { libc::syscall(nr, s as libc::c_long, s as libc::c_long, 0 as libc::c_long) };
+        say(&format!(
+            "{S}: {how} {}",
+            if r == 0 { "ok" } else { "failed" }
+        ));
+        let r = poll1(c, libc::POLLIN | libc::POLLRDHUP, LONG_MS)?;
+        say(&format!("{S}: peer poll {}", poll_names(r)));
+        let (n, e, d) = recv_once(c, libc::MSG_DONTWAIT);
+        say(&format!("{S}: peer recv {}", describe(n, e, &d)));
+        // The lowest free fd: `s`'s number, which must be the file's now.
+        let path =
+            std::ffi::CString::new(format!("/tmp/socket_edges.{}.{how}", std::process::id()))
+                .map_err(|_| timeout("path"))?;
+        let f = cvt(
+            unsafe {
+                libc::open(
+                    path.as_ptr(),
+                    libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                    0o600,
+                )
+            },
+            "open",
+        )?;
+        unsafe { libc::unlink(path.as_ptr()) };
+        let want = b"file bytes";
+        let mut got = [0u8; 16];
+        let n = unsafe {
+            libc::write(f, want.as_ptr() as *const c_void, want.len());
+            libc::lseek(f, 0, libc::SEEK_SET);
+            libc::read(f, got.as_mut_ptr() as *mut c_void, got.len())
+        };
+        let e = if n < 0 { errno() } else { 0 };
+        let read = &got[..n.max(0) as usize];
+        say(&format!(
+            "{S}: a file opened next reads {}",
+            describe(n, e, read)
+        ));
+        close(f);
+        close(c);
+    }
+    Ok(())
+}
+
 fn sec_close_while_blocked(ctx: &Ctx) -> io::Result<()> {
     const S: &str = "close_while_blocked";
     let (c, s) = pair(ctx)?;
@@ -936,11 +990,12 @@ fn exit_child(addr: std::net::Ipv4Addr, port: u16) -> io::Result<()> {
 
 // ---- main --------------------------------------------------------------------------------
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "shut_rd",
     "shut_rd_wakes_reader",
     "shut_rdwr",
     "close_while_blocked",
+    "raw_close",
     "eintr",
     "handler_write",
     "exit_in_handler",
@@ -980,6 +1035,7 @@ fn run(addr: std::net::Ipv4Addr, port: u16, only: &[String]) -> io::Result<()> {
             "shut_rd_wakes_reader" => sec_shut_rd_wakes_reader(&ctx),
             "shut_rdwr" => sec_shut_rdwr(&ctx),
             "close_while_blocked" => sec_close_while_blocked(&ctx),
+            "raw_close" => sec_raw_close(&ctx),
             "eintr" => sec_eintr(&ctx),
             "handler_write" => sec_handler_write(&ctx),
             "exit_in_handler" => sec_exit_in_handler(&ctx, &addr.to_string(), &port.to_string()),

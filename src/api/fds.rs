@@ -1,4 +1,5 @@
-//! Fd lifetime: close, close_range, dup, dup2, dup3 and fclose. The fd table follows the
+//! Fd lifetime: close, close_range, closefrom, dup, dup2, dup3 and fclose (and those made
+//! through `syscall`). The fd table follows the
 //! program's fds — an owned socket's fd leaves the table when it is closed, and a copy joins
 //! it — and a connection ends with its last fd.
 
@@ -53,6 +54,15 @@ fn closing(fd: c_int, close: impl FnOnce() -> c_int) -> c_int {
 #[inline]
 pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     close_range_by(first, last, flags, || real::close_range(first, last, flags))
+}
+
+/// `closefrom`: glibc's calls its own `close_range` inside libc, where no hook sees it.
+#[inline]
+pub unsafe fn closefrom(low: c_int) {
+    close_range_by(low.max(0) as c_uint, c_uint::MAX, 0, || {
+        real::closefrom(low);
+        0
+    });
 }
 
 /// `close_range`, made by `call`.
@@ -148,16 +158,23 @@ pub(super) fn by_syscall(
     call: impl FnOnce() -> libc::c_long,
 ) -> Option<libc::c_long> {
     let (fd, new, arg) = (a[0] as c_int, a[1] as c_int, a[2] as c_int);
+    let dupfd = new == libc::F_DUPFD || new == libc::F_DUPFD_CLOEXEC;
+    let fd_call = matches!(
+        n,
+        libc::SYS_close | libc::SYS_close_range | libc::SYS_dup | libc::SYS_dup2 | libc::SYS_dup3
+    ) || (n == libc::SYS_fcntl && dupfd);
+    // The shim's own calls land here too (`raw::dup_high` copies a program's fd so): they are
+    // not the program's.
+    if !fd_call || guard::active() {
+        return None;
+    }
     let r = match n {
         libc::SYS_close => closing(fd, || call() as c_int),
         libc::SYS_close_range => {
             close_range_by(fd as c_uint, new as c_uint, arg, || call() as c_int)
         }
-        libc::SYS_dup => dup_by(fd, || call() as c_int),
         libc::SYS_dup2 | libc::SYS_dup3 => dup2_by(fd, new, || call() as c_int),
-        libc::SYS_fcntl if new == libc::F_DUPFD || new == libc::F_DUPFD_CLOEXEC => {
-            dup_by(fd, || call() as c_int)
-        }
+        libc::SYS_dup | libc::SYS_fcntl => dup_by(fd, || call() as c_int),
         _ => return None,
     };
     Some(r as libc::c_long)

@@ -43,7 +43,7 @@ mod wait;
 
 pub use connect::{bind, connect, socket, socketpair};
 pub use creds::*;
-pub use fds::{close, close_range, dup, dup2, dup3, fclose};
+pub use fds::{close, close_range, closefrom, dup, dup2, dup3, fclose};
 pub use inherit::passed_at_exec;
 pub use io::*;
 pub use listen::{accept, accept4, listen};

@@ -3,7 +3,7 @@
 //! the flags of the RDMA libraries' fds set by the system call itself.
 
 use crate::sys::{raw, real};
-use libc::c_int;
+use libc::{c_int, c_long};
 use std::io;
 
 /// The file flags of `fd`: (O_NONBLOCK, FD_CLOEXEC).
@@ -94,20 +94,17 @@ pub fn set_cloexec(fd: c_int, on: bool) {
 pub fn set_nonblock_cloexec_raw(fd: c_int) -> Result<(), &'static str> {
     // SAFETY: fcntl on an fd we own; F_GETFL/F_SETFL/F_SETFD take an int argument.
     unsafe {
-        let fl = libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL, 0);
+        let fcntl = |cmd: c_int, arg: c_long| {
+            super::raw::syscall6(libc::SYS_fcntl, [fd as c_long, cmd as c_long, arg, 0, 0, 0])
+        };
+        let fl = fcntl(libc::F_GETFL, 0);
         if fl < 0 {
             return Err("fcntl(F_GETFL)");
         }
-        if libc::syscall(
-            libc::SYS_fcntl,
-            fd,
-            libc::F_SETFL,
-            fl | libc::O_NONBLOCK as libc::c_long,
-        ) < 0
-        {
+        if fcntl(libc::F_SETFL, fl | libc::O_NONBLOCK as c_long) < 0 {
             return Err("fcntl(F_SETFL)");
         }
-        if libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
+        if fcntl(libc::F_SETFD, libc::FD_CLOEXEC as c_long) < 0 {
             return Err("fcntl(F_SETFD)");
         }
     }

@@ -14,7 +14,19 @@ pub fn poll_one_raw(fd: c_int, events: c_short, ms: c_int) -> c_long {
         revents: 0,
     };
     // SAFETY: one pollfd on the stack; poll(2) is async-signal-safe.
-    unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, ms) }
+    unsafe {
+        super::raw::syscall6(
+            libc::SYS_poll,
+            [
+                &mut p as *mut libc::pollfd as c_long,
+                1,
+                ms as c_long,
+                0,
+                0,
+                0,
+            ],
+        )
+    }
 }
 
 /// Waits up to `left` (`None`: without limit) for `fd` to report any of `events`, by the raw
@@ -39,13 +51,16 @@ pub fn ppoll_one_raw(fd: c_int, events: c_short, left: Option<Duration>) -> c_lo
     };
     // SAFETY: one valid pollfd; ts is null or a valid timespec; no signal mask.
     unsafe {
-        libc::syscall(
+        super::raw::syscall6(
             libc::SYS_ppoll,
-            &mut pfd as *mut libc::pollfd,
-            1,
-            ts,
-            std::ptr::null::<u8>(),
-            0,
+            [
+                &mut pfd as *mut libc::pollfd as c_long,
+                1,
+                ts as c_long,
+                0,
+                0,
+                0,
+            ],
         )
     }
 }

@@ -27,7 +27,19 @@ pub fn write_all(fd: c_int, mut buf: &[u8]) -> bool {
     let mut ok = true;
     while !buf.is_empty() {
         // SAFETY: buf is a valid readable slice for its length.
-        let n = unsafe { libc::syscall(libc::SYS_write, fd as c_long, buf.as_ptr(), buf.len()) };
+        let n = unsafe {
+            syscall6(
+                libc::SYS_write,
+                [
+                    fd as c_long,
+                    buf.as_ptr() as c_long,
+                    buf.len() as c_long,
+                    0,
+                    0,
+                    0,
+                ],
+            )
+        };
         if n < 0 {
             if errno() == libc::EINTR {
                 continue;
@@ -57,7 +69,12 @@ pub fn eventfd_take(fd: c_int) -> u64 {
     let saved = errno();
     let mut v = [0u8; 8];
     // SAFETY: 8-byte read into a local buffer.
-    let n = unsafe { libc::syscall(libc::SYS_read, fd as c_long, v.as_mut_ptr(), 8usize) };
+    let n = unsafe {
+        syscall6(
+            libc::SYS_read,
+            [fd as c_long, v.as_mut_ptr() as c_long, 8, 0, 0, 0],
+        )
+    };
     set_errno(saved);
     if n == 8 {
         u64::from_ne_bytes(v)
@@ -100,7 +117,7 @@ pub unsafe fn syscall6(n: c_long, a: [c_long; 6]) -> c_long {
 pub fn close(fd: c_int) {
     let saved = errno();
     // SAFETY: closing an fd the shim itself opened.
-    unsafe { libc::syscall(libc::SYS_close, fd as c_long) };
+    unsafe { syscall6(libc::SYS_close, [fd as c_long, 0, 0, 0, 0, 0]) };
     set_errno(saved);
 }
 
@@ -166,11 +183,16 @@ pub fn dup_high(fd: c_int) -> c_int {
         // SAFETY: F_DUPFD_CLOEXEC on an fd of the shim's, straight to the kernel (fcntl is
         // hooked).
         unsafe {
-            libc::syscall(
+            syscall6(
                 libc::SYS_fcntl,
-                fd as c_long,
-                libc::F_DUPFD_CLOEXEC as c_long,
-                base as c_long,
+                [
+                    fd as c_long,
+                    libc::F_DUPFD_CLOEXEC as c_long,
+                    base as c_long,
+                    0,
+                    0,
+                    0,
+                ],
             ) as c_int
         }
     };
@@ -216,7 +238,7 @@ pub fn secure_execution() -> bool {
 
 pub fn gettid() -> i64 {
     // SAFETY: gettid has no arguments and cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) }
+    unsafe { syscall6(libc::SYS_gettid, [0; 6]) }
 }
 
 /// Process id of the caller (a syscall: glibc does not cache it).

@@ -43,6 +43,10 @@ impl Failed for c_int {
     const FAILED: c_int = -1;
 }
 
+impl Failed for () {
+    const FAILED: () = ();
+}
+
 impl Failed for ssize_t {
     const FAILED: ssize_t = -1;
 }
@@ -142,6 +146,7 @@ macro_rules! with_hooked_functions {
             fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
             fn close(fd: c_int) -> c_int;
             fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+            fn closefrom(low: c_int) -> ();
             fn dup(fd: c_int) -> c_int;
             fn dup2(old: c_int, new: c_int) -> c_int;
             fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
