@@ -101,7 +101,7 @@ impl Doorbell {
     /// In a fork child: closes the child's copy of B, so that the owner's going (its exit,
     /// its exec) hangs A up for every process still holding it; a copy here would keep A
     /// quiet. Only a listener's: a stream's B is the proof a child gives when it gives the
-    /// stream back (docs/DESIGN.md, "Processes").
+    /// stream back (docs/DESIGN.md, "Processes"). Drop closes B the same way.
     pub fn forget_shim_in_child(&self) {
         let shim = self.take_shim();
         if shim >= 0 {
@@ -271,10 +271,7 @@ impl Drop for Doorbell {
     /// Closing B hangs A up (`POLLHUP`) for any fd of A the program still has.
     fn drop(&mut self) {
         self.release_app();
-        let shim = self.take_shim();
-        if shim >= 0 {
-            crate::sys::raw::close(shim);
-        }
+        self.forget_shim_in_child();
     }
 }
 

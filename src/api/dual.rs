@@ -67,12 +67,6 @@ pub(in crate::api) fn rdma_listen(
         return Err(Cause::new(reason, c.detail));
     }
     let engine = engine::for_new().ok_or_else(no_engine_reason)?;
-    // Only the helper thread feeds a dual listener's queue: without it (a process that may
-    // start no thread) nothing would ever be accepted.
-    if !engine.ensure_helper() {
-        log::info!("fd {fd}: listening on {local} over kernel TCP only: no helper thread");
-        return Err(Fallback::RdmaUnavailable.into());
-    }
     if local.port() == 0 {
         return Err(Fallback::Unsupported.into()); // unbound: the kernel picks the port at listen
     }

@@ -44,10 +44,12 @@ pub fn get() -> Option<&'static Engine> {
 
 /// This process's engine for a new connection, listener or take-over: none once the process
 /// changed its credentials ([`Engine::retire_for_new_credentials`]), as the kernel then
-/// refuses the engine's writes (new connections take kernel TCP, counted
-/// `rdma_unavailable`).
+/// refuses the engine's writes, nor where its helper thread cannot start (haproxy's worker
+/// sets `RLIMIT_NPROC` to 0): a dual listener's queue is fed only by the helper, and a
+/// closed stream is freed only by it. New connections then take kernel TCP, counted
+/// `rdma_unavailable`.
 pub fn for_new() -> Option<&'static Engine> {
-    get().filter(|e| !e.stale.load(Acquire))
+    get().filter(|e| !e.stale.load(Acquire) && e.ensure_helper())
 }
 
 /// This process's engine if it has made one (never makes one).

@@ -451,12 +451,21 @@ cell_master_leaves_exit() { master_leaves_cell exit; }
 # first connection, so it cannot reach the RDMA device (LIMITATIONS: chroot): everything on
 # kernel TCP, without a client waiting out its RDMA connect. Until 2026-11-29 it accepted
 # nothing (master_leaves_exec).
-cell_haproxy_packaged() {
+cell_haproxy_packaged() { haproxy_cell chroot; }
+# The same without the chroot line: the worker drops to user haproxy with the device in
+# reach, but sets RLIMIT_NPROC to 0 (no thread, no process) before the shim could start its
+# helper thread, which alone feeds a dual listener and frees closed streams. Its listener
+# and its connections to the backend must be kernel TCP (until 2026-11-29 the listener
+# accepted nothing; then its backend connections were RDMA streams nobody freed).
+cell_haproxy_nochroot() { haproxy_cell nochroot; }
+
+# haproxy_cell chroot|nochroot
+haproxy_cell() {
     need_cell haproxy curl
     local i bport
     alloc_port bport
     mkdir -p /run/haproxy /var/lib/haproxy www && ln -sf "$DATA" www/data.bin
-    { cat /etc/haproxy/haproxy.cfg
+    { if [ "$1" = chroot ]; then cat /etc/haproxy/haproxy.cfg; else grep -v '^[[:space:]]*chroot' /etc/haproxy/haproxy.cfg; fi
       printf 'frontend web\n\tbind :%s\n\tdefault_backend app\nbackend app\n\tserver s1 %s:%s\n' "$PORT" "$A" "$bport"
     } > haproxy.cfg
     bg be $T shimmed "$CELL_DIR/be" python3 -m http.server "$bport" --bind "$A" --directory "$CELL_DIR/www"
@@ -471,11 +480,13 @@ cell_haproxy_packaged() {
     done
     curl -sS --max-time 60 -o got.plain "http://$A:$PORT/data.bin" || fail "plain curl exited $?"
     expect_same_file "$DATA" got.plain "plain curl"
+    wait_until 10 no_rc_qps || fail "$(rc_qps) RC QP(s) listed with haproxy running and its clients gone"
     kill -TERM "$(cat haproxy.pid)" 2>/dev/null
     expect_stats "$CELL_DIR/cli" cli 'conns.tcp==3' 'conns.rdma==0'
     procs cli
     grep -q 'listening on 0.0.0.0:'"$PORT"'  tcp only' <(env -u LD_PRELOAD "$T_BIN" stat --dir "$CELL_DIR/srv" --all) ||
         fail "haproxy's worker does not list its listener as kernel TCP only"
+    expect_stats "$CELL_DIR/be" be 'conns.rdma==0' 'conns.tcp>=1'
 }
 
 # OpenSSH's sshd as Debian ships it (/etc/ssh/sshd_config untouched: port 22, root by key):
@@ -1056,7 +1067,8 @@ OPT_IN=()
 CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
     prefork_redirect_setuid prefork_redirect_busy prefork_redirect_skip_busy prefork_banner
-    master_leaves_exec master_leaves_exit haproxy_packaged sshd_packaged dovecot_packaged
+    master_leaves_exec master_leaves_exit haproxy_packaged haproxy_nochroot sshd_packaged
+    dovecot_packaged
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked
