@@ -150,8 +150,8 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// The fd system calls made through `syscall(2)` rather than their libc functions get the
 /// same bookkeeping: libuv (Node.js, BIND's named and dig) closes with `syscall(SYS_close)`
 /// to skip libc's cancellation point, and until 2026-11-29 such a close left the stream
-/// open — the peer never saw its end, the queue pair stayed, and the fd's number, reused,
-/// still looked like the stream's. `call` makes the system call. None: not one of those.
+/// open — no end sent, the queue pair kept — and the fd's number, reused, still looked like
+/// the stream's. `call` makes the system call. None: not one of those.
 pub(super) fn by_syscall(
     n: libc::c_long,
     a: [libc::c_long; 6],
