@@ -163,9 +163,7 @@ pub(super) fn by_syscall(
         n,
         libc::SYS_close | libc::SYS_close_range | libc::SYS_dup | libc::SYS_dup2 | libc::SYS_dup3
     ) || (n == libc::SYS_fcntl && dupfd);
-    // The shim's own calls land here too (`raw::dup_high` copies a program's fd so): they are
-    // not the program's.
-    if !fd_call || guard::active() {
+    if !fd_call {
         return None;
     }
     let r = match n {

@@ -260,7 +260,7 @@ impl Engine {
                 .spawn(move || run(self));
             if let Err(e) = r {
                 self.helper_failed.store(true, Relaxed);
-                log::error!("cannot start the engine thread: {e}; blocking calls will poll");
+                log::error!("cannot start the engine thread: {e}; new connections use kernel TCP");
             }
         });
         !self.helper_failed.load(Relaxed)

@@ -95,7 +95,7 @@ pub fn set_nonblock_cloexec_raw(fd: c_int) -> Result<(), &'static str> {
     // SAFETY: fcntl on an fd we own; F_GETFL/F_SETFL/F_SETFD take an int argument.
     unsafe {
         let fcntl = |cmd: c_int, arg: c_long| {
-            super::raw::syscall6(libc::SYS_fcntl, [fd as c_long, cmd as c_long, arg, 0, 0, 0])
+            raw::syscall3(libc::SYS_fcntl, fd as c_long, cmd as c_long, arg)
         };
         let fl = fcntl(libc::F_GETFL, 0);
         if fl < 0 {

@@ -15,16 +15,11 @@ pub fn poll_one_raw(fd: c_int, events: c_short, ms: c_int) -> c_long {
     };
     // SAFETY: one pollfd on the stack; poll(2) is async-signal-safe.
     unsafe {
-        super::raw::syscall6(
+        super::raw::syscall3(
             libc::SYS_poll,
-            [
-                &mut p as *mut libc::pollfd as c_long,
-                1,
-                ms as c_long,
-                0,
-                0,
-                0,
-            ],
+            &mut p as *mut libc::pollfd as c_long,
+            1,
+            ms as c_long,
         )
     }
 }

@@ -52,7 +52,7 @@ pub fn raise(sig: c_int) {
 pub fn exit_group(status: c_int) -> ! {
     // SAFETY: exit_group takes no pointers and does not return.
     unsafe {
-        super::raw::syscall6(libc::SYS_exit_group, [status as c_long, 0, 0, 0, 0, 0]);
+        super::raw::syscall3(libc::SYS_exit_group, status as c_long, 0, 0);
         libc::abort() // not reached
     }
 }

@@ -28,16 +28,11 @@ pub fn write_all(fd: c_int, mut buf: &[u8]) -> bool {
     while !buf.is_empty() {
         // SAFETY: buf is a valid readable slice for its length.
         let n = unsafe {
-            syscall6(
+            syscall3(
                 libc::SYS_write,
-                [
-                    fd as c_long,
-                    buf.as_ptr() as c_long,
-                    buf.len() as c_long,
-                    0,
-                    0,
-                    0,
-                ],
+                fd as c_long,
+                buf.as_ptr() as c_long,
+                buf.len() as c_long,
             )
         };
         if n < 0 {
@@ -69,12 +64,7 @@ pub fn eventfd_take(fd: c_int) -> u64 {
     let saved = errno();
     let mut v = [0u8; 8];
     // SAFETY: 8-byte read into a local buffer.
-    let n = unsafe {
-        syscall6(
-            libc::SYS_read,
-            [fd as c_long, v.as_mut_ptr() as c_long, 8, 0, 0, 0],
-        )
-    };
+    let n = unsafe { syscall3(libc::SYS_read, fd as c_long, v.as_mut_ptr() as c_long, 8) };
     set_errno(saved);
     if n == 8 {
         u64::from_ne_bytes(v)
@@ -113,11 +103,19 @@ pub unsafe fn syscall6(n: c_long, a: [c_long; 6]) -> c_long {
     }
 }
 
+/// [`syscall6`] for a call of at most three arguments.
+///
+/// # Safety
+/// As the system call `n` with these arguments.
+pub unsafe fn syscall3(n: c_long, a: c_long, b: c_long, c: c_long) -> c_long {
+    syscall6(n, [a, b, c, 0, 0, 0])
+}
+
 /// `close(2)` straight to the kernel. Errno is preserved.
 pub fn close(fd: c_int) {
     let saved = errno();
     // SAFETY: closing an fd the shim itself opened.
-    unsafe { syscall6(libc::SYS_close, [fd as c_long, 0, 0, 0, 0, 0]) };
+    unsafe { syscall3(libc::SYS_close, fd as c_long, 0, 0) };
     set_errno(saved);
 }
 
@@ -183,16 +181,11 @@ pub fn dup_high(fd: c_int) -> c_int {
         // SAFETY: F_DUPFD_CLOEXEC on an fd of the shim's, straight to the kernel (fcntl is
         // hooked).
         unsafe {
-            syscall6(
+            syscall3(
                 libc::SYS_fcntl,
-                [
-                    fd as c_long,
-                    libc::F_DUPFD_CLOEXEC as c_long,
-                    base as c_long,
-                    0,
-                    0,
-                    0,
-                ],
+                fd as c_long,
+                libc::F_DUPFD_CLOEXEC as c_long,
+                base as c_long,
             ) as c_int
         }
     };
@@ -238,7 +231,7 @@ pub fn secure_execution() -> bool {
 
 pub fn gettid() -> i64 {
     // SAFETY: gettid has no arguments and cannot fail.
-    unsafe { syscall6(libc::SYS_gettid, [0; 6]) }
+    unsafe { syscall3(libc::SYS_gettid, 0, 0, 0) }
 }
 
 /// Process id of the caller (a syscall: glibc does not cache it).

@@ -893,9 +893,9 @@ cell_redis_packaged() {
 
 # A Node.js server that ends each connection with destroy() (no shutdown first) after its
 # write: libuv closes with syscall(SYS_close), which the shim took for any other system call
-# until 2026-11-29 — the stream stayed open (the client waited for an end that never came),
-# its queue pair stayed while the server ran, and the fd number, reused by the server's next
-# file read, still looked like the stream's. Three clients read to the end (sha256); the
+# until 2026-11-29 — the stream stayed open (no end sent, its queue pair kept while the
+# server ran), and the fd number, reused by the server's next file read, still looked like
+# the stream's: the server died of EAGAIN. Three clients read to the end (sha256); the
 # server's queue pairs must go while it runs; its re-reads of the file must be the file.
 cell_node_destroy() {
     command -v node > /dev/null || fail "node is not installed (scripts/setup.sh installs nodejs)"
@@ -905,15 +905,7 @@ cell_node_destroy() {
         "$CELL_DIR/srv.pid" "$CELL_DIR/served.log"
     wait_dual srv
     for i in 1 2 3; do
-        shimmed "$CELL_DIR/cli" timeout 60 python3 -c '
-import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-with open(sys.argv[3], "wb") as f:
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        f.write(d)' "$A" "$PORT" "got.$i" || fail "client $i exited $? (no end of stream within 60 s?), $(stat -c %s "got.$i" 2>/dev/null) bytes"
+        shimmed "$CELL_DIR/cli" timeout 60 $NC -d "$A" "$PORT" > "got.$i" || fail "client $i exited $? (no end of stream within 60 s?), $(stat -c %s "got.$i" 2>/dev/null) bytes"
         expect_same_file "$DATA2" "got.$i" "client $i"
     done
     wait_until 30 no_rc_qps || fail "$(rc_qps) RC QP(s) still listed 30 s after the clients exited, the server running"
