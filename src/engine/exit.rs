@@ -79,7 +79,7 @@ impl Engine {
         // the kernel listener, which dies with this process.
         while shared.iter().any(|l| l.awaits_description()) && start.elapsed() < HAND_ON_IDLE {
             if on_helper {
-                self.serve_requests();
+                self.serve_requests_while_busy();
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -89,7 +89,7 @@ impl Engine {
         // exiting too: a server shutting down).
         while left > 0 && start.elapsed() < self.linger() && moved_at.elapsed() < HAND_ON_IDLE {
             if on_helper {
-                self.serve_requests();
+                self.serve_requests_while_busy();
             }
             std::thread::sleep(Duration::from_millis(1));
             let now = queued();
@@ -129,7 +129,7 @@ fn drain_streams(e: &'static Engine, on_helper: bool) {
     let passed = |s: &Arc<Stream>| s.life().held_elsewhere() && s.bell().peer_holds();
     while streams.iter().any(passed) && std::time::Instant::now() < deadline {
         if on_helper {
-            e.serve_requests();
+            e.serve_requests_while_busy();
         }
         e.progress_devices(false);
         std::thread::sleep(Duration::from_millis(1));
@@ -204,7 +204,7 @@ fn give_back_taken(e: &'static Engine, on_helper: bool, streams: &[Arc<Stream>])
     {
         Ok(t) => {
             while !t.is_finished() {
-                e.serve_requests();
+                e.serve_requests_while_busy();
                 std::thread::sleep(Duration::from_millis(1));
             }
             let _ = t.join();

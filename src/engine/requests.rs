@@ -21,6 +21,16 @@ impl Engine {
         }
     }
 
+    /// Helper, while it waits outside its loop (the exit drain): new callers, and the
+    /// waiting ones whose request has come in since (nothing else watches them meanwhile).
+    pub(super) fn serve_requests_while_busy(&'static self) {
+        self.serve_requests();
+        if let Some(server) = &self.ipc {
+            server.on_waiting_ready(&mut |req, call| self.answer(req, call));
+            server.expire(std::time::Instant::now());
+        }
+    }
+
     /// Helper: a caller whose request was not in yet is readable.
     pub(super) fn serve_waiting(&'static self, c: c_int) {
         if let Some(server) = &self.ipc {

@@ -343,6 +343,22 @@ impl Server {
         }
     }
 
+    /// Helper, busy outside its loop (the exit drain), where no readiness reaches
+    /// [`on_waiting`](Self::on_waiting): serves the waiting connections that are readable
+    /// now. Without it a caller whose request came in after its connect was accepted waited
+    /// out its time-out (a parent's reclaim from its exiting fork child).
+    pub fn on_waiting_ready(&self, answer: &mut Answer) {
+        let fds: Vec<c_int> = {
+            let w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            w.iter().map(|x| x.fd).collect()
+        };
+        for c in fds {
+            if crate::sys::poll::poll_one_raw(c, libc::POLLIN, 0) > 0 {
+                self.on_waiting(c, answer);
+            }
+        }
+    }
+
     /// Helper, now and then: closes connections that sent nothing in time.
     pub fn expire(&self, now: Instant) {
         let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());

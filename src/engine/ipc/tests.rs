@@ -289,3 +289,33 @@ fn a_stream_name_says_whose_stream_and_nothing_else_parses() {
     raw::close(a);
     raw::close(b);
 }
+
+#[test]
+fn a_request_that_comes_after_its_connect_is_served_by_a_busy_helper() {
+    // The helper, in its exit drain, accepts and then only polls: the caller's request
+    // arrives after the accept found none (a parent's reclaim from its exiting child).
+    let owner = me();
+    let server = Server::listen(&owner).unwrap();
+    let c = unix::connect_abstract(&owner.name(), CALL_TIMEOUT).unwrap();
+    let mut served = 0;
+    let mut ans = |_: &Request, _: super::Call| {
+        served += 1;
+        Some((Reply::Done, None))
+    };
+    server.on_listener(&mut ans, &mut |_| {});
+    assert!(server.has_waiting(), "accepted before its request");
+    server.on_waiting_ready(&mut ans); // nothing readable yet: still waiting
+    assert!(server.has_waiting());
+    let (a, b) = stream_pair().unwrap();
+    let req = Request::Relay { token: 7 }.encode();
+    unix::send(c, &req, Some(a)).unwrap();
+    server.on_waiting_ready(&mut ans);
+    assert!(!server.has_waiting());
+    let mut buf = [0u8; msg::REPLY_LEN];
+    let got = unix::recv_one(c, &mut buf).unwrap();
+    assert_eq!(Reply::decode(&buf[..got.len]), Ok(Reply::Done));
+    assert_eq!(served, 1);
+    for f in [a, b, c] {
+        raw::close(f);
+    }
+}
