@@ -552,6 +552,40 @@ cell_dovecot_packaged() {
     userdel -r rsockmail 2>/dev/null; rm -f /var/mail/rsockmail
 }
 
+# Samba's smbd as Debian ships it (samba, its smb.conf untouched: ports 445 and 139 on every
+# address, a read-only [homes] share): the root daemon forks a child per connection, the
+# child takes the stream over, and then switches its thread's uid per request through
+# syscall(SYS_setresuid) (libutil-setid). Before its first switch the child gives the stream
+# back to the daemon, which relays it (posting needs the credentials that opened the
+# device). smbclient gets the data file twice per connection, two connections.
+cell_samba_packaged() {
+    [ -x /usr/sbin/smbd ] || fail "missing program /usr/sbin/smbd (scripts/setup.sh installs samba on the host)"
+    need_cell smbclient smbpasswd
+    local PORT=445 i k
+    id rsocksmb >/dev/null 2>&1 || useradd -m rsocksmb || fail "cannot add the share's user"
+    install -o rsocksmb -m 644 "$DATA" /home/rsocksmb/data.bin
+    printf 'rsock-pw\nrsock-pw\n' | smbpasswd -s -a rsocksmb > smbpasswd.out 2>&1 || fail "smbpasswd: $(cat smbpasswd.out)"
+    mkdir -p /run/samba /var/log/samba
+    rdma_begin
+    bg srv $T shimmed "$CELL_DIR/srv" /usr/sbin/smbd --foreground --no-process-group
+    wait_dual srv
+    for i in 1 2; do
+        shimmed "$CELL_DIR/cli" smbclient "//$A/rsocksmb" -U rsocksmb%rsock-pw \
+            -c "get data.bin got.$i.a; get data.bin got.$i.b" > "smb.$i" 2>&1 ||
+            fail "smbclient $i exited $?: $(tail -c 300 "smb.$i" | paste -sd' ')"
+        for k in a b; do expect_same_file "$DATA" "got.$i.$k" "smbclient $i ($k)"; done
+    done
+    local back
+    back=$(grep -c 'given back to pid .* before a credential change' "$CELL_DIR/srv.log")
+    echo "# smbd: $back of 2 session processes gave their stream back before switching uid"
+    [ "$back" -eq 2 ] || soft fail "$back of 2 smbd session processes gave their stream back (server log)"
+    kill -TERM "$(main_pid srv)" 2>/dev/null
+    soft expect_stats "$CELL_DIR/cli" cli 'conns.rdma==2' 'conns.tcp==0'
+    soft rdma_end "$((SIZE * 4))" 2
+    smbpasswd -x rsocksmb > /dev/null 2>&1; userdel -r rsocksmb 2>/dev/null
+    expect_qps_released
+}
+
 # ---- 2. fork after accept ---------------------------------------------------------------------
 
 # fork_echo_cell K CLIENT_ARGS -- SERVER_ARGS: K connections of examples/fork_client
@@ -1068,7 +1102,7 @@ CELL_LIST=(
     prefork_blocking prefork_epoll prefork_relay prefork_redirect prefork_redirect_blocking
     prefork_redirect_setuid prefork_redirect_busy prefork_redirect_skip_busy prefork_banner
     master_leaves_exec master_leaves_exit haproxy_packaged haproxy_nochroot sshd_packaged
-    dovecot_packaged
+    dovecot_packaged samba_packaged
     fork_echo_plain fork_echo_relay fork_echo_data_before_fork fork_echo_shared fork_echo_sinksrc
     fork_echo_daemon fork_echo_daemon_first fork_echo_setuid fork_echo_raw_clone
     fork_echo_stdin_locked
