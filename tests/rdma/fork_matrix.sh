@@ -69,7 +69,7 @@ declare -A EXPECT_QP_OWNER=(
     [socat_exec]=any [socat_exec_plain]=any [socat_exec_nofork]=any [socat_exec_nofork_plain]=any
     [ncat_sh_exec]=any [ncat_sh_exec_plain]=any
     [nginx_accept_mutex]=child [nginx_epollexclusive]=child [nginx_reuseport]=child
-    [nginx_www_data]=child [apache_prefork]=child [apache_packaged]=child [gunicorn_user]=child [rsyncd]=any
+    [nginx_www_data]=child [apache_prefork]=child [gunicorn_user]=child [rsyncd]=any
     [postgres_pgbench]=child
 )
 SRV_ENV=  # extra environment (VAR=VALUE words) of a cell's server, set for one call
@@ -969,28 +969,6 @@ CONF
     [ -z "$e" ] || soft fail "httpd error log: $e"
 }
 
-# Apache httpd as Debian ships it (apache2, /etc/apache2 untouched: the event MPM, port 80 on
-# every address, children of threads as www-data), through http_round.
-cell_apache_packaged() {
-    echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the httpd parent); Debian's config"
-    need_cell apache2ctl
-    local PORT=80 main e
-    mkdir -p /run/lock /run/apache2 /var/log/apache2
-    : > /var/log/apache2/error.log
-    install -m 644 "$DATA" /var/www/html/data.bin
-    rdma_begin
-    bg srv $T shimmed "$CELL_DIR/srv" apache2ctl -DFOREGROUND
-    wait_dual srv
-    wait_until 30 test -s /run/apache2/apache2.pid || fail "httpd wrote no pid file: $(tail -c 300 srv.err)"
-    main=$(cat /run/apache2/apache2.pid)
-    echo "# $(ls /etc/apache2/mods-enabled | grep -o '^mpm_[a-z]*' | sort -u | paste -sd' '); child users: $(ps -o user= --ppid "$main" | sort | uniq -c | paste -sd' ')"
-    HTTP_STOP() { kill -TERM "$main" 2>/dev/null; bg_wait srv; }
-    http_round "$main"
-    e=$(grep -E '\[[a-z_]*:(alert|crit|emerg|error)\]' /var/log/apache2/error.log | head -n 3 | paste -sd'|')
-    [ -z "$e" ] || soft fail "httpd error log: $e"
-    rm -f /var/www/html/data.bin
-}
-
 # gunicorn, 3 sync workers that drop to nobody (`--user`), a WSGI app serving the file.
 cell_gunicorn_user() {
     echo "# EXPECT_QP_OWNER=$(owner_of "$CUR_CELL") (parent = the gunicorn arbiter); --user nobody"
@@ -1133,7 +1111,7 @@ CELL_LIST=(
     socat_exec socat_exec_plain socat_exec_nofork socat_exec_nofork_plain
     ncat_sh_exec ncat_sh_exec_plain
     nginx_accept_mutex nginx_epollexclusive nginx_reuseport nginx_www_data nginx_redirect
-    apache_prefork apache_packaged gunicorn_user rsyncd
+    apache_prefork gunicorn_user rsyncd
     postgres_pgbench
 )
 
