@@ -112,17 +112,22 @@ rc_qps_left() { [ "$(rc_qps)" -gt 0 ]; }
 
 rdma_begin() {
     rxe_counters_snapshot "$CELL_DIR/rxe.before"
+    # Two programs started per sample (rdma, sleep): under emulation each start costs
+    # tens of ms, and one that started five took ~3 s a round while a transfer took 2 s
+    # (a cell then saw no server QP at all, 2026-11-29).
     bg qps 900 bash -c 'while :; do
-        s=$(rdma resource show qp 2>/dev/null | grep " type RC ")
-        if [ -n "$s" ]; then
+        n=0 out=
+        while IFS= read -r l; do
+            [[ $l == *" type RC "* ]] || continue
             # "pid" is the creating thread: add its process (tgid) while it still exists.
-            { printf "@%s\n" "$(date +%s.%N)"
-              while IFS= read -r l; do p=${l##* pid }; p=${p%% *}; g="?" pp="?"
-                  while read -r k v; do case $k in Tgid:) g=$v ;; PPid:) pp=$v; break ;; esac
-                  done < "/proc/$p/status"
-                  printf "%s tgid %s ppid %s\n" "$l" "$g" "$pp"; done <<< "$s"; } >> qps.log 2>/dev/null
-            printf "%s\n" "$s" | wc -l
-        else echo 0; fi
+            p=${l##* pid }; p=${p%% *}; g="?" pp="?"
+            while read -r k v; do case $k in Tgid:) g=$v ;; PPid:) pp=$v; break ;; esac
+            done 2>/dev/null < "/proc/$p/status"
+            out+="$l tgid $g ppid $pp"$'"'"'\n'"'"'
+            n=$((n + 1))
+        done < <(rdma resource show qp 2>/dev/null)
+        [ $n -eq 0 ] || printf "@%s\n%s" "$EPOCHREALTIME" "$out" >> qps.log 2>/dev/null
+        echo $n
         sleep "$0"; done' "${QP_SAMPLE_S:-0.5}"
 }
 

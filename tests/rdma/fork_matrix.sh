@@ -856,7 +856,7 @@ cell_ncat_sh_exec_plain() { ncat_cell "env -u LD_PRELOAD cat"; }
 http_round() {
     local main=$1 i
     for i in 1 2 3 4; do
-        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -sS --fail --max-time 60 --limit-rate 2M \
+        bg "cli$i" $T shimmed "$CELL_DIR/cli" curl -sS --fail --max-time 60 --limit-rate 1M \
             -o "$CELL_DIR/got$i.bin" -w '%{size_download} %{size_header} %{size_request}\n' "http://$A:$PORT/data.bin"
     done
     bg plain $T curl -sS --fail --max-time 60 -o "$CELL_DIR/plain.bin" \
