@@ -20,7 +20,7 @@ PACKAGES=(
   # the programs the tests run under the shim, and the tools the tests use
   iperf3 iperf netcat-openbsd socat curl python3 iproute2 procps valgrind coreutils
   # servers that fork (tests/rdma/fork_matrix.sh, bench/rdma/fork.sh); never started on the host
-  nginx ncat wrk postgresql util-linux haproxy openssh-server dovecot-imapd samba smbclient
+  nginx ncat wrk postgresql util-linux haproxy openssh-server dovecot-imapd samba samba-vfs-modules smbclient
   # key-value servers (tests/rdma/shim_matrix.sh)
   redis-server redis-tools memcached libmemcached-tools
   # servers in their default configurations: workers that drop root, sockets passed between
