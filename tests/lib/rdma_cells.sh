@@ -116,18 +116,17 @@ rdma_begin() {
     # tens of ms, and one that started five took ~3 s a round while a transfer took 2 s
     # (a cell then saw no server QP at all, 2026-11-29).
     bg qps 900 bash -c 'while :; do
-        n=0 out=
+        rc=()
         while IFS= read -r l; do
             [[ $l == *" type RC "* ]] || continue
             # "pid" is the creating thread: add its process (tgid) while it still exists.
             p=${l##* pid }; p=${p%% *}; g="?" pp="?"
             while read -r k v; do case $k in Tgid:) g=$v ;; PPid:) pp=$v; break ;; esac
             done 2>/dev/null < "/proc/$p/status"
-            out+="$l tgid $g ppid $pp"$'"'"'\n'"'"'
-            n=$((n + 1))
+            rc+=("$l tgid $g ppid $pp")
         done < <(rdma resource show qp 2>/dev/null)
-        [ $n -eq 0 ] || printf "@%s\n%s" "$EPOCHREALTIME" "$out" >> qps.log 2>/dev/null
-        echo $n
+        [ ${#rc[@]} -eq 0 ] || { printf "@%s\n" "$EPOCHREALTIME"; printf "%s\n" "${rc[@]}"; } >> qps.log 2>/dev/null
+        echo ${#rc[@]}
         sleep "$0"; done' "${QP_SAMPLE_S:-0.5}"
 }
 
